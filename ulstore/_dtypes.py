@@ -1,0 +1,114 @@
+"""The floating-point formats ULPack codes, and exact bit views of arrays in them.
+
+Every supported dtype is described by its bit width ``w`` and the position of its
+exponent field; the codec itself only ever sees unsigned ``w``-bit words
+(little-endian, C order).  bfloat16 and fp8 come from ``ml_dtypes`` so that values
+handed back to users keep their real dtype, never a silent ``uint16``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .errors import DtypeError
+
+__all__ = ["FloatFormat", "FORMATS", "format_of", "format_by_code", "as_bits", "from_bits"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """One floating-point format: its wire code and bit layout."""
+
+    code: int  # stored in the blob header; never renumber
+    name: str
+    dtype: np.dtype
+    width: int  # w, bits per element
+    mant_bits: int  # the exponent field sits just above the mantissa
+    exp_bits: int
+
+    @property
+    def word(self) -> np.dtype:
+        """Unsigned little-endian integer dtype of the same width."""
+        return np.dtype(f"<u{self.width // 8}")
+
+    @property
+    def n_contexts(self) -> int:
+        """Number of possible reference-exponent contexts (2**exp_bits)."""
+        return 1 << self.exp_bits
+
+    @property
+    def alphabet(self) -> int:
+        """Number of ULPack tokens for this width: 4w - 4 (see docs/format.md)."""
+        return 4 * self.width - 4
+
+
+FORMATS: tuple[FloatFormat, ...] = (
+    FloatFormat(1, "float16", np.dtype(np.float16), 16, 10, 5),
+    FloatFormat(2, "bfloat16", np.dtype(ml_dtypes.bfloat16), 16, 7, 8),
+    FloatFormat(3, "float32", np.dtype(np.float32), 32, 23, 8),
+    FloatFormat(4, "float64", np.dtype(np.float64), 64, 52, 11),
+    FloatFormat(5, "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), 8, 3, 4),
+    FloatFormat(6, "float8_e5m2", np.dtype(ml_dtypes.float8_e5m2), 8, 2, 5),
+)
+_BY_NAME = {f.name: f for f in FORMATS}
+_BY_CODE = {f.code: f for f in FORMATS}
+
+
+def format_of(dtype) -> FloatFormat:
+    """The :class:`FloatFormat` of a numpy/ml_dtypes dtype (any byte order) or dtype name.
+
+    Raises
+    ------
+    DtypeError
+        If the dtype is not one of the six supported floating-point formats.
+    """
+    try:
+        name = np.dtype(dtype).newbyteorder("=").name if not isinstance(dtype, str) else dtype
+    except TypeError:
+        name = str(dtype)
+    fmt = _BY_NAME.get(str(name))
+    if fmt is None:
+        raise DtypeError(
+            f"ULPack codes floating-point tensors only ({', '.join(_BY_NAME)}); got dtype {dtype!s}"
+        )
+    return fmt
+
+
+def format_by_code(code: int) -> FloatFormat | None:
+    """The format with wire code ``code``, or None if unknown."""
+    return _BY_CODE.get(code)
+
+
+def _to_numpy(array) -> np.ndarray:
+    """Accept numpy arrays and torch tensors (zero-copy where the layout allows)."""
+    if isinstance(array, np.ndarray):
+        return array
+    module = type(array).__module__
+    if module.startswith("torch"):
+        from ._torch import tensor_to_numpy
+
+        return tensor_to_numpy(array)
+    if isinstance(array, (np.generic, float)):
+        return np.asarray(array)
+    raise DtypeError(f"expected a numpy array or torch tensor, got {type(array).__name__}")
+
+
+def as_bits(array) -> tuple[FloatFormat, np.ndarray]:
+    """Return the format and a C-contiguous little-endian unsigned-word view of ``array``.
+
+    A copy is made only when the input is non-contiguous or big-endian; the
+    values are never changed.
+    """
+    arr = _to_numpy(array)
+    fmt = format_of(arr.dtype)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    arr = np.ascontiguousarray(arr)
+    return fmt, arr.view(fmt.word)
+
+
+def from_bits(fmt: FloatFormat, words: np.ndarray) -> np.ndarray:
+    """View unsigned words as the format's (native little-endian) float dtype."""
+    return words.view(fmt.dtype)

@@ -1,0 +1,243 @@
+"""The ULPack blob byte layout (version 1): header, tables, sections, trailer.
+
+See ``docs/format.md`` for the field-by-field description.  This module only packs
+and parses bytes; it never codes values.  Everything read from a blob is untrusted:
+every parse failure raises :class:`~ulstore.errors.CorruptBlobError`.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._dtypes import FloatFormat, format_by_code
+from .errors import CorruptBlobError, UnsupportedVersionError
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "MODE_RAW",
+    "MODE_SAME",
+    "MODE_RANS",
+    "FLAG_DELTA",
+    "FLAG_NO_ECOND",
+    "LANES",
+    "Header",
+    "Reader",
+    "write_varint",
+    "pack_tables",
+    "seal",
+    "open_blob",
+    "header_bound",
+]
+
+MAGIC = b"ULPK"
+VERSION = 1
+MODE_RAW, MODE_SAME, MODE_RANS = 0, 1, 2
+FLAG_DELTA = 1  # coded against a caller-held reference (else: intra, against +0.0)
+FLAG_NO_ECOND = 2  # ablation: the models ignore the reference exponent
+_KNOWN_FLAGS = FLAG_DELTA | FLAG_NO_ECOND
+LANES = 4  # interleaved rANS states; element i uses lane i % 4
+CRC_BYTES = 4
+
+
+def header_bound(ndim: int) -> int:
+    """Largest header + trailer, in bytes, for a tensor of ``ndim`` dimensions.
+
+    A blob is never larger than the raw tensor plus this many bytes.
+    """
+    return 9 + 10 * ndim + 16 + CRC_BYTES
+
+
+def write_varint(out: bytearray, value: int) -> None:
+    """Append ``value`` (>= 0) as an unsigned LEB128 varint."""
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return
+
+
+class Reader:
+    """A bounds-checked cursor over blob bytes; overruns raise CorruptBlobError."""
+
+    __slots__ = ("buf", "pos", "end")
+
+    def __init__(self, buf: memoryview, pos: int = 0, end: int | None = None):
+        self.buf = buf
+        self.pos = pos
+        self.end = len(buf) if end is None else end
+
+    def need(self, n: int, what: str) -> int:
+        start = self.pos
+        if n < 0 or start + n > self.end:
+            raise CorruptBlobError(f"ULPack blob is truncated: {what} runs past the end")
+        self.pos = start + n
+        return start
+
+    def u8(self, what: str) -> int:
+        return self.buf[self.need(1, what)]
+
+    def u32(self, what: str) -> int:
+        p = self.need(4, what)
+        return int.from_bytes(self.buf[p : p + 4], "little")
+
+    def u64(self, what: str) -> int:
+        p = self.need(8, what)
+        return int.from_bytes(self.buf[p : p + 8], "little")
+
+    def varint(self, what: str, limit: int = 1 << 63) -> int:
+        value = shift = 0
+        while True:
+            byte = self.u8(what)
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise CorruptBlobError(f"ULPack blob has an overlong varint in {what}")
+        if value > limit:
+            raise CorruptBlobError(f"ULPack blob has an out-of-range {what} ({value} > {limit})")
+        return value
+
+    def take(self, n: int, what: str) -> memoryview:
+        p = self.need(n, what)
+        return self.buf[p : p + n]
+
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed part of every blob."""
+
+    fmt: FloatFormat
+    mode: int
+    flags: int
+    shape: tuple[int, ...]
+    ref_hash: int
+    target_hash: int
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def is_delta(self) -> bool:
+        return bool(self.flags & FLAG_DELTA)
+
+    def pack(self) -> bytearray:
+        out = bytearray(MAGIC)
+        out += bytes((VERSION, self.fmt.code, self.mode, self.flags, len(self.shape)))
+        for d in self.shape:
+            write_varint(out, d)
+        out += self.ref_hash.to_bytes(8, "little") + self.target_hash.to_bytes(8, "little")
+        return out
+
+
+def seal(body: bytearray) -> bytes:
+    """Append the CRC-32 of everything before it and return the finished blob."""
+    body += zlib.crc32(body).to_bytes(4, "little")
+    return bytes(body)
+
+
+def open_blob(blob) -> tuple[Header, Reader]:
+    """Check magic, version and CRC; parse the header; return it and a reader at the payload."""
+    try:
+        buf = memoryview(blob).cast("B")
+    except TypeError as exc:
+        raise CorruptBlobError(f"a ULPack blob must be a bytes-like object, got {type(blob).__name__}") from exc
+    if len(buf) < 9 + 16 + CRC_BYTES:
+        raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
+    if bytes(buf[:4]) != MAGIC:
+        raise CorruptBlobError("not a ULPack blob (bad magic bytes)")
+    if buf[4] != VERSION:
+        raise UnsupportedVersionError(
+            f"ULPack blob has format version {buf[4]}; this ulstore reads version {VERSION}"
+        )
+    body_end = len(buf) - CRC_BYTES
+    stored = int.from_bytes(buf[body_end:], "little")
+    if zlib.crc32(buf[:body_end]) != stored:
+        raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
+    r = Reader(buf, 5, body_end)
+    fmt = format_by_code(r.u8("dtype"))
+    if fmt is None:
+        raise CorruptBlobError(f"ULPack blob names an unknown dtype code {buf[5]}")
+    mode = r.u8("mode")
+    if mode not in (MODE_RAW, MODE_SAME, MODE_RANS):
+        raise CorruptBlobError(f"ULPack blob names an unknown mode {mode}")
+    flags = r.u8("flags")
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptBlobError(f"ULPack blob sets unknown flag bits {flags:#x}")
+    ndim = r.u8("ndim")
+    shape = tuple(r.varint("shape", limit=1 << 48) for _ in range(ndim))
+    n = 1
+    for d in shape:
+        n *= d
+    if n > 1 << 48:
+        raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
+    header = Header(fmt, mode, flags, shape, r.u64("reference hash"), r.u64("target hash"))
+    return header, r
+
+
+# -- frequency tables ---------------------------------------------------------------
+# Per occupied context (ascending id): id gap, symbol count, symbol gaps, then the
+# frequencies of all but the last symbol (the last is M minus the rest, >= 1).
+
+
+def pack_tables(out: bytearray, ctx_ids: np.ndarray, freqs: np.ndarray) -> None:
+    """Serialise normalised frequency rows ``freqs[i]`` of contexts ``ctx_ids[i]``."""
+    write_varint(out, len(ctx_ids))
+    prev_ctx = -1
+    for ctx, row in zip(ctx_ids.tolist(), freqs):
+        write_varint(out, ctx - prev_ctx - 1)
+        prev_ctx = ctx
+        syms = np.flatnonzero(row).tolist()
+        write_varint(out, len(syms))
+        prev = -1
+        for s in syms:
+            write_varint(out, s - prev - 1)
+            prev = s
+        for s in syms[:-1]:
+            write_varint(out, int(row[s]))
+
+
+def read_tables(r: Reader, fmt: FloatFormat, scale_bits: int, n_ctx_limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parse and validate tables; returns (ctx_ids, freqs[n_ctx, alphabet])."""
+    total = 1 << scale_bits
+    alphabet = fmt.alphabet
+    n_ctx = r.varint("context count", limit=n_ctx_limit)
+    ctx_ids = np.empty(n_ctx, dtype=np.int64)
+    freqs = np.zeros((n_ctx, alphabet), dtype=np.uint32)
+    ctx = -1
+    for i in range(n_ctx):
+        ctx += r.varint("context id", limit=n_ctx_limit) + 1
+        if ctx >= n_ctx_limit:
+            raise CorruptBlobError(f"ULPack blob table names context {ctx} beyond {n_ctx_limit}")
+        ctx_ids[i] = ctx
+        n_sym = r.varint("symbol count", limit=alphabet)
+        if n_sym == 0:
+            raise CorruptBlobError("ULPack blob table has an empty context")
+        syms = []
+        s = -1
+        for _ in range(n_sym):
+            s += r.varint("symbol id", limit=alphabet) + 1
+            if s >= alphabet:
+                raise CorruptBlobError(f"ULPack blob table names symbol {s} beyond the alphabet")
+            syms.append(s)
+        used = 0
+        for s in syms[:-1]:
+            f = r.varint("frequency", limit=total)
+            if f == 0:
+                raise CorruptBlobError("ULPack blob table has a zero frequency")
+            freqs[i, s] = f
+            used += f
+        if used >= total:
+            raise CorruptBlobError("ULPack blob table frequencies exceed the scale")
+        freqs[i, syms[-1]] = total - used
+    return ctx_ids, freqs

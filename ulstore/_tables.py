@@ -1,0 +1,96 @@
+"""Static rANS tables: normalising counts, and the per-symbol encode/decode entries.
+
+Shared by both kernel backends, so tables (and thus blobs) cannot differ between
+them.  Integer arithmetic only: a float rounding difference between machines must
+never change a blob's bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["normalize", "choose_scale_bits", "encoder_table", "decoder_table", "STATE_LOW", "STATE_BITS"]
+
+STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
+STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31
+MAX_SCALE_BITS = 14
+MIN_SCALE_BITS = 10
+
+
+def choose_scale_bits(n_elements: int) -> int:
+    """Probability resolution for a blob of ``n_elements``: 2**(log2 n - 4), in [10, 14].
+
+    Small blobs get coarse tables so that building the decoder's slot table
+    (contexts x 2**S bytes) stays cheap next to decoding the elements.
+    """
+    return int(min(MAX_SCALE_BITS, max(MIN_SCALE_BITS, max(n_elements, 1).bit_length() - 5)))
+
+
+def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
+    """Scale each row of ``counts`` to sum exactly 2**scale_bits, keeping every seen symbol >= 1.
+
+    Rows: contexts; columns: tokens.  Each frequency is ``floor(c * M / N)``, raised
+    to 1 for seen symbols; the remainder goes to (or, when rare symbols were raised,
+    comes from) the row's most frequent symbol, where it costs the least.
+    """
+    total = 1 << scale_bits
+    counts = counts.astype(np.uint64)
+    n = counts.sum(axis=1, keepdims=True)
+    freqs = (counts * np.uint64(total)) // np.maximum(n, 1)
+    freqs[(counts > 0) & (freqs == 0)] = 1
+    freqs = freqs.astype(np.int64)
+    diff = total - freqs.sum(axis=1)
+    rows = np.arange(len(freqs))
+    top = np.argmax(counts, axis=1)  # first maximum: deterministic tie-break
+    grow = diff > 0
+    freqs[rows[grow], top[grow]] += diff[grow]
+    for i in np.flatnonzero(diff < 0):  # rare: many raised symbols in one row
+        deficit = -int(diff[i])
+        while deficit:
+            j = int(np.argmax(freqs[i]))
+            take = min(deficit, int(freqs[i, j]) - 1)
+            freqs[i, j] -= take
+            deficit -= take
+    return freqs.astype(np.uint32)
+
+
+def _starts(freqs: np.ndarray) -> np.ndarray:
+    return (np.cumsum(freqs, axis=1, dtype=np.int64) - freqs).astype(np.uint32)
+
+
+def encoder_table(freqs: np.ndarray, scale_bits: int) -> dict[str, np.ndarray]:
+    """Flat per-(context, token) encode entries.
+
+    With ``s = ceil(log2 f)`` and ``rcp = ceil(2**(31+s) / f)``, ``(x * rcp) >> (31+s)``
+    equals ``x // f`` for every ``x < 2**31`` (the error ``rcp*f - 2**(31+s) < f <= 2**s``
+    never reaches the next multiple).  The encode step is then
+    ``x + start + (x // f) * (M - f)``, i.e. ``((x // f) << S) + x % f + start``.
+    """
+    total = 1 << scale_bits
+    f = freqs.reshape(-1).astype(np.uint64)
+    used = f > 0
+    safe = np.where(used, f, 1)
+    s = np.zeros_like(safe)
+    # ceil(log2 f) for f in [1, 2**14]
+    for k in range(1, scale_bits + 1):
+        s += (safe > (np.uint64(1) << np.uint64(k - 1))).astype(np.uint64)
+    rcp = ((np.uint64(1) << (np.uint64(STATE_BITS) + s)) + safe - np.uint64(1)) // safe
+    return {
+        "rcp": np.where(used, rcp, 0).astype(np.uint64),
+        "shift": (np.uint64(STATE_BITS) + s).astype(np.uint32),
+        "start": _starts(freqs).reshape(-1),
+        "cmpl": np.where(used, np.uint64(total) - f, 0).astype(np.uint32),
+        # renormalise (emit 16 bits) when x >= f * 2**(31 - S)
+        "xmax": (f << np.uint64(STATE_BITS - scale_bits)).astype(np.uint64),
+    }
+
+
+def decoder_table(freqs: np.ndarray, scale_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(slot -> token bytes per context, ``freq << 16 | start`` word per (context, token))."""
+    total = 1 << scale_bits
+    n_ctx, alphabet = freqs.shape
+    tokens = np.arange(alphabet, dtype=np.uint8)
+    slot2sym = np.empty((n_ctx, total), dtype=np.uint8)
+    for i in range(n_ctx):
+        slot2sym[i] = np.repeat(tokens, freqs[i])
+    fs = (freqs.astype(np.uint32) << np.uint32(16)) | _starts(freqs)
+    return slot2sym.reshape(-1), fs.reshape(-1)

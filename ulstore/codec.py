@@ -1,0 +1,418 @@
+"""ULPack: lossless delta coding of a floating-point tensor against a reference.
+
+``encode(target, reference)`` returns a self-contained blob; ``decode(blob,
+reference)`` returns the target exactly, bit for bit, for every bit pattern
+(signed zeros, subnormals, infinities and NaN payloads included).  With no
+reference the tensor is coded against all +0.0 ("intra" mode, used for anchors).
+
+How: the ordered-integer (ULP) residual ``zigzag(key(x) - key(r))`` of every
+element is split into a token (its bit length and the two bits below the leading
+one) and raw low bits.  Tokens are coded with static 4-lane interleaved rANS whose
+tables are conditioned on the reference value's exponent field, which the decoder
+already holds.  See ``docs/format.md`` for the bytes.
+
+Thread safety: every function here is a pure function of its arguments; the
+compiled kernels release the GIL, so threads encode or decode in parallel.
+
+Examples
+--------
+>>> import numpy as np, ulstore
+>>> base = np.linspace(-1, 1, 1000, dtype=np.float32)
+>>> step = base + np.float32(1e-6)
+>>> blob = ulstore.encode(step, base)
+>>> len(blob) < step.nbytes // 2
+True
+>>> bool((ulstore.decode(blob, base).view(np.uint32) == step.view(np.uint32)).all())
+True
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections.abc import Iterable, Sequence
+
+import numcodecs
+import numpy as np
+from numcodecs.abc import Codec
+
+from . import _format as F
+from ._backend import kernels
+from ._dtypes import FloatFormat, as_bits, from_bits
+from ._tables import STATE_LOW, choose_scale_bits, decoder_table, encoder_table, normalize
+from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
+
+__all__ = [
+    "ULPack",
+    "encode",
+    "decode",
+    "encode_many",
+    "decode_many",
+    "inspect_blob",
+    "model_entropy_bits",
+    "HEADER_BOUND",
+]
+
+#: Bytes a 1-d blob may exceed the raw tensor by (header + CRC); see :func:`header_bound`.
+HEADER_BOUND = F.header_bound(1)
+
+# Status codes the kernels return, and what they mean for the user.
+STATUS = {
+    -1: "the rANS word stream ends early",
+    -2: "the raw-tail bitstream does not match the decoded lengths",
+    -3: "the rANS lanes do not end in their initial state",
+    -4: "an element's reference exponent has no table (wrong reference or corrupt table)",
+    -5: "the rANS word stream has words left over",
+}
+
+_MAX_ELEMENTS = (1 << 32) - 1  # per blob; the kernels count in 32 bits per histogram copy
+
+
+def _prepare(target, reference):
+    fmt, x = as_bits(target)
+    if x.size > _MAX_ELEMENTS:
+        raise InvalidInputError(f"a ULPack blob holds at most {_MAX_ELEMENTS} elements; split the tensor into chunks")
+    if reference is None:
+        return fmt, x, None
+    rfmt, r = as_bits(reference)
+    if rfmt is not fmt:
+        raise InvalidInputError(f"target is {fmt.name} but reference is {rfmt.name}; they must match")
+    if r.shape != x.shape:
+        raise InvalidInputError(f"target shape {x.shape} and reference shape {r.shape} differ")
+    return fmt, x, r
+
+
+def encode(target, reference=None, *, econd: bool = True, backend: str | None = None) -> bytes:
+    """Code ``target`` losslessly against ``reference`` (or against +0.0 if None).
+
+    Parameters
+    ----------
+    target : array-like
+        A float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2 numpy
+        array (ml_dtypes for bf16/fp8) or torch tensor, any shape, layout or byte order.
+    reference : array-like, optional
+        Same dtype and shape.  The decoder must supply the identical bits.
+    econd : bool, default True
+        Condition the models on the reference exponent.  ``False`` is the ablation
+        that measures what conditioning buys; blobs record it.
+    backend : {"cython", "numpy"}, optional
+        Kernel implementation; defaults to the active one.  Blobs are identical.
+
+    Returns
+    -------
+    bytes
+        The blob: never larger than ``target.nbytes + header_bound(target.ndim)``.
+
+    Raises
+    ------
+    DtypeError
+        ``target`` is not one of the supported floating-point dtypes.
+    InvalidInputError
+        dtype or shape of ``reference`` differ from ``target``'s.
+    """
+    fmt, x, r = _prepare(target, reference)
+    k = kernels(backend)
+    xf = x.reshape(-1)
+    rf = None if r is None else r.reshape(-1)
+    flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
+    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=k.hash64(rf) if rf is not None else 0, target_hash=k.hash64(xf))
+    raw = F.Header(mode=F.MODE_RAW, **header).pack() + xf.tobytes()
+    if xf.size == 0:
+        return F.seal(raw)
+    coded = _encode_rans(k, fmt, xf, rf, econd)
+    if coded is None:  # every residual is zero: the reference (or +0.0) is the target
+        return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
+    body = F.Header(mode=F.MODE_RANS, **header).pack() + coded
+    return F.seal(body if len(body) < len(raw) else raw)
+
+
+def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
+    return fmt.n_contexts - 1 if (has_ref and econd) else 0
+
+
+def _analyze(k, fmt, xf, rf, econd):
+    """Run pass 1; returns (tokens, hist, tail buffer, tail bits, emask)."""
+    n = xf.size
+    emask = _econd_mask(fmt, rf is not None, econd)
+    tokens = np.empty(n, dtype=np.uint8)
+    hist = np.zeros((emask + 1, fmt.alphabet), dtype=np.uint64)
+    tail = np.empty(n * (fmt.width - 3) // 8 + 16, dtype=np.uint8)
+    tail_bits = k.analyze(xf, rf if rf is not None else xf, rf is not None, fmt.mant_bits, emask, tokens, hist, tail)
+    return tokens, hist, tail, tail_bits, emask
+
+
+def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
+    n = xf.size
+    tokens, hist, tail, tail_bits, emask = _analyze(k, fmt, xf, rf, econd)
+    if hist[:, 0].sum() == n:
+        return None
+    scale_bits = choose_scale_bits(n)
+    ctx_ids = np.flatnonzero(hist.sum(axis=1))
+    freqs = normalize(hist[ctx_ids], scale_bits)
+    ctx_map = np.full(emask + 1, -1, dtype=np.int32)
+    ctx_map[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32)
+    t = encoder_table(freqs, scale_bits)
+    words = np.empty(n, dtype=np.uint16)
+    states = np.empty(F.LANES, dtype=np.uint32)
+    n_words = k.rans_encode(
+        tokens, rf if rf is not None else xf, rf is not None, fmt.mant_bits, emask, ctx_map,
+        t["rcp"], t["shift"], t["start"], t["cmpl"], t["xmax"], fmt.alphabet, words, states,
+    )
+    out = bytearray((scale_bits,))
+    F.pack_tables(out, ctx_ids, freqs)
+    out += states.astype("<u4").tobytes()
+    F.write_varint(out, n_words)
+    out += words[n - n_words :].astype("<u2").tobytes()
+    F.write_varint(out, tail_bits)
+    out += tail[: (tail_bits + 7) // 8].tobytes()
+    return out
+
+
+def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
+    """Decode a ULPack blob, bit-exact.
+
+    Parameters
+    ----------
+    blob : bytes-like
+        A blob from :func:`encode`.
+    reference : array-like, optional
+        The reference the blob was coded against (None for intra blobs).
+    backend : {"cython", "numpy"}, optional
+        Kernel implementation; defaults to the active one.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new C-contiguous array of the original dtype (ml_dtypes for bf16/fp8)
+        and shape, in native (little-endian) byte order.
+
+    Raises
+    ------
+    CorruptBlobError
+        The blob is truncated, altered or inconsistent (CRC, tables, streams, checksum).
+    UnsupportedVersionError
+        The blob was written by a newer format version.
+    ReferenceMismatchError
+        ``reference`` is not the one the blob was coded against (or is missing).
+    """
+    header, rd = F.open_blob(blob)
+    fmt = header.fmt
+    rf = None
+    if header.is_delta:
+        if reference is None:
+            raise ReferenceMismatchError("this ULPack blob is a delta: pass the reference it was coded against")
+        rfmt, r = as_bits(reference)
+        if rfmt is not fmt or r.shape != header.shape:
+            raise ReferenceMismatchError(
+                f"reference is {rfmt.name}{list(r.shape)} but the blob was coded against {fmt.name}{list(header.shape)}"
+            )
+        rf = r.reshape(-1)
+    elif reference is not None:
+        raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
+    k = kernels(backend)
+    if rf is not None and k.hash64(rf) != header.ref_hash:
+        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
+    n = header.size
+    if header.mode == F.MODE_RAW:
+        out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
+    elif header.mode == F.MODE_SAME:
+        out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
+    else:
+        out = np.empty(n, dtype=fmt.word)
+        _decode_rans(k, fmt, header, rd, rf, out)
+    if rd.pos != rd.end:
+        raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
+    if k.hash64(out) != header.target_hash:
+        raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
+    return from_bits(fmt, out).reshape(header.shape)
+
+
+def _decode_rans(k, fmt, header, rd, rf, out) -> None:
+    n = header.size
+    scale_bits = rd.u8("scale bits")
+    if not 1 <= scale_bits <= 15:
+        raise CorruptBlobError(f"ULPack blob has an invalid scale of {scale_bits} bits")
+    econd = not header.flags & F.FLAG_NO_ECOND
+    emask = _econd_mask(fmt, rf is not None, econd)
+    ctx_ids, freqs = F.read_tables(rd, fmt, scale_bits, emask + 1)
+    states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
+    if ((states < STATE_LOW) | (states >= 1 << 31)).any():
+        raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
+    n_words = rd.varint("word count", limit=n)
+    words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
+    tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
+    tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
+    ctx_map = np.full(emask + 1, -1, dtype=np.int32)
+    ctx_map[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32)
+    slot2sym, fs = decoder_table(freqs, scale_bits)
+    status = k.decode(
+        words, states, tail, tail_bits, rf if rf is not None else out, rf is not None, fmt.mant_bits, emask,
+        ctx_map, slot2sym, fs, scale_bits, fmt.alphabet, out,
+    )
+    if status:
+        raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
+
+
+# -- batches --------------------------------------------------------------------
+
+
+def _batches(sizes: Sequence[int], budget: int) -> list[list[int]]:
+    """Group indices, largest first, into batches of at most ``budget`` bytes (one item may exceed it)."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in order:
+        if current and used + sizes[i] > budget:
+            batches.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += sizes[i]
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _run_batched(fn, items: list, sizes: list[int], threads: int | None, budget: int) -> list:
+    threads = os.cpu_count() or 1 if threads is None else max(1, int(threads))
+    results: list = [None] * len(items)
+
+    def run(batch):
+        for i in batch:
+            results[i] = fn(items[i])
+
+    batches = _batches(sizes, budget)
+    if threads == 1 or len(batches) == 1 and len(items) == 1:
+        for b in batches:
+            run(b)
+    else:
+        # one batch per task; tasks are independent, so the order they finish in
+        # cannot change any blob
+        with cf.ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(run, b) for b in _split_for_threads(batches, threads)]:
+                f.result()
+    return results
+
+
+def _split_for_threads(batches: list[list[int]], threads: int) -> list[list[int]]:
+    """Make sure there are at least ``threads`` tasks when there are that many items."""
+    items = [i for b in batches for i in b]
+    if len(batches) >= threads or len(items) < 2:
+        return batches
+    return [items[j::threads] for j in range(min(threads, len(items)))]
+
+
+def encode_many(
+    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, econd: bool = True, backend: str | None = None
+) -> list[bytes]:
+    """Encode many tensors in parallel; returns exactly what :func:`encode` returns for each.
+
+    Parameters
+    ----------
+    pairs : iterable
+        ``(target, reference)`` tuples, or bare targets (intra).
+    threads : int, optional
+        Worker threads (default: all cores).  The kernels release the GIL.
+    budget : int
+        Bytes of raw input grouped into one task, so many small tensors share one
+        call.  Batching never changes a blob.
+    """
+    items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
+    sizes = [int(np.asarray(t).nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size()) for t, _ in items]
+    return _run_batched(lambda p: encode(p[0], p[1], econd=econd, backend=backend), items, sizes, threads, budget)
+
+
+def decode_many(pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, backend: str | None = None) -> list[np.ndarray]:
+    """Decode many ``(blob, reference)`` pairs (or bare intra blobs) in parallel."""
+    items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
+    sizes = [len(b) for b, _ in items]
+    return _run_batched(lambda p: decode(p[0], p[1], backend=backend), items, sizes, threads, budget)
+
+
+# -- analysis -------------------------------------------------------------------
+
+
+def inspect_blob(blob) -> dict:
+    """Header fields of a blob (after its integrity checks), for tools and debugging."""
+    header, _ = F.open_blob(blob)
+    mode = {F.MODE_RAW: "raw", F.MODE_SAME: "same", F.MODE_RANS: "rans"}[header.mode]
+    return {
+        "version": F.VERSION,
+        "dtype": header.fmt.name,
+        "shape": header.shape,
+        "mode": mode,
+        "delta": header.is_delta,
+        "econd": not header.flags & F.FLAG_NO_ECOND,
+        "nbytes": len(memoryview(blob)),
+    }
+
+
+def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
+    """Ideal size in bits of ``target`` under ULPack's own model (no tables, no coder loss).
+
+    ``sum over contexts and tokens of -count * log2(count / context total)`` plus the
+    raw tail bits: the number a perfect entropy coder with free tables would reach.
+    """
+    fmt, x, r = _prepare(target, reference)
+    xf = x.reshape(-1)
+    if xf.size == 0:
+        return 0.0
+    rf = None if r is None else r.reshape(-1)
+    _, hist, _, tail_bits, _ = _analyze(kernels(), fmt, xf, rf, econd)
+    h = hist.astype(np.float64)
+    totals = h.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()
+    return float(bits) + tail_bits
+
+
+# -- numcodecs ------------------------------------------------------------------
+
+
+class ULPack(Codec):
+    """numcodecs codec for ULPack (``{"id": "ulpack"}``).
+
+    A pure codec: no I/O.  ``encode``/``decode`` take an optional ``reference=``
+    array; without one they code intra (against +0.0).  Decoding returns the
+    original dtype and shape; with ``out=`` the values are copied into it.
+
+    Parameters
+    ----------
+    econd : bool, default True
+        Condition the models on the reference exponent (False: ablation).
+
+    Examples
+    --------
+    >>> import numcodecs, numpy as np
+    >>> codec = numcodecs.get_codec({"id": "ulpack"})
+    >>> codec
+    ULPack(econd=True)
+    >>> x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    >>> codec.decode(codec.encode(x)).tolist()
+    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    """
+
+    codec_id = "ulpack"
+
+    def __init__(self, econd: bool = True):
+        self.econd = bool(econd)
+
+    def encode(self, buf, reference=None):
+        return encode(buf, reference, econd=self.econd)
+
+    def decode(self, buf, out=None, reference=None):
+        if not isinstance(buf, (bytes, bytearray, memoryview)):
+            buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)  # numcodecs hands arrays too
+        arr = decode(buf, reference)
+        if out is None:
+            return arr
+        dest = out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
+        if dest.nbytes != arr.nbytes:
+            raise InvalidInputError(f"out has {dest.nbytes} bytes but the decoded tensor has {arr.nbytes}")
+        dest.reshape(-1).view(np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+        return out
+
+    def __repr__(self) -> str:
+        return f"ULPack(econd={self.econd!r})"
+
+
+numcodecs.register_codec(ULPack)

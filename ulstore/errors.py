@@ -1,0 +1,122 @@
+"""The one exception tree of ulstore.
+
+Errors are grouped by what a handler would do about them::
+
+    UlstoreError                      everything ulstore raises on purpose
+    ├── InvalidInputError (ValueError)         the caller passed something unusable
+    │   └── DtypeError (TypeError)             not a supported floating-point dtype
+    ├── IntegrityError (ValueError)            stored bytes are not what was written
+    │   ├── CorruptBlobError                   a blob fails its checks (truncated, flipped, bad table)
+    │   │   └── UnsupportedVersionError        a blob written by a newer format version
+    │   ├── ReferenceMismatchError             a delta blob decoded against the wrong reference
+    │   └── CorruptManifestError               a step manifest or metadata object is damaged
+    ├── NotFoundError (KeyError, FileNotFoundError)
+    │   ├── StepNotFoundError
+    │   └── TensorNotFoundError
+    ├── ConflictError                          someone else already wrote that name
+    │   └── StepExistsError
+    └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
+
+Errors carry the ``step``, ``tensor`` and ``key`` they are about when known.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "UlstoreError",
+    "InvalidInputError",
+    "DtypeError",
+    "IntegrityError",
+    "CorruptBlobError",
+    "UnsupportedVersionError",
+    "ReferenceMismatchError",
+    "CorruptManifestError",
+    "NotFoundError",
+    "StepNotFoundError",
+    "TensorNotFoundError",
+    "ConflictError",
+    "StepExistsError",
+    "ReadOnlyError",
+]
+
+
+class UlstoreError(Exception):
+    """Root of every error ulstore raises on purpose.
+
+    Parameters
+    ----------
+    message : str
+        What went wrong and, where possible, how to fix it.
+    step, tensor, key : optional
+        The step, tensor name and storage key the error is about.
+    """
+
+    def __init__(self, message: str = "", *, step=None, tensor=None, key=None):
+        self.step = step
+        self.tensor = tensor
+        self.key = key
+        where = []
+        if step is not None:
+            where.append(f"step {step}")
+        if tensor is not None:
+            where.append(f"tensor {tensor!r}")
+        if key is not None:
+            where.append(f"key {key!r}")
+        if where:
+            message = f"{message} ({', '.join(where)})"
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class InvalidInputError(UlstoreError, ValueError):
+    """The caller passed something ulstore cannot store or decode as asked."""
+
+
+class DtypeError(InvalidInputError, TypeError):
+    """The array's dtype is not one the operation supports."""
+
+
+class IntegrityError(UlstoreError, ValueError):
+    """Stored bytes are not what was written: nothing is returned from them."""
+
+
+class CorruptBlobError(IntegrityError):
+    """A ULPack blob is truncated, altered or internally inconsistent."""
+
+
+class UnsupportedVersionError(CorruptBlobError):
+    """A blob declares a format version this ulstore cannot read."""
+
+
+class ReferenceMismatchError(IntegrityError):
+    """A delta blob was decoded against a reference other than its own."""
+
+
+class CorruptManifestError(IntegrityError):
+    """A step manifest, ref or metadata object is damaged or malformed."""
+
+
+class NotFoundError(UlstoreError, KeyError, FileNotFoundError):
+    """Something named does not exist."""
+
+
+class StepNotFoundError(NotFoundError):
+    """No step of that name in the trajectory."""
+
+
+class TensorNotFoundError(NotFoundError):
+    """No tensor of that name in the step."""
+
+
+class ConflictError(UlstoreError):
+    """Another writer already created the object this write needed to create."""
+
+
+class StepExistsError(ConflictError):
+    """The step already exists; steps are immutable."""
+
+
+class ReadOnlyError(UlstoreError, PermissionError):
+    """A write was attempted on a trajectory opened read-only."""
