@@ -43,6 +43,16 @@ class FloatFormat:
         """Number of ULPack tokens for this width: 4w - 4 (see docs/format.md)."""
         return 4 * self.width - 4
 
+    @property
+    def token_bits(self) -> int:
+        """Bits that hold a token inside a symbol ``context << token_bits | token``."""
+        return (self.alphabet - 1).bit_length()
+
+    @property
+    def symbol(self) -> np.dtype:
+        """Smallest unsigned dtype that holds every symbol."""
+        return np.dtype(np.uint16 if self.exp_bits + self.token_bits <= 16 else np.uint32)
+
 
 FORMATS: tuple[FloatFormat, ...] = (
     FloatFormat(1, "float16", np.dtype(np.float16), 16, 10, 5),

@@ -47,7 +47,7 @@ def header_bound(ndim: int) -> int:
 
     A blob is never larger than the raw tensor plus this many bytes.
     """
-    return 9 + 10 * ndim + 16 + CRC_BYTES
+    return 9 + 10 * ndim + 8 + CRC_BYTES
 
 
 def write_varint(out: bytearray, value: int) -> None:
@@ -136,7 +136,7 @@ class Header:
         out += bytes((VERSION, self.fmt.code, self.mode, self.flags, len(self.shape)))
         for d in self.shape:
             write_varint(out, d)
-        out += self.ref_hash.to_bytes(8, "little") + self.target_hash.to_bytes(8, "little")
+        out += self.ref_hash.to_bytes(4, "little") + self.target_hash.to_bytes(4, "little")
         return out
 
 
@@ -152,7 +152,7 @@ def open_blob(blob) -> tuple[Header, Reader]:
         buf = memoryview(blob).cast("B")
     except TypeError as exc:
         raise CorruptBlobError(f"a ULPack blob must be a bytes-like object, got {type(blob).__name__}") from exc
-    if len(buf) < 9 + 16 + CRC_BYTES:
+    if len(buf) < 9 + 8 + CRC_BYTES:
         raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
     if bytes(buf[:4]) != MAGIC:
         raise CorruptBlobError("not a ULPack blob (bad magic bytes)")
@@ -181,63 +181,124 @@ def open_blob(blob) -> tuple[Header, Reader]:
         n *= d
     if n > 1 << 48:
         raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
-    header = Header(fmt, mode, flags, shape, r.u64("reference hash"), r.u64("target hash"))
+    header = Header(fmt, mode, flags, shape, r.u32("reference hash"), r.u32("target hash"))
     return header, r
 
 
 # -- frequency tables ---------------------------------------------------------------
-# Per occupied context (ascending id): id gap, symbol count, symbol gaps, then the
-# frequencies of all but the last symbol (the last is M minus the rest, >= 1).
+# The decoder already knows which contexts occur and how many elements each holds
+# (it has the reference), so the table sends, per occupied context in ascending id
+# order, only what it cannot know: which tokens occur and their counts, coarsened
+# to the coder's precision.  Elias-gamma codes keep the small numbers small: in the
+# sparse (RL) regime most contexts cost a couple of bits.
+#
+#   bit        token 0 occurs
+#   gamma(k+1) number of other tokens that occur
+#   gamma(g+1) each such token as a gap from the previous (first: from token 0)
+#   gamma(q)   each such token's quantised count q = max(1, count >> shift) >= 1,
+#              shift = max(0, bitlen(n_c) - S) for the context's element count n_c
+# Token 0's quantised count is implied: max(1, (n_c >> shift) - sum q).
 
 
-def pack_tables(out: bytearray, ctx_ids: np.ndarray, freqs: np.ndarray) -> None:
-    """Serialise normalised frequency rows ``freqs[i]`` of contexts ``ctx_ids[i]``."""
-    write_varint(out, len(ctx_ids))
-    prev_ctx = -1
-    for ctx, row in zip(ctx_ids.tolist(), freqs):
-        write_varint(out, ctx - prev_ctx - 1)
-        prev_ctx = ctx
-        syms = np.flatnonzero(row).tolist()
-        write_varint(out, len(syms))
-        prev = -1
-        for s in syms:
-            write_varint(out, s - prev - 1)
-            prev = s
-        for s in syms[:-1]:
-            write_varint(out, int(row[s]))
+def quantized_counts(counts: np.ndarray, n_c: np.ndarray, scale_bits: int) -> np.ndarray:
+    """Per-context counts coarsened to what the table transmits (see the block comment above)."""
+    counts = counts.astype(np.int64)
+    n_c = np.asarray(n_c, dtype=np.int64)
+    shift = np.maximum(0, _bitlen(n_c) - scale_bits)[:, None]
+    q = np.where(counts > 0, np.maximum(1, counts >> shift), 0)
+    rest = q[:, 1:].sum(axis=1)
+    q[:, 0] = np.where(counts[:, 0] > 0, np.maximum(1, (n_c >> shift[:, 0]) - rest), 0)
+    return q
 
 
-def read_tables(r: Reader, fmt: FloatFormat, scale_bits: int, n_ctx_limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Parse and validate tables; returns (ctx_ids, freqs[n_ctx, alphabet])."""
-    total = 1 << scale_bits
-    alphabet = fmt.alphabet
-    n_ctx = r.varint("context count", limit=n_ctx_limit)
-    ctx_ids = np.empty(n_ctx, dtype=np.int64)
-    freqs = np.zeros((n_ctx, alphabet), dtype=np.uint32)
-    ctx = -1
-    for i in range(n_ctx):
-        ctx += r.varint("context id", limit=n_ctx_limit) + 1
-        if ctx >= n_ctx_limit:
-            raise CorruptBlobError(f"ULPack blob table names context {ctx} beyond {n_ctx_limit}")
-        ctx_ids[i] = ctx
-        n_sym = r.varint("symbol count", limit=alphabet)
-        if n_sym == 0:
-            raise CorruptBlobError("ULPack blob table has an empty context")
-        syms = []
-        s = -1
-        for _ in range(n_sym):
-            s += r.varint("symbol id", limit=alphabet) + 1
-            if s >= alphabet:
-                raise CorruptBlobError(f"ULPack blob table names symbol {s} beyond the alphabet")
-            syms.append(s)
-        used = 0
-        for s in syms[:-1]:
-            f = r.varint("frequency", limit=total)
-            if f == 0:
-                raise CorruptBlobError("ULPack blob table has a zero frequency")
-            freqs[i, s] = f
-            used += f
-        if used >= total:
-            raise CorruptBlobError("ULPack blob table frequencies exceed the scale")
-        freqs[i, syms[-1]] = total - used
-    return ctx_ids, freqs
+def _bitlen(v: np.ndarray) -> np.ndarray:
+    out = np.zeros(v.shape, dtype=np.int64)
+    v = v.copy()
+    while (v > 0).any():
+        out += v > 0
+        v >>= 1
+    return out
+
+
+def _gamma(value: int) -> str:
+    """Elias gamma code of value >= 1, MSB first."""
+    bits = bin(value)[2:]
+    return "0" * (len(bits) - 1) + bits
+
+
+def pack_tables(out: bytearray, q: np.ndarray) -> None:
+    """Append the bit-packed table of quantised counts ``q`` (occupied contexts x tokens)."""
+    parts = []
+    for row in q.tolist():
+        others = [t for t in range(1, len(row)) if row[t]]
+        parts.append("1" if row[0] else "0")
+        parts.append(_gamma(len(others) + 1))
+        prev = 0
+        for t in others:
+            parts.append(_gamma(t - prev))
+            prev = t
+        parts.extend(_gamma(row[t]) for t in others)
+    bits = "".join(parts)
+    nbytes = (len(bits) + 7) // 8
+    write_varint(out, nbytes)
+    if nbytes:
+        out += int(bits.ljust(nbytes * 8, "0"), 2).to_bytes(nbytes, "big")
+
+
+class _BitReader:
+    """Gamma-code reader over a '0'/'1' string (str.find does the bit scanning in C)."""
+
+    __slots__ = ("bits", "pos")
+
+    def __init__(self, data: bytes):
+        self.bits = bin(int.from_bytes(data, "big") | (1 << (8 * len(data))))[3:] if data else ""
+        self.pos = 0
+
+    def bit(self) -> int:
+        if self.pos >= len(self.bits):
+            raise CorruptBlobError("ULPack blob table is truncated")
+        self.pos += 1
+        return self.bits[self.pos - 1] == "1"
+
+    def gamma(self, limit: int) -> int:
+        one = self.bits.find("1", self.pos)
+        if one < 0:
+            raise CorruptBlobError("ULPack blob table is truncated")
+        width = one - self.pos + 1
+        end = one + width
+        if width > 64 or end > len(self.bits):
+            raise CorruptBlobError("ULPack blob table has an overlong code")
+        value = int(self.bits[one:end], 2)
+        if value > limit:
+            raise CorruptBlobError(f"ULPack blob table value {value} is out of range")
+        self.pos = end
+        return value
+
+
+def read_tables(r: Reader, alphabet: int, n_c: np.ndarray, scale_bits: int) -> np.ndarray:
+    """Parse the table for contexts with element counts ``n_c``; returns quantised counts."""
+    data = bytes(r.take(r.varint("table size", limit=1 << 24), "tables"))
+    bits = _BitReader(data)
+    q = np.zeros((len(n_c), alphabet), dtype=np.int64)
+    for i, n in enumerate(n_c.tolist()):
+        shift = max(0, n.bit_length() - scale_bits)
+        has_zero = bits.bit()
+        k = bits.gamma(alphabet) - 1
+        if k >= alphabet:
+            raise CorruptBlobError("ULPack blob table lists more tokens than exist")
+        t = 0
+        others = []
+        for _ in range(k):
+            t += bits.gamma(alphabet)
+            if t >= alphabet:
+                raise CorruptBlobError(f"ULPack blob table names token {t} beyond the alphabet")
+            others.append(t)
+        for t in others:
+            q[i, t] = bits.gamma((n >> shift) or 1)
+        if has_zero:
+            q[i, 0] = max(1, (n >> shift) - int(q[i, 1:].sum()))
+        elif k == 0:
+            raise CorruptBlobError("ULPack blob table has a context with no tokens")
+    if len(data) * 8 - bits.pos >= 8:
+        raise CorruptBlobError("ULPack blob table has trailing bytes")
+    return q

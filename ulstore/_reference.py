@@ -7,11 +7,13 @@ stages are vectorised; the rANS loops are inherently serial and run in plain Pyt
 
 Conventions shared with the compiled kernels
 --------------------------------------------
-* ``x``, ``r``: target and reference as unsigned w-bit words; ``has_ref`` false means
-  intra (reference all +0.0; ``r`` is then a placeholder and never read).
-* token ``t`` of residual ``z``: ``nb = max(bitlen(z) - 3, 0)``, ``t = (z >> nb) + 4 nb``;
-  ``tail = z & (2**nb - 1)`` is stored raw.  ``t`` determines (b, q1, q2) and vice versa.
-* context of element i: ``(r_i >> mant_bits) & emask`` (emask 0 drops conditioning).
+* ``x``, ``r``: target and reference as unsigned w-bit words (intra: ``r`` all zero,
+  i.e. +0.0).
+* residual ``z = zigzag(key(x) - key(r))``; token ``t``: ``nb = max(bitlen(z) - 3, 0)``,
+  ``t = (z >> nb) + 4 nb``; ``tail = z & (2**nb - 1)`` is stored raw.  ``t`` determines
+  (b, q1, q2) and vice versa.
+* context of element i: ``(r_i >> mant_bits) & emask`` (emask 0 drops conditioning);
+  symbol ``sym = context << token_bits | t``.
 * rANS: 4 lanes, element i on lane ``i % 4``; states in [2**15, 2**31); 16-bit words.
 """
 from __future__ import annotations
@@ -19,9 +21,20 @@ from __future__ import annotations
 import numpy as np
 
 from ._format import LANES
-from ._tables import STATE_LOW
+from ._tables import ENC_ENTRY, STATE_LOW
 
-__all__ = ["hash64", "analyze", "rans_encode", "decode", "BACKEND"]
+__all__ = [
+    "BACKEND",
+    "hash64",
+    "residuals",
+    "histogram",
+    "context_histogram",
+    "pack_tails",
+    "rans_encode",
+    "rans_decode",
+    "unpack_tails",
+    "reconstruct",
+]
 
 BACKEND = "numpy"
 
@@ -83,72 +96,78 @@ def _bitlen(z: np.ndarray, width: int) -> np.ndarray:
     return b + (v != 0)
 
 
-def _residual(x: np.ndarray, r, width: int) -> np.ndarray:
-    """zigzag(key(x) - key(r)) in w-bit arithmetic."""
-    kr = _key(r, width) if r is not None else x.dtype.type(1 << (width - 1))  # key(+0.0)
-    d = _key(x, width) - kr  # wraps mod 2**w
-    sign = (d >> x.dtype.type(width - 1)) * x.dtype.type((1 << width) - 1)  # all ones if negative
-    return (d << x.dtype.type(1)) ^ sign
+def _tail_len(tokens: np.ndarray) -> np.ndarray:
+    return np.maximum((tokens.astype(np.int64) >> 2) - 1, 0)
 
 
-def _contexts(r, n: int, mant_bits: int, emask: int) -> np.ndarray:
-    if r is None or emask == 0:
-        return np.zeros(n, dtype=np.int64)
-    return ((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)
-
-
-def analyze(x, r, has_ref, mant_bits, emask, tokens_out, hist_out, tail_out) -> int:
-    """Pass 1 of encoding: tokens, per-context token histogram, packed raw tails.
-
-    Writes ``tokens_out[:n]``, adds counts into ``hist_out`` (contexts x alphabet,
-    zeroed by the caller) and writes the LSB-first tail bitstream into ``tail_out``.
-    Returns the number of tail bits.
-    """
+def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> None:
+    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z)."""
     width = x.dtype.itemsize * 8
-    r = r if has_ref else None
+    w = x.dtype.type
     with np.errstate(over="ignore"):
-        z = _residual(x, r, width)
+        d = _key(x, width) - _key(r, width)  # wraps mod 2**w
+        z = (d << w(1)) ^ ((d >> w(width - 1)) * w((1 << width) - 1))
     nb = np.maximum(_bitlen(z, width) - 3, 0)
-    nbu = nb.astype(z.dtype)
-    tokens = (z >> nbu).astype(np.int64) + 4 * nb
-    tokens_out[: len(x)] = tokens
-    alphabet = hist_out.shape[1]
-    ctx = _contexts(r, len(x), mant_bits, emask)
-    hist_out += np.bincount(ctx * alphabet + tokens, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
-    tails = (z & ((z.dtype.type(1) << nbu) - z.dtype.type(1))).astype(np.uint64)
+    tokens = (z >> nb.astype(z.dtype)).astype(np.int64) + 4 * nb
+    ctx = ((r >> w(mant_bits)) & w(emask)).astype(np.int64)
+    z_out[:] = z
+    sym_out[:] = (ctx << token_bits) | tokens
+
+
+def histogram(sym, hist_out) -> None:
+    """Add symbol counts; with 4 rows, element i counts in row i % 4."""
+    copies, size = hist_out.shape
+    row = np.arange(len(sym)) % copies
+    hist_out += np.bincount(row * size + sym, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
+
+
+def context_histogram(r, mant_bits, emask, hist_out) -> None:
+    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4."""
+    copies, size = hist_out.shape
+    ctx = ((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)
+    row = np.arange(len(r)) % copies
+    hist_out += np.bincount(row * size + ctx, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
+
+
+def pack_tails(sym, z, token_bits, tail_out) -> int:
+    """Write every residual's raw low bits, LSB-first, into ``tail_out``; returns the bit count."""
+    nb = _tail_len(np.asarray(sym) & ((1 << token_bits) - 1))
     total = int(nb.sum())
     if total:
-        owner = np.repeat(np.arange(len(x)), nb)
-        first = np.cumsum(nb) - nb
-        k = (np.arange(total) - np.repeat(first, nb)).astype(np.uint64)
-        bits = ((tails[owner] >> k) & np.uint64(1)).astype(np.uint8)
-        packed = np.packbits(bits, bitorder="little")
+        tails = (z & ((z.dtype.type(1) << nb.astype(z.dtype)) - z.dtype.type(1))).astype(np.uint64)
+        owner = np.repeat(np.arange(len(z)), nb)
+        k = (np.arange(total) - np.repeat(np.cumsum(nb) - nb, nb)).astype(np.uint64)
+        packed = np.packbits(((tails[owner] >> k) & np.uint64(1)).astype(np.uint8), bitorder="little")
         tail_out[: len(packed)] = packed
     return total
 
 
-def rans_encode(tokens, r, has_ref, mant_bits, emask, ctx_map, rcp, shift, start, cmpl, xmax, alphabet, words_out, states_out) -> int:
-    """Pass 2: rANS-encode ``tokens`` in reverse; words fill ``words_out`` from its end.
+# -- rANS -------------------------------------------------------------------------
 
-    The table arrays are indexed by ``ctx_map[context] * alphabet + token``.
-    Returns the number of 16-bit words written (they are ``words_out[-count:]``).
+
+def rans_encode(sym, table, scale_bits, words_out, states_out) -> int:
+    """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
+
+    ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
+    symbol value.  Plain integer division here; the compiled twin uses the exact
+    reciprocal the table carries.
     """
-    n = len(tokens)
-    r = r if has_ref else None
-    ctx = ctx_map[_contexts(r, n, mant_bits, emask)].astype(np.int64) * alphabet + np.asarray(tokens[:n], dtype=np.int64)
-    rcp, shift = rcp.tolist(), shift.tolist()
-    start, cmpl, xmax = start.tolist(), cmpl.tolist(), xmax.tolist()
+    entries = np.frombuffer(table, dtype=ENC_ENTRY)
+    total = 1 << scale_bits
+    freq = (entries["xmax"].astype(np.int64) >> (31 - scale_bits)).tolist()
+    start, xmax = entries["start"].tolist(), entries["xmax"].tolist()
     state = [STATE_LOW] * LANES
     out = []
-    for i in range(n - 1, -1, -1):
-        e = int(ctx[i])
+    syms = np.asarray(sym).tolist()
+    for i in range(len(syms) - 1, -1, -1):
+        e = syms[i]
         lane = i & 3
         x = state[lane]
         if x >= xmax[e]:
             out.append(x & 0xFFFF)
             x >>= 16
-        q = (x * rcp[e]) >> shift[e]
-        state[lane] = x + start[e] + q * cmpl[e]
+        f = freq[e]
+        state[lane] = (x // f) * total + x % f + start[e]
     count = len(out)
     # the decoder reads words in the reverse order of their emission
     words_out[len(words_out) - count :] = np.array(out[::-1], dtype=np.uint16)
@@ -156,30 +175,26 @@ def rans_encode(tokens, r, has_ref, mant_bits, emask, ctx_map, rcp, shift, start
     return count
 
 
-def decode(words, states, tail, tail_bits, r, has_ref, mant_bits, emask, ctx_map, slot2sym, fs, scale_bits, alphabet, out) -> int:
-    """Decode tokens, read tails and rebuild the target words into ``out``.
+def rans_decode(r, mant_bits, emask, ctx_map, slot2sym, fs, scale_bits, alphabet, words, states, tokens_out) -> int:
+    """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
 
-    ``words`` holds the little-endian 16-bit word stream as bytes, ``tail`` the tail
-    bytes.  Returns 0, or a negative status (``ulstore.codec.STATUS`` names them).
+    ``words`` holds the little-endian 16-bit word stream as bytes.
     """
-    n = len(out)
-    width = out.dtype.itemsize * 8
+    n = len(tokens_out)
     total = 1 << scale_bits
     mask = total - 1
-    r = r if has_ref else None
-    ctx = _contexts(r, n, mant_bits, emask)
-    dense = ctx_map[ctx] if n else np.zeros(0, np.int64)
+    dense = ctx_map[((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)]
     if n and dense.min() < 0:
         return -4
     words = np.frombuffer(words, dtype="<u2").tolist()
-    s2s, fsl = slot2sym.tolist(), fs.tolist()
+    s2s, fsl, ctx = slot2sym.tolist(), fs.tolist(), dense.tolist()
     state = [int(s) for s in states]
     pos = 0
-    tokens = np.empty(n, dtype=np.int64)
+    tokens = [0] * n
     for i in range(n):
         lane = i & 3
         x = state[lane]
-        c = int(dense[i])
+        c = ctx[i]
         slot = x & mask
         t = s2s[c * total + slot]
         e = fsl[c * alphabet + t]
@@ -191,25 +206,32 @@ def decode(words, states, tail, tail_bits, r, has_ref, mant_bits, emask, ctx_map
             pos += 1
         state[lane] = x
         tokens[i] = t
+    tokens_out[:] = tokens
     if pos != len(words):
         return -5
     if any(s != STATE_LOW for s in state):
         return -3
-    nb = np.maximum((tokens >> 2) - 1, 0)
-    if int(nb.sum()) != tail_bits:
+    return 0
+
+
+def unpack_tails(tokens, tail, tail_bits, z_out) -> int:
+    """Rebuild residuals from tokens and raw tail bits; returns 0, or -2 if the bit count disagrees."""
+    nb = _tail_len(np.asarray(tokens))
+    if int(nb.sum()) != tail_bits or len(tail) * 8 < tail_bits:
         return -2
     bits = np.unpackbits(np.frombuffer(tail, dtype=np.uint8), bitorder="little")[:tail_bits].astype(np.uint64)
-    if len(bits) < tail_bits:
-        return -2
-    first = np.cumsum(nb) - nb
-    k = (np.arange(tail_bits) - np.repeat(first, nb)).astype(np.uint64)
-    owner = np.repeat(np.arange(n), nb)
-    tails = np.zeros(n, dtype=np.uint64)
-    np.add.at(tails, owner, bits << k)
-    wt = out.dtype.type
-    z = (((tokens - 4 * nb).astype(np.uint64) << nb.astype(np.uint64)) | tails).astype(out.dtype)
-    with np.errstate(over="ignore"):
-        delta = (z >> wt(1)) ^ (wt(0) - (z & wt(1)))  # unzigzag
-        kr = _key(r, width) if r is not None else wt(1 << (width - 1))
-        out[:] = _unkey(kr + delta, width)
+    k = (np.arange(tail_bits) - np.repeat(np.cumsum(nb) - nb, nb)).astype(np.uint64)
+    tails = np.zeros(len(z_out), dtype=np.uint64)
+    np.add.at(tails, np.repeat(np.arange(len(z_out)), nb), bits << k)
+    base = (np.asarray(tokens, dtype=np.int64) - 4 * nb).astype(np.uint64) << nb.astype(np.uint64)
+    z_out[:] = (base | tails).astype(z_out.dtype)
     return 0
+
+
+def reconstruct(r, values) -> None:
+    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic."""
+    width = values.dtype.itemsize * 8
+    w = values.dtype.type
+    with np.errstate(over="ignore"):
+        delta = (values >> w(1)) ^ (w(0) - (values & w(1)))
+        values[:] = _unkey(_key(r, width) + delta, width)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normalize", "choose_scale_bits", "encoder_table", "decoder_table", "STATE_LOW", "STATE_BITS"]
+__all__ = ["normalize", "choose_scale_bits", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
 
 STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
 STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31
@@ -57,31 +57,33 @@ def _starts(freqs: np.ndarray) -> np.ndarray:
     return (np.cumsum(freqs, axis=1, dtype=np.int64) - freqs).astype(np.uint32)
 
 
-def encoder_table(freqs: np.ndarray, scale_bits: int) -> dict[str, np.ndarray]:
-    """Flat per-(context, token) encode entries.
+ENC_ENTRY = np.dtype([("rcp", "<u8"), ("xmax", "<u4"), ("start", "<u2"), ("shift", "<u2")])  # = kernels.EncEntry
+
+
+def encoder_table(ctx_ids: np.ndarray, freqs: np.ndarray, scale_bits: int, token_bits: int, n_contexts: int) -> np.ndarray:
+    """One ``ENC_ENTRY`` per symbol value ``context << token_bits | token``.
 
     With ``s = ceil(log2 f)`` and ``rcp = ceil(2**(31+s) / f)``, ``(x * rcp) >> (31+s)``
     equals ``x // f`` for every ``x < 2**31`` (the error ``rcp*f - 2**(31+s) < f <= 2**s``
     never reaches the next multiple).  The encode step is then
     ``x + start + (x // f) * (M - f)``, i.e. ``((x // f) << S) + x % f + start``.
+    Renormalise (emit 16 bits) first when ``x >= xmax = f * 2**(31 - S)``.
     """
-    total = 1 << scale_bits
-    f = freqs.reshape(-1).astype(np.uint64)
-    used = f > 0
-    safe = np.where(used, f, 1)
+    n_ctx, alphabet = freqs.shape
+    table = np.zeros(n_contexts << token_bits, dtype=ENC_ENTRY)
+    rows = table.reshape(n_contexts, 1 << token_bits)[ctx_ids, :alphabet]
+    f = freqs.astype(np.uint64)
+    safe = np.maximum(f, 1)
     s = np.zeros_like(safe)
-    # ceil(log2 f) for f in [1, 2**14]
-    for k in range(1, scale_bits + 1):
+    for k in range(1, scale_bits + 1):  # ceil(log2 f) for f in [1, 2**S]
         s += (safe > (np.uint64(1) << np.uint64(k - 1))).astype(np.uint64)
-    rcp = ((np.uint64(1) << (np.uint64(STATE_BITS) + s)) + safe - np.uint64(1)) // safe
-    return {
-        "rcp": np.where(used, rcp, 0).astype(np.uint64),
-        "shift": (np.uint64(STATE_BITS) + s).astype(np.uint32),
-        "start": _starts(freqs).reshape(-1),
-        "cmpl": np.where(used, np.uint64(total) - f, 0).astype(np.uint32),
-        # renormalise (emit 16 bits) when x >= f * 2**(31 - S)
-        "xmax": (f << np.uint64(STATE_BITS - scale_bits)).astype(np.uint64),
-    }
+    shift = np.uint64(STATE_BITS) + s
+    rows["rcp"] = ((np.uint64(1) << shift) + safe - np.uint64(1)) // safe
+    rows["shift"] = shift
+    rows["start"] = _starts(freqs)
+    rows["xmax"] = f << np.uint64(STATE_BITS - scale_bits)
+    table.reshape(n_contexts, 1 << token_bits)[ctx_ids, :alphabet] = rows
+    return table
 
 
 def decoder_table(freqs: np.ndarray, scale_bits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -114,7 +114,7 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     xf = x.reshape(-1)
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
-    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=k.hash64(rf) if rf is not None else 0, target_hash=k.hash64(xf))
+    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_hash32(k, xf))
     raw = F.Header(mode=F.MODE_RAW, **header).pack() + xf.tobytes()
     if xf.size == 0:
         return F.seal(raw)
@@ -125,43 +125,57 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     return F.seal(body if len(body) < len(raw) else raw)
 
 
+def _hash32(k, words: np.ndarray) -> int:
+    """32-bit checksum of an array's bytes.
+
+    A blob carries one for its reference and one for its target: a wrong reference
+    must get past both to yield values, a 2**-64 event.
+    """
+    h = k.hash64(words)
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
     return fmt.n_contexts - 1 if (has_ref and econd) else 0
 
 
-def _analyze(k, fmt, xf, rf, econd):
-    """Run pass 1; returns (tokens, hist, tail buffer, tail bits, emask)."""
-    n = xf.size
+def _analyze(k, fmt: FloatFormat, xf, rf, econd):
+    """Encode pass 1: residuals, symbols and the per-context token histogram."""
     emask = _econd_mask(fmt, rf is not None, econd)
-    tokens = np.empty(n, dtype=np.uint8)
-    hist = np.zeros((emask + 1, fmt.alphabet), dtype=np.uint64)
-    tail = np.empty(n * (fmt.width - 3) // 8 + 16, dtype=np.uint8)
-    tail_bits = k.analyze(xf, rf if rf is not None else xf, rf is not None, fmt.mant_bits, emask, tokens, hist, tail)
-    return tokens, hist, tail, tail_bits, emask
+    if rf is None:
+        rf = np.zeros_like(xf)  # intra: the reference is +0.0 everywhere
+    z = np.empty_like(xf)
+    sym = np.empty(xf.size, dtype=fmt.symbol)
+    k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
+    # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache
+    copies = F.LANES if fmt.symbol.itemsize == 2 else 1
+    lanes = np.zeros((copies, (emask + 1) << fmt.token_bits), dtype=np.uint32)
+    k.histogram(sym, lanes)
+    hist = lanes.sum(axis=0, dtype=np.uint64).reshape(emask + 1, -1)[:, : fmt.alphabet]
+    return z, sym, hist, emask
 
 
 def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     n = xf.size
-    tokens, hist, tail, tail_bits, emask = _analyze(k, fmt, xf, rf, econd)
+    z, sym, hist, emask = _analyze(k, fmt, xf, rf, econd)
     if hist[:, 0].sum() == n:
         return None
     scale_bits = choose_scale_bits(n)
-    ctx_ids = np.flatnonzero(hist.sum(axis=1))
-    freqs = normalize(hist[ctx_ids], scale_bits)
-    ctx_map = np.full(emask + 1, -1, dtype=np.int32)
-    ctx_map[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32)
-    t = encoder_table(freqs, scale_bits)
-    words = np.empty(n, dtype=np.uint16)
+    n_c = hist.sum(axis=1)
+    ctx_ids = np.flatnonzero(n_c)
+    q = F.quantized_counts(hist[ctx_ids], n_c[ctx_ids], scale_bits)
+    freqs = normalize(q, scale_bits)
+    table = encoder_table(ctx_ids, freqs, scale_bits, fmt.token_bits, emask + 1)
+    words = np.empty(n + 1, dtype=np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(
-        tokens, rf if rf is not None else xf, rf is not None, fmt.mant_bits, emask, ctx_map,
-        t["rcp"], t["shift"], t["start"], t["cmpl"], t["xmax"], fmt.alphabet, words, states,
-    )
+    n_words = k.rans_encode(sym, table.view(np.uint8), scale_bits, words, states)
+    tail = np.empty(n * (fmt.width - 3) // 8 + 16, dtype=np.uint8)
+    tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     out = bytearray((scale_bits,))
-    F.pack_tables(out, ctx_ids, freqs)
+    F.pack_tables(out, q)
     out += states.astype("<u4").tobytes()
     F.write_varint(out, n_words)
-    out += words[n - n_words :].astype("<u2").tobytes()
+    out += words[n + 1 - n_words :].astype("<u2").tobytes()
     F.write_varint(out, tail_bits)
     out += tail[: (tail_bits + 7) // 8].tobytes()
     return out
@@ -209,7 +223,7 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     elif reference is not None:
         raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
     k = kernels(backend)
-    if rf is not None and k.hash64(rf) != header.ref_hash:
+    if rf is not None and _hash32(k, rf) != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     n = header.size
     if header.mode == F.MODE_RAW:
@@ -217,23 +231,29 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     elif header.mode == F.MODE_SAME:
         out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
     else:
-        out = np.empty(n, dtype=fmt.word)
-        _decode_rans(k, fmt, header, rd, rf, out)
+        out = _decode_rans(k, fmt, header, rd, rf)
     if rd.pos != rd.end:
         raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
-    if k.hash64(out) != header.target_hash:
+    if _hash32(k, out) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return from_bits(fmt, out).reshape(header.shape)
 
 
-def _decode_rans(k, fmt, header, rd, rf, out) -> None:
+def _decode_rans(k, fmt, header, rd, rf) -> np.ndarray:
     n = header.size
     scale_bits = rd.u8("scale bits")
     if not 1 <= scale_bits <= 15:
         raise CorruptBlobError(f"ULPack blob has an invalid scale of {scale_bits} bits")
     econd = not header.flags & F.FLAG_NO_ECOND
     emask = _econd_mask(fmt, rf is not None, econd)
-    ctx_ids, freqs = F.read_tables(rd, fmt, scale_bits, emask + 1)
+    if rf is None:
+        rf = np.zeros(n, dtype=fmt.word)
+    # the occupied contexts and their sizes come from the reference, not the blob
+    n_c = np.zeros((F.LANES, emask + 1), dtype=np.uint32)
+    k.context_histogram(rf, fmt.mant_bits, emask, n_c)
+    n_c = n_c.sum(axis=0, dtype=np.int64)
+    ctx_ids = np.flatnonzero(n_c)
+    freqs = normalize(F.read_tables(rd, fmt.alphabet, n_c[ctx_ids], scale_bits), scale_bits)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
     if ((states < STATE_LOW) | (states >= 1 << 31)).any():
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
@@ -244,12 +264,15 @@ def _decode_rans(k, fmt, header, rd, rf, out) -> None:
     ctx_map = np.full(emask + 1, -1, dtype=np.int32)
     ctx_map[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32)
     slot2sym, fs = decoder_table(freqs, scale_bits)
-    status = k.decode(
-        words, states, tail, tail_bits, rf if rf is not None else out, rf is not None, fmt.mant_bits, emask,
-        ctx_map, slot2sym, fs, scale_bits, fmt.alphabet, out,
-    )
+    tokens = np.empty(n, dtype=np.uint8)
+    status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_map, slot2sym, fs, scale_bits, fmt.alphabet, words, states, tokens)
+    out = np.empty(n, dtype=fmt.word)  # first holds the residuals, then the values
+    if not status:
+        status = k.unpack_tails(tokens, tail, tail_bits, out)
     if status:
         raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
+    k.reconstruct(rf, out)
+    return out
 
 
 # -- batches --------------------------------------------------------------------
@@ -357,7 +380,9 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     if xf.size == 0:
         return 0.0
     rf = None if r is None else r.reshape(-1)
-    _, hist, _, tail_bits, _ = _analyze(kernels(), fmt, xf, rf, econd)
+    _, _, hist, _ = _analyze(kernels(), fmt, xf, rf, econd)
+    tokens = np.arange(fmt.alphabet)
+    tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
     h = hist.astype(np.float64)
     totals = h.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
