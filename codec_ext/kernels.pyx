@@ -43,6 +43,8 @@ cdef extern from *:
 cdef enum:
     LANES = 4
     STATE_LOW = 1 << 15
+    SCALE_BITS = 12  # format version 1 codes every blob at probability scale 2**12
+    SCALE = 1 << SCALE_BITS
 
 # -- residuals -------------------------------------------------------------------
 # All arithmetic in uint64 and masked to w bits: C would promote 8/16-bit words to
@@ -79,21 +81,27 @@ cdef inline uint64_t mix(uint64_t z) noexcept nogil:
     return z ^ (z >> 31)
 
 
+cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_t acc, uint64_t salt) noexcept nogil:
+    """Finish a hash64 whose words before byte ``done`` are already in ``acc``."""
+    cdef uint64_t last = 0
+    while done + 8 <= n:
+        salt += <uint64_t>0x9E3779B97F4A7C15ULL
+        acc += mix(load64(p + done) + salt)
+        done += 8
+    if n - done:
+        memcpy(&last, p + done, n - done)
+        salt += <uint64_t>0x9E3779B97F4A7C15ULL
+        acc += mix(last + salt)
+    return mix(acc + <uint64_t>n * <uint64_t>0xD6E8FEB86659FD93ULL)
+
+
 def hash64(data):
     """64-bit checksum of a byte buffer (see ``_reference.hash64`` for the definition)."""
     cdef const uint8_t[::1] b = memoryview(data).cast("B")
-    cdef Py_ssize_t n = b.shape[0], j, m = n // 8
-    cdef uint64_t acc = 0, salt = 0, last = 0
-    cdef const uint8_t* p = &b[0] if n else NULL
+    cdef Py_ssize_t n = b.shape[0]
+    cdef uint64_t acc
     with nogil:
-        for j in range(m):
-            salt += <uint64_t>0x9E3779B97F4A7C15ULL
-            acc += mix(load64(p + 8 * j) + salt)
-        if n % 8:
-            memcpy(&last, p + 8 * m, n % 8)
-            salt += <uint64_t>0x9E3779B97F4A7C15ULL
-            acc += mix(last + salt)
-        acc = mix(acc + <uint64_t>n * <uint64_t>0xD6E8FEB86659FD93ULL)
+        acc = hash_tail(&b[0] if n else NULL, n, 0, 0, 0)
     return acc
 
 
@@ -130,7 +138,7 @@ def residuals(word_t[::1] x, word_t[::1] r, int mant_bits, uint32_t emask, int t
                 v = pr[i]
                 zs = ((u ^ (((0 - (u >> (width - 1))) & ws) | hs)) - (v ^ (((0 - (v >> (width - 1))) & ws) | hs))) & ws
                 zs = ((zs << 1) ^ (0 - (zs >> (width - 1)))) & ws
-                f = <float>zs
+                f = <float><int32_t>zs  # zs < 2**16: the signed conversion is exact and vectorises
                 memcpy(&bits, &f, 4)
                 small = 0 - <uint32_t>(zs < 4)  # tokens 0..3 are z itself
                 t = (zs & small) | (((bits >> 21) - 512) & ~small)
@@ -172,13 +180,19 @@ def histogram(sym_t[::1] sym, uint32_t[:, ::1] hist_out):
 
 
 def context_histogram(word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, ::1] hist_out):
-    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4."""
+    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4.
+
+    Returns ``hash64`` of ``r``'s bytes, computed in the same pass over memory.
+    """
     cdef Py_ssize_t n = r.shape[0], i = 0
     cdef const word_t* pr = &r[0] if n else NULL
     cdef uint32_t* h0 = &hist_out[0, 0]
     cdef uint32_t* h1 = &hist_out[1, 0]
     cdef uint32_t* h2 = &hist_out[2, 0]
     cdef uint32_t* h3 = &hist_out[3, 0]
+    cdef const uint8_t* pb = <const uint8_t*>pr
+    cdef Py_ssize_t nbytes = n * sizeof(word_t), done = 0
+    cdef uint64_t acc = 0, salt = 0, last = 0
     with nogil:
         while i + 4 <= n:
             h0[(pr[i] >> mant_bits) & emask] += 1
@@ -186,19 +200,30 @@ def context_histogram(word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, 
             h2[(pr[i + 2] >> mant_bits) & emask] += 1
             h3[(pr[i + 3] >> mant_bits) & emask] += 1
             i += 4
+            # hash every whole 8-byte word the elements so far cover
+            while done + 8 <= i * <Py_ssize_t>sizeof(word_t):
+                salt += <uint64_t>0x9E3779B97F4A7C15ULL
+                acc += mix(load64(pb + done) + salt)
+                done += 8
         while i < n:
             h0[(pr[i] >> mant_bits) & emask] += 1
             i += 1
+        acc = hash_tail(pb, nbytes, done, acc, salt)
+    return acc
 
 
 # -- encode pass 2: raw tails -----------------------------------------------------
 
 
 cdef inline void put_bits(uint8_t* out, int64_t* outpos, uint64_t* buf, int* fill, uint64_t bits, int nb) noexcept nogil:
-    """Append ``nb`` <= 32 bits LSB-first; flushes whole bytes with one unconditional store."""
+    """Append ``nb`` bits LSB-first (``fill + nb <= 64``: callers keep ``nb <= 56``).
+
+    Flushes whole bytes with one unconditional 8-byte store; the caller's buffer
+    has 8 bytes of slack.
+    """
     buf[0] |= bits << fill[0]
     fill[0] += nb
-    memcpy(out + outpos[0], buf, 8)  # the caller's buffer has 8 bytes of slack
+    memcpy(out + outpos[0], buf, 8)
     outpos[0] += fill[0] >> 3
     buf[0] >>= fill[0] & ~7
     fill[0] &= 7
@@ -209,38 +234,51 @@ cdef inline int tail_len(int t) noexcept nogil:
     return nb & ~(nb >> 31)
 
 
+cdef inline void put_one(uint8_t* out, int64_t* outpos, uint64_t* buf, int* fill, uint64_t z, int t,
+                         int64_t* total) noexcept nogil:
+    cdef int nb = tail_len(t)
+    cdef uint64_t tail = z & (((<uint64_t>1) << nb) - 1)
+    total[0] += nb
+    if nb > 32:  # only float64 residuals are this long: split so the buffer never overflows
+        put_bits(out, outpos, buf, fill, tail & <uint64_t>0xFFFFFFFFULL, 32)
+        tail >>= 32
+        nb -= 32
+    put_bits(out, outpos, buf, fill, tail, nb)
+
+
 def pack_tails(sym_t[::1] sym, word_t[::1] z, int token_bits, uint8_t[::1] tail_out):
     """Write every residual's raw low bits, LSB-first, into ``tail_out``; returns the bit count."""
     cdef Py_ssize_t n = z.shape[0], i = 0, j
     cdef uint32_t amask = (1 << token_bits) - 1
-    cdef uint64_t bitbuf = 0, tail, any_bits
-    cdef int nb, fill = 0
+    cdef uint64_t bitbuf = 0, any_bits, bits
+    cdef int fill = 0, k, nb, sh
     cdef int64_t outpos = 0, total = 0
     cdef uint8_t* out = &tail_out[0]
     cdef const word_t* pz = &z[0] if n else NULL
     cdef const sym_t* ps = &sym[0] if n else NULL
     with nogil:
+        while i + 8 <= n:
+            # runs of unchanged elements (the sparse regime) have no tail bits at all
+            any_bits = pz[i] | pz[i + 1] | pz[i + 2] | pz[i + 3] | pz[i + 4] | pz[i + 5] | pz[i + 6] | pz[i + 7]
+            if any_bits:
+                if word_t is uint8_t or word_t is uint16_t:
+                    # tails are <= 13 bits: gather 4 into one append (<= 52 bits)
+                    for j in range(i, i + 8, 4):
+                        bits = 0
+                        sh = 0
+                        for k in range(4):
+                            nb = tail_len(ps[j + k] & amask)
+                            bits |= (<uint64_t>(pz[j + k] & ((1u << nb) - 1))) << sh
+                            sh += nb
+                        total += sh
+                        put_bits(out, &outpos, &bitbuf, &fill, bits, sh)
+                else:
+                    for j in range(i, i + 8):
+                        put_one(out, &outpos, &bitbuf, &fill, pz[j], ps[j] & amask, &total)
+            i += 8
         while i < n:
-            if i + 8 <= n:
-                # runs of unchanged elements (the sparse regime) have no tail bits at all
-                any_bits = pz[i] | pz[i + 1] | pz[i + 2] | pz[i + 3] | pz[i + 4] | pz[i + 5] | pz[i + 6] | pz[i + 7]
-                if any_bits == 0:
-                    i += 8
-                    continue
-                j = i + 8
-            else:
-                j = n
-            while i < j:
-                nb = tail_len(ps[i] & amask)
-                tail = pz[i] & (((<uint64_t>1) << nb) - 1)
-                total += nb
-                if word_t is uint64_t:
-                    if nb > 32:  # keep every append <= 32 bits so the buffer never overflows
-                        put_bits(out, &outpos, &bitbuf, &fill, tail & <uint64_t>0xFFFFFFFFULL, 32)
-                        tail >>= 32
-                        nb -= 32
-                put_bits(out, &outpos, &bitbuf, &fill, tail, nb)
-                i += 1
+            put_one(out, &outpos, &bitbuf, &fill, pz[i], ps[i] & amask, &total)
+            i += 1
         if fill:
             memcpy(out + outpos, &bitbuf, 8)
     return total
@@ -257,19 +295,17 @@ cdef packed struct EncEntry:
     uint16_t shift
 
 
-cdef inline void enc_put(uint64_t* x, const EncEntry* e, uint32_t total, int scale_bits,
-                         uint16_t* words, Py_ssize_t* pos) noexcept nogil:
+cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_ssize_t* pos) noexcept nogil:
     """Push one symbol: renormalise, then x = (x // f << S) + x % f + start = x + start + (x // f) (M - f)."""
-    cdef uint64_t s = x[0]
-    cdef int emit = s >= e.xmax
+    cdef uint64_t emit = s >= e.xmax
+    cdef uint64_t mask = 0 - emit  # a select written as masks, so it cannot become a branch
     words[pos[0] - 1] = <uint16_t>s  # harmless when not emitting: the slot is still free
     pos[0] -= emit
-    s >>= 16 * emit
-    x[0] = s + e.start + ((s * e.rcp) >> e.shift) * (total - (e.xmax >> (31 - scale_bits)))
+    s = (s & ~mask) | ((s >> 16) & mask)
+    return s + e.start + ((s * e.rcp) >> e.shift) * (SCALE - (e.xmax >> (31 - SCALE_BITS)))
 
 
-def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, int scale_bits,
-                uint16_t[::1] words_out, uint32_t[::1] states_out):
+def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out):
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` holds one EncEntry per symbol value; ``words_out`` needs one slot more
@@ -278,7 +314,6 @@ def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, int scale_bits,
     cdef Py_ssize_t n = sym.shape[0], i
     cdef Py_ssize_t cap = words_out.shape[0], pos = words_out.shape[0]
     cdef uint64_t x0 = STATE_LOW, x1 = STATE_LOW, x2 = STATE_LOW, x3 = STATE_LOW
-    cdef uint32_t total = 1 << scale_bits
     cdef const EncEntry* tab = <const EncEntry*>&table[0]
     cdef uint16_t* words = &words_out[0]
     cdef const sym_t* ps = &sym[0] if n else NULL
@@ -287,17 +322,17 @@ def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, int scale_bits,
         i = n - 1
         while i >= (n & ~3):
             if (i & 3) == 2:
-                enc_put(&x2, &tab[ps[i]], total, scale_bits, words, &pos)
+                x2 = enc_put(x2, &tab[ps[i]], words, &pos)
             elif (i & 3) == 1:
-                enc_put(&x1, &tab[ps[i]], total, scale_bits, words, &pos)
+                x1 = enc_put(x1, &tab[ps[i]], words, &pos)
             else:
-                enc_put(&x0, &tab[ps[i]], total, scale_bits, words, &pos)
+                x0 = enc_put(x0, &tab[ps[i]], words, &pos)
             i -= 1
         while i >= 3:
-            enc_put(&x3, &tab[ps[i]], total, scale_bits, words, &pos)
-            enc_put(&x2, &tab[ps[i - 1]], total, scale_bits, words, &pos)
-            enc_put(&x1, &tab[ps[i - 2]], total, scale_bits, words, &pos)
-            enc_put(&x0, &tab[ps[i - 3]], total, scale_bits, words, &pos)
+            x3 = enc_put(x3, &tab[ps[i]], words, &pos)
+            x2 = enc_put(x2, &tab[ps[i - 1]], words, &pos)
+            x1 = enc_put(x1, &tab[ps[i - 2]], words, &pos)
+            x0 = enc_put(x0, &tab[ps[i - 3]], words, &pos)
             i -= 4
     states_out[0] = <uint32_t>x0
     states_out[1] = <uint32_t>x1
@@ -309,95 +344,94 @@ def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, int scale_bits,
 # -- decode pass 1: rANS ------------------------------------------------------------
 
 
-cdef struct DecTables:
-    const uint8_t* words
-    int64_t n_words
-    const int32_t* ctx_map
-    const uint8_t* slot2sym
-    const uint32_t* fs
-    int scale_bits
-    int alphabet
-    int mant_bits
-    uint64_t emask
+cdef inline uint64_t dec_step(uint64_t s, const uint32_t* slots, int32_t row, uint8_t* token) noexcept nogil:
+    """Pop one token: x' = f * (x >> S) + (slot - start), all three read from one slot entry."""
+    cdef uint32_t e = slots[row + (s & (SCALE - 1))]
+    token[0] = <uint8_t>(e >> 24)
+    return (((e >> 12) & 0xFFF) + 1) * (s >> SCALE_BITS) + (e & 0xFFF)
 
 
-cdef inline int dec_get(uint64_t* x, const DecTables* d, uint64_t v, int64_t* pos, bint checked,
-                        uint8_t* token) noexcept nogil:
-    """Pop one token from lane state ``x``; ``v`` is the element's reference word.  0 or a status."""
-    cdef int32_t c = d.ctx_map[(v >> d.mant_bits) & d.emask]
-    cdef uint64_t s = x[0]
-    cdef uint32_t slot, e
+cdef inline uint64_t dec_renorm(uint64_t s, const uint8_t* words, int64_t* pos, bint rare) noexcept nogil:
+    """Shift in the next 16-bit word if the state fell below L (the caller guarantees a
+    readable word at ``pos``).
+
+    ``rare``: renormalisation is rare (sparse deltas), so a branch predicts well and
+    is cheapest.  Otherwise a mispredicted branch per element would dominate, so
+    the select is written as masks, which compilers cannot turn back into a branch.
+    """
     cdef uint16_t w16
-    cdef int t, need
-    if c < 0:
-        return -4
-    slot = s & ((1 << d.scale_bits) - 1)
-    t = d.slot2sym[(<int64_t>c << d.scale_bits) + slot]
-    e = d.fs[<int64_t>c * d.alphabet + t]
-    s = (e >> 16) * (s >> d.scale_bits) + slot - (e & 0xFFFF)
-    need = s < STATE_LOW
-    if checked:  # near the end of the stream: read only what exists
-        if need:
-            if pos[0] >= d.n_words:
-                return -1
-            memcpy(&w16, d.words + 2 * pos[0], 2)
-            s = (s << 16) | w16
+    cdef uint64_t need, mask
+    if rare:
+        if s < STATE_LOW:
+            memcpy(&w16, words + 2 * pos[0], 2)
             pos[0] += 1
-        x[0] = s
-    else:  # branchless: the caller guarantees 4 readable words ahead
-        memcpy(&w16, d.words + 2 * pos[0], 2)
-        x[0] = (s << (16 * need)) | (w16 & (0 - <uint64_t>need))
-        pos[0] += need
-    token[0] = <uint8_t>t
-    return 0
+            return (s << 16) | w16
+        return s
+    need = s < STATE_LOW
+    mask = 0 - need
+    memcpy(&w16, words + 2 * pos[0], 2)
+    pos[0] += need
+    return (s & ~mask) | (((s << 16) | w16) & mask)
 
 
-def rans_decode(word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_map,
-                const uint8_t[::1] slot2sym, const uint32_t[::1] fs, int scale_bits, int alphabet,
-                const uint8_t[::1] words, const uint32_t[::1] states, uint8_t[::1] tokens_out):
-    """Decode one token per element into ``tokens_out``; returns 0 or a negative status."""
-    cdef Py_ssize_t n = tokens_out.shape[0], i = 0, j
-    cdef int64_t pos = 0
+def rans_decode(word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_rows,
+                const uint32_t[::1] slots, const uint8_t[::1] words, const uint32_t[::1] states,
+                uint8_t[::1] tokens_out):
+    """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
+
+    ``ctx_rows[(r >> mant_bits) & emask]`` is the context's first entry in ``slots``
+    (``token << 24 | (f - 1) << 12 | (slot - start)`` per slot, scale 2**12).
+    """
+    cdef Py_ssize_t n = tokens_out.shape[0], i = 0
+    cdef int64_t pos = 0, n_words = words.shape[0] // 2
     cdef uint64_t x[LANES]
     cdef uint64_t x0, x1, x2, x3
-    cdef int status = 0
-    cdef uint16_t zero16 = 0
-    cdef DecTables d
+    cdef int lane, status = 0
+    cdef uint16_t w16, zero16 = 0
     cdef const word_t* pr = &r[0] if n else NULL
     cdef uint8_t* pt = &tokens_out[0] if n else NULL
-    d.words = &words[0] if words.shape[0] else <const uint8_t*>&zero16
-    d.n_words = words.shape[0] // 2
-    d.ctx_map = &ctx_map[0]
-    d.slot2sym = &slot2sym[0]
-    d.fs = &fs[0]
-    d.scale_bits = scale_bits
-    d.alphabet = alphabet
-    d.mant_bits = mant_bits
-    d.emask = emask
+    cdef const uint8_t* pw = &words[0] if n_words else <const uint8_t*>&zero16
+    cdef const int32_t* rows = &ctx_rows[0]
+    cdef const uint32_t* sl = &slots[0]
     x0, x1, x2, x3 = states[0], states[1], states[2], states[3]
     with nogil:
-        # fast path: whole groups of 4 while 4 more words can be read unchecked
-        while i + 4 <= n and pos + 4 <= d.n_words:
-            status = (dec_get(&x0, &d, pr[i], &pos, False, pt + i)
-                      | dec_get(&x1, &d, pr[i + 1], &pos, False, pt + i + 1)
-                      | dec_get(&x2, &d, pr[i + 2], &pos, False, pt + i + 2)
-                      | dec_get(&x3, &d, pr[i + 3], &pos, False, pt + i + 3))
-            if status:
-                break
-            i += 4
+        # fast path: whole groups of 4 while 4 more words can be read unchecked;
+        # one loop per renormalisation regime (see dec_renorm)
+        if n_words * 16 < n:
+            while i + 4 <= n and pos + 4 <= n_words:
+                x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, True)
+                x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, True)
+                x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, True)
+                x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, True)
+                i += 4
+        else:
+            while i + 4 <= n and pos + 4 <= n_words:
+                x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, False)
+                x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, False)
+                x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, False)
+                x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, False)
+                i += 4
         # the rest one element at a time, every word read checked
         x[0], x[1], x[2], x[3] = x0, x1, x2, x3
-        while status == 0 and i < n:
-            status = dec_get(&x[i & 3], &d, pr[i], &pos, True, pt + i)
+        while i < n:
+            lane = i & 3
+            x[lane] = dec_step(x[lane], sl, rows[(pr[i] >> mant_bits) & emask], pt + i)
+            if x[lane] < STATE_LOW:
+                if pos >= n_words:
+                    status = -1
+                    break
+                memcpy(&w16, pw + 2 * pos, 2)
+                x[lane] = (x[lane] << 16) | w16
+                pos += 1
             i += 1
-        if status == 0:
-            if pos != d.n_words:
-                status = -5
-            else:
-                for j in range(LANES):
-                    if x[j] != STATE_LOW:
-                        status = -3
-    return status
+    if status:
+        return status
+    if pos != n_words:
+        return -5
+    for lane in range(LANES):
+        if x[lane] != STATE_LOW:
+            return -3
+    return 0
 
 
 # -- decode pass 2: raw tails -------------------------------------------------------
@@ -416,6 +450,16 @@ cdef inline uint64_t window(const uint8_t* tail, int64_t tail_len, int64_t bitpo
     return w >> (bitpos & 7)
 
 
+cdef inline uint64_t get_one(const uint8_t* tp, int64_t tlen, int64_t* bitpos, int t) noexcept nogil:
+    """One residual from its token and the next tail bits."""
+    cdef int nb = tail_len(t)
+    cdef uint64_t w = window(tp, tlen, bitpos[0])
+    if nb > 56:  # only float64 residuals are this long: fetch the top bits separately
+        w = (w & <uint64_t>0xFFFFFFFFULL) | (window(tp, tlen, bitpos[0] + 32) << 32)
+    bitpos[0] += nb
+    return ((<uint64_t>(t - 4 * nb)) << nb) | (w & (((<uint64_t>1) << nb) - 1))
+
+
 def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tail_bits, word_t[::1] z_out):
     """Rebuild residuals from tokens and raw tail bits; returns 0, or -2 if the bit count disagrees."""
     cdef Py_ssize_t n = tokens.shape[0], i = 0, j
@@ -424,28 +468,37 @@ def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tai
     cdef const uint8_t* pt = &tokens[0] if n else NULL
     cdef word_t* pz = &z_out[0] if n else NULL
     cdef uint64_t w
-    cdef int t, nb
+    cdef int t, k, sh
+    # per token: tail length, the residual with its tail zeroed, and the tail mask
+    cdef uint8_t nbits[256]
+    cdef uint64_t base[256]
+    cdef uint64_t mask[256]
+    for t in range(256):
+        nbits[t] = tail_len(t) if t < 4 * 64 - 4 else 0
+        base[t] = (<uint64_t>(t - 4 * nbits[t])) << nbits[t]
+        mask[t] = ((<uint64_t>1) << nbits[t]) - 1
     with nogil:
-        while i < n:
-            if i + 8 <= n:
-                if load64(pt + i) == 0:  # 8 unchanged elements: nothing to read
-                    for j in range(8):
-                        pz[i + j] = 0
-                    i += 8
-                    continue
-                j = i + 8
+        while i + 8 <= n:
+            if load64(pt + i) == 0:  # 8 unchanged elements: nothing to read
+                for j in range(8):
+                    pz[i + j] = 0
+            elif word_t is uint8_t or word_t is uint16_t:
+                # 4 tails of <= 13 bits fit one 57-bit window
+                for j in range(i, i + 8, 4):
+                    w = window(tp, tlen, bitpos)
+                    sh = 0
+                    for k in range(4):
+                        t = pt[j + k]
+                        pz[j + k] = <word_t>(base[t] | ((w >> sh) & mask[t]))
+                        sh += nbits[t]
+                    bitpos += sh
             else:
-                j = n
-            while i < j:
-                t = pt[i]
-                nb = tail_len(t)
-                w = window(tp, tlen, bitpos)
-                if word_t is uint64_t:
-                    if nb > 56:  # only float64 residuals are this long: fetch the top bits separately
-                        w = (w & <uint64_t>0xFFFFFFFFULL) | (window(tp, tlen, bitpos + 32) << 32)
-                bitpos += nb
-                pz[i] = <word_t>(((<uint64_t>(t - 4 * nb)) << nb) | (w & (((<uint64_t>1) << nb) - 1)))
-                i += 1
+                for j in range(i, i + 8):
+                    pz[j] = <word_t>get_one(tp, tlen, &bitpos, pt[j])
+            i += 8
+        while i < n:
+            pz[i] = <word_t>get_one(tp, tlen, &bitpos, pt[i])
+            i += 1
     return 0 if bitpos == tail_bits else -2
 
 

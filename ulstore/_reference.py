@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._format import LANES
-from ._tables import ENC_ENTRY, STATE_LOW
+from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW
 
 __all__ = [
     "BACKEND",
@@ -121,12 +121,16 @@ def histogram(sym, hist_out) -> None:
     hist_out += np.bincount(row * size + sym, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
 
 
-def context_histogram(r, mant_bits, emask, hist_out) -> None:
-    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4."""
+def context_histogram(r, mant_bits, emask, hist_out) -> int:
+    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4.
+
+    Returns ``hash64`` of ``r``'s bytes (the compiled twin computes both in one pass).
+    """
     copies, size = hist_out.shape
     ctx = ((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)
     row = np.arange(len(r)) % copies
     hist_out += np.bincount(row * size + ctx, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
+    return hash64(r)
 
 
 def pack_tails(sym, z, token_bits, tail_out) -> int:
@@ -145,7 +149,7 @@ def pack_tails(sym, z, token_bits, tail_out) -> int:
 # -- rANS -------------------------------------------------------------------------
 
 
-def rans_encode(sym, table, scale_bits, words_out, states_out) -> int:
+def rans_encode(sym, table, words_out, states_out) -> int:
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
@@ -153,8 +157,8 @@ def rans_encode(sym, table, scale_bits, words_out, states_out) -> int:
     reciprocal the table carries.
     """
     entries = np.frombuffer(table, dtype=ENC_ENTRY)
-    total = 1 << scale_bits
-    freq = (entries["xmax"].astype(np.int64) >> (31 - scale_bits)).tolist()
+    total = 1 << SCALE_BITS
+    freq = (entries["xmax"].astype(np.int64) >> (31 - SCALE_BITS)).tolist()
     start, xmax = entries["start"].tolist(), entries["xmax"].tolist()
     state = [STATE_LOW] * LANES
     out = []
@@ -175,37 +179,33 @@ def rans_encode(sym, table, scale_bits, words_out, states_out) -> int:
     return count
 
 
-def rans_decode(r, mant_bits, emask, ctx_map, slot2sym, fs, scale_bits, alphabet, words, states, tokens_out) -> int:
+def rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out) -> int:
     """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
 
-    ``words`` holds the little-endian 16-bit word stream as bytes.
+    ``ctx_rows[(r >> mant_bits) & emask]`` is the context's first entry in ``slots``,
+    which holds ``token << 24 | (f - 1) << 12 | (slot - start)`` per (context, slot);
+    ``words`` is the little-endian 16-bit word stream as bytes.
     """
     n = len(tokens_out)
-    total = 1 << scale_bits
-    mask = total - 1
-    dense = ctx_map[((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)]
-    if n and dense.min() < 0:
-        return -4
+    mask = (1 << SCALE_BITS) - 1
+    rows = ctx_rows[((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)].tolist()
     words = np.frombuffer(words, dtype="<u2").tolist()
-    s2s, fsl, ctx = slot2sym.tolist(), fs.tolist(), dense.tolist()
+    table = slots.tolist()
     state = [int(s) for s in states]
     pos = 0
     tokens = [0] * n
     for i in range(n):
         lane = i & 3
         x = state[lane]
-        c = ctx[i]
-        slot = x & mask
-        t = s2s[c * total + slot]
-        e = fsl[c * alphabet + t]
-        x = (e >> 16) * (x >> scale_bits) + slot - (e & 0xFFFF)
+        e = table[rows[i] + (x & mask)]
+        x = (((e >> 12) & 0xFFF) + 1) * (x >> SCALE_BITS) + (e & 0xFFF)
         if x < STATE_LOW:
             if pos >= len(words):
                 return -1
             x = (x << 16) | words[pos]
             pos += 1
         state[lane] = x
-        tokens[i] = t
+        tokens[i] = e >> 24
     tokens_out[:] = tokens
     if pos != len(words):
         return -5

@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normalize", "choose_scale_bits", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
+__all__ = ["normalize", "SCALE_BITS", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
 
 STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
 STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31
-MAX_SCALE_BITS = 14
-MIN_SCALE_BITS = 10
-
-
-def choose_scale_bits(n_elements: int) -> int:
-    """Probability resolution for a blob of ``n_elements``: 2**(log2 n - 4), in [10, 14].
-
-    Small blobs get coarse tables so that building the decoder's slot table
-    (contexts x 2**S bytes) stays cheap next to decoding the elements.
-    """
-    return int(min(MAX_SCALE_BITS, max(MIN_SCALE_BITS, max(n_elements, 1).bit_length() - 5)))
+# Probability resolution of every version-1 blob.  12 bits: a context's decode table
+# (one uint32 per slot packing token, f - 1 and slot - start) is 16 KiB, and a fixed
+# scale lets the compiled decoder shift by constants.  The blob still records it.
+SCALE_BITS = 12
 
 
 def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
@@ -86,13 +79,19 @@ def encoder_table(ctx_ids: np.ndarray, freqs: np.ndarray, scale_bits: int, token
     return table
 
 
-def decoder_table(freqs: np.ndarray, scale_bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slot -> token bytes per context, ``freq << 16 | start`` word per (context, token))."""
+def decoder_table(freqs: np.ndarray, scale_bits: int) -> np.ndarray:
+    """One uint32 per (context, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``.
+
+    A single lookup gives everything a decode step needs:
+    ``x' = f * (x >> S) + (slot - start)``.  Requires S <= 12.
+    """
     total = 1 << scale_bits
     n_ctx, alphabet = freqs.shape
-    tokens = np.arange(alphabet, dtype=np.uint8)
-    slot2sym = np.empty((n_ctx, total), dtype=np.uint8)
+    tokens = np.arange(alphabet, dtype=np.uint32)
+    starts = _starts(freqs)
+    out = np.empty((n_ctx, total), dtype=np.uint32)
+    slot = np.arange(total, dtype=np.uint32)
     for i in range(n_ctx):
-        slot2sym[i] = np.repeat(tokens, freqs[i])
-    fs = (freqs.astype(np.uint32) << np.uint32(16)) | _starts(freqs)
-    return slot2sym.reshape(-1), fs.reshape(-1)
+        t = np.repeat(tokens, freqs[i])
+        out[i] = (t << 24) | ((freqs[i][t] - 1) << 12) | (slot - starts[i][t])
+    return out.reshape(-1)

@@ -38,7 +38,8 @@ from numcodecs.abc import Codec
 from . import _format as F
 from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, from_bits
-from ._tables import STATE_LOW, choose_scale_bits, decoder_table, encoder_table, normalize
+from ._scratch import scratch
+from ._tables import SCALE_BITS, STATE_LOW, decoder_table, encoder_table, normalize
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
@@ -115,14 +116,12 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
     header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_hash32(k, xf))
-    raw = F.Header(mode=F.MODE_RAW, **header).pack() + xf.tobytes()
-    if xf.size == 0:
-        return F.seal(raw)
-    coded = _encode_rans(k, fmt, xf, rf, econd)
+    coded = _encode_rans(k, fmt, xf, rf, econd) if xf.size else bytearray()
     if coded is None:  # every residual is zero: the reference (or +0.0) is the target
         return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
-    body = F.Header(mode=F.MODE_RANS, **header).pack() + coded
-    return F.seal(body if len(body) < len(raw) else raw)
+    if len(coded) >= xf.nbytes:  # tables would cost more than they save: store raw
+        return F.seal(F.Header(mode=F.MODE_RAW, **header).pack() + xf.tobytes())
+    return F.seal(F.Header(mode=F.MODE_RANS, **header).pack() + coded)
 
 
 def _hash32(k, words: np.ndarray) -> int:
@@ -131,7 +130,10 @@ def _hash32(k, words: np.ndarray) -> int:
     A blob carries one for its reference and one for its target: a wrong reference
     must get past both to yield values, a 2**-64 event.
     """
-    h = k.hash64(words)
+    return _fold32(k.hash64(words))
+
+
+def _fold32(h: int) -> int:
     return (h ^ (h >> 32)) & 0xFFFFFFFF
 
 
@@ -144,8 +146,8 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     emask = _econd_mask(fmt, rf is not None, econd)
     if rf is None:
         rf = np.zeros_like(xf)  # intra: the reference is +0.0 everywhere
-    z = np.empty_like(xf)
-    sym = np.empty(xf.size, dtype=fmt.symbol)
+    z = scratch("residuals", xf.size, xf.dtype)
+    sym = scratch("symbols", xf.size, fmt.symbol)
     k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
     # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache
     copies = F.LANES if fmt.symbol.itemsize == 2 else 1
@@ -160,16 +162,16 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     z, sym, hist, emask = _analyze(k, fmt, xf, rf, econd)
     if hist[:, 0].sum() == n:
         return None
-    scale_bits = choose_scale_bits(n)
+    scale_bits = SCALE_BITS
     n_c = hist.sum(axis=1)
     ctx_ids = np.flatnonzero(n_c)
     q = F.quantized_counts(hist[ctx_ids], n_c[ctx_ids], scale_bits)
     freqs = normalize(q, scale_bits)
     table = encoder_table(ctx_ids, freqs, scale_bits, fmt.token_bits, emask + 1)
-    words = np.empty(n + 1, dtype=np.uint16)  # one spare slot: see kernels.enc_put
+    words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(sym, table.view(np.uint8), scale_bits, words, states)
-    tail = np.empty(n * (fmt.width - 3) // 8 + 16, dtype=np.uint8)
+    n_words = k.rans_encode(sym, table.view(np.uint8), words, states)
+    tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     out = bytearray((scale_bits,))
     F.pack_tables(out, q)
@@ -223,15 +225,23 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     elif reference is not None:
         raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
     k = kernels(backend)
-    if rf is not None and _hash32(k, rf) != header.ref_hash:
-        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     n = header.size
+    if header.mode == F.MODE_RANS:
+        # one pass over the reference yields its checksum and the context sizes
+        emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
+        ref = rf if rf is not None else np.zeros(n, dtype=fmt.word)
+        n_c = np.zeros((F.LANES, emask + 1), dtype=np.uint32)
+        ref_hash = _fold32(k.context_histogram(ref, fmt.mant_bits, emask, n_c))
+    else:
+        ref_hash = _hash32(k, rf) if rf is not None else 0
+    if rf is not None and ref_hash != header.ref_hash:
+        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     if header.mode == F.MODE_RAW:
         out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
     elif header.mode == F.MODE_SAME:
         out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
     else:
-        out = _decode_rans(k, fmt, header, rd, rf)
+        out = _decode_rans(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))
     if rd.pos != rd.end:
         raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
     if _hash32(k, out) != header.target_hash:
@@ -239,19 +249,13 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     return from_bits(fmt, out).reshape(header.shape)
 
 
-def _decode_rans(k, fmt, header, rd, rf) -> np.ndarray:
-    n = header.size
+def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
+    """Decode the rANS payload against reference words ``rf`` whose contexts hold ``n_c`` elements."""
+    n = len(rf)
     scale_bits = rd.u8("scale bits")
-    if not 1 <= scale_bits <= 15:
-        raise CorruptBlobError(f"ULPack blob has an invalid scale of {scale_bits} bits")
-    econd = not header.flags & F.FLAG_NO_ECOND
-    emask = _econd_mask(fmt, rf is not None, econd)
-    if rf is None:
-        rf = np.zeros(n, dtype=fmt.word)
+    if scale_bits != SCALE_BITS:
+        raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; format version 1 uses {SCALE_BITS}")
     # the occupied contexts and their sizes come from the reference, not the blob
-    n_c = np.zeros((F.LANES, emask + 1), dtype=np.uint32)
-    k.context_histogram(rf, fmt.mant_bits, emask, n_c)
-    n_c = n_c.sum(axis=0, dtype=np.int64)
     ctx_ids = np.flatnonzero(n_c)
     freqs = normalize(F.read_tables(rd, fmt.alphabet, n_c[ctx_ids], scale_bits), scale_bits)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
@@ -261,11 +265,11 @@ def _decode_rans(k, fmt, header, rd, rf) -> np.ndarray:
     words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
     tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
     tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
-    ctx_map = np.full(emask + 1, -1, dtype=np.int32)
-    ctx_map[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32)
-    slot2sym, fs = decoder_table(freqs, scale_bits)
-    tokens = np.empty(n, dtype=np.uint8)
-    status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_map, slot2sym, fs, scale_bits, fmt.alphabet, words, states, tokens)
+    ctx_rows = np.zeros(emask + 1, dtype=np.int32)  # contexts absent from the reference are never read
+    ctx_rows[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32) << scale_bits
+    slots = decoder_table(freqs, scale_bits)
+    tokens = scratch("tokens", n, np.uint8)
+    status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
     out = np.empty(n, dtype=fmt.word)  # first holds the residuals, then the values
     if not status:
         status = k.unpack_tails(tokens, tail, tail_bits, out)
