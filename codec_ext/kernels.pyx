@@ -76,9 +76,15 @@ cdef inline uint64_t load64(const uint8_t* p) noexcept nogil:
 
 
 cdef inline uint64_t mix(uint64_t z) noexcept nogil:
+    """splitmix64's finaliser: the final avalanche."""
     z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
     z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
     return z ^ (z >> 31)
+
+
+cdef inline uint64_t word_mix(uint64_t z) noexcept nogil:
+    """A one-multiply bijection per word: cheap enough to hash every tensor twice."""
+    return (z ^ (z >> 32)) * <uint64_t>0xD6E8FEB86659FD93ULL
 
 
 cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_t acc, uint64_t salt) noexcept nogil:
@@ -86,13 +92,13 @@ cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_
     cdef uint64_t last = 0
     while done + 8 <= n:
         salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += mix(load64(p + done) + salt)
+        acc += word_mix(load64(p + done) + salt)
         done += 8
     if n - done:
         memcpy(&last, p + done, n - done)
         salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += mix(last + salt)
-    return mix(acc + <uint64_t>n * <uint64_t>0xD6E8FEB86659FD93ULL)
+        acc += word_mix(last + salt)
+    return mix(acc + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
 def hash64(data):
@@ -203,7 +209,7 @@ def context_histogram(word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, 
             # hash every whole 8-byte word the elements so far cover
             while done + 8 <= i * <Py_ssize_t>sizeof(word_t):
                 salt += <uint64_t>0x9E3779B97F4A7C15ULL
-                acc += mix(load64(pb + done) + salt)
+                acc += word_mix(load64(pb + done) + salt)
                 done += 8
         while i < n:
             h0[(pr[i] >> mant_bits) & emask] += 1
@@ -251,8 +257,13 @@ def pack_tails(sym_t[::1] sym, word_t[::1] z, int token_bits, uint8_t[::1] tail_
     cdef Py_ssize_t n = z.shape[0], i = 0, j
     cdef uint32_t amask = (1 << token_bits) - 1
     cdef uint64_t bitbuf = 0, any_bits, bits
-    cdef int fill = 0, k, nb, sh
+    cdef int fill = 0, k, sh, t
     cdef int64_t outpos = 0, total = 0
+    cdef uint8_t nbits[64]  # per 8/16-bit token: tail length and mask
+    cdef uint32_t mask[64]
+    for t in range(64):
+        nbits[t] = tail_len(t)
+        mask[t] = (1u << nbits[t]) - 1
     cdef uint8_t* out = &tail_out[0]
     cdef const word_t* pz = &z[0] if n else NULL
     cdef const sym_t* ps = &sym[0] if n else NULL
@@ -267,9 +278,9 @@ def pack_tails(sym_t[::1] sym, word_t[::1] z, int token_bits, uint8_t[::1] tail_
                         bits = 0
                         sh = 0
                         for k in range(4):
-                            nb = tail_len(ps[j + k] & amask)
-                            bits |= (<uint64_t>(pz[j + k] & ((1u << nb) - 1))) << sh
-                            sh += nb
+                            t = ps[j + k] & amask
+                            bits |= (<uint64_t>(pz[j + k] & mask[t])) << sh
+                            sh += nbits[t]
                         total += sh
                         put_bits(out, &outpos, &bitbuf, &fill, bits, sh)
                 else:
@@ -295,21 +306,34 @@ cdef packed struct EncEntry:
     uint16_t shift
 
 
-cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_ssize_t* pos) noexcept nogil:
-    """Push one symbol: renormalise, then x = (x // f << S) + x % f + start = x + start + (x // f) (M - f)."""
-    cdef uint64_t emit = s >= e.xmax
-    cdef uint64_t mask = 0 - emit  # a select written as masks, so it cannot become a branch
-    words[pos[0] - 1] = <uint16_t>s  # harmless when not emitting: the slot is still free
-    pos[0] -= emit
-    s = (s & ~mask) | ((s >> 16) & mask)
+cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_ssize_t* pos, bint rare) noexcept nogil:
+    """Push one symbol: renormalise, then x = (x // f << S) + x % f + start = x + start + (x // f) (M - f).
+
+    ``rare``: renormalisation is rare (sparse deltas) and a branch predicts well;
+    otherwise the select is written as masks so that it cannot become a branch.
+    """
+    cdef uint64_t emit, mask
+    if rare:
+        if s >= e.xmax:
+            pos[0] -= 1
+            words[pos[0]] = <uint16_t>s
+            s >>= 16
+    else:
+        emit = s >= e.xmax
+        mask = 0 - emit
+        words[pos[0] - 1] = <uint16_t>s  # harmless when not emitting: the slot is still free
+        pos[0] -= emit
+        s = (s & ~mask) | ((s >> 16) & mask)
     return s + e.start + ((s * e.rcp) >> e.shift) * (SCALE - (e.xmax >> (31 - SCALE_BITS)))
 
 
-def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out):
+def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out,
+                bint sparse=False):
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` holds one EncEntry per symbol value; ``words_out`` needs one slot more
-    than the element count (see ``enc_put``).
+    than the element count (see ``enc_put``).  ``sparse`` is a speed hint only (most
+    tokens are 0); the output does not depend on it.
     """
     cdef Py_ssize_t n = sym.shape[0], i
     cdef Py_ssize_t cap = words_out.shape[0], pos = words_out.shape[0]
@@ -322,18 +346,26 @@ def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_ou
         i = n - 1
         while i >= (n & ~3):
             if (i & 3) == 2:
-                x2 = enc_put(x2, &tab[ps[i]], words, &pos)
+                x2 = enc_put(x2, &tab[ps[i]], words, &pos, False)
             elif (i & 3) == 1:
-                x1 = enc_put(x1, &tab[ps[i]], words, &pos)
+                x1 = enc_put(x1, &tab[ps[i]], words, &pos, False)
             else:
-                x0 = enc_put(x0, &tab[ps[i]], words, &pos)
+                x0 = enc_put(x0, &tab[ps[i]], words, &pos, False)
             i -= 1
-        while i >= 3:
-            x3 = enc_put(x3, &tab[ps[i]], words, &pos)
-            x2 = enc_put(x2, &tab[ps[i - 1]], words, &pos)
-            x1 = enc_put(x1, &tab[ps[i - 2]], words, &pos)
-            x0 = enc_put(x0, &tab[ps[i - 3]], words, &pos)
-            i -= 4
+        if sparse:  # one loop per renormalisation regime (see enc_put)
+            while i >= 3:
+                x3 = enc_put(x3, &tab[ps[i]], words, &pos, True)
+                x2 = enc_put(x2, &tab[ps[i - 1]], words, &pos, True)
+                x1 = enc_put(x1, &tab[ps[i - 2]], words, &pos, True)
+                x0 = enc_put(x0, &tab[ps[i - 3]], words, &pos, True)
+                i -= 4
+        else:
+            while i >= 3:
+                x3 = enc_put(x3, &tab[ps[i]], words, &pos, False)
+                x2 = enc_put(x2, &tab[ps[i - 1]], words, &pos, False)
+                x1 = enc_put(x1, &tab[ps[i - 2]], words, &pos, False)
+                x0 = enc_put(x0, &tab[ps[i - 3]], words, &pos, False)
+                i -= 4
     states_out[0] = <uint32_t>x0
     states_out[1] = <uint32_t>x1
     states_out[2] = <uint32_t>x2

@@ -43,18 +43,24 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, a bijection on 64-bit words."""
+    """splitmix64's finaliser, a bijection on 64-bit words (the final avalanche)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
-def hash64(data) -> int:
-    """64-bit checksum of a byte buffer: sum of mix(word_j + (j+1)*golden), then mixed with the length.
+def _word_mix(z: np.ndarray) -> np.ndarray:
+    """A one-multiply bijection applied to every word."""
+    return (z ^ (z >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
 
-    Words are the little-endian u64s of the bytes zero-padded to a multiple of 8.  A
-    sum of bijections of position-salted words: any single changed word changes it,
-    and it vectorises (no serial chain), which keeps it cheap next to the coder.
+
+def hash64(data) -> int:
+    """64-bit checksum of a byte buffer.
+
+    Words are the little-endian u64s of the bytes zero-padded to a multiple of 8;
+    ``acc = sum_j word_mix(word_j + (j+1) * golden)`` and the result is
+    ``mix(acc + nbytes * golden)``.  A sum of bijections of position-salted words:
+    any single changed word changes it, and it has no serial chain.
     """
     b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     nbytes = len(b)
@@ -64,8 +70,8 @@ def hash64(data) -> int:
     words = b.view("<u8").astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = (np.arange(1, len(words) + 1, dtype=np.uint64)) * _GOLDEN
-        acc = int(_mix(words + salt).sum(dtype=np.uint64))
-        final = _mix(np.array([(acc + nbytes * 0xD6E8FEB86659FD93) & _M64], dtype=np.uint64))
+        acc = int(_word_mix(words + salt).sum(dtype=np.uint64))
+        final = _mix(np.array([(acc + nbytes * int(_GOLDEN)) & _M64], dtype=np.uint64))
     return int(final[0])
 
 
@@ -149,12 +155,12 @@ def pack_tails(sym, z, token_bits, tail_out) -> int:
 # -- rANS -------------------------------------------------------------------------
 
 
-def rans_encode(sym, table, words_out, states_out) -> int:
+def rans_encode(sym, table, words_out, states_out, sparse=False) -> int:
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
     symbol value.  Plain integer division here; the compiled twin uses the exact
-    reciprocal the table carries.
+    reciprocal the table carries.  ``sparse`` is the compiled twin's speed hint.
     """
     entries = np.frombuffer(table, dtype=ENC_ENTRY)
     total = 1 << SCALE_BITS

@@ -170,7 +170,7 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     table = encoder_table(ctx_ids, freqs, scale_bits, fmt.token_bits, emask + 1)
     words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(sym, table.view(np.uint8), words, states)
+    n_words = k.rans_encode(sym, table.view(np.uint8), words, states, hist[:, 0].sum() * 16 > 15 * n)
     tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     out = bytearray((scale_bits,))
