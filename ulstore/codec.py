@@ -300,32 +300,35 @@ def _batches(sizes: Sequence[int], budget: int) -> list[list[int]]:
 
 
 def _run_batched(fn, items: list, sizes: list[int], threads: int | None, budget: int) -> list:
-    threads = os.cpu_count() or 1 if threads is None else max(1, int(threads))
+    """``[fn(item) for item in items]``, in parallel batches.
+
+    A batch holds at most ``budget`` bytes, and at most a quarter of one thread's
+    share of the work so that every thread stays busy to the end.  Batches are
+    submitted largest first.  Each result depends only on its item, so neither
+    batching nor scheduling can change it.
+    """
+    threads = (os.cpu_count() or 1) if threads is None else max(1, int(threads))
+    if threads == 1 or len(items) <= 1:
+        return [fn(item) for item in items]
     results: list = [None] * len(items)
 
     def run(batch):
         for i in batch:
             results[i] = fn(items[i])
 
-    batches = _batches(sizes, budget)
-    if threads == 1 or len(batches) == 1 and len(items) == 1:
-        for b in batches:
-            run(b)
-    else:
-        # one batch per task; tasks are independent, so the order they finish in
-        # cannot change any blob
-        with cf.ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(run, b) for b in _split_for_threads(batches, threads)]:
-                f.result()
+    per_task = max(1, min(budget, sum(sizes) // (4 * threads)))
+    with cf.ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(run, b) for b in _batches(sizes, per_task)]:
+            f.result()
     return results
 
 
-def _split_for_threads(batches: list[list[int]], threads: int) -> list[list[int]]:
-    """Make sure there are at least ``threads`` tasks when there are that many items."""
-    items = [i for b in batches for i in b]
-    if len(batches) >= threads or len(items) < 2:
-        return batches
-    return [items[j::threads] for j in range(min(threads, len(items)))]
+def _nbytes(array) -> int:
+    if hasattr(array, "nbytes"):
+        return int(array.nbytes)
+    if hasattr(array, "element_size"):  # torch
+        return int(array.numel() * array.element_size())
+    return int(np.asarray(array).nbytes)
 
 
 def encode_many(
@@ -344,7 +347,7 @@ def encode_many(
         call.  Batching never changes a blob.
     """
     items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
-    sizes = [int(np.asarray(t).nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size()) for t, _ in items]
+    sizes = [_nbytes(t) for t, _ in items]
     return _run_batched(lambda p: encode(p[0], p[1], econd=econd, backend=backend), items, sizes, threads, budget)
 
 
