@@ -23,6 +23,7 @@ __all__ = [
     "FLAG_DELTA",
     "FLAG_NO_ECOND",
     "LANES",
+    "MAX_ELEMENTS",
     "Header",
     "Reader",
     "write_varint",
@@ -39,6 +40,7 @@ FLAG_DELTA = 1  # coded against a caller-held reference (else: intra, against +0
 FLAG_NO_ECOND = 2  # ablation: the models ignore the reference exponent
 _KNOWN_FLAGS = FLAG_DELTA | FLAG_NO_ECOND
 LANES = 4  # interleaved rANS states; element i uses lane i % 4
+MAX_ELEMENTS = (1 << 32) - 1  # per blob: the kernels count symbols in 32-bit histograms
 CRC_BYTES = 4
 
 
@@ -175,11 +177,11 @@ def open_blob(blob) -> tuple[Header, Reader]:
     if flags & ~_KNOWN_FLAGS:
         raise CorruptBlobError(f"ULPack blob sets unknown flag bits {flags:#x}")
     ndim = r.u8("ndim")
-    shape = tuple(r.varint("shape", limit=1 << 48) for _ in range(ndim))
+    shape = tuple(r.varint("shape", limit=MAX_ELEMENTS) for _ in range(ndim))
     n = 1
     for d in shape:
         n *= d
-    if n > 1 << 48:
+    if n > MAX_ELEMENTS:
         raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
     header = Header(fmt, mode, flags, shape, r.u32("reference hash"), r.u32("target hash"))
     return header, r

@@ -61,11 +61,10 @@ STATUS = {
     -1: "the rANS word stream ends early",
     -2: "the raw-tail bitstream does not match the decoded lengths",
     -3: "the rANS lanes do not end in their initial state",
-    -4: "an element's reference exponent has no table (wrong reference or corrupt table)",
     -5: "the rANS word stream has words left over",
 }
 
-_MAX_ELEMENTS = (1 << 32) - 1  # per blob; the kernels count in 32 bits per histogram copy
+_MAX_ELEMENTS = F.MAX_ELEMENTS
 
 
 def _prepare(target, reference):
