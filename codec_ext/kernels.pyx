@@ -76,15 +76,14 @@ cdef inline uint64_t load64(const uint8_t* p) noexcept nogil:
 
 
 cdef inline uint64_t mix(uint64_t z) noexcept nogil:
-    """splitmix64's finaliser: the final avalanche."""
+    """splitmix64's finaliser, a bijection with full avalanche.
+
+    The checksum is a sum over words, so a weaker per-word mix lets flips cancel in
+    pairs (two flipped top bits add 2**64); with full avalanche they do not.
+    """
     z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
     z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
     return z ^ (z >> 31)
-
-
-cdef inline uint64_t word_mix(uint64_t z) noexcept nogil:
-    """A one-multiply bijection per word: cheap enough to hash every tensor twice."""
-    return (z ^ (z >> 32)) * <uint64_t>0xD6E8FEB86659FD93ULL
 
 
 cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_t acc, uint64_t salt) noexcept nogil:
@@ -92,12 +91,12 @@ cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_
     cdef uint64_t last = 0
     while done + 8 <= n:
         salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += word_mix(load64(p + done) + salt)
+        acc += mix(load64(p + done) + salt)
         done += 8
     if n - done:
         memcpy(&last, p + done, n - done)
         salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += word_mix(last + salt)
+        acc += mix(last + salt)
     return mix(acc + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
@@ -121,7 +120,7 @@ cdef inline int token_of(uint64_t z) noexcept nogil:
     return <int>(z >> nb) + 4 * nb
 
 
-def residuals(word_t[::1] x, word_t[::1] r, int mant_bits, uint32_t emask, int token_bits,
+def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t emask, int token_bits,
               word_t[::1] z_out, sym_t[::1] sym_out):
     """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z)."""
     cdef Py_ssize_t n = x.shape[0], i
@@ -158,7 +157,7 @@ def residuals(word_t[::1] x, word_t[::1] r, int mant_bits, uint32_t emask, int t
                 ps[i] = <sym_t>((<uint64_t>((pr[i] >> mant_bits) & emask) << token_bits) | token_of(d))
 
 
-def histogram(sym_t[::1] sym, uint32_t[:, ::1] hist_out):
+def histogram(const sym_t[::1] sym, uint32_t[:, ::1] hist_out):
     """Add symbol counts; with 4 rows, element i counts in row i % 4 (no store-to-load chains)."""
     cdef Py_ssize_t n = sym.shape[0], i = 0
     cdef uint32_t* h0 = &hist_out[0, 0]
@@ -185,7 +184,7 @@ def histogram(sym_t[::1] sym, uint32_t[:, ::1] hist_out):
                 h0[ps[i]] += 1
 
 
-def context_histogram(word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, ::1] hist_out):
+def context_histogram(const word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, ::1] hist_out):
     """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4.
 
     Returns ``hash64`` of ``r``'s bytes, computed in the same pass over memory.
@@ -209,7 +208,7 @@ def context_histogram(word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, 
             # hash every whole 8-byte word the elements so far cover
             while done + 8 <= i * <Py_ssize_t>sizeof(word_t):
                 salt += <uint64_t>0x9E3779B97F4A7C15ULL
-                acc += word_mix(load64(pb + done) + salt)
+                acc += mix(load64(pb + done) + salt)
                 done += 8
         while i < n:
             h0[(pr[i] >> mant_bits) & emask] += 1
@@ -252,7 +251,7 @@ cdef inline void put_one(uint8_t* out, int64_t* outpos, uint64_t* buf, int* fill
     put_bits(out, outpos, buf, fill, tail, nb)
 
 
-def pack_tails(sym_t[::1] sym, word_t[::1] z, int token_bits, uint8_t[::1] tail_out):
+def pack_tails(const sym_t[::1] sym, const word_t[::1] z, int token_bits, uint8_t[::1] tail_out):
     """Write every residual's raw low bits, LSB-first, into ``tail_out``; returns the bit count."""
     cdef Py_ssize_t n = z.shape[0], i = 0, j
     cdef uint32_t amask = (1 << token_bits) - 1
@@ -327,7 +326,7 @@ cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_
     return s + e.start + ((s * e.rcp) >> e.shift) * (SCALE - (e.xmax >> (31 - SCALE_BITS)))
 
 
-def rans_encode(sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out,
+def rans_encode(const sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out,
                 bint sparse=False):
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
@@ -406,7 +405,7 @@ cdef inline uint64_t dec_renorm(uint64_t s, const uint8_t* words, int64_t* pos, 
     return (s & ~mask) | (((s << 16) | w16) & mask)
 
 
-def rans_decode(word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_rows,
+def rans_decode(const word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_rows,
                 const uint32_t[::1] slots, const uint8_t[::1] words, const uint32_t[::1] states,
                 uint8_t[::1] tokens_out):
     """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
@@ -537,7 +536,7 @@ def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tai
 # -- decode pass 3: values (element-wise) -------------------------------------------
 
 
-def reconstruct(word_t[::1] r, word_t[::1] values):
+def reconstruct(const word_t[::1] r, word_t[::1] values):
     """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic."""
     cdef Py_ssize_t n = values.shape[0], i
     cdef int width = sizeof(word_t) * 8

@@ -115,7 +115,8 @@ def as_bits(array) -> tuple[FloatFormat, np.ndarray]:
     fmt = format_of(arr.dtype)
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
     return fmt, arr.view(fmt.word)
 
 

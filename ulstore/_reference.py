@@ -49,18 +49,14 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _word_mix(z: np.ndarray) -> np.ndarray:
-    """A one-multiply bijection applied to every word."""
-    return (z ^ (z >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
-
-
 def hash64(data) -> int:
     """64-bit checksum of a byte buffer.
 
     Words are the little-endian u64s of the bytes zero-padded to a multiple of 8;
-    ``acc = sum_j word_mix(word_j + (j+1) * golden)`` and the result is
-    ``mix(acc + nbytes * golden)``.  A sum of bijections of position-salted words:
-    any single changed word changes it, and it has no serial chain.
+    ``acc = sum_j mix(word_j + (j+1) * golden)`` and the result is
+    ``mix(acc + nbytes * golden)``.  A sum of full-avalanche bijections of
+    position-salted words: any single changed word changes it, flips do not cancel
+    in pairs, and it has no serial chain.
     """
     b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     nbytes = len(b)
@@ -70,7 +66,7 @@ def hash64(data) -> int:
     words = b.view("<u8").astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = (np.arange(1, len(words) + 1, dtype=np.uint64)) * _GOLDEN
-        acc = int(_word_mix(words + salt).sum(dtype=np.uint64))
+        acc = int(_mix(words + salt).sum(dtype=np.uint64))
         final = _mix(np.array([(acc + nbytes * int(_GOLDEN)) & _M64], dtype=np.uint64))
     return int(final[0])
 

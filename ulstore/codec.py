@@ -34,10 +34,11 @@ from collections.abc import Iterable, Sequence
 import numcodecs
 import numpy as np
 from numcodecs.abc import Codec
+from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray_like, ndarray_copy
 
 from . import _format as F
 from ._backend import kernels
-from ._dtypes import FloatFormat, as_bits, from_bits
+from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._tables import SCALE_BITS, STATE_LOW, decoder_table, encoder_table, normalize
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
@@ -69,7 +70,7 @@ _MAX_ELEMENTS = F.MAX_ELEMENTS
 
 def _prepare(target, reference):
     fmt, x = as_bits(target)
-    if x.size > _MAX_ELEMENTS:
+    if x.size > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in x.shape):
         raise InvalidInputError(f"a ULPack blob holds at most {_MAX_ELEMENTS} elements; split the tensor into chunks")
     if reference is None:
         return fmt, x, None
@@ -114,7 +115,7 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     xf = x.reshape(-1)
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
-    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_hash32(k, xf))
+    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_target_hash(k, fmt, x.shape, xf))
     coded = _encode_rans(k, fmt, xf, rf, econd) if xf.size else bytearray()
     if coded is None:  # every residual is zero: the reference (or +0.0) is the target
         return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
@@ -134,6 +135,14 @@ def _hash32(k, words: np.ndarray) -> int:
 
 def _fold32(h: int) -> int:
     return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+def _target_hash(k, fmt: FloatFormat, shape: tuple, words: np.ndarray) -> int:
+    """Checksum of the values, bound to the dtype and shape they are read as."""
+    meta = bytearray((fmt.code,))
+    for d in shape:
+        F.write_varint(meta, d)
+    return _fold32(k.hash64(words) ^ k.hash64(meta))
 
 
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
@@ -243,7 +252,7 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
         out = _decode_rans(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))
     if rd.pos != rd.end:
         raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
-    if _hash32(k, out) != header.target_hash:
+    if _target_hash(k, fmt, header.shape, out) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return from_bits(fmt, out).reshape(header.shape)
 
@@ -264,6 +273,8 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
     words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
     tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
     tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
+    if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
+        raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
     ctx_rows = np.zeros(emask + 1, dtype=np.int32)  # contexts absent from the reference are never read
     ctx_rows[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32) << scale_bits
     slots = decoder_table(freqs, scale_bits)
@@ -410,6 +421,15 @@ class ULPack(Codec):
     ----------
     econd : bool, default True
         Condition the models on the reference exponent (False: ablation).
+    dtype : str, optional
+        How to read buffers that carry no float dtype (bytes, uint8 arrays...):
+        e.g. ``"bfloat16"``.  Arrays of a float dtype are always read as such.
+
+    Notes
+    -----
+    numcodecs codecs round-trip a buffer's bytes in memory order.  A Fortran-ordered
+    array is therefore coded as its C-ordered transpose (same bytes, reversed
+    shape), so ``decode(encode(a))`` has ``a``'s memory bytes.
 
     Examples
     --------
@@ -424,26 +444,38 @@ class ULPack(Codec):
 
     codec_id = "ulpack"
 
-    def __init__(self, econd: bool = True):
+    def __init__(self, econd: bool = True, dtype: str | None = None):
         self.econd = bool(econd)
+        self.dtype = None if dtype is None else format_of(dtype).name
+
+    def _as_array(self, buf):
+        arr = buf if isinstance(buf, np.ndarray) else ensure_ndarray_like(buf)
+        if arr.dtype.kind in "biuV" and self.dtype is not None:
+            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).view(format_of(self.dtype).dtype)
+        if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous:
+            arr = arr.T  # memory order, see Notes
+        return arr
 
     def encode(self, buf, reference=None):
-        return encode(buf, reference, econd=self.econd)
+        ref = None if reference is None else self._as_array(reference)
+        return encode(self._as_array(buf), ref, econd=self.econd)
 
     def decode(self, buf, out=None, reference=None):
-        if not isinstance(buf, (bytes, bytearray, memoryview)):
-            buf = np.ascontiguousarray(buf).view(np.uint8).reshape(-1)  # numcodecs hands arrays too
-        arr = decode(buf, reference)
+        ref = None if reference is None else self._as_array(reference)
+        arr = decode(ensure_contiguous_ndarray(buf), ref)
         if out is None:
             return arr
-        dest = out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
-        if dest.nbytes != arr.nbytes:
-            raise InvalidInputError(f"out has {dest.nbytes} bytes but the decoded tensor has {arr.nbytes}")
-        dest.reshape(-1).view(np.uint8)[:] = arr.reshape(-1).view(np.uint8)
-        return out
+        return ndarray_copy(arr, out)
+
+    def get_config(self) -> dict:
+        config = {"id": self.codec_id, "econd": self.econd}
+        if self.dtype is not None:  # omitted when unset, so plain configs stay {"id", "econd"}
+            config["dtype"] = self.dtype
+        return config
 
     def __repr__(self) -> str:
-        return f"ULPack(econd={self.econd!r})"
+        dtype = "" if self.dtype is None else f", dtype={self.dtype!r}"
+        return f"ULPack(econd={self.econd!r}{dtype})"
 
 
 numcodecs.register_codec(ULPack)

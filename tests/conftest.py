@@ -1,0 +1,170 @@
+"""Shared helpers for the ULPack codec tests: exact bit views and awkward floats.
+
+Nothing here compares floats as floats: every check goes through the unsigned
+integer view of the bits, so NaN payloads, signed zeros and subnormals count.
+
+The helpers are plain functions (importable nowhere else under
+``--import-mode=importlib``), so each one is also exposed as a session-scoped
+fixture of the same purpose: ``awkward_bits``, ``awkward_floats``, ``bits_of``,
+``assert_bit_identical``, ``float_formats``.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+#: name -> (dtype, width in bits, exponent bits, mantissa bits)
+FLOAT_FORMATS: dict[str, tuple[np.dtype, int, int, int]] = {
+    "float16": (np.dtype(np.float16), 16, 5, 10),
+    "bfloat16": (np.dtype(ml_dtypes.bfloat16), 16, 8, 7),
+    "float32": (np.dtype(np.float32), 32, 8, 23),
+    "float64": (np.dtype(np.float64), 64, 11, 52),
+    "float8_e4m3fn": (np.dtype(ml_dtypes.float8_e4m3fn), 8, 4, 3),
+    "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), 8, 5, 2),
+}
+
+
+def _uint(itemsize: int) -> np.dtype:
+    return np.dtype(f"<u{itemsize}")
+
+
+def _layout(dtype) -> tuple[np.dtype, int, int, int]:
+    name = np.dtype(dtype).newbyteorder("=").name
+    return FLOAT_FORMATS[name]
+
+
+def bits_of(array) -> np.ndarray:
+    """The values of ``array`` as native little-endian unsigned words, same shape (0-d kept).
+
+    Byte order is normalised first, so a big-endian input and its little-endian
+    copy give the same words.
+    """
+    a = np.asarray(array)
+    if not a.dtype.isnative and a.dtype.itemsize > 1:
+        a = a.astype(a.dtype.newbyteorder("="))
+    a = np.array(a, copy=True, order="C")  # keeps 0-d, unlike ascontiguousarray
+    return a.view(_uint(a.dtype.itemsize))
+
+
+def from_bits(words: np.ndarray, dtype) -> np.ndarray:
+    """View unsigned words as ``dtype`` (native byte order)."""
+    dt = np.dtype(dtype).newbyteorder("=")
+    return np.asarray(words, dtype=_uint(dt.itemsize)).view(dt)
+
+
+def awkward_bits(dtype, n_random: int = 16, seed: int = 0) -> np.ndarray:
+    """Unique awkward bit patterns of ``dtype`` as unsigned words (1-d).
+
+    +-0, +-inf (or the exponent-all-ones normals of e4m3fn), quiet and signalling
+    NaNs with several payloads and both signs, smallest/largest subnormals,
+    smallest/largest normals, +-1 and its neighbours, the all-ones pattern, then
+    ``n_random`` seeded random patterns.
+    """
+    _, w, e, m = _layout(dtype)
+    sign = 1 << (w - 1)
+    expmask = ((1 << e) - 1) << m
+    mant = (1 << m) - 1
+    top = 1 << (m - 1)
+    one = ((1 << (e - 1)) - 1) << m
+    base = [
+        0,  # +0
+        expmask,  # +inf (e4m3fn: 256.0)
+        expmask | mant,  # NaN, all-ones payload
+        expmask | 1,  # signalling NaN, payload 1 (e4m3fn: a normal)
+        expmask | top,  # canonical quiet NaN
+        expmask | top | 1,  # quiet NaN with payload
+        expmask | (mant >> 1),  # NaN with the other payload bits
+        expmask | (mant - 1),  # largest finite of e4m3fn, a NaN elsewhere
+        1,  # smallest subnormal
+        mant,  # largest subnormal
+        1 << m,  # smallest normal
+        (expmask - (1 << m)) | mant,  # largest finite normal (IEEE formats)
+        one,  # 1.0
+        one + 1,  # next after 1.0
+        one - 1,  # previous before 1.0
+        (one + (1 << m)) | top,  # 3.0
+    ]
+    pats = base + [p | sign for p in base] + [(1 << w) - 1]
+    rng = np.random.default_rng(seed + w)
+    pats += [int(v) for v in rng.integers(0, 1 << w, size=n_random, dtype=np.uint64)]
+    pats = list(dict.fromkeys(p & ((1 << w) - 1) for p in pats))
+    return np.array(pats, dtype=_uint(w // 8))
+
+
+def awkward_floats(dtype, n_random: int = 16, seed: int = 0) -> np.ndarray:
+    """:func:`awkward_bits` viewed as ``dtype``."""
+    return from_bits(awkward_bits(dtype, n_random, seed), dtype)
+
+
+def random_floats(dtype, shape, seed: int = 0) -> np.ndarray:
+    """Uniformly random bit patterns of ``dtype`` (every NaN payload possible)."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    rng = np.random.default_rng(seed)
+    return np.frombuffer(rng.bytes(n * dt.itemsize), dtype=dt).reshape(shape).copy()
+
+
+def assert_bit_identical(out, expected, *, dtype=None) -> None:
+    """``out`` is a fresh-looking native C-contiguous ndarray with ``expected``'s dtype, shape and bits."""
+    exp = np.asarray(expected)
+    want_dtype = np.dtype(dtype) if dtype is not None else exp.dtype.newbyteorder("=")
+    assert isinstance(out, np.ndarray), type(out)
+    assert out.dtype == want_dtype, (out.dtype, want_dtype)
+    assert out.dtype.isnative or out.dtype.itemsize == 1, out.dtype
+    assert out.dtype.byteorder in ("=", "|", "<"), out.dtype.byteorder
+    assert out.shape == exp.shape, (out.shape, exp.shape)
+    assert out.flags.c_contiguous
+    got, want = bits_of(out), bits_of(exp)
+    if not np.array_equal(got, want):
+        bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+        i = int(bad[0])
+        raise AssertionError(
+            f"{len(bad)} of {want.size} elements differ; first at flat index {i}: "
+            f"got {int(got.reshape(-1)[i]):#x}, want {int(want.reshape(-1)[i]):#x}"
+        )
+
+
+# -- fixtures: the same helpers, for test modules (importlib mode cannot import this file) --
+
+
+@pytest.fixture(scope="session")
+def float_formats():
+    """name -> (dtype, width, exponent bits, mantissa bits) of the six ULPack formats."""
+    return FLOAT_FORMATS
+
+
+@pytest.fixture(name="awkward_bits", scope="session")
+def _awkward_bits_fixture():
+    """Function ``awkward_bits(dtype, n_random=16, seed=0)`` -> unsigned words."""
+    return awkward_bits
+
+
+@pytest.fixture(name="awkward_floats", scope="session")
+def _awkward_floats_fixture():
+    """Function ``awkward_floats(dtype, n_random=16, seed=0)`` -> array of ``dtype``."""
+    return awkward_floats
+
+
+@pytest.fixture(name="random_floats", scope="session")
+def _random_floats_fixture():
+    """Function ``random_floats(dtype, shape, seed=0)`` -> uniformly random bit patterns."""
+    return random_floats
+
+
+@pytest.fixture(name="bits_of", scope="session")
+def _bits_of_fixture():
+    """Function ``bits_of(array)`` -> native unsigned-word copy."""
+    return bits_of
+
+
+@pytest.fixture(name="from_bits", scope="session")
+def _from_bits_fixture():
+    """Function ``from_bits(words, dtype)`` -> float view."""
+    return from_bits
+
+
+@pytest.fixture(name="assert_bit_identical", scope="session")
+def _assert_bit_identical_fixture():
+    """Function ``assert_bit_identical(out, expected, dtype=None)``."""
+    return assert_bit_identical
