@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normalize", "SCALE_BITS", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
+__all__ = ["normalize", "SCALE_BITS", "POOL_BELOW", "table_rows", "sum_rows", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
 
 STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
 STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31
@@ -50,11 +50,42 @@ def _starts(freqs: np.ndarray) -> np.ndarray:
     return (np.cumsum(freqs, axis=1, dtype=np.int64) - freqs).astype(np.uint32)
 
 
+POOL_BELOW = 256  # contexts with fewer reference elements than this share one table row
+
+
+def table_rows(n_c: np.ndarray) -> np.ndarray:
+    """The frequency-table row of every context, from its element count ``n_c``.
+
+    Contexts with at least ``POOL_BELOW`` elements get their own row, in ascending
+    context order; all smaller ones share one pooled row after them: a row of
+    their own would cost more table bits than its sharper statistics save.  -1
+    marks contexts with no elements.  Encoder and decoder both derive this from
+    the reference, so it costs nothing to transmit.
+    """
+    n_c = np.asarray(n_c)
+    rows = np.full(len(n_c), -1, dtype=np.int64)
+    big = n_c >= POOL_BELOW
+    small = (n_c > 0) & ~big
+    rows[big] = np.arange(int(big.sum()))
+    rows[small] = int(big.sum())
+    return rows
+
+
+def sum_rows(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Add per-context ``values`` (1-d or 2-d) into their table rows."""
+    occupied = rows >= 0
+    out = np.zeros((int(rows.max(initial=-1)) + 1,) + values.shape[1:], dtype=np.int64)
+    np.add.at(out, rows[occupied], values[occupied].astype(np.int64))
+    return out
+
+
 ENC_ENTRY = np.dtype([("rcp", "<u8"), ("xmax", "<u4"), ("start", "<u2"), ("shift", "<u2")])  # = kernels.EncEntry
 
 
-def encoder_table(ctx_ids: np.ndarray, freqs: np.ndarray, scale_bits: int, token_bits: int, n_contexts: int) -> np.ndarray:
+def encoder_table(rows: np.ndarray, freqs: np.ndarray, scale_bits: int, token_bits: int) -> np.ndarray:
     """One ``ENC_ENTRY`` per symbol value ``context << token_bits | token``.
+
+    ``rows[c]`` is context c's row of ``freqs`` (see :func:`table_rows`).
 
     With ``s = ceil(log2 f)`` and ``rcp = ceil(2**(31+s) / f)``, ``(x * rcp) >> (31+s)``
     equals ``x // f`` for every ``x < 2**31`` (the error ``rcp*f - 2**(31+s) < f <= 2**s``
@@ -62,21 +93,22 @@ def encoder_table(ctx_ids: np.ndarray, freqs: np.ndarray, scale_bits: int, token
     ``x + start + (x // f) * (M - f)``, i.e. ``((x // f) << S) + x % f + start``.
     Renormalise (emit 16 bits) first when ``x >= xmax = f * 2**(31 - S)``.
     """
-    n_ctx, alphabet = freqs.shape
-    table = np.zeros(n_contexts << token_bits, dtype=ENC_ENTRY)
-    rows = table.reshape(n_contexts, 1 << token_bits)[ctx_ids, :alphabet]
+    n_rows, alphabet = freqs.shape
+    entries = np.zeros((n_rows, alphabet), dtype=ENC_ENTRY)
     f = freqs.astype(np.uint64)
     safe = np.maximum(f, 1)
     s = np.zeros_like(safe)
     for k in range(1, scale_bits + 1):  # ceil(log2 f) for f in [1, 2**S]
         s += (safe > (np.uint64(1) << np.uint64(k - 1))).astype(np.uint64)
     shift = np.uint64(STATE_BITS) + s
-    rows["rcp"] = ((np.uint64(1) << shift) + safe - np.uint64(1)) // safe
-    rows["shift"] = shift
-    rows["start"] = _starts(freqs)
-    rows["xmax"] = f << np.uint64(STATE_BITS - scale_bits)
-    table.reshape(n_contexts, 1 << token_bits)[ctx_ids, :alphabet] = rows
-    return table
+    entries["rcp"] = ((np.uint64(1) << shift) + safe - np.uint64(1)) // safe
+    entries["shift"] = shift
+    entries["start"] = _starts(freqs)
+    entries["xmax"] = f << np.uint64(STATE_BITS - scale_bits)
+    table = np.zeros((len(rows), 1 << token_bits), dtype=ENC_ENTRY)
+    occupied = rows >= 0
+    table[occupied, :alphabet] = entries[rows[occupied]]
+    return table.reshape(-1)
 
 
 def decoder_table(freqs: np.ndarray, scale_bits: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from . import _format as F
 from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
-from ._tables import SCALE_BITS, STATE_LOW, decoder_table, encoder_table, normalize
+from ._tables import SCALE_BITS, STATE_LOW, decoder_table, encoder_table, normalize, sum_rows, table_rows
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
@@ -171,11 +171,11 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     if hist[:, 0].sum() == n:
         return None
     scale_bits = SCALE_BITS
-    n_c = hist.sum(axis=1)
-    ctx_ids = np.flatnonzero(n_c)
-    q = F.quantized_counts(hist[ctx_ids], n_c[ctx_ids], scale_bits)
+    rows = table_rows(hist.sum(axis=1))
+    row_hist = sum_rows(hist, rows)
+    q = F.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     freqs = normalize(q, scale_bits)
-    table = encoder_table(ctx_ids, freqs, scale_bits, fmt.token_bits, emask + 1)
+    table = encoder_table(rows, freqs, scale_bits, fmt.token_bits)
     words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
     n_words = k.rans_encode(sym, table.view(np.uint8), words, states, hist[:, 0].sum() * 16 > 15 * n)
@@ -263,9 +263,9 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
     scale_bits = rd.u8("scale bits")
     if scale_bits != SCALE_BITS:
         raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; format version 1 uses {SCALE_BITS}")
-    # the occupied contexts and their sizes come from the reference, not the blob
-    ctx_ids = np.flatnonzero(n_c)
-    freqs = normalize(F.read_tables(rd, fmt.alphabet, n_c[ctx_ids], scale_bits), scale_bits)
+    # the table rows and their sizes come from the reference, not the blob
+    rows = table_rows(n_c)
+    freqs = normalize(F.read_tables(rd, fmt.alphabet, sum_rows(n_c, rows), scale_bits), scale_bits)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
     if ((states < STATE_LOW) | (states >= 1 << 31)).any():
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
@@ -275,8 +275,8 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
     tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
     if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
         raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
-    ctx_rows = np.zeros(emask + 1, dtype=np.int32)  # contexts absent from the reference are never read
-    ctx_rows[ctx_ids] = np.arange(len(ctx_ids), dtype=np.int32) << scale_bits
+    # first slot entry of each context's row; contexts absent from the reference are never read
+    ctx_rows = (np.maximum(rows, 0) << scale_bits).astype(np.int32)
     slots = decoder_table(freqs, scale_bits)
     tokens = scratch("tokens", n, np.uint8)
     status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
@@ -389,8 +389,10 @@ def inspect_blob(blob) -> dict:
 def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     """Ideal size in bits of ``target`` under ULPack's own model (no tables, no coder loss).
 
-    ``sum over contexts and tokens of -count * log2(count / context total)`` plus the
-    raw tail bits: the number a perfect entropy coder with free tables would reach.
+    ``sum over table rows and tokens of -count * log2(count / row total)`` plus the
+    raw tail bits: what a perfect entropy coder with free tables would reach.  Rows
+    are the reference-exponent contexts, with contexts of fewer than 256 elements
+    pooled into one row, exactly as the coder models them.
     """
     fmt, x, r = _prepare(target, reference)
     xf = x.reshape(-1)
@@ -400,7 +402,7 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     _, _, hist, _ = _analyze(kernels(), fmt, xf, rf, econd)
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
-    h = hist.astype(np.float64)
+    h = sum_rows(hist, table_rows(hist.sum(axis=1))).astype(np.float64)  # the model's own rows
     totals = h.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()

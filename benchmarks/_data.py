@@ -1,0 +1,291 @@
+"""Real checkpoint trajectories for the benchmarks, trained once and cached as safetensors.
+
+Every benchmark that needs checkpoints should get them from here, so that they
+all measure the same bytes.  A trajectory is produced by actually training the
+toy language model of :mod:`ulstore.toytrain` (AdamW on a real next-byte loss),
+writing every checkpoint as a ``.safetensors`` file, and reading those files
+back: what a benchmark codes is exactly what a real checkpoint loader returns.
+
+Cache layout (``$ULSTORE_BENCH_CACHE``, default ``benchmarks/.cache/``)::
+
+    <cache>/<preset>/<kind>-w<warmup>/<dtype>/meta.json
+    <cache>/<preset>/<kind>-w<warmup>/<dtype>/step-0000.safetensors ...
+
+A directory is reused when its ``meta.json`` matches the requested run (preset
+configuration, regime, warm-up, Python version, which selects the training text)
+and holds at least the requested number of checkpoints; otherwise it is rebuilt.
+Training runs in fp32 master weights and every dtype is a round-to-nearest cast
+of them (exactly what :func:`ulstore.toytrain.train` yields for that dtype), so
+one training run fills the cache of all its dtypes.
+
+Example
+-------
+>>> from benchmarks._data import load_trajectory
+>>> states = load_trajectory("rl", "bfloat16", "tiny", steps=5)   # 6 checkpoints
+>>> len(states)
+6
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ulstore import toytrain
+
+__all__ = [
+    "TRAJECTORIES",
+    "TrajectorySpec",
+    "DTYPE_SHORT",
+    "cache_dir",
+    "warmup_steps",
+    "ensure_cached",
+    "load_trajectory",
+    "load_spec",
+    "progress",
+]
+
+#: Short names used in trajectory names and tables.
+DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+#: Warm-up steps (at lr 1e-3) before the recorded steps of the "rl" and "finetune"
+#: regimes.  toytrain's default is 100; on the ~13M-parameter "bench" preset that is
+#: ~1 min of training per run, and 20 steps already put the run past the large,
+#: atypical first Adam updates (the recorded steps of an RL run stay ~99% identical
+#: in bf16: a 3e-6 step is far below half a bf16 ULP of almost every weight).
+WARMUP_STEPS = {"tiny": 100, "small": 50, "bench": 20}
+
+
+@dataclass(frozen=True)
+class TrajectorySpec:
+    """One benchmark trajectory: a training regime saved in one dtype."""
+
+    name: str
+    kind: str  # toytrain regime: "rl", "pretrain", "finetune"
+    dtype: str  # "bfloat16", "float16", "float32"
+    regime: str  # one-line description for tables and docs
+
+
+#: The standard benchmark trajectories, by name.
+TRAJECTORIES = {
+    spec.name: spec
+    for spec in (
+        TrajectorySpec("rl-bf16", "rl", "bfloat16", "RL-like, lr 3e-6 after warm-up: sparse (~99% of weights unchanged)"),
+        TrajectorySpec("pretrain-bf16", "pretrain", "bfloat16", "pretraining from init, lr 1e-3: dense"),
+        TrajectorySpec("finetune-fp32", "finetune", "float32", "fine-tuning, lr 1e-4 after warm-up, weight decay 0.01"),
+        TrajectorySpec("finetune-fp16", "finetune", "float16", "the same fine-tuning run saved in float16"),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Root of the trajectory cache: ``$ULSTORE_BENCH_CACHE`` or ``benchmarks/.cache``."""
+    env = os.environ.get("ULSTORE_BENCH_CACHE")
+    return Path(env).expanduser() if env else Path(__file__).resolve().parent / ".cache"
+
+
+def warmup_steps(kind: str, preset: str) -> int:
+    """Warm-up steps used for ``kind`` on ``preset`` (0 for pretraining, which starts at init)."""
+    if kind == "pretrain":
+        return 0
+    return WARMUP_STEPS.get(preset, 100)
+
+
+def _run_dir(kind: str, preset: str) -> Path:
+    return cache_dir() / preset / f"{kind}-w{warmup_steps(kind, preset)}"
+
+
+def _meta(kind: str, dtype: str, preset: str) -> dict:
+    # everything that determines the checkpoint bytes (the training text is the
+    # stdlib of this Python version, see toytrain.corpus)
+    return {
+        "format": 1,
+        "kind": kind,
+        "dtype": dtype,
+        "preset": preset,
+        "config": asdict(toytrain.ToyConfig.preset(preset)),
+        "warmup_steps": warmup_steps(kind, preset),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "toytrain_sha256": _toytrain_digest(),
+    }
+
+
+def _toytrain_digest() -> str:
+    """Digest of toytrain's source: any change to the trainer invalidates the cache."""
+    try:
+        return hashlib.sha256(Path(toytrain.__file__).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unknown"
+
+
+def _cached_steps(path: Path, meta: dict) -> int:
+    """Number of usable checkpoints in ``path`` (0 if absent or built differently)."""
+    try:
+        stored = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    n = stored.pop("checkpoints", 0)
+    if stored != meta:
+        return 0
+    if not all((path / _step_file(i)).is_file() for i in range(n)):
+        return 0
+    return n
+
+
+def _dtype_name(dtype) -> str:
+    """Canonical name ("bfloat16", "float32", ...) of a checkpoint dtype."""
+    for name, dt in toytrain.CHECKPOINT_DTYPES.items():
+        if (dtype == name) if isinstance(dtype, str) else (np.dtype(dtype) == dt):
+            return name
+    raise ValueError(f"dtype must be one of {list(toytrain.CHECKPOINT_DTYPES)}, got {dtype!r}")
+
+
+def _step_file(i: int) -> str:
+    return f"step-{i:04d}.safetensors"
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def ensure_cached(kind: str, dtypes, preset: str = "bench", steps: int = 5) -> None:
+    """Make sure ``steps + 1`` checkpoints of ``kind`` are cached in each of ``dtypes``.
+
+    Trains at most once for all the dtypes that are missing (the first
+    checkpoints of a longer run are those of a shorter one, so a cache with more
+    steps is reused).  Directories are written under a temporary name and then
+    renamed, so a concurrent reader never sees a half-written trajectory.
+    """
+    dtypes = [_dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
+    missing = [d for d in dict.fromkeys(dtypes) if _cached_steps(_run_dir(kind, preset) / d, _meta(kind, d, preset)) < steps + 1]
+    if not missing:
+        return
+    config = toytrain.ToyConfig.preset(preset)
+    n_warm = warmup_steps(kind, preset)
+    _log(
+        f"training {kind!r} on preset {preset!r} ({config.num_params / 1e6:.1f}M params, "
+        f"{n_warm} warm-up + {steps} steps) for {', '.join(missing)} ..."
+    )
+    start = time.perf_counter()
+    staging = {}
+    for d in missing:
+        tmp = _run_dir(kind, preset) / f".{d}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        staging[d] = tmp
+    try:
+        for step, master in _train_fp32(kind, config, steps, n_warm):
+            for d, tmp in staging.items():
+                # the round-to-nearest cast toytrain.train applies when asked for this dtype
+                state = {k: np.ascontiguousarray(v.astype(toytrain.CHECKPOINT_DTYPES[d])) for k, v in master.items()}
+                toytrain.save_safetensors(state, tmp / _step_file(step))
+        for d, tmp in staging.items():
+            meta = {**_meta(kind, d, preset), "checkpoints": steps + 1}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            final = _run_dir(kind, preset) / d
+            shutil.rmtree(final, ignore_errors=True)
+            try:
+                tmp.rename(final)
+            except OSError:  # another process just built it: use theirs
+                if _cached_steps(final, _meta(kind, d, preset)) < steps + 1:
+                    raise
+    finally:
+        for tmp in staging.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+    _mark_ignored(cache_dir())
+    _log(f"trained {kind!r} in {time.perf_counter() - start:.1f} s -> {_run_dir(kind, preset)}")
+
+
+def _train_fp32(kind, config, steps, n_warm):
+    """Yield ``(step, fp32 master weights)`` of one toytrain run, one checkpoint at a time."""
+    regimes = getattr(toytrain, "_REGIMES", None)  # (warm-up, warm-up lr, lr, weight decay) by kind
+    if regimes is None or kind not in regimes:
+        # public API (holds the whole run in memory)
+        yield from enumerate(toytrain.trajectory(kind, steps, preset=config, dtype="float32", warmup_steps=n_warm))
+        return
+    _, warm_lr, lr, wd = regimes[kind]
+    for step, master, _loss in toytrain.train(
+        config, steps, lr=lr, warmup_steps=n_warm, warmup_lr=warm_lr, dtype="float32", weight_decay=wd
+    ):
+        yield step, master
+
+
+def _mark_ignored(root: Path) -> None:
+    """Keep the cache out of git without touching the repository's .gitignore."""
+    marker = root / ".gitignore"
+    if not marker.exists():
+        try:
+            marker.write_text("# benchmark trajectory cache (rebuilt on demand)\n*\n")
+        except OSError:
+            pass
+
+
+def load_trajectory(kind: str, dtype: str = "bfloat16", preset: str = "bench", steps: int = 5) -> list[dict[str, np.ndarray]]:
+    """``steps + 1`` consecutive checkpoints of a toy training run, read from safetensors files.
+
+    Parameters
+    ----------
+    kind : {"rl", "pretrain", "finetune"}
+        toytrain regime (see :func:`ulstore.toytrain.trajectory`).
+    dtype : {"bfloat16", "float16", "float32", "float64"}
+    preset : {"tiny", "small", "bench"}
+    steps : int
+        Optimizer steps; ``steps + 1`` checkpoints are returned.
+
+    Returns
+    -------
+    list of dict of str to numpy.ndarray
+        One ``{tensor name: array}`` per checkpoint, in step order, as
+        :func:`safetensors.numpy.load_file` returns them (bf16 as ml_dtypes).
+    """
+    from safetensors.numpy import load_file
+
+    if steps < 1:
+        raise ValueError("steps must be >= 1 (a trajectory needs at least one step pair)")
+    ensure_cached(kind, [dtype], preset, steps)
+    dtype = _dtype_name(dtype)
+    path = _run_dir(kind, preset) / dtype
+    return [load_file(str(path / _step_file(i))) for i in range(steps + 1)]
+
+
+def load_spec(spec: TrajectorySpec | str, preset: str = "bench", steps: int = 5) -> list[dict[str, np.ndarray]]:
+    """:func:`load_trajectory` for a :data:`TRAJECTORIES` entry (or its name)."""
+    spec = TRAJECTORIES[spec] if isinstance(spec, str) else spec
+    return load_trajectory(spec.kind, spec.dtype, preset, steps)
+
+
+class _NoProgress:
+    """Stand-in for tqdm when it is not installed: prints a line when done."""
+
+    def __init__(self, total=None, desc="", **_):
+        self.desc, self.total, self.n, self.start = desc, total, 0, time.perf_counter()
+
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix(self, **_):
+        pass
+
+    def set_description(self, desc):
+        self.desc = desc
+
+    def close(self):
+        _log(f"{self.desc}: {self.n}/{self.total} in {time.perf_counter() - self.start:.1f} s")
+
+
+def progress(**kwargs):
+    """A tqdm progress bar on stderr, or a plain fallback."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress(**kwargs)
+    return tqdm(file=sys.stderr, leave=False, dynamic_ncols=True, **kwargs)

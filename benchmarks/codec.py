@@ -1,0 +1,518 @@
+"""ULPack against its peers on real checkpoint trajectories: size, model entropy, speed.
+
+What it measures
+----------------
+Real checkpoints come from actually training the toy language model of
+:mod:`ulstore.toytrain` (AdamW on a next-byte loss).  Every checkpoint is saved
+as a ``.safetensors`` file under the cache (``$ULSTORE_BENCH_CACHE``, default
+``benchmarks/.cache/``; trained on first use, ~10-40 s per run on the "bench"
+preset) and read back from it.  Trajectories (``--steps`` optimizer steps, so
+``steps + 1`` consecutive checkpoints each):
+
+    rl-bf16         bf16, lr 3e-6 after warm-up: sparse, ~99% of weights unchanged
+    pretrain-bf16   bf16, lr 1e-3 from init: dense
+    finetune-fp32   fp32, lr 1e-4 after warm-up, weight decay 0.01
+    finetune-fp16   the same fine-tuning run saved in fp16
+
+For every consecutive pair (parent -> child) and every tensor, the child is
+coded against the parent by each method and decoded again, and the decoded
+bytes are compared with the child's (any difference aborts the run).  Methods:
+
+    ULPack            ulstore.encode(child, parent)
+    ULPack w/o e_r    ulstore.encode(child, parent, econd=False): the ablation
+                      without reference-exponent contexts
+    zstd-19 BG-XOR    zstd level 19 on the byte-grouped XOR of child and parent
+    ZipNN XOR         the zipnn package (Huffman, byte grouping) on that XOR
+
+plus the ideal size under ULPack's own model (``ulstore.model_entropy_bits``)
+and ULPack's overhead over it.  Table 1 gives the size of all pairs together
+as % of the raw bytes and in bits per weight.
+
+Table 2 times encoding and decoding of all tensors of ONE step pair per
+trajectory (the last one), as raw MB/s (1 MB = 1e6 bytes) of wall time
+(``time.perf_counter``), best of ``--reps`` runs: ULPack via
+``encode_many``/``decode_many`` with 1 thread and with all cores, each peer
+single-threaded and with its own threads option (zstd ``threads=``, ZipNN
+``threads=``).  A measurement stops repeating once it has used
+``--time-budget`` seconds (zstd-19 encodes at a few MB/s), so slow ones may be
+best of fewer runs; the JSON records how many.  Peer times include their XOR
+and byte grouping.
+
+Run
+---
+    python benchmarks/codec.py                    # preset "bench" (~13M params), a few minutes
+    python benchmarks/codec.py --preset tiny      # quick smoke run (seconds)
+    python benchmarks/codec.py --only rl-bf16 --markdown --json out.json
+    python benchmarks/codec.py --from-json out.json --markdown   # re-print saved results
+
+Progress goes to stderr, the tables to stdout.  Exit status 2 on a round-trip
+mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import platform
+import sys
+import threading
+import time
+
+import numpy as np
+
+if __package__:
+    from . import _data, _peers
+else:  # run as a script: python benchmarks/codec.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _data
+    import _peers
+
+import ulstore
+
+# Row order and labels of the size table (keys of the per-pair results).
+METHODS = {
+    "ulpack": "ULPack",
+    "ulpack_noe": "ULPack w/o e_r",
+    "zstd": "zstd-19 BG-XOR",
+    "zipnn": "ZipNN XOR",
+}
+PEER_KEYS = ("zstd", "zipnn")
+
+
+class RoundTripError(RuntimeError):
+    """A method decoded to bytes other than the child's."""
+
+
+# -- peers ----------------------------------------------------------------------
+
+
+def make_peers(threads: int = 1) -> dict:
+    """Peer instances by table key; a missing package drops that peer (with a warning)."""
+    peers = {}
+    for key, make in (("zstd", lambda: _peers.ZstdByteGroupedXor(19, threads)), ("zipnn", lambda: _peers.ZipNNXor(threads))):
+        try:
+            peers[key] = make()
+        except ImportError as exc:
+            _log(f"warning: peer {key!r} unavailable ({exc}); skipped")
+    return peers
+
+
+_local = threading.local()
+
+
+def _thread_peers() -> dict:
+    """Single-threaded peers private to the calling thread (peers are not thread-safe)."""
+    if not hasattr(_local, "peers"):
+        _local.peers = make_peers(1)
+    return _local.peers
+
+
+# -- helpers --------------------------------------------------------------------
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """The raw bytes of an array as a flat uint8 array (a view)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _check(decoded, child: np.ndarray, method: str, where: str) -> None:
+    """Raise :class:`RoundTripError` unless ``decoded`` holds exactly the bytes of ``child``."""
+    if isinstance(decoded, np.ndarray):
+        if decoded.dtype != child.dtype or decoded.shape != child.shape:
+            raise RoundTripError(
+                f"{method} round trip FAILED at {where}: decoded {decoded.dtype}{list(decoded.shape)}, "
+                f"expected {child.dtype}{list(child.shape)}"
+            )
+        got = _raw(decoded)
+    else:
+        got = np.frombuffer(decoded, dtype=np.uint8)
+    want = _raw(child)
+    if got.size != want.size or not np.array_equal(got, want):
+        bad = "length differs" if got.size != want.size else f"{int(np.count_nonzero(got != want))} bytes differ"
+        raise RoundTripError(f"{method} round trip FAILED at {where}: {bad}")
+
+
+def _bits_view(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(f"u{a.dtype.itemsize}")
+
+
+def machine_info() -> dict:
+    """CPU model, core counts, load and the versions that matter for the numbers."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    info = {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "ulstore": getattr(ulstore, "__version__", "?"),
+        "ulstore_backend": ulstore.backend(),
+    }
+    for mod in ("zstandard", "zipnn"):
+        try:
+            from importlib.metadata import version
+
+            info[mod] = version(mod)
+        except Exception:  # not installed
+            info[mod] = None
+    return info
+
+
+# -- size pass ------------------------------------------------------------------
+
+
+def measure_tensor(child: np.ndarray, parent: np.ndarray, dtype: str, where: str) -> dict:
+    """Code one tensor with every method, check every round trip, return the sizes."""
+    c_raw, p_raw = _raw(child), _raw(parent)
+    out = {
+        "elements": int(child.size),
+        "raw": int(child.nbytes),
+        "changed": int(np.count_nonzero(_bits_view(child) != _bits_view(parent))),
+    }
+    for key, econd in (("ulpack", True), ("ulpack_noe", False)):
+        blob = ulstore.encode(child, parent, econd=econd)
+        _check(ulstore.decode(blob, parent), child, METHODS[key], where)
+        out[key] = len(blob)
+    for key, peer in _thread_peers().items():
+        blob = peer.encode(c_raw, p_raw, dtype)
+        _check(peer.decode(blob, p_raw, dtype), child, METHODS[key], where)
+        out[key] = len(blob)
+    out["entropy_bits"] = ulstore.model_entropy_bits(child, parent)
+    out["entropy_noe_bits"] = ulstore.model_entropy_bits(child, parent, econd=False)
+    return out
+
+
+def _sum(rows: list[dict]) -> dict:
+    total: dict = {}
+    for r in rows:
+        for k, v in r.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
+    """Sizes of every (parent -> child) pair of one trajectory, per pair and in total."""
+    names = list(states[0])
+    jobs = [(s, k) for s in range(1, len(states)) for k in names]
+    bar = _data.progress(total=len(jobs), desc=f"sizes {name}", unit="tensor")
+    results: dict = {}
+    # tensors are independent: spread them over the cores (every method's output
+    # is a pure function of the tensor, so this changes no size)
+    with cf.ThreadPoolExecutor(threads) as pool:
+        futures = {
+            pool.submit(measure_tensor, states[s][k], states[s - 1][k], spec.dtype, f"{name} step {s - 1}->{s} tensor {k!r}"): (s, k)
+            for s, k in jobs
+        }
+        try:
+            for fut in cf.as_completed(futures):
+                results[futures[fut]] = fut.result()
+                bar.update(1)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        finally:
+            bar.close()
+    pairs = []
+    for s in range(1, len(states)):
+        pairs.append({"parent": s - 1, "child": s, **_sum([results[(s, k)] for k in names])})
+    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs])}
+
+
+# -- speed pass -----------------------------------------------------------------
+
+
+def best_time(fn, reps: int, budget: float):
+    """Best wall time of up to ``reps`` calls of ``fn`` (fewer once ``budget`` s are used; 0 = no limit).
+
+    Returns ``(seconds, runs, result of the last call)``.
+    """
+    best, spent, result, runs = float("inf"), 0.0, None, 0
+    for _ in range(max(1, reps)):
+        start = time.perf_counter()
+        result = fn()
+        elapsed = time.perf_counter() - start
+        best, spent, runs = min(best, elapsed), spent + elapsed, runs + 1
+        if budget and spent >= budget:
+            break
+    return best, runs, result
+
+
+def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: int, budget: float) -> dict:
+    """Encode/decode MB/s of all tensors of one pair, per method and thread count."""
+    names = list(child)
+    raw = sum(child[k].nbytes for k in names)
+    where = f"{name} (speed pass)"
+    pairs = [(child[k], parent[k]) for k in names]
+    raw_pairs = [(_raw(child[k]), _raw(parent[k])) for k in names]
+    plans = [("ulpack", 1), ("ulpack", threads)]
+    for key in PEER_KEYS:
+        plans += [(key, 1), (key, threads)]
+    out: dict = {"raw_bytes": raw, "threads": threads}
+    bar = _data.progress(total=len(plans), desc=f"speed {name}", unit="run")
+    try:
+        for key, n_threads in plans:
+            label = f"{key}_x{n_threads}" if n_threads > 1 else f"{key}_x1"
+            if label in out or (n_threads > 1 and threads == 1):
+                bar.update(1)
+                continue
+            if key == "ulpack":
+                enc = lambda: ulstore.encode_many(pairs, threads=n_threads)  # noqa: E731
+                dec = lambda blobs: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=n_threads)  # noqa: E731
+            else:
+                peer = make_peers(n_threads).get(key)
+                if peer is None:
+                    bar.update(1)
+                    continue
+                enc = lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]  # noqa: E731
+                dec = lambda blobs: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(blobs, raw_pairs)]  # noqa: E731
+            t_enc, runs_enc, blobs = best_time(enc, reps, budget)
+            t_dec, runs_dec, decoded = best_time(lambda: dec(blobs), reps, budget)
+            for k, d in zip(names, decoded):
+                _check(d, child[k], f"{METHODS[key]} x{n_threads}", f"{where} tensor {k!r}")
+            out[label] = {
+                "encode_MBps": raw / t_enc / 1e6,
+                "decode_MBps": raw / t_dec / 1e6,
+                "encode_s": t_enc,
+                "decode_s": t_dec,
+                "encode_runs": runs_enc,
+                "decode_runs": runs_dec,
+                "bytes": sum(len(b) for b in blobs),
+            }
+            bar.update(1)
+    finally:
+        bar.close()
+    if "ulpack_x1" in out and f"ulpack_x{threads}" in out and threads > 1:
+        one, many = out["ulpack_x1"], out[f"ulpack_x{threads}"]
+        out["ulpack_scaling"] = {
+            "encode": many["encode_MBps"] / one["encode_MBps"],
+            "decode": many["decode_MBps"] / one["decode_MBps"],
+        }
+    return out
+
+
+# -- tables ---------------------------------------------------------------------
+
+
+def render(title: str, groups: list[str], sub: list[str], rows: list[list[str]], markdown: bool, notes=()) -> str:
+    """A table whose columns come in ``groups`` of ``len(sub)`` (one group per trajectory)."""
+    if markdown:
+        header = ["method"] + [f"{g} {s}" for g in groups for s in sub]
+        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += [""] + [f"{n}  " for n in notes]
+        return "\n".join(lines).rstrip() + "\n"
+    first = max([len("method")] + [len(r[0]) for r in rows])
+    cell = max([len(s) for s in sub] + [len(c) for r in rows for c in r[1:]])
+    group_w = max([len(g) for g in groups] + [len(sub) * (cell + 2) - 2])
+    cell = -(-(group_w + 2) // len(sub)) - 2  # widen cells so a group is at least as wide as its name
+    group_w = len(sub) * (cell + 2) - 2
+    line1 = " " * first + "".join("  " + g.center(group_w) for g in groups)
+    line2 = "method".ljust(first) + "".join("  " + "  ".join(s.rjust(cell) for s in sub) for _ in groups)
+    rule = "-" * len(line2)
+    lines = [title, rule, line1, line2, rule]
+    lines += [r[0].ljust(first) + "".join("  " + c.rjust(cell) for c in r[1:]) for r in rows]
+    lines += [rule] + list(notes)
+    return "\n".join(lines) + "\n"
+
+
+def size_table(results: dict, markdown: bool, steps: int) -> str:
+    groups = list(results)
+    rows = []
+
+    def add(label, values):
+        rows.append([label] + [v for pair in values for v in pair])
+
+    tot = {n: r["sizes"]["total"] for n, r in results.items()}
+    add("elements changed (%)", [(f"{100 * t['changed'] / t['elements']:.2f}", "") for t in tot.values()])
+    for key, label in METHODS.items():
+        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a") for t in tot.values()])
+    add("ideal (ULPack model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
+    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}" if t["entropy_bits"] else "n/a", "") for t in tot.values()])
+    add("e_r saves (%)", [(f"{100 * (1 - t['ulpack'] / t['ulpack_noe']):.2f}", "") for t in tot.values()])
+
+    def vs_best(t):
+        peers = [t[k] for k in PEER_KEYS if k in t]
+        return (f"{100 * (1 - t['ulpack'] / min(peers)):.2f}", "") if peers else ("n/a", "")
+
+    add("ULPack smaller than best peer (%)", [vs_best(t) for t in tot.values()])
+    first = next(iter(results.values()))
+    notes = [
+        f"Sizes over all {steps} step pairs x {first['tensors']} tensors of each trajectory; "
+        "% of raw bytes and bits per weight. Every round trip verified bit-exact.",
+        "ideal = sum of model_entropy_bits (ULPack's model with free tables and a perfect coder).",
+    ]
+    return render("Table 1. Compressed size", groups, ["% raw", "bits/w"], rows, markdown, notes)
+
+
+def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
+    groups = list(results)
+    labels = [("ulpack", "ULPack")] + [(k, METHODS[k]) for k in PEER_KEYS]
+    rows = []
+    for key, label in labels:
+        for n in ((1, threads) if threads > 1 else (1,)):
+            cells = []
+            for r in results.values():
+                m = r["speed"].get(f"{key}_x{n}")
+                cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
+            rows.append([f"{label} x{n}"] + cells)
+    if threads > 1:
+        cells = []
+        for r in results.values():
+            s = r["speed"].get("ulpack_scaling")
+            cells += [f"{s['encode']:.2f}x", f"{s['decode']:.2f}x"] if s else ["n/a", "n/a"]
+        rows.append([f"ULPack scaling x{threads}/x1"] + cells)
+    sizes = ", ".join(f"{n} {r['speed']['raw_bytes'] / 1e6:.1f} MB" for n, r in results.items())
+    runs = [m.get(f"{w}_runs", 0) for r in results.values() for m in r["speed"].values() if isinstance(m, dict) for w in ("encode", "decode")]
+    runs = [x for x in runs if x]
+    notes = [
+        f"Raw MB/s (1e6 bytes/s) over all tensors of the last step pair ({sizes}); "
+        f"best of {reps} runs" + (f" (some slow measurements: {min(runs)})" if runs and min(runs) < reps else "") + ".",
+        "ULPack: encode_many/decode_many(threads=N). Peers: one call per tensor, xN = the peer's own threads option.",
+    ]
+    return render(f"Table 2. Speed (MB/s, encode / decode), {threads} threads = all cores", groups, ["enc", "dec"], rows, markdown, notes)
+
+
+# -- main -----------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="ULPack vs zstd-19 and ZipNN on real toy-model checkpoint trajectories: size, entropy and speed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps per trajectory (steps + 1 checkpoints)")
+    p.add_argument("--only", action="append", metavar="TRAJECTORY",
+                   help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}")
+    p.add_argument("--json", metavar="FILE", help="also write every number to FILE as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of the multi-threaded runs")
+    p.add_argument("--reps", type=int, default=3, help="timing repetitions (best is kept)")
+    p.add_argument("--time-budget", type=float, default=10.0,
+                   help="stop repeating a timing once it has used this many seconds (0: always --reps)")
+    p.add_argument("--no-speed", action="store_true", help="skip the speed table")
+    p.add_argument("--from-json", metavar="FILE", help="measure nothing: print the tables of an earlier --json FILE")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.threads < 1 or args.reps < 1:
+        p.error("--threads and --reps must be >= 1")
+    names = [n.strip() for item in (args.only or []) for n in item.split(",") if n.strip()]
+    unknown = [n for n in names if n not in _data.TRAJECTORIES]
+    if unknown:
+        p.error(f"unknown trajectory {', '.join(unknown)}; choose from {', '.join(_data.TRAJECTORIES)}")
+    args.trajectories = [n for n in _data.TRAJECTORIES if n in names] if names else list(_data.TRAJECTORIES)
+    return args
+
+
+def run(args) -> dict:
+    t0 = time.perf_counter()
+    info = machine_info()
+    specs = {n: _data.TRAJECTORIES[n] for n in args.trajectories}
+    if args.steps < 4:
+        _log(f"note: --steps {args.steps} gives fewer than 5 checkpoints per trajectory")
+
+    # train what is missing, one run per regime for all its dtypes
+    by_kind: dict = {}
+    for spec in specs.values():
+        by_kind.setdefault(spec.kind, []).append(spec.dtype)
+    for kind, dtypes in by_kind.items():
+        _data.ensure_cached(kind, dtypes, args.preset, args.steps)
+    t_data = time.perf_counter()
+
+    results: dict = {}
+    for name, spec in specs.items():
+        states = _data.load_trajectory(spec.kind, spec.dtype, args.preset, args.steps)
+        r = {
+            "kind": spec.kind,
+            "dtype": spec.dtype,
+            "regime": spec.regime,
+            "warmup_steps": _data.warmup_steps(spec.kind, args.preset),
+            "checkpoints": len(states),
+            "tensors": len(states[0]),
+            "params": int(sum(a.size for a in states[0].values())),
+        }
+        r["sizes"] = size_pass(name, spec, states, args.threads)
+        if not args.no_speed:
+            r["speed"] = speed_pass(name, spec, states[-2], states[-1], args.threads, args.reps, args.time_budget)
+        results[name] = r
+        del states
+    t_end = time.perf_counter()
+    return {
+        "machine": info,
+        "settings": {
+            "preset": args.preset,
+            "steps": args.steps,
+            "threads": args.threads,
+            "reps": args.reps,
+            "time_budget_s": args.time_budget,
+            "cache": str(_data.cache_dir()),
+        },
+        "trajectories": results,
+        "runtime_s": {"data": t_data - t0, "measure": t_end - t_data, "total": t_end - t0},
+    }
+
+
+def report(out: dict, markdown: bool) -> str:
+    m, s, results = out["machine"], out["settings"], out["trajectories"]
+    first = next(iter(results.values()))
+    head = [
+        f"ULPack codec benchmark: preset {s['preset']!r} ({first['params'] / 1e6:.2f}M params, {first['tensors']} tensors), "
+        f"{s['steps']} steps = {first['checkpoints']} checkpoints per trajectory",
+        f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), load avg {m['load_avg_1m']}; "
+        f"{m['platform']}",
+        f"ulstore {m['ulstore']} backend {m['ulstore_backend']!r}; Python {m['python']}, numpy {m['numpy']}, "
+        f"zstandard {m['zstandard']}, zipnn {m['zipnn']}",
+    ]
+    head += [f"  {n}: {r['regime']} (warm-up {r['warmup_steps']} steps)" for n, r in results.items()]
+    sep = "\n" if markdown else ""
+    parts = [("  \n" if markdown else "\n").join(head) + "\n", size_table(results, markdown, s["steps"])]
+    if all("speed" in r for r in results.values()):
+        parts.append(speed_table(results, markdown, s["threads"], s["reps"]))
+    t = out["runtime_s"]
+    parts.append(f"runtime: {t['total']:.1f} s (training/cache {t['data']:.1f} s, measuring {t['measure']:.1f} s)\n")
+    return (sep + "\n").join(parts)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            print(report(json.load(fh), args.markdown), end="")
+        return 0
+    try:
+        out = run(args)
+    except RoundTripError as exc:
+        _log(f"\nFATAL: {exc}\nAborting: a codec did not reproduce the checkpoint bit for bit.")
+        return 2
+    print(report(out, args.markdown), end="", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+            fh.write("\n")
+        _log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
