@@ -940,7 +940,10 @@ def _spec_token(z: int) -> tuple[tuple, int]:
 
 
 def _spec_entropy_bits(xw, rw, name, econd) -> float:
-    """Ideal model size from a histogram computed here, independently of the codec."""
+    """Ideal model size from a histogram computed here, independently of the codec.
+
+    As in the codec's model, contexts holding fewer than 256 elements share one row.
+    """
     e, m = LAYOUT[name]
     w = np.dtype(xw.dtype).itemsize * 8
     hist: dict = {}
@@ -952,15 +955,24 @@ def _spec_entropy_bits(xw, rw, name, econd) -> float:
         hist.setdefault(ctx, {}).setdefault(tok, 0)
         hist[ctx][tok] += 1
         tail += nt
+    rows: dict = {}
+    for ctx, row in hist.items():
+        key = ctx if sum(row.values()) >= 256 else "pooled"
+        for tok, count in row.items():
+            rows.setdefault(key, {}).setdefault(tok, 0)
+            rows[key][tok] += count
     bits = 0.0
-    for row in hist.values():
+    for row in rows.values():
         c = np.array(list(row.values()), dtype=np.float64)
         bits += float(-(c * np.log2(c / c.sum())).sum())
     return bits + tail
 
 
-def _crafted(name, rng):
-    """Targets whose per-context token counts are uniform over 2**k tokens: exact entropies."""
+def _crafted(name, rng, scale=8):
+    """Targets whose per-context token counts are uniform over 2**k tokens: exact entropies.
+
+    Each context holds 32 * scale elements (scale 8: 256, enough for rows of their own).
+    """
     dt = DTYPES[name]
     e, m = LAYOUT[name]
     w = W(dt)
@@ -968,11 +980,11 @@ def _crafted(name, rng):
     two = one + (1 << m)  # 2.0: the next exponent, another context
     rw, zs = [], []
     for z in (0, 1):  # context of 1.0: tokens 0 and 1, no tail
-        rw += [one] * 16
-        zs += [z] * 16
+        rw += [one] * 16 * scale
+        zs += [z] * 16 * scale
     for z in (8, 9, 12, 13):  # context of 2.0: tokens (b=4,q1=0,q2=0) and (b=4,q1=1,q2=0), one tail bit each
-        rw += [two] * 8
-        zs += [z] * 8
+        rw += [two] * 8 * scale
+        zs += [z] * 8 * scale
     order = rng.permutation(len(rw))
     rw = np.array(rw, dtype=np.uint64)[order]
     xw = np.array([_spec_target(int(r), z, w) for r, z in zip(rw, np.array(zs)[order])], dtype=np.uint64)
@@ -987,11 +999,15 @@ def test_model_entropy_bits_exact(name):
     x, r = xw.view(dt), rw.view(dt)
     # the crafted residuals really are what the spec says
     assert sorted(_spec_residual(int(a), int(b), W(dt)) for a, b in zip(xw, rw)) == sorted(
-        [0] * 16 + [1] * 16 + [8] * 8 + [9] * 8 + [12] * 8 + [13] * 8)
+        [0] * 128 + [1] * 128 + [8] * 64 + [9] * 64 + [12] * 64 + [13] * 64)
     expect_econd = _spec_entropy_bits(xw, rw, name, True)
     expect_pooled = _spec_entropy_bits(xw, rw, name, False)
-    # 32 elements x 1 bit in each context + 32 tail bits; pooled: 64 x 2 bits + 32 tail bits
-    assert expect_econd == 96.0 and expect_pooled == 160.0
+    # 256 elements x 1 bit in each context + 256 tail bits; no e_r: 512 x 2 bits + 256 tail bits
+    assert expect_econd == 768.0 and expect_pooled == 1280.0
+    # contexts under 256 elements share one row: the small version models like no e_r
+    xs, rs = _crafted(name, rng, scale=1)
+    assert _spec_entropy_bits(xs, rs, name, True) == 160.0
+    assert ulstore.model_entropy_bits(xs.view(dt), rs.view(dt)) == 160.0
     assert ulstore.model_entropy_bits(x, r) == expect_econd
     assert ulstore.model_entropy_bits(x, r, econd=True) == expect_econd
     assert ulstore.model_entropy_bits(x, r, econd=False) == expect_pooled
@@ -1004,9 +1020,9 @@ def test_model_entropy_bits_exact(name):
     # one token per context, random tails: the entropy is exactly the tail bit count
     b = min(W(dt), 8)
     zt = (0b101 << (b - 3)) | rng.integers(0, 1 << (b - 3), size=40)
-    xt = np.array([_spec_target(int(r0), int(z), W(dt)) for r0, z in zip(rw[:40], zt)], dtype=np.uint64)
-    assert _spec_entropy_bits(xt.astype(U(dt)), rw[:40], name, True) == 40.0 * (b - 3)
-    assert ulstore.model_entropy_bits(xt.astype(U(dt)).view(dt), rw[:40].view(dt)) == 40.0 * (b - 3)
+    xt = np.array([_spec_target(int(r0), int(z), W(dt)) for r0, z in zip(rs[:40], zt)], dtype=np.uint64)
+    assert _spec_entropy_bits(xt.astype(U(dt)), rs[:40], name, True) == 40.0 * (b - 3)
+    assert ulstore.model_entropy_bits(xt.astype(U(dt)).view(dt), rs[:40].view(dt)) == 40.0 * (b - 3)
     # blobs of these round-trip, and every residual zero costs nothing
     assert ulstore.model_entropy_bits(r, r) == 0.0
     assert ulstore.model_entropy_bits(np.zeros(0, dt)) == 0.0

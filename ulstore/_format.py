@@ -228,18 +228,23 @@ def _gamma(value: int) -> str:
     return "0" * (len(bits) - 1) + bits
 
 
+# Every value a table codes is <= 2**12 (counts are quantised to the scale, gaps and
+# token counts are below the alphabet size), so the codes are precomputed.
+_GAMMA = [""] + [_gamma(v) for v in range(1, 4097)]
+
+
 def pack_tables(out: bytearray, q: np.ndarray) -> None:
-    """Append the bit-packed table of quantised counts ``q`` (occupied contexts x tokens)."""
+    """Append the bit-packed table of quantised counts ``q`` (table rows x tokens)."""
     parts = []
     for row in q.tolist():
-        others = [t for t in range(1, len(row)) if row[t]]
+        others = [t for t, count in enumerate(row) if count and t]
         parts.append("1" if row[0] else "0")
-        parts.append(_gamma(len(others) + 1))
+        parts.append(_GAMMA[len(others) + 1])
         prev = 0
         for t in others:
-            parts.append(_gamma(t - prev))
+            parts.append(_GAMMA[t - prev])
             prev = t
-        parts.extend(_gamma(row[t]) for t in others)
+        parts.extend(_GAMMA[row[t]] for t in others)
     bits = "".join(parts)
     nbytes = (len(bits) + 7) // 8
     write_varint(out, nbytes)
@@ -247,60 +252,49 @@ def pack_tables(out: bytearray, q: np.ndarray) -> None:
         out += int(bits.ljust(nbytes * 8, "0"), 2).to_bytes(nbytes, "big")
 
 
-class _BitReader:
-    """Gamma-code reader over a '0'/'1' string (str.find does the bit scanning in C)."""
+def read_tables(r: Reader, alphabet: int, n_rows: np.ndarray, scale_bits: int) -> np.ndarray:
+    """Parse the table for rows holding ``n_rows`` elements each; returns quantised counts.
 
-    __slots__ = ("bits", "pos")
+    The bit string is parsed as text: ``str.find`` scans each gamma code's zeros in C.
+    """
+    data = bytes(r.take(r.varint("table size", limit=1 << 24), "tables"))
+    bits = bin(int.from_bytes(data, "big") | (1 << (8 * len(data))))[3:] if data else ""
+    end = len(bits)
+    pos = 0
 
-    def __init__(self, data: bytes):
-        self.bits = bin(int.from_bytes(data, "big") | (1 << (8 * len(data))))[3:] if data else ""
-        self.pos = 0
-
-    def bit(self) -> int:
-        if self.pos >= len(self.bits):
+    def gamma(limit: int) -> int:
+        nonlocal pos
+        one = bits.find("1", pos)
+        stop = 2 * one - pos + 1
+        if one < 0 or stop > end:
             raise CorruptBlobError("ULPack blob table is truncated")
-        self.pos += 1
-        return self.bits[self.pos - 1] == "1"
-
-    def gamma(self, limit: int) -> int:
-        one = self.bits.find("1", self.pos)
-        if one < 0:
-            raise CorruptBlobError("ULPack blob table is truncated")
-        width = one - self.pos + 1
-        end = one + width
-        if width > 64 or end > len(self.bits):
-            raise CorruptBlobError("ULPack blob table has an overlong code")
-        value = int(self.bits[one:end], 2)
+        value = int(bits[one:stop], 2)
         if value > limit:
             raise CorruptBlobError(f"ULPack blob table value {value} is out of range")
-        self.pos = end
+        pos = stop
         return value
 
-
-def read_tables(r: Reader, alphabet: int, n_c: np.ndarray, scale_bits: int) -> np.ndarray:
-    """Parse the table for contexts with element counts ``n_c``; returns quantised counts."""
-    data = bytes(r.take(r.varint("table size", limit=1 << 24), "tables"))
-    bits = _BitReader(data)
-    q = np.zeros((len(n_c), alphabet), dtype=np.int64)
-    for i, n in enumerate(n_c.tolist()):
-        shift = max(0, n.bit_length() - scale_bits)
-        has_zero = bits.bit()
-        k = bits.gamma(alphabet) - 1
-        if k >= alphabet:
-            raise CorruptBlobError("ULPack blob table lists more tokens than exist")
-        t = 0
+    q = np.zeros((len(n_rows), alphabet), dtype=np.int64)
+    for i, n in enumerate(n_rows.tolist()):
+        top = (n >> max(0, n.bit_length() - scale_bits)) or 1
+        if pos >= end:
+            raise CorruptBlobError("ULPack blob table is truncated")
+        has_zero = bits[pos] == "1"
+        pos += 1
+        k = gamma(alphabet) - 1
         others = []
+        t = 0
         for _ in range(k):
-            t += bits.gamma(alphabet)
+            t += gamma(alphabet)
             if t >= alphabet:
                 raise CorruptBlobError(f"ULPack blob table names token {t} beyond the alphabet")
             others.append(t)
-        for t in others:
-            q[i, t] = bits.gamma((n >> shift) or 1)
+        counts = [gamma(top) for _ in others]
+        q[i, others] = counts
         if has_zero:
-            q[i, 0] = max(1, (n >> shift) - int(q[i, 1:].sum()))
+            q[i, 0] = max(1, top - sum(counts))
         elif k == 0:
-            raise CorruptBlobError("ULPack blob table has a context with no tokens")
-    if len(data) * 8 - bits.pos >= 8:
+            raise CorruptBlobError("ULPack blob table has a row with no tokens")
+    if end - pos >= 8:
         raise CorruptBlobError("ULPack blob table has trailing bytes")
     return q

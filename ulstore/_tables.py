@@ -112,18 +112,17 @@ def encoder_table(rows: np.ndarray, freqs: np.ndarray, scale_bits: int, token_bi
 
 
 def decoder_table(freqs: np.ndarray, scale_bits: int) -> np.ndarray:
-    """One uint32 per (context, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``.
+    """One uint32 per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``.
 
     A single lookup gives everything a decode step needs:
     ``x' = f * (x >> S) + (slot - start)``.  Requires S <= 12.
     """
     total = 1 << scale_bits
-    n_ctx, alphabet = freqs.shape
-    tokens = np.arange(alphabet, dtype=np.uint32)
-    starts = _starts(freqs)
-    out = np.empty((n_ctx, total), dtype=np.uint32)
-    slot = np.arange(total, dtype=np.uint32)
-    for i in range(n_ctx):
-        t = np.repeat(tokens, freqs[i])
-        out[i] = (t << 24) | ((freqs[i][t] - 1) << 12) | (slot - starts[i][t])
-    return out.reshape(-1)
+    n_rows, alphabet = freqs.shape
+    f = freqs.astype(np.int64)
+    tokens = np.arange(alphabet, dtype=np.int64)
+    # entry = base + slot with base = t << 24 | (f - 1) << 12 minus the token's start
+    # (slot - start < f <= 2**12 never carries into f's field)
+    base = (tokens << 24) + ((f - 1) << 12) - _starts(freqs).astype(np.int64)
+    slots = np.tile(np.arange(total, dtype=np.int64), n_rows)
+    return (np.repeat(base.reshape(-1), f.reshape(-1)) + slots).astype(np.uint32)
