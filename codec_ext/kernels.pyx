@@ -557,3 +557,128 @@ def reconstruct(const word_t[::1] r, word_t[::1] values):
             for i in range(n):
                 pv[i] = <word_t>unkey((key(pr[i], h, wmask, width) + ((pv[i] >> 1) ^ (0 - (pv[i] & 1)))) & wmask,
                                       h, wmask, width)
+
+
+# -- frequency tables (bit-level, MSB-first; see docs/format.md) --------------------
+
+
+cdef inline void put_msb(uint8_t* out, int64_t* pos, uint64_t value, int nbits) noexcept nogil:
+    """Write the low ``nbits`` of ``value``, most significant first, into zeroed ``out``."""
+    cdef int k
+    for k in range(nbits - 1, -1, -1):
+        if (value >> k) & 1:
+            out[pos[0] >> 3] |= 0x80 >> (pos[0] & 7)
+        pos[0] += 1
+
+
+cdef inline void put_gamma(uint8_t* out, int64_t* pos, uint64_t value) noexcept nogil:
+    cdef int width = bitlen(value)
+    pos[0] += width - 1  # the zeros are already there
+    put_msb(out, pos, value, width)
+
+
+def pack_table(const int64_t[:, ::1] q, uint8_t[::1] out):
+    """Write the table of quantised counts ``q`` (rows x tokens) into zeroed ``out``; returns bits.
+
+    ``out`` needs ``rows * (2 + 5 * alphabet)`` bytes.
+    """
+    cdef Py_ssize_t rows = q.shape[0], alphabet = q.shape[1], i, t, prev, k
+    cdef int64_t pos = 0
+    cdef uint8_t* o = &out[0]
+    with nogil:
+        for i in range(rows):
+            k = 0
+            for t in range(1, alphabet):
+                k += q[i, t] != 0
+            put_msb(o, &pos, q[i, 0] != 0, 1)
+            put_gamma(o, &pos, k + 1)
+            prev = 0
+            for t in range(1, alphabet):
+                if q[i, t]:
+                    put_gamma(o, &pos, t - prev)
+                    prev = t
+            for t in range(1, alphabet):
+                if q[i, t]:
+                    put_gamma(o, &pos, q[i, t])
+    return pos
+
+
+cdef inline int get_gamma(const uint8_t* data, int64_t end, int64_t* pos, int64_t limit, int64_t* value) noexcept nogil:
+    """Read one gamma code; 0, or -1 truncated, -2 out of range."""
+    cdef int zeros = 0
+    cdef int64_t v = 1
+    cdef int k
+    while True:
+        if pos[0] >= end:
+            return -1
+        if (data[pos[0] >> 3] >> (7 - (pos[0] & 7))) & 1:
+            break
+        zeros += 1
+        pos[0] += 1
+        if zeros > 40:
+            return -2
+    pos[0] += 1
+    if pos[0] + zeros > end:
+        return -1
+    for k in range(zeros):
+        v = (v << 1) | ((data[pos[0] >> 3] >> (7 - (pos[0] & 7))) & 1)
+        pos[0] += 1
+    if v > limit:
+        return -2
+    value[0] = v
+    return 0
+
+
+def read_table(const uint8_t[::1] data, const int64_t[::1] n_rows, int scale_bits, int64_t[:, ::1] q_out):
+    """Parse a table for rows of ``n_rows`` elements into zeroed ``q_out``; returns 0 or a status:
+    -1 truncated, -2 value out of range, -3 token beyond the alphabet, -4 row without tokens,
+    -5 trailing bytes."""
+    cdef Py_ssize_t rows = q_out.shape[0], alphabet = q_out.shape[1], i, j
+    cdef int64_t end = 8 * data.shape[0], pos = 0, n, top, k, gap, t, total, value
+    cdef int has_zero, status = 0
+    cdef const uint8_t* d = &data[0] if data.shape[0] else NULL
+    cdef int64_t tokens[256]
+    with nogil:
+        for i in range(rows):
+            n = n_rows[i]
+            top = n >> max(0, bitlen(<uint64_t>n) - scale_bits) if n else 0
+            if top == 0:
+                top = 1
+            if pos >= end:
+                status = -1
+                break
+            has_zero = (d[pos >> 3] >> (7 - (pos & 7))) & 1
+            pos += 1
+            status = get_gamma(d, end, &pos, alphabet, &k)
+            if status:
+                break
+            k -= 1
+            t = 0
+            for j in range(k):
+                status = get_gamma(d, end, &pos, alphabet, &gap)
+                if status:
+                    break
+                t += gap
+                if t >= alphabet:
+                    status = -3
+                    break
+                tokens[j] = t
+            if status:
+                break
+            total = 0
+            for j in range(k):
+                status = get_gamma(d, end, &pos, top, &value)
+                if status:
+                    break
+                q_out[i, tokens[j]] = value
+                total += value
+            if status:
+                break
+            if has_zero:
+                q_out[i, 0] = max(1, top - total)
+            elif k == 0:
+                status = -4
+                break
+        if status == 0 and end - pos >= 8:
+            status = -5
+    return status

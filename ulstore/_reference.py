@@ -34,6 +34,8 @@ __all__ = [
     "rans_decode",
     "unpack_tails",
     "reconstruct",
+    "pack_table",
+    "read_table",
 ]
 
 BACKEND = "numpy"
@@ -237,3 +239,88 @@ def reconstruct(r, values) -> None:
     with np.errstate(over="ignore"):
         delta = (values >> w(1)) ^ (w(0) - (values & w(1)))
         values[:] = _unkey(_key(r, width) + delta, width)
+
+
+# -- frequency tables (bit-level, MSB-first; see docs/format.md) --------------------
+
+
+def _gamma(value: int) -> str:
+    """Elias gamma code of value >= 1, MSB first."""
+    bits = bin(value)[2:]
+    return "0" * (len(bits) - 1) + bits
+
+
+def pack_table(q, out) -> int:
+    """Write the table of quantised counts ``q`` (rows x tokens) into zeroed ``out``; returns bits."""
+    parts = []
+    for row in q.tolist():
+        others = [t for t, count in enumerate(row) if count and t]
+        parts.append("1" if row[0] else "0")
+        parts.append(_gamma(len(others) + 1))
+        prev = 0
+        for t in others:
+            parts.append(_gamma(t - prev))
+            prev = t
+        parts.extend(_gamma(row[t]) for t in others)
+    bits = "".join(parts)
+    nbytes = (len(bits) + 7) // 8
+    if nbytes:
+        out[:nbytes] = np.frombuffer(int(bits.ljust(nbytes * 8, "0"), 2).to_bytes(nbytes, "big"), dtype=np.uint8)
+    return len(bits)
+
+
+class _TableError(Exception):
+    def __init__(self, status: int):
+        self.status = status
+
+
+def read_table(data, n_rows, scale_bits, q_out) -> int:
+    """Parse a table for rows of ``n_rows`` elements into zeroed ``q_out``; returns 0 or a status:
+    -1 truncated, -2 value out of range, -3 token beyond the alphabet, -4 row without tokens,
+    -5 trailing bytes."""
+    data = bytes(data)
+    bits = bin(int.from_bytes(data, "big") | (1 << (8 * len(data))))[3:] if data else ""
+    end = len(bits)
+    alphabet = q_out.shape[1]
+    pos = 0
+
+    def gamma(limit: int) -> int:
+        nonlocal pos
+        one = bits.find("1", pos)
+        if one < 0:
+            raise _TableError(-1)
+        if one - pos > 40:
+            raise _TableError(-2)
+        stop = 2 * one - pos + 1
+        if stop > end:
+            raise _TableError(-1)
+        value = int(bits[one:stop], 2)
+        if value > limit:
+            raise _TableError(-2)
+        pos = stop
+        return value
+
+    try:
+        for i, n in enumerate(np.asarray(n_rows).tolist()):
+            top = (n >> max(0, n.bit_length() - scale_bits)) or 1
+            if pos >= end:
+                raise _TableError(-1)
+            has_zero = bits[pos] == "1"
+            pos += 1
+            k = gamma(alphabet) - 1
+            tokens = []
+            t = 0
+            for _ in range(k):
+                t += gamma(alphabet)
+                if t >= alphabet:
+                    raise _TableError(-3)
+                tokens.append(t)
+            counts = [gamma(top) for _ in tokens]
+            q_out[i, tokens] = counts
+            if has_zero:
+                q_out[i, 0] = max(1, top - sum(counts))
+            elif k == 0:
+                raise _TableError(-4)
+    except _TableError as exc:
+        return exc.status
+    return -5 if end - pos >= 8 else 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normalize", "SCALE_BITS", "POOL_BELOW", "table_rows", "sum_rows", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
+__all__ = ["normalize", "quantized_counts", "SCALE_BITS", "POOL_BELOW", "table_rows", "sum_rows", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
 
 STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
 STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31
@@ -44,6 +44,21 @@ def normalize(counts: np.ndarray, scale_bits: int) -> np.ndarray:
             freqs[i, j] -= take
             deficit -= take
     return freqs.astype(np.uint32)
+
+
+def quantized_counts(counts: np.ndarray, n_rows: np.ndarray, scale_bits: int) -> np.ndarray:
+    """Per-row counts coarsened to what the table transmits (docs/format.md, Tables).
+
+    ``q = max(1, count >> shift)`` with ``shift = max(0, bitlen(n_r) - S)`` for every
+    token but 0, whose count is implied: ``max(1, (n_r >> shift) - sum q)``.
+    """
+    counts = counts.astype(np.int64)
+    n_rows = np.asarray(n_rows, dtype=np.int64)
+    shift = np.array([max(0, int(n).bit_length() - scale_bits) for n in n_rows.tolist()], dtype=np.int64)[:, None]
+    q = np.where(counts > 0, np.maximum(1, counts >> shift), 0)
+    rest = q[:, 1:].sum(axis=1)
+    q[:, 0] = np.where(counts[:, 0] > 0, np.maximum(1, (n_rows >> shift[:, 0]) - rest), 0)
+    return q
 
 
 def _starts(freqs: np.ndarray) -> np.ndarray:

@@ -40,7 +40,16 @@ from . import _format as F
 from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
-from ._tables import SCALE_BITS, STATE_LOW, decoder_table, encoder_table, normalize, sum_rows, table_rows
+from ._tables import (
+    SCALE_BITS,
+    STATE_LOW,
+    decoder_table,
+    encoder_table,
+    normalize,
+    quantized_counts,
+    sum_rows,
+    table_rows,
+)
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
@@ -63,6 +72,14 @@ STATUS = {
     -2: "the raw-tail bitstream does not match the decoded lengths",
     -3: "the rANS lanes do not end in their initial state",
     -5: "the rANS word stream has words left over",
+}
+
+TABLE_STATUS = {
+    -1: "it is truncated",
+    -2: "a value is out of range",
+    -3: "it names a token beyond the alphabet",
+    -4: "a row has no tokens",
+    -5: "it has trailing bytes",
 }
 
 _MAX_ELEMENTS = F.MAX_ELEMENTS
@@ -173,7 +190,7 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     scale_bits = SCALE_BITS
     rows = table_rows(hist.sum(axis=1))
     row_hist = sum_rows(hist, rows)
-    q = F.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
+    q = quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     freqs = normalize(q, scale_bits)
     table = encoder_table(rows, freqs, scale_bits, fmt.token_bits)
     words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
@@ -182,7 +199,10 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     out = bytearray((scale_bits,))
-    F.pack_tables(out, q)
+    table_bytes = np.zeros(len(q) * (2 + 5 * fmt.alphabet), dtype=np.uint8)
+    n_bytes = (k.pack_table(np.ascontiguousarray(q, dtype=np.int64), table_bytes) + 7) // 8
+    F.write_varint(out, n_bytes)
+    out += table_bytes[:n_bytes].tobytes()
     out += states.astype("<u4").tobytes()
     F.write_varint(out, n_words)
     out += words[n + 1 - n_words :].astype("<u2").tobytes()
@@ -265,7 +285,13 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
         raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; format version 1 uses {SCALE_BITS}")
     # the table rows and their sizes come from the reference, not the blob
     rows = table_rows(n_c)
-    freqs = normalize(F.read_tables(rd, fmt.alphabet, sum_rows(n_c, rows), scale_bits), scale_bits)
+    data = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
+    row_n = sum_rows(n_c, rows)
+    q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
+    status = k.read_table(data, row_n, scale_bits, q)
+    if status:
+        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE_STATUS.get(status, f'status {status}')}")
+    freqs = normalize(q, scale_bits)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
     if ((states < STATE_LOW) | (states >= 1 << 31)).any():
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
