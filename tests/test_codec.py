@@ -48,7 +48,8 @@ LAYOUT = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64":
           "float8_e4m3fn": (4, 3), "float8_e5m2": (5, 2)}
 
 BACKENDS = ulstore.available_backends()
-needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="compiled kernels not built")
+COMPILED = [b for b in BACKENDS if b.startswith("cython")]  # every compiled build this CPU runs
+needs_cython = pytest.mark.skipif(not COMPILED, reason="compiled kernels not built")
 
 
 def U(dtype) -> np.dtype:
@@ -181,10 +182,9 @@ def test_wide_property_roundtrip(name, data, awkward_bits, assert_bit_identical)
             blob = ulstore.encode(target, ref, econd=econd)
             assert_bit_identical(ulstore.decode(blob, ref), target)
             assert len(blob) <= target.nbytes + ulstore.header_bound(1)
-            if "numpy" in BACKENDS and "cython" in BACKENDS:
-                assert ulstore.encode(target, ref, econd=econd, backend="numpy") == blob
-                assert ulstore.encode(target, ref, econd=econd, backend="cython") == blob
-                assert_bit_identical(ulstore.decode(blob, ref, backend="numpy"), target)
+            for be in BACKENDS:
+                assert ulstore.encode(target, ref, econd=econd, backend=be) == blob
+            assert_bit_identical(ulstore.decode(blob, ref, backend="numpy"), target)
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -201,9 +201,8 @@ def test_small_property_roundtrip_multidim(name, data, assert_bit_identical):
         for r in (ref, None):
             blob = roundtrip(assert_bit_identical, tgt, r, econd=econd)
             assert ulstore.inspect_blob(blob)["shape"] == shape
-            if "numpy" in BACKENDS and "cython" in BACKENDS:
-                other = "numpy" if ulstore.backend() == "cython" else "cython"
-                assert ulstore.encode(tgt, r, econd=econd, backend=other) == blob
+            for be in BACKENDS:
+                assert ulstore.encode(tgt, r, econd=econd, backend=be) == blob
 
 
 def test_zero_d_roundtrip(awkward_floats, assert_bit_identical):
@@ -501,12 +500,12 @@ def _parity_cases():
 @pytest.mark.parametrize("econd", [True, False], ids=["econd", "noecond"])
 @pytest.mark.parametrize("case", _parity_cases(), ids=lambda c: c[0])
 def test_backend_parity(case, econd, assert_bit_identical):
-    """numpy and cython backends: identical bytes, and each decodes the other's blobs."""
+    """numpy and every compiled build: identical bytes, and each decodes the others' blobs."""
     _, target, reference = case
     a = ulstore.encode(target, reference, econd=econd, backend="numpy")
-    b = ulstore.encode(target, reference, econd=econd, backend="cython")
-    assert a == b
-    for be in ("numpy", "cython"):
+    for be in COMPILED:
+        assert ulstore.encode(target, reference, econd=econd, backend=be) == a, be
+    for be in BACKENDS:
         assert_bit_identical(ulstore.decode(a, reference, backend=be), target)
 
 
@@ -520,7 +519,8 @@ def test_backend_parity_exhaustive_8bit(name):
         ref = np.full(256, p, dtype=np.uint8).view(dt)
         for econd in (True, False):
             a = ulstore.encode(allp, ref, econd=econd, backend="numpy")
-            assert a == ulstore.encode(allp, ref, econd=econd, backend="cython"), (hex(p), econd)
+            for be in COMPILED:
+                assert a == ulstore.encode(allp, ref, econd=econd, backend=be), (be, hex(p), econd)
 
 
 @needs_cython
@@ -533,7 +533,9 @@ def test_backend_parity_all_16bit_patterns(name, assert_bit_identical):
     for half in (allp[: 1 << 15], allp[1 << 15 :]):
         for ref in (ulp_steps(half, rng, 1.0, 3), None):
             a = ulstore.encode(half, ref, backend="numpy")
-            assert a == ulstore.encode(half, ref, backend="cython")
+            for be in COMPILED:
+                assert a == ulstore.encode(half, ref, backend=be), be
+                assert_bit_identical(ulstore.decode(a, ref, backend=be), half)
             assert_bit_identical(ulstore.decode(a, ref, backend="numpy"), half)
 
 
@@ -554,7 +556,7 @@ print(json.dumps([ulstore.backend(), out]))
 """
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cython"])
+@pytest.mark.parametrize("backend", ["numpy", "cython", "cython-v3"])
 def test_blobs_identical_across_processes(backend):
     """A fresh interpreter (backend chosen by ULSTORE_BACKEND) writes the same bytes as this one."""
     if backend not in BACKENDS:

@@ -32,6 +32,8 @@ import ulstore
 from ulstore import CorruptBlobError, IntegrityError
 
 pytestmark = pytest.mark.skipif("cython" not in ulstore.available_backends(), reason="compiled kernels not built")
+#: the compiled build ``auto`` selects on this CPU: the one users run
+FUZZED = "cython-v3" if "cython-v3" in ulstore.available_backends() else "cython"
 
 N_PLAIN = 3_000  # per blob kind
 N_RESEALED = 3_000  # per blob kind
@@ -169,7 +171,7 @@ def ignored_bits(kind: str, blobs) -> dict[int, int]:
                 bad = _reseal(body)
                 body[pos] ^= 1 << bit
                 what = f"{kind}: resealed flip of bit {bit} at byte {pos}"
-                res = _decode(bad, ref, "cython")
+                res = _decode(bad, ref, FUZZED)
                 if _check(res, target, what) == "returned":
                     found[pos] = found.get(pos, 0) | 1 << bit
                 elif "CRC" in str(res):
@@ -273,7 +275,7 @@ def test_fuzz_plain_mutations(kind, blobs):
     stats = {"raised": 0, "returned": 0, "no-op": 0}
     for i in range(N_PLAIN):
         bad = _mutate(rng, blob, donors)
-        res = _decode(bad, ref, "cython")
+        res = _decode(bad, ref, FUZZED)
         outcome = _check(res, target, f"{kind} plain #{i}")
         if bad == blob:
             stats["no-op"] += 1
@@ -301,7 +303,7 @@ def test_fuzz_resealed_payload_mutations(kind, blobs):
     for i in range(N_RESEALED):
         new_payload = _mutate(rng, payload, donors)
         bad = _reseal(header + new_payload)
-        res = _decode(bad, ref, "cython")
+        res = _decode(bad, ref, FUZZED)
         what = f"{kind} resealed #{i}"
         outcome = _check(res, target, what)
         if isinstance(res, BaseException) and "CRC" in str(res):
@@ -381,11 +383,11 @@ def test_crafted_blobs_rejected_identically_by_both_backends(label, crafted):
     """
     blob, ref = crafted[label]
     errors = {}
-    for be in ("numpy", "cython"):
+    for be in ulstore.available_backends():
         with pytest.raises(CorruptBlobError) as info:
             ulstore.decode(blob, ref, backend=be)
         errors[be] = str(info.value)
-    assert errors["numpy"] == errors["cython"], errors
+    assert len(set(errors.values())) == 1, errors
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float16", "float32", "float64"])

@@ -1,7 +1,14 @@
 """Which kernel implementation runs: the compiled Cython kernels or the NumPy reference.
 
-Both give byte-identical blobs.  ``ULSTORE_BACKEND`` (``cython``, ``numpy`` or
-``auto``, the default) picks one at import; :func:`set_backend` changes it later.
+All give byte-identical blobs.  Backends:
+
+- ``cython``: the compiled kernels, built for any CPU of the platform;
+- ``cython-v3``: the same source built for x86-64-v3 (AVX2, BMI2), present on x86-64
+  builds and usable when the CPU has those features;
+- ``numpy``: the pure-NumPy reference (the executable specification; slow).
+
+``ULSTORE_BACKEND`` (one of those names, or ``auto``, the default: the fastest the
+CPU runs) picks one at import; :func:`set_backend` changes it later.
 """
 from __future__ import annotations
 
@@ -13,14 +20,30 @@ from .errors import InvalidInputError
 
 __all__ = ["kernels", "backend", "set_backend", "available_backends"]
 
-try:
-    from . import _kernels as _compiled
-except ImportError:  # a source tree that was never built: the reference still works
-    _compiled = None
-
 _BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
-if _compiled is not None:
-    _BACKENDS["cython"] = _compiled
+try:
+    from . import _kernels
+
+    _BACKENDS["cython"] = _kernels
+except ImportError:  # a source tree that was never built: the reference still works
+    pass
+
+
+def _cpu_has_x86_64_v3() -> bool:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    return all(features.get(f, False) for f in ("AVX", "AVX2", "BMI", "BMI2", "FMA3", "F16C", "LZCNT", "MOVBE"))
+
+
+if _cpu_has_x86_64_v3():
+    try:
+        from . import _kernels_v3
+
+        _BACKENDS["cython-v3"] = _kernels_v3
+    except ImportError:  # not an x86-64 build
+        pass
 
 _active: ModuleType = _reference
 
@@ -43,15 +66,15 @@ def kernels(name: str | None = None) -> ModuleType:
 
 
 def backend() -> str:
-    """Name of the active backend: ``"cython"`` or ``"numpy"``."""
-    return _active.BACKEND
+    """Name of the active backend: ``"cython-v3"``, ``"cython"`` or ``"numpy"``."""
+    return next(name for name, module in _BACKENDS.items() if module is _active)
 
 
 def set_backend(name: str) -> None:
-    """Select the backend (``"auto"`` picks the compiled one when it is built)."""
+    """Select the backend (``"auto"``: the fastest one this CPU runs)."""
     global _active
     if name == "auto":
-        _active = _BACKENDS.get("cython", _reference)
+        _active = _BACKENDS.get("cython-v3", _BACKENDS.get("cython", _reference))
     else:
         _active = kernels(name)
 
