@@ -465,6 +465,21 @@ def rans_decode(const word_t[::1] r, int mant_bits, uint32_t emask, const int32_
     return 0
 
 
+def slot_table(const uint32_t[:, ::1] freqs, uint32_t[::1] out):
+    """Fill one entry per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``."""
+    cdef Py_ssize_t rows = freqs.shape[0], alphabet = freqs.shape[1], i, t, j
+    cdef uint32_t f, base
+    cdef uint32_t* o = &out[0]
+    with nogil:
+        for i in range(rows):
+            for t in range(alphabet):
+                f = freqs[i, t]
+                base = (<uint32_t>t << 24) | ((f - 1) << 12)
+                for j in range(f):
+                    o[0] = base | <uint32_t>j
+                    o += 1
+
+
 # -- decode pass 2: raw tails -------------------------------------------------------
 
 

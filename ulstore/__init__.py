@@ -25,3 +25,5 @@ __all__ = [
     "available_backends",
     *_errors_all,
 ]
+from .store import Trajectory, open  # noqa: E402
+__all__ += ["open", "Trajectory"]

@@ -141,10 +141,12 @@ class Header:
         return out
 
 
-def seal(body: bytearray) -> bytes:
-    """Append the CRC-32 of everything before it and return the finished blob."""
-    body += zlib.crc32(body).to_bytes(4, "little")
-    return bytes(body)
+def seal(*parts) -> bytes:
+    """Join the blob's parts (bytes-like) and append the CRC-32 of them all: one copy."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join((*parts, crc.to_bytes(4, "little")))
 
 
 def open_blob(blob) -> tuple[Header, Reader]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._format import LANES
-from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW
+from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
 
 __all__ = [
     "BACKEND",
@@ -32,6 +32,7 @@ __all__ = [
     "pack_tails",
     "rans_encode",
     "rans_decode",
+    "slot_table",
     "unpack_tails",
     "reconstruct",
     "pack_table",
@@ -216,6 +217,11 @@ def rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out)
     if any(s != STATE_LOW for s in state):
         return -3
     return 0
+
+
+def slot_table(freqs, out) -> None:
+    """Fill one entry per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``."""
+    out[:] = decoder_table(freqs, SCALE_BITS)
 
 
 def unpack_tails(tokens, tail, tail_bits, z_out) -> int:

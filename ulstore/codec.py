@@ -43,7 +43,6 @@ from ._scratch import scratch
 from ._tables import (
     SCALE_BITS,
     STATE_LOW,
-    decoder_table,
     encoder_table,
     normalize,
     quantized_counts,
@@ -133,12 +132,12 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
     header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_target_hash(k, fmt, x.shape, xf))
-    coded = _encode_rans(k, fmt, xf, rf, econd) if xf.size else bytearray()
+    coded = _encode_rans(k, fmt, xf, rf, econd) if xf.size else []
     if coded is None:  # every residual is zero: the reference (or +0.0) is the target
         return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
-    if len(coded) >= xf.nbytes:  # tables would cost more than they save: store raw
-        return F.seal(F.Header(mode=F.MODE_RAW, **header).pack() + xf.tobytes())
-    return F.seal(F.Header(mode=F.MODE_RANS, **header).pack() + coded)
+    if sum(len(part) for part in coded) >= xf.nbytes:  # tables would cost more than they save
+        return F.seal(F.Header(mode=F.MODE_RAW, **header).pack(), xf.view(np.uint8))
+    return F.seal(F.Header(mode=F.MODE_RANS, **header).pack(), *coded)
 
 
 def _hash32(k, words: np.ndarray) -> int:
@@ -182,7 +181,8 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     return z, sym, hist, emask
 
 
-def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
+def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> list | None:
+    """The rANS payload as a list of bytes-like parts, or None if every residual is zero."""
     n = xf.size
     z, sym, hist, emask = _analyze(k, fmt, xf, rf, econd)
     if hist[:, 0].sum() == n:
@@ -198,17 +198,18 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> bytearray | None:
     n_words = k.rans_encode(sym, table.view(np.uint8), words, states, hist[:, 0].sum() * 16 > 15 * n)
     tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
-    out = bytearray((scale_bits,))
+    # the payload's parts, views of the scratch buffers included (seal copies them once)
+    head = bytearray((scale_bits,))
     table_bytes = np.zeros(len(q) * (2 + 5 * fmt.alphabet), dtype=np.uint8)
     n_bytes = (k.pack_table(np.ascontiguousarray(q, dtype=np.int64), table_bytes) + 7) // 8
-    F.write_varint(out, n_bytes)
-    out += table_bytes[:n_bytes].tobytes()
-    out += states.astype("<u4").tobytes()
-    F.write_varint(out, n_words)
-    out += words[n + 1 - n_words :].astype("<u2").tobytes()
-    F.write_varint(out, tail_bits)
-    out += tail[: (tail_bits + 7) // 8].tobytes()
-    return out
+    F.write_varint(head, n_bytes)
+    head += table_bytes[:n_bytes].tobytes()
+    head += states.astype("<u4").tobytes()
+    F.write_varint(head, n_words)
+    middle = bytearray()
+    F.write_varint(middle, tail_bits)
+    # the kernels work in the machine's byte order, which ulstore requires to be little-endian
+    return [head, words[n + 1 - n_words :].view(np.uint8), middle, tail[: (tail_bits + 7) // 8]]
 
 
 def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
@@ -303,7 +304,8 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
         raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
     # first slot entry of each context's row; contexts absent from the reference are never read
     ctx_rows = (np.maximum(rows, 0) << scale_bits).astype(np.int32)
-    slots = decoder_table(freqs, scale_bits)
+    slots = scratch("slots", len(freqs) << scale_bits, np.uint32)
+    k.slot_table(freqs, slots)
     tokens = scratch("tokens", n, np.uint8)
     status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
     out = np.empty(n, dtype=fmt.word)  # first holds the residuals, then the values

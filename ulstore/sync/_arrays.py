@@ -1,0 +1,129 @@
+"""Host views of numpy arrays and torch tensors, chunk hashes, and in-place writes.
+
+The codec works on host numpy arrays.  The publisher copies device tensors to
+host (only the ones it needs); the follower keeps a host *mirror* of every
+tensor it serves as the reference for the next delta and, when the caller's
+tensor lives on a device, pushes each changed chunk to it.  For numpy arrays
+and CPU torch tensors the mirror *is* the caller's memory (a zero-copy view),
+so nothing is stored twice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._backend import kernels
+from ..errors import InvalidInputError
+from ._layout import TensorSpec, dtype_name
+
+__all__ = ["is_torch", "host_array", "words", "chunk_hash", "Binding", "bind", "allocate"]
+
+
+def is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+def host_array(name: str, value) -> np.ndarray:
+    """A C-contiguous, little-endian host numpy array with ``value``'s bits.
+
+    Zero-copy for contiguous numpy arrays and CPU tensors; device tensors are
+    copied to host (that copy is the publisher's job: the codec reads host memory).
+    """
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif isinstance(value, np.generic):
+        arr = np.asarray(value)
+    elif is_torch(value):
+        from .._torch import tensor_to_numpy
+
+        arr = tensor_to_numpy(value)
+    else:
+        raise InvalidInputError(
+            f"state values must be numpy arrays or torch tensors, got {type(value).__name__}", tensor=name
+        )
+    dtype_name(arr.dtype)  # raises DtypeError for unstorable dtypes
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr)
+
+
+def words(arr: np.ndarray) -> np.ndarray:
+    """The flat unsigned-integer view of ``arr``'s bits (for exact comparison and hashing)."""
+    return arr.reshape(-1).view(f"<u{arr.dtype.itemsize}")
+
+
+def chunk_hash(chunk: np.ndarray) -> str:
+    """ULPack's 64-bit checksum of a chunk's bytes, as 16 hex digits (see ``_layout.CHUNK_HASH``)."""
+    return f"{kernels().hash64(chunk.reshape(-1).view(np.uint8)):016x}"
+
+
+class Binding:
+    """One tensor a follower keeps current.
+
+    ``mirror`` is a flat host array that always holds the tensor's bits: a view
+    of the caller's own memory (numpy, CPU torch) or a private copy when the
+    caller's tensor is on a device (``device`` is then its flat view).
+    """
+
+    __slots__ = ("name", "mirror", "device")
+
+    def __init__(self, name: str, mirror: np.ndarray, device=None):
+        self.name = name
+        self.mirror = mirror
+        self.device = device
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """Overwrite elements ``[start, start + len(values))`` with ``values``."""
+        stop = start + values.size
+        words(self.mirror)[start:stop] = words(values)
+        if self.device is not None:
+            from .._torch import numpy_to_tensor
+
+            self.device[start:stop].copy_(numpy_to_tensor(np.ascontiguousarray(values.reshape(-1))))
+
+
+def bind(spec: TensorSpec, value) -> Binding:
+    """Bind the caller's ``value`` as the in-place target of tensor ``spec``.
+
+    Raises
+    ------
+    InvalidInputError
+        ``value`` has another shape or dtype, is read-only, or is not contiguous.
+    """
+    if is_torch(value):
+        from .._torch import tensor_to_numpy
+
+        t = value.detach()
+        if tuple(t.shape) != spec.shape:
+            raise InvalidInputError(f"shape is {tuple(t.shape)} but the published tensor is {spec.shape}", tensor=spec.name)
+        if not t.is_contiguous():
+            raise InvalidInputError("tensor is not contiguous; pass a contiguous tensor (.contiguous())", tensor=spec.name)
+        if t.device.type == "cpu":
+            mirror = tensor_to_numpy(t)
+            if mirror.size and mirror.__array_interface__["data"][0] != t.data_ptr():
+                raise InvalidInputError("cannot write into this tensor in place", tensor=spec.name)
+            _check_dtype(spec, mirror.dtype)
+            return Binding(spec.name, mirror.reshape(-1))
+        probe = tensor_to_numpy(t.reshape(-1)[:0])  # dtype only, no copy of the data
+        _check_dtype(spec, probe.dtype)
+        mirror = tensor_to_numpy(t).reshape(-1).copy()
+        return Binding(spec.name, mirror, t.reshape(-1))
+    if not isinstance(value, np.ndarray):
+        raise InvalidInputError(f"state values must be numpy arrays or torch tensors, got {type(value).__name__}",
+                                tensor=spec.name)
+    if value.shape != spec.shape:
+        raise InvalidInputError(f"shape is {value.shape} but the published tensor is {spec.shape}", tensor=spec.name)
+    _check_dtype(spec, value.dtype)
+    if not value.flags.c_contiguous or not value.flags.writeable or value.dtype.byteorder == ">":
+        raise InvalidInputError("array must be C-contiguous, writeable and little-endian", tensor=spec.name)
+    return Binding(spec.name, value.reshape(-1))
+
+
+def allocate(spec: TensorSpec) -> tuple[np.ndarray, Binding]:
+    """A fresh zeroed array for ``spec`` (follower-owned state) and its binding."""
+    arr = np.zeros(spec.shape, dtype=spec.dtype)
+    return arr, Binding(spec.name, arr.reshape(-1))
+
+
+def _check_dtype(spec: TensorSpec, dtype: np.dtype) -> None:
+    if np.dtype(dtype).newbyteorder("<") != spec.dtype:
+        raise InvalidInputError(f"dtype is {dtype} but the published tensor is {dtype_name(spec.dtype)}", tensor=spec.name)

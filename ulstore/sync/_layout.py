@@ -1,0 +1,427 @@
+"""The bytes of a sync store: object keys and the three small JSON documents.
+
+Read me first
+-------------
+- Every JSON object is stored as *canonical* JSON (sorted keys, no spaces,
+  ASCII) and carries a ``checksum`` field: blake2b-256 of the canonical JSON
+  of the object without that field.  A reader rejects an object that is not
+  byte-for-byte canonical or fails its checksum, so a flipped byte is always a
+  :class:`~ulstore.errors.CorruptManifestError` naming the key, never a wrong
+  chunk table.
+- Packs and layouts are content-addressed (their key is the blake2b-256 of
+  their bytes); manifests are named by version; ``latest.json`` is the only
+  object ever overwritten.
+- A chunk is a contiguous range of ``chunk_elems`` elements of a tensor's
+  flattened C-order view; chunk ``c`` of a tensor of ``n`` elements covers
+  ``[c * chunk_elems, min(n, (c + 1) * chunk_elems))``.
+
+Keys (relative to the store root)::
+
+    sync.json                  {"format": "ulstore.sync/1", "created": ...}   written once
+    latest.json                Latest: newest complete version              overwritten, written LAST
+    versions/<v:012d>.json     Manifest kind "delta" or "reset"              one per version
+    anchors/<v:012d>.json      Manifest kind "anchor": the full state of v   every anchor_every versions
+    layouts/<h>.json           Layout: tensor names, dtypes, shapes          content-addressed
+    packs/<h>.ulpk             concatenated chunk blobs                      content-addressed
+
+See ``docs/sync.md`` for the guarantees built on this.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._dtypes import format_of
+from ..errors import CorruptManifestError, DtypeError, InvalidInputError
+
+__all__ = [
+    "FORMAT",
+    "SYNC_META",
+    "LATEST",
+    "VERSIONS_DIR",
+    "ANCHORS_DIR",
+    "CHUNK_HASH",
+    "DELTA",
+    "INTRA",
+    "RAW",
+    "version_key",
+    "anchor_key",
+    "layout_key",
+    "pack_key",
+    "parse_version_key",
+    "check_version",
+    "canonical_json",
+    "blob_address",
+    "dtype_name",
+    "dtype_from_name",
+    "TensorSpec",
+    "Layout",
+    "Entry",
+    "Manifest",
+    "Latest",
+    "now",
+]
+
+#: Format tag in every JSON object of a sync store.
+FORMAT = "ulstore.sync/1"
+SYNC_META = "sync.json"
+LATEST = "latest.json"
+VERSIONS_DIR = "versions"
+ANCHORS_DIR = "anchors"
+#: How chunk hashes are computed: ULPack's own 64-bit checksum of the chunk's bytes.
+CHUNK_HASH = "ulpack-hash64"
+
+# Per-chunk codec tags in manifest entries.
+DELTA = "d"  # ULPack blob coded against the same chunk of the parent version
+INTRA = "i"  # ULPack blob coded against +0.0 (anchors, new tensors)
+RAW = "r"  # the chunk's raw little-endian bytes (integer / bool tensors)
+_CODECS = (DELTA, INTRA, RAW)
+_KINDS = ("delta", "reset", "anchor")
+_MAX_VERSION = 10**12 - 1  # keys are zero-padded to 12 digits so a LIST sorts them
+
+
+def version_key(version: int) -> str:
+    """Key of the manifest of ``version``."""
+    return f"{VERSIONS_DIR}/{version:012d}.json"
+
+
+def anchor_key(version: int) -> str:
+    """Key of the anchor manifest of ``version``."""
+    return f"{ANCHORS_DIR}/{version:012d}.json"
+
+
+def layout_key(digest: str) -> str:
+    return f"layouts/{digest}.json"
+
+
+def pack_key(digest: str) -> str:
+    return f"packs/{digest}.ulpk"
+
+
+def parse_version_key(key: str, directory: str) -> int | None:
+    """The version named by ``<directory>/<v:012d>.json``, or None for any other key."""
+    head, _, name = key.rpartition("/")
+    if head != directory or not name.endswith(".json"):
+        return None
+    stem = name[: -len(".json")]
+    return int(stem) if len(stem) == 12 and stem.isdigit() else None
+
+
+def canonical_json(obj) -> bytes:
+    """Compact, key-sorted, ASCII JSON: one byte string per value."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def blob_address(data) -> str:
+    """blake2b-256 of ``data``, hex: the name of a pack or layout."""
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def check_version(version) -> int:
+    """A version number: an int in [0, 10**12)."""
+    if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)):
+        raise InvalidInputError(f"a version must be an int, got {type(version).__name__}")
+    if not 0 <= int(version) <= _MAX_VERSION:
+        raise InvalidInputError(f"a version must be in [0, {_MAX_VERSION}], got {version}")
+    return int(version)
+
+
+# -- dtypes -----------------------------------------------------------------------
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """Name of a storable dtype (``bfloat16``, ``float32``, ``int64``, ``bool``...)."""
+    dtype = np.dtype(dtype)
+    try:
+        return format_of(dtype).name
+    except DtypeError:
+        pass
+    if dtype.kind in "biu":
+        return dtype.newbyteorder("=").name
+    raise DtypeError(f"ulstore.sync publishes floating-point, integer and boolean tensors; got dtype {dtype}")
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """Inverse of :func:`dtype_name` (little-endian)."""
+    try:
+        return format_of(name).dtype
+    except DtypeError:
+        pass
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise DtypeError(f"unknown dtype name {name!r}") from None
+    if dt.kind not in "biu" or dt.name != name:
+        raise DtypeError(f"unknown dtype name {name!r}")
+    return dt.newbyteorder("<")
+
+
+# -- documents --------------------------------------------------------------------
+
+
+def _sealed(body: dict) -> bytes:
+    """Canonical JSON of ``body`` plus its checksum field."""
+    checksum = blob_address(canonical_json(body))
+    return canonical_json({**body, "checksum": checksum})
+
+
+def _open_sealed(raw, key: str, what: str) -> dict:
+    """Parse and check a sealed object: canonical bytes, valid checksum, our format."""
+    if raw is None:
+        raise CorruptManifestError(f"{what} is missing", key=key)
+    raw = bytes(raw)
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptManifestError(f"{what} is not JSON: {e}", key=key) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("checksum"), str):
+        raise CorruptManifestError(f"{what} has no checksum", key=key)
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    try:
+        canonical = canonical_json(doc)
+    except (TypeError, ValueError) as e:
+        raise CorruptManifestError(f"{what} holds a non-JSON value: {e}", key=key) from None
+    if canonical != raw:
+        raise CorruptManifestError(f"{what} is not canonical JSON (altered?)", key=key)
+    if blob_address(canonical_json(body)) != doc["checksum"]:
+        raise CorruptManifestError(f"{what} fails its checksum", key=key)
+    if body.get("format") != FORMAT:
+        raise CorruptManifestError(f"{what} has format {body.get('format')!r}, expected {FORMAT!r}", key=key)
+    return doc
+
+
+def _need(cond, key: str, what: str, why: str) -> None:
+    if not cond:
+        raise CorruptManifestError(f"{what} is malformed: {why}", key=key)
+
+
+def _is_uint(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype and shape of one published tensor."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.kind not in "biu"
+
+    def n_chunks(self, chunk_elems: int) -> int:
+        return -(-self.size // chunk_elems)
+
+    def chunk_range(self, chunk: int, chunk_elems: int) -> tuple[int, int]:
+        start = chunk * chunk_elems
+        return start, min(self.size, start + chunk_elems)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The tensor table of a version: names (in publication order), dtypes, shapes, chunking.
+
+    Stored once per distinct table at ``layouts/<digest>.json``; manifests name it
+    by digest, so a version manifest carries only what changed.
+    """
+
+    chunk_elems: int
+    tensors: tuple[TensorSpec, ...]
+    index: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "index", {t.name: i for i, t in enumerate(self.tensors)})
+
+    def to_bytes(self) -> bytes:
+        return _sealed({
+            "format": FORMAT,
+            "chunk_elems": self.chunk_elems,
+            "chunk_hash": CHUNK_HASH,
+            "tensors": [[t.name, dtype_name(t.dtype), list(t.shape)] for t in self.tensors],
+        })
+
+    @property
+    def digest(self) -> str:
+        return blob_address(self.to_bytes())
+
+    @property
+    def total_elements(self) -> int:
+        return sum(t.size for t in self.tensors)
+
+    @classmethod
+    def from_bytes(cls, raw, key: str) -> "Layout":
+        doc = _open_sealed(raw, key, "layout")
+        what = "layout"
+        _need(_is_uint(doc.get("chunk_elems")) and doc["chunk_elems"] > 0, key, what, "chunk_elems")
+        _need(doc.get("chunk_hash") == CHUNK_HASH, key, what, f"chunk_hash is not {CHUNK_HASH!r}")
+        rows = doc.get("tensors")
+        _need(isinstance(rows, list), key, what, "tensors is not a list")
+        tensors = []
+        for row in rows:
+            _need(isinstance(row, list) and len(row) == 3 and isinstance(row[0], str), key, what, "tensor row")
+            _need(isinstance(row[2], list) and all(map(_is_uint, row[2])), key, what, f"shape of {row[0]!r}")
+            try:
+                dtype = dtype_from_name(row[1])
+            except DtypeError as e:
+                raise CorruptManifestError(f"layout is malformed: {e}", key=key) from None
+            tensors.append(TensorSpec(row[0], dtype, tuple(row[2])))
+        _need(len({t.name for t in tensors}) == len(tensors), key, what, "duplicate tensor names")
+        if blob_address(bytes(raw)) != key.rsplit("/", 1)[-1].split(".")[0]:
+            raise CorruptManifestError("layout does not match its address", key=key)
+        return cls(doc["chunk_elems"], tuple(tensors))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One coded chunk: where its blob sits and what its decoded bytes hash to."""
+
+    tensor: int  # index into the layout
+    chunk: int
+    codec: str  # DELTA, INTRA or RAW
+    pack: int  # index into Manifest.packs
+    offset: int
+    length: int
+    hash: str  # CHUNK_HASH of the decoded chunk, 16 hex digits
+
+    def row(self) -> list:
+        return [self.tensor, self.chunk, self.codec, self.pack, self.offset, self.length, self.hash]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one version (kind ``delta``/``reset``) or one anchor (kind ``anchor``) holds.
+
+    ``delta``: ``entries`` are the chunks that changed since ``parent``, coded
+    against it (or intra for new tensors).  ``reset``: no delta; a follower must
+    load ``anchors/<version>`` (first version, or a publisher that could not
+    resume).  ``anchor``: every chunk of the state, intra-coded; its
+    ``version_checksum`` binds it to the version manifest of the same number.
+    ``anchor`` (the field) is the newest anchor at or before ``version``.
+    """
+
+    kind: str
+    version: int
+    parent: int | None
+    parent_checksum: str | None
+    anchor: int
+    layout: str
+    packs: tuple[tuple[str, int], ...]
+    entries: tuple[Entry, ...]
+    created: str
+    metadata: dict
+    version_checksum: str | None = None
+    checksum: str = ""
+
+    def body(self) -> dict:
+        return {
+            "format": FORMAT,
+            "kind": self.kind,
+            "version": self.version,
+            "parent": self.parent,
+            "parent_checksum": self.parent_checksum,
+            "anchor": self.anchor,
+            "layout": self.layout,
+            "packs": [list(p) for p in self.packs],
+            "chunks": [e.row() for e in self.entries],
+            "created": self.created,
+            "metadata": self.metadata,
+            "version_checksum": self.version_checksum,
+        }
+
+    def to_bytes(self) -> bytes:
+        return _sealed(self.body())
+
+    def sealed(self) -> tuple["Manifest", bytes]:
+        """This manifest with its checksum filled in, and its bytes."""
+        raw = self.to_bytes()
+        checksum = json.loads(raw)["checksum"]
+        return Manifest(**{**self.__dict__, "checksum": checksum}), raw
+
+    @classmethod
+    def from_bytes(cls, raw, key: str, *, version: int, kind: str | None = None) -> "Manifest":
+        """Parse and validate; ``version`` (and ``kind``) must be what ``key`` promises."""
+        doc = _open_sealed(raw, key, "manifest")
+        what = "manifest"
+        _need(doc.get("kind") in _KINDS, key, what, f"kind {doc.get('kind')!r}")
+        _need(doc.get("version") == version, key, what, f"it is for version {doc.get('version')!r}, not {version}")
+        if kind is not None:
+            _need(doc["kind"] == kind if kind == "anchor" else doc["kind"] != "anchor", key, what, f"kind {doc['kind']!r}")
+        parent = doc.get("parent")
+        _need(parent is None or (_is_uint(parent) and parent < version), key, what, "parent")
+        _need(parent is None or isinstance(doc.get("parent_checksum"), str), key, what, "parent_checksum")
+        _need(_is_uint(doc.get("anchor")) and doc["anchor"] <= version, key, what, "anchor")
+        _need(isinstance(doc.get("layout"), str), key, what, "layout")
+        _need(isinstance(doc.get("metadata"), dict) and isinstance(doc.get("created"), str), key, what, "metadata")
+        packs = doc.get("packs")
+        _need(isinstance(packs, list) and all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_uint(p[1]) for p in packs
+        ), key, what, "packs")
+        entries = []
+        for row in doc.get("chunks") or []:
+            ok = (isinstance(row, list) and len(row) == 7 and all(_is_uint(row[i]) for i in (0, 1, 3, 4, 5))
+                  and row[2] in _CODECS and isinstance(row[6], str) and len(row[6]) == 16 and row[3] < len(packs)
+                  and row[4] + row[5] <= packs[row[3]][1])
+            _need(ok, key, what, f"chunk entry {row!r}")
+            entries.append(Entry(*row))
+        if doc["kind"] == "anchor":
+            _need(isinstance(doc.get("version_checksum"), str) and doc["anchor"] == version, key, what, "anchor binding")
+        if doc["kind"] == "reset":
+            _need(not entries and doc["anchor"] == version, key, what, "a reset carries no chunks")
+        return cls(
+            kind=doc["kind"], version=version, parent=parent, parent_checksum=doc.get("parent_checksum"),
+            anchor=doc["anchor"], layout=doc["layout"], packs=tuple((p[0], p[1]) for p in packs),
+            entries=tuple(entries), created=doc["created"], metadata=doc["metadata"],
+            version_checksum=doc.get("version_checksum"), checksum=doc["checksum"],
+        )
+
+
+@dataclass(frozen=True)
+class Latest:
+    """The pointer to the newest complete version (``latest.json``).
+
+    Written last by every publish: everything it names (the version manifest,
+    its packs and layout, the anchor manifest of ``anchor`` and its packs)
+    exists when a reader can see it.
+    """
+
+    version: int
+    checksum: str  # of versions/<version>.json
+    anchor: int
+    anchor_checksum: str  # of anchors/<anchor>.json
+    updated: str
+
+    def to_bytes(self) -> bytes:
+        return _sealed({
+            "format": FORMAT, "version": self.version, "manifest_checksum": self.checksum,
+            "anchor": self.anchor, "anchor_checksum": self.anchor_checksum, "updated": self.updated,
+        })
+
+    @classmethod
+    def from_bytes(cls, raw, key: str) -> "Latest":
+        doc = _open_sealed(raw, key, "latest pointer")
+        what = "latest pointer"
+        _need(_is_uint(doc.get("version")) and _is_uint(doc.get("anchor")) and doc["anchor"] <= doc["version"],
+              key, what, "version/anchor")
+        _need(isinstance(doc.get("manifest_checksum"), str) and isinstance(doc.get("anchor_checksum"), str),
+              key, what, "checksums")
+        return cls(doc["version"], doc["manifest_checksum"], doc["anchor"], doc["anchor_checksum"],
+                   str(doc.get("updated", "")))
