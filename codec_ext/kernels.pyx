@@ -185,33 +185,33 @@ def histogram(const sym_t[::1] sym, uint32_t[:, ::1] hist_out):
 
 
 def context_histogram(const word_t[::1] r, int mant_bits, uint32_t emask, uint32_t[:, ::1] hist_out):
-    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4.
+    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 8.
 
-    Returns ``hash64`` of ``r``'s bytes, computed in the same pass over memory.
+    ``hist_out`` has 8 rows: a context is usually shared by long runs of elements, and
+    8 interleaved copies keep the increments off one store-to-load chain.  Returns
+    ``hash64`` of ``r``'s bytes, computed in the same pass over memory.
     """
-    cdef Py_ssize_t n = r.shape[0], i = 0
+    cdef Py_ssize_t n = r.shape[0], i = 0, j
     cdef const word_t* pr = &r[0] if n else NULL
-    cdef uint32_t* h0 = &hist_out[0, 0]
-    cdef uint32_t* h1 = &hist_out[1, 0]
-    cdef uint32_t* h2 = &hist_out[2, 0]
-    cdef uint32_t* h3 = &hist_out[3, 0]
+    cdef uint32_t* h = &hist_out[0, 0]
+    cdef Py_ssize_t stride = hist_out.shape[1]
     cdef const uint8_t* pb = <const uint8_t*>pr
     cdef Py_ssize_t nbytes = n * sizeof(word_t), done = 0
-    cdef uint64_t acc = 0, salt = 0, last = 0
+    cdef uint64_t acc = 0, salt = 0
+    if hist_out.shape[0] != 8:
+        raise ValueError("context_histogram needs 8 histogram rows")
     with nogil:
-        while i + 4 <= n:
-            h0[(pr[i] >> mant_bits) & emask] += 1
-            h1[(pr[i + 1] >> mant_bits) & emask] += 1
-            h2[(pr[i + 2] >> mant_bits) & emask] += 1
-            h3[(pr[i + 3] >> mant_bits) & emask] += 1
-            i += 4
+        while i + 8 <= n:
+            for j in range(8):
+                h[j * stride + ((pr[i + j] >> mant_bits) & emask)] += 1
+            i += 8
             # hash every whole 8-byte word the elements so far cover
             while done + 8 <= i * <Py_ssize_t>sizeof(word_t):
                 salt += <uint64_t>0x9E3779B97F4A7C15ULL
                 acc += mix(load64(pb + done) + salt)
                 done += 8
         while i < n:
-            h0[(pr[i] >> mant_bits) & emask] += 1
+            h[(pr[i] >> mant_bits) & emask] += 1
             i += 1
         acc = hash_tail(pb, nbytes, done, acc, salt)
     return acc
@@ -697,3 +697,69 @@ def read_table(const uint8_t[::1] data, const int64_t[::1] n_rows, int scale_bit
         if status == 0 and end - pos >= 8:
             status = -5
     return status
+
+
+# -- table construction (twins of ulstore._tables.normalize / encoder_table) ----------
+
+
+def normalize_rows(const int64_t[:, ::1] q, int scale_bits, uint32_t[:, ::1] freqs_out):
+    """Scale each row of counts to sum 2**scale_bits exactly; see ``_tables.normalize``."""
+    cdef Py_ssize_t rows = q.shape[0], alphabet = q.shape[1], i, t, top, best
+    cdef int64_t total = 1 << scale_bits, n, f, used, diff, take
+    with nogil:
+        for i in range(rows):
+            n = 0
+            top = 0
+            for t in range(alphabet):
+                n += q[i, t]
+                if q[i, t] > q[i, top]:
+                    top = t
+            if n == 0:
+                n = 1
+            used = 0
+            for t in range(alphabet):
+                f = (q[i, t] * total) // n
+                if q[i, t] > 0 and f == 0:
+                    f = 1
+                freqs_out[i, t] = <uint32_t>f
+                used += f
+            diff = total - used
+            if diff > 0:
+                freqs_out[i, top] += <uint32_t>diff
+            while diff < 0:  # raised rare symbols: take from the largest, first one first
+                best = 0
+                for t in range(alphabet):
+                    if freqs_out[i, t] > freqs_out[i, best]:
+                        best = t
+                take = min(-diff, <int64_t>freqs_out[i, best] - 1)
+                freqs_out[i, best] -= <uint32_t>take
+                diff += take
+
+
+def encoder_table(const int64_t[::1] rows, const uint32_t[:, ::1] freqs, int scale_bits, int token_bits,
+                  uint8_t[::1] out):
+    """Write one EncEntry per symbol ``context << token_bits | token`` of every context with a row.
+
+    Entries of contexts without a row are left as they are (never read).
+    """
+    cdef Py_ssize_t n_ctx = rows.shape[0], alphabet = freqs.shape[1], c, t
+    cdef EncEntry* tab = <EncEntry*>&out[0]
+    cdef EncEntry* e
+    cdef uint64_t f, start
+    cdef int s
+    with nogil:
+        for c in range(n_ctx):
+            if rows[c] < 0:
+                continue
+            start = 0
+            for t in range(alphabet):
+                f = freqs[rows[c], t]
+                e = &tab[(c << token_bits) | t]
+                s = 0
+                while ((<uint64_t>1) << s) < f:  # ceil(log2 f)
+                    s += 1
+                e.shift = <uint16_t>(31 + s)
+                e.rcp = (((<uint64_t>1) << (31 + s)) + f - 1) // f if f else 0
+                e.start = <uint16_t>start
+                e.xmax = <uint32_t>(f << (31 - scale_bits))
+                start += f

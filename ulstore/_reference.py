@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._format import LANES
+from . import _tables
 from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "reconstruct",
     "pack_table",
     "read_table",
+    "normalize_rows",
+    "encoder_table",
 ]
 
 BACKEND = "numpy"
@@ -127,7 +130,7 @@ def histogram(sym, hist_out) -> None:
 
 
 def context_histogram(r, mant_bits, emask, hist_out) -> int:
-    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 4.
+    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 8.
 
     Returns ``hash64`` of ``r``'s bytes (the compiled twin computes both in one pass).
     """
@@ -330,3 +333,19 @@ def read_table(data, n_rows, scale_bits, q_out) -> int:
     except _TableError as exc:
         return exc.status
     return -5 if end - pos >= 8 else 0
+
+
+# -- table construction -------------------------------------------------------------
+
+
+def normalize_rows(q, scale_bits, freqs_out) -> None:
+    """Scale each row of counts to sum 2**scale_bits exactly (``_tables.normalize``)."""
+    freqs_out[:] = _tables.normalize(q, scale_bits)
+
+
+def encoder_table(rows, freqs, scale_bits, token_bits, out) -> None:
+    """Write one ENC_ENTRY per symbol of every context with a row (``_tables.encoder_table``)."""
+    table = _tables.encoder_table(rows, freqs, scale_bits, token_bits)
+    entries = out.view(ENC_ENTRY)
+    occupied = np.repeat(rows >= 0, 1 << token_bits)
+    entries[occupied] = table[occupied]

@@ -18,10 +18,9 @@ Examples
 >>> import contextlib, io, tempfile
 >>> d = tempfile.mkdtemp()
 >>> with contextlib.redirect_stdout(io.StringIO()) as out:
-...     main(["init", f"{d}/traj", "--json"])
-0
->>> json.loads(out.getvalue())["steps"]
-0
+...     status = main(["init", f"{d}/traj", "--json"])
+>>> status, json.loads(out.getvalue())["steps"]
+(0, 0)
 """
 from __future__ import annotations
 
@@ -112,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "that `ulstore export` gives the same tensors back.",
                 "  ulstore add runs/a ckpts/step_*.safetensors\n"
                 "  ulstore add runs/a out/checkpoint-1200/\n"
-                "  ulstore add runs/a sft.pt --step 0 --parent 1200 --branch sft")
+                "  ulstore add runs/a sft.pt --step 5000 --parent 1200 --branch sft")
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("checkpoints", metavar="CHECKPOINT", nargs="+", help="checkpoint files or directories")
     p.add_argument("--step", type=_nonneg_int, metavar="N", help="step number (only with one CHECKPOINT)")

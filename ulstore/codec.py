@@ -41,10 +41,9 @@ from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._tables import (
+    ENC_ENTRY,
     SCALE_BITS,
     STATE_LOW,
-    encoder_table,
-    normalize,
     quantized_counts,
     sum_rows,
     table_rows,
@@ -191,11 +190,13 @@ def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> list | None:
     rows = table_rows(hist.sum(axis=1))
     row_hist = sum_rows(hist, rows)
     q = quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
-    freqs = normalize(q, scale_bits)
-    table = encoder_table(rows, freqs, scale_bits, fmt.token_bits)
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    k.normalize_rows(q, scale_bits, freqs)
+    table = scratch("encoder table", (emask + 1) * ENC_ENTRY.itemsize << fmt.token_bits, np.uint8)
+    k.encoder_table(rows, freqs, scale_bits, fmt.token_bits, table)
     words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(sym, table.view(np.uint8), words, states, hist[:, 0].sum() * 16 > 15 * n)
+    n_words = k.rans_encode(sym, table, words, states, hist[:, 0].sum() * 16 > 15 * n)
     tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     # the payload's parts, views of the scratch buffers included (seal copies them once)
@@ -259,7 +260,7 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
         # one pass over the reference yields its checksum and the context sizes
         emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
         ref = rf if rf is not None else np.zeros(n, dtype=fmt.word)
-        n_c = np.zeros((F.LANES, emask + 1), dtype=np.uint32)
+        n_c = np.zeros((8, emask + 1), dtype=np.uint32)
         ref_hash = _fold32(k.context_histogram(ref, fmt.mant_bits, emask, n_c))
     else:
         ref_hash = _hash32(k, rf) if rf is not None else 0
@@ -292,7 +293,8 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
     status = k.read_table(data, row_n, scale_bits, q)
     if status:
         raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE_STATUS.get(status, f'status {status}')}")
-    freqs = normalize(q, scale_bits)
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    k.normalize_rows(q, scale_bits, freqs)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
     if ((states < STATE_LOW) | (states >= 1 << 31)).any():
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
