@@ -86,27 +86,40 @@ cdef inline uint64_t mix(uint64_t z) noexcept nogil:
     return z ^ (z >> 31)
 
 
-cdef uint64_t hash_tail(const uint8_t* p, Py_ssize_t n, Py_ssize_t done, uint64_t acc, uint64_t salt) noexcept nogil:
-    """Finish a hash64 whose words before byte ``done`` are already in ``acc``."""
+cdef struct Hasher:
+    # a hash64 in progress: words before byte ``done`` are in ``acc``
+    uint64_t acc
+    uint64_t salt
+    Py_ssize_t done
+
+
+cdef inline void hash_words(Hasher* hs, const uint8_t* p, Py_ssize_t upto) noexcept nogil:
+    """Add every whole 8-byte word below byte ``upto``."""
+    while hs.done + 8 <= upto:
+        hs.salt += <uint64_t>0x9E3779B97F4A7C15ULL
+        hs.acc += mix(load64(p + hs.done) + hs.salt)
+        hs.done += 8
+
+
+cdef uint64_t hash_final(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """Finish a hash64 of the ``n`` bytes at ``p``."""
     cdef uint64_t last = 0
-    while done + 8 <= n:
-        salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += mix(load64(p + done) + salt)
-        done += 8
-    if n - done:
-        memcpy(&last, p + done, n - done)
-        salt += <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += mix(last + salt)
-    return mix(acc + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
+    hash_words(hs, p, n)
+    if n - hs.done:
+        memcpy(&last, p + hs.done, n - hs.done)
+        hs.salt += <uint64_t>0x9E3779B97F4A7C15ULL
+        hs.acc += mix(last + hs.salt)
+    return mix(hs.acc + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
 def hash64(data):
     """64-bit checksum of a byte buffer (see ``_reference.hash64`` for the definition)."""
     cdef const uint8_t[::1] b = memoryview(data).cast("B")
     cdef Py_ssize_t n = b.shape[0]
+    cdef Hasher hs = Hasher(0, 0, 0)
     cdef uint64_t acc
     with nogil:
-        acc = hash_tail(&b[0] if n else NULL, n, 0, 0, 0)
+        acc = hash_final(&hs, &b[0] if n else NULL, n)
     return acc
 
 
@@ -120,41 +133,64 @@ cdef inline int token_of(uint64_t z) noexcept nogil:
     return <int>(z >> nb) + 4 * nb
 
 
-def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t emask, int token_bits,
-              word_t[::1] z_out, sym_t[::1] sym_out):
-    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z)."""
-    cdef Py_ssize_t n = x.shape[0], i
+cdef enum:
+    BLOCK = 4096  # elements per block of the element-wise passes that also hash their input
+
+
+cdef inline void residual_block(const word_t* px, const word_t* pr, word_t* pz, sym_t* ps, Py_ssize_t lo,
+                                Py_ssize_t hi, int mant_bits, uint32_t emask, int token_bits) noexcept nogil:
+    cdef Py_ssize_t i
     cdef int width = sizeof(word_t) * 8
     cdef uint64_t wmask = (<uint64_t>-1) >> (64 - width)
     cdef uint64_t h = (<uint64_t>1) << (width - 1)
     cdef uint64_t d
     cdef uint32_t hs = h, ws = wmask, u, v, zs, t, bits, small
     cdef float f
+    if word_t is uint8_t or word_t is uint16_t:
+        # 32-bit lane arithmetic and the token read off float(z)'s exponent and top two
+        # mantissa bits (exact for z < 2**24): no clz, so this loop vectorises.
+        for i in range(lo, hi):
+            u = px[i]
+            v = pr[i]
+            zs = ((u ^ (((0 - (u >> (width - 1))) & ws) | hs)) - (v ^ (((0 - (v >> (width - 1))) & ws) | hs))) & ws
+            zs = ((zs << 1) ^ (0 - (zs >> (width - 1)))) & ws
+            f = <float><int32_t>zs  # zs < 2**16: the signed conversion is exact and vectorises
+            memcpy(&bits, &f, 4)
+            small = 0 - <uint32_t>(zs < 4)  # tokens 0..3 are z itself
+            t = (zs & small) | (((bits >> 21) - 512) & ~small)
+            pz[i] = <word_t>zs
+            ps[i] = <sym_t>((((v >> mant_bits) & emask) << token_bits) | t)
+    else:
+        for i in range(lo, hi):
+            d = (key(px[i], h, wmask, width) - key(pr[i], h, wmask, width)) & wmask
+            d = ((d << 1) ^ (0 - (d >> (width - 1)))) & wmask
+            pz[i] = <word_t>d
+            ps[i] = <sym_t>((<uint64_t>((pr[i] >> mant_bits) & emask) << token_bits) | token_of(d))
+
+
+def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t emask, int token_bits,
+              word_t[::1] z_out, sym_t[::1] sym_out):
+    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z).
+
+    Returns ``(hash64(x), hash64(r))``: each block is hashed while it is in cache.
+    """
+    cdef Py_ssize_t n = x.shape[0], lo = 0, hi, nbytes = x.shape[0] * sizeof(word_t)
     cdef const word_t* px = &x[0] if n else NULL
     cdef const word_t* pr = &r[0] if n else NULL
     cdef word_t* pz = &z_out[0] if n else NULL
     cdef sym_t* ps = &sym_out[0] if n else NULL
+    cdef Hasher hx = Hasher(0, 0, 0), hr = Hasher(0, 0, 0)
+    cdef uint64_t hash_x, hash_r
     with nogil:
-        if word_t is uint8_t or word_t is uint16_t:
-            # 32-bit lane arithmetic and the token read off float(z)'s exponent and top two
-            # mantissa bits (exact for z < 2**24): no clz, so this loop vectorises.
-            for i in range(n):
-                u = px[i]
-                v = pr[i]
-                zs = ((u ^ (((0 - (u >> (width - 1))) & ws) | hs)) - (v ^ (((0 - (v >> (width - 1))) & ws) | hs))) & ws
-                zs = ((zs << 1) ^ (0 - (zs >> (width - 1)))) & ws
-                f = <float><int32_t>zs  # zs < 2**16: the signed conversion is exact and vectorises
-                memcpy(&bits, &f, 4)
-                small = 0 - <uint32_t>(zs < 4)  # tokens 0..3 are z itself
-                t = (zs & small) | (((bits >> 21) - 512) & ~small)
-                pz[i] = <word_t>zs
-                ps[i] = <sym_t>((((v >> mant_bits) & emask) << token_bits) | t)
-        else:
-            for i in range(n):
-                d = (key(px[i], h, wmask, width) - key(pr[i], h, wmask, width)) & wmask
-                d = ((d << 1) ^ (0 - (d >> (width - 1)))) & wmask
-                pz[i] = <word_t>d
-                ps[i] = <sym_t>((<uint64_t>((pr[i] >> mant_bits) & emask) << token_bits) | token_of(d))
+        while lo < n:
+            hi = min(n, lo + BLOCK)
+            residual_block(px, pr, pz, ps, lo, hi, mant_bits, emask, token_bits)
+            hash_words(&hx, <const uint8_t*>px, hi * <Py_ssize_t>sizeof(word_t))
+            hash_words(&hr, <const uint8_t*>pr, hi * <Py_ssize_t>sizeof(word_t))
+            lo = hi
+        hash_x = hash_final(&hx, <const uint8_t*>px, nbytes)
+        hash_r = hash_final(&hr, <const uint8_t*>pr, nbytes)
+    return hash_x, hash_r
 
 
 def histogram(const sym_t[::1] sym, uint32_t[:, ::1] hist_out):
@@ -196,8 +232,8 @@ def context_histogram(const word_t[::1] r, int mant_bits, uint32_t emask, uint32
     cdef uint32_t* h = &hist_out[0, 0]
     cdef Py_ssize_t stride = hist_out.shape[1]
     cdef const uint8_t* pb = <const uint8_t*>pr
-    cdef Py_ssize_t nbytes = n * sizeof(word_t), done = 0
-    cdef uint64_t acc = 0, salt = 0
+    cdef Hasher hs = Hasher(0, 0, 0)
+    cdef uint64_t acc
     if hist_out.shape[0] != 8:
         raise ValueError("context_histogram needs 8 histogram rows")
     with nogil:
@@ -205,15 +241,12 @@ def context_histogram(const word_t[::1] r, int mant_bits, uint32_t emask, uint32
             for j in range(8):
                 h[j * stride + ((pr[i + j] >> mant_bits) & emask)] += 1
             i += 8
-            # hash every whole 8-byte word the elements so far cover
-            while done + 8 <= i * <Py_ssize_t>sizeof(word_t):
-                salt += <uint64_t>0x9E3779B97F4A7C15ULL
-                acc += mix(load64(pb + done) + salt)
-                done += 8
+            if (i & 4095) == 0:  # hash what was just counted while it is in cache
+                hash_words(&hs, pb, i * <Py_ssize_t>sizeof(word_t))
         while i < n:
             h[(pr[i] >> mant_bits) & emask] += 1
             i += 1
-        acc = hash_tail(pb, nbytes, done, acc, salt)
+        acc = hash_final(&hs, pb, n * <Py_ssize_t>sizeof(word_t))
     return acc
 
 
@@ -551,27 +584,43 @@ def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tai
 # -- decode pass 3: values (element-wise) -------------------------------------------
 
 
-def reconstruct(const word_t[::1] r, word_t[::1] values):
-    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic."""
-    cdef Py_ssize_t n = values.shape[0], i
+cdef inline void reconstruct_block(const word_t* pr, word_t* pv, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+    cdef Py_ssize_t i
     cdef int width = sizeof(word_t) * 8
     cdef uint64_t wmask = (<uint64_t>-1) >> (64 - width)
     cdef uint64_t h = (<uint64_t>1) << (width - 1)
     cdef uint32_t hs = h, ws = wmask, v, zs, k
+    if word_t is uint8_t or word_t is uint16_t:
+        for i in range(lo, hi):  # 32-bit lanes: vectorises
+            v = pr[i]
+            zs = pv[i]
+            k = (v ^ (((0 - (v >> (width - 1))) & ws) | hs)) + ((zs >> 1) ^ (0 - (zs & 1)))
+            k &= ws
+            pv[i] = <word_t>(k ^ ((((k >> (width - 1)) - 1) & ws) | hs))
+    else:
+        for i in range(lo, hi):
+            pv[i] = <word_t>unkey((key(pr[i], h, wmask, width) + ((pv[i] >> 1) ^ (0 - (pv[i] & 1)))) & wmask,
+                                  h, wmask, width)
+
+
+def reconstruct(const word_t[::1] r, word_t[::1] values):
+    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic.
+
+    Returns ``hash64`` of the values, each block hashed while it is in cache.
+    """
+    cdef Py_ssize_t n = values.shape[0], lo = 0, hi
     cdef const word_t* pr = &r[0] if n else NULL
     cdef word_t* pv = &values[0] if n else NULL
+    cdef Hasher hv = Hasher(0, 0, 0)
+    cdef uint64_t digest
     with nogil:
-        if word_t is uint8_t or word_t is uint16_t:
-            for i in range(n):  # 32-bit lanes: vectorises
-                v = pr[i]
-                zs = pv[i]
-                k = (v ^ (((0 - (v >> (width - 1))) & ws) | hs)) + ((zs >> 1) ^ (0 - (zs & 1)))
-                k &= ws
-                pv[i] = <word_t>(k ^ ((((k >> (width - 1)) - 1) & ws) | hs))
-        else:
-            for i in range(n):
-                pv[i] = <word_t>unkey((key(pr[i], h, wmask, width) + ((pv[i] >> 1) ^ (0 - (pv[i] & 1)))) & wmask,
-                                      h, wmask, width)
+        while lo < n:
+            hi = min(n, lo + BLOCK)
+            reconstruct_block(pr, pv, lo, hi)
+            hash_words(&hv, <const uint8_t*>pv, hi * <Py_ssize_t>sizeof(word_t))
+            lo = hi
+        digest = hash_final(&hv, <const uint8_t*>pv, n * <Py_ssize_t>sizeof(word_t))
+    return digest
 
 
 # -- frequency tables (bit-level, MSB-first; see docs/format.md) --------------------

@@ -108,8 +108,11 @@ def _tail_len(tokens: np.ndarray) -> np.ndarray:
     return np.maximum((tokens.astype(np.int64) >> 2) - 1, 0)
 
 
-def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> None:
-    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z)."""
+def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> tuple[int, int]:
+    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z).
+
+    Returns ``(hash64(x), hash64(r))`` (the compiled twin hashes in the same pass).
+    """
     width = x.dtype.itemsize * 8
     w = x.dtype.type
     with np.errstate(over="ignore"):
@@ -120,6 +123,7 @@ def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> None:
     ctx = ((r >> w(mant_bits)) & w(emask)).astype(np.int64)
     z_out[:] = z
     sym_out[:] = (ctx << token_bits) | tokens
+    return hash64(x), hash64(r)
 
 
 def histogram(sym, hist_out) -> None:
@@ -241,13 +245,17 @@ def unpack_tails(tokens, tail, tail_bits, z_out) -> int:
     return 0
 
 
-def reconstruct(r, values) -> None:
-    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic."""
+def reconstruct(r, values) -> int:
+    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic.
+
+    Returns ``hash64`` of the values.
+    """
     width = values.dtype.itemsize * 8
     w = values.dtype.type
     with np.errstate(over="ignore"):
         delta = (values >> w(1)) ^ (w(0) - (values & w(1)))
         values[:] = _unkey(_key(r, width) + delta, width)
+    return hash64(values)
 
 
 # -- frequency tables (bit-level, MSB-first; see docs/format.md) --------------------

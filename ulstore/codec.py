@@ -130,8 +130,18 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     xf = x.reshape(-1)
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
-    header = dict(fmt=fmt, flags=flags, shape=x.shape, ref_hash=_hash32(k, rf) if rf is not None else 0, target_hash=_target_hash(k, fmt, x.shape, xf))
-    coded = _encode_rans(k, fmt, xf, rf, econd) if xf.size else []
+    if xf.size:
+        z, sym, hist, emask, hash_x, hash_r = _analyze(k, fmt, xf, rf, econd)
+        coded = _encode_rans(k, fmt, z, sym, hist, emask)
+    else:
+        hash_x, hash_r, coded = k.hash64(xf), k.hash64(xf), []
+    header = dict(
+        fmt=fmt,
+        flags=flags,
+        shape=x.shape,
+        ref_hash=_fold32(hash_r) if rf is not None else 0,
+        target_hash=_target_hash(k, fmt, x.shape, hash_x),
+    )
     if coded is None:  # every residual is zero: the reference (or +0.0) is the target
         return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
     if sum(len(part) for part in coded) >= xf.nbytes:  # tables would cost more than they save
@@ -152,12 +162,12 @@ def _fold32(h: int) -> int:
     return (h ^ (h >> 32)) & 0xFFFFFFFF
 
 
-def _target_hash(k, fmt: FloatFormat, shape: tuple, words: np.ndarray) -> int:
-    """Checksum of the values, bound to the dtype and shape they are read as."""
+def _target_hash(k, fmt: FloatFormat, shape: tuple, values_hash: int) -> int:
+    """Checksum of the values (their ``hash64``), bound to the dtype and shape they are read as."""
     meta = bytearray((fmt.code,))
     for d in shape:
         F.write_varint(meta, d)
-    return _fold32(k.hash64(words) ^ k.hash64(meta))
+    return _fold32(values_hash ^ k.hash64(meta))
 
 
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
@@ -165,25 +175,24 @@ def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
 
 
 def _analyze(k, fmt: FloatFormat, xf, rf, econd):
-    """Encode pass 1: residuals, symbols and the per-context token histogram."""
+    """Encode pass 1: residuals, symbols, the per-context token histogram and both hashes."""
     emask = _econd_mask(fmt, rf is not None, econd)
     if rf is None:
         rf = np.zeros_like(xf)  # intra: the reference is +0.0 everywhere
     z = scratch("residuals", xf.size, xf.dtype)
     sym = scratch("symbols", xf.size, fmt.symbol)
-    k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
+    hash_x, hash_r = k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
     # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache
     copies = F.LANES if fmt.symbol.itemsize == 2 else 1
     lanes = np.zeros((copies, (emask + 1) << fmt.token_bits), dtype=np.uint32)
     k.histogram(sym, lanes)
     hist = lanes.sum(axis=0, dtype=np.uint64).reshape(emask + 1, -1)[:, : fmt.alphabet]
-    return z, sym, hist, emask
+    return z, sym, hist, emask, hash_x, hash_r
 
 
-def _encode_rans(k, fmt: FloatFormat, xf, rf, econd) -> list | None:
+def _encode_rans(k, fmt: FloatFormat, z, sym, hist, emask) -> list | None:
     """The rANS payload as a list of bytes-like parts, or None if every residual is zero."""
-    n = xf.size
-    z, sym, hist, emask = _analyze(k, fmt, xf, rf, econd)
+    n = z.size
     if hist[:, 0].sum() == n:
         return None
     scale_bits = SCALE_BITS
@@ -266,21 +275,26 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
         ref_hash = _hash32(k, rf) if rf is not None else 0
     if rf is not None and ref_hash != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
-    if header.mode == F.MODE_RAW:
-        out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
-    elif header.mode == F.MODE_SAME:
-        out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
+    if header.mode == F.MODE_RANS:
+        out, values_hash = _decode_rans(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))
     else:
-        out = _decode_rans(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))
+        if header.mode == F.MODE_RAW:
+            out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
+        else:
+            out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
+        values_hash = k.hash64(out)
     if rd.pos != rd.end:
         raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
-    if _target_hash(k, fmt, header.shape, out) != header.target_hash:
+    if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return from_bits(fmt, out).reshape(header.shape)
 
 
-def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
-    """Decode the rANS payload against reference words ``rf`` whose contexts hold ``n_c`` elements."""
+def _decode_rans(k, fmt, rd, rf, emask, n_c) -> tuple[np.ndarray, int]:
+    """Decode the rANS payload against reference words ``rf`` whose contexts hold ``n_c`` elements.
+
+    Returns the values and their ``hash64``.
+    """
     n = len(rf)
     scale_bits = rd.u8("scale bits")
     if scale_bits != SCALE_BITS:
@@ -315,8 +329,7 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> np.ndarray:
         status = k.unpack_tails(tokens, tail, tail_bits, out)
     if status:
         raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
-    k.reconstruct(rf, out)
-    return out
+    return out, k.reconstruct(rf, out)
 
 
 # -- batches --------------------------------------------------------------------
@@ -429,7 +442,7 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     if xf.size == 0:
         return 0.0
     rf = None if r is None else r.reshape(-1)
-    _, _, hist, _ = _analyze(kernels(), fmt, xf, rf, econd)
+    hist = _analyze(kernels(), fmt, xf, rf, econd)[2]
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
     h = sum_rows(hist, table_rows(hist.sum(axis=1))).astype(np.float64)  # the model's own rows

@@ -43,7 +43,7 @@ from ._layout import (
     version_key,
 )
 
-__all__ = ["StoreReader", "Replica", "ChainBroken", "Decoded", "default_threads"]
+__all__ = ["Workers", "StoreReader", "Replica", "ChainBroken", "Decoded", "default_threads"]
 
 
 class ChainBroken(Exception):
@@ -68,19 +68,38 @@ class Decoded:
     nbytes: int  # pack bytes downloaded
 
 
+class Workers:
+    """The thread pools of a publisher or follower.
+
+    Three pools so that no task ever waits on a task queued behind it in its
+    own pool: ``compute`` codes chunks (the ULPack kernels release the GIL),
+    ``io`` runs single GETs/PUTs, ``prefetch`` runs whole-version downloads
+    (which fan out their GETs to ``io``).
+    """
+
+    def __init__(self, threads: int | None, name: str):
+        n = default_threads(threads)
+        self.compute = cf.ThreadPoolExecutor(n, thread_name_prefix=f"{name}-compute")
+        self.io = cf.ThreadPoolExecutor(max(8, 2 * n), thread_name_prefix=f"{name}-io")
+        self.prefetch = cf.ThreadPoolExecutor(2, thread_name_prefix=f"{name}-prefetch")
+
+    def close(self) -> None:
+        for pool in (self.prefetch, self.io, self.compute):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class StoreReader:
     """Fetch and validate the objects of one sync store.
 
     Parameters
     ----------
     bucket : Bucket
-    pool : concurrent.futures.ThreadPoolExecutor
-        Runs GETs and chunk decodes (the ULPack kernels release the GIL).
+    workers : Workers
     """
 
-    def __init__(self, bucket: Bucket, pool: cf.ThreadPoolExecutor):
+    def __init__(self, bucket: Bucket, workers: Workers):
         self.bucket = bucket
-        self.pool = pool
+        self.workers = workers
         self._layouts: dict[str, Layout] = {}
 
     # -- documents ------------------------------------------------------------------
@@ -163,7 +182,7 @@ class StoreReader:
                                        step=manifest.version, key=key)
             return raw
 
-        return list(self.pool.map(get, manifest.packs))
+        return list(self.workers.io.map(get, manifest.packs))
 
     def decode(self, manifest: Manifest, layout: Layout, packs: list[bytes], reference) -> Decoded:
         """Decode and verify every chunk of ``manifest``.
@@ -203,7 +222,7 @@ class StoreReader:
                                 key=manifest.packs[e.pack][0]) from err
             return e, arr
 
-        chunks = list(self.pool.map(run, manifest.entries))
+        chunks = list(self.workers.compute.map(run, manifest.entries))
         return Decoded(manifest, layout, chunks, sum(len(p) for p in packs))
 
 

@@ -19,7 +19,6 @@ Policy, in one place (the mechanics live in :mod:`._replay`):
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._bucket import Bucket
 from ._layout import FORMAT, SYNC_META, Latest, Manifest
-from ._replay import ChainBroken, Replica, StoreReader, default_threads
+from ._replay import ChainBroken, Replica, StoreReader, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 
@@ -120,8 +119,8 @@ class Follower:
         self.poll_interval = float(poll_interval)
         self.max_replay = int(max_replay)
         self.on_event = on_event
-        self._pool = cf.ThreadPoolExecutor(default_threads(threads), thread_name_prefix="ulstore-follow")
-        self._reader = StoreReader(self._bucket, self._pool)
+        self._workers = Workers(threads, "ulstore-follow")
+        self._reader = StoreReader(self._bucket, self._workers)
         self._replica = Replica(self._reader, state)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer anchor
         self.events: list[SyncEvent] = []
@@ -137,7 +136,7 @@ class Follower:
         self.close()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._workers.close()
 
     @property
     def version(self) -> int | None:
@@ -150,7 +149,16 @@ class Follower:
 
     @property
     def metadata(self) -> dict:
+        """The publisher's metadata of :attr:`version`."""
         return self._replica.metadata
+
+    def published(self) -> int | None:
+        """The newest version in the store (one small GET), without applying anything.
+
+        None if nothing is published yet.  ``published() - version`` is how far behind this replica is.
+        """
+        latest = self._reader.latest()
+        return None if latest is None else latest.version
 
     # -- events -----------------------------------------------------------------------
 
@@ -333,7 +341,7 @@ class Follower:
         stall on the last good version.
         """
         def fetch(m):
-            return self._pool.submit(self._reader.fetch_packs, m) if m.kind == "delta" else None
+            return self._workers.prefetch.submit(self._reader.fetch_packs, m) if m.kind == "delta" else None
 
         futures = [fetch(m) for m in manifests[:2]]
         for i, m in enumerate(manifests):

@@ -18,7 +18,6 @@ previous version; retrying the same version, or publishing a later one, is safe.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import logging
 import time
@@ -54,7 +53,7 @@ from ._layout import (
     pack_key,
     version_key,
 )
-from ._replay import ChainBroken, Replica, StoreReader, default_threads
+from ._replay import ChainBroken, Replica, StoreReader, Workers
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
 
@@ -169,8 +168,8 @@ class Publisher:
         self.url = self._bucket.url
         self._bucket.probe()
         self._init_store()
-        self._pool = cf.ThreadPoolExecutor(default_threads(threads), thread_name_prefix="ulstore-publish")
-        self._reader = StoreReader(self._bucket, self._pool)
+        self._workers = Workers(threads, "ulstore-publish")
+        self._reader = StoreReader(self._bucket, self._workers)
         try:
             self._latest = self._reader.latest()
         except CorruptManifestError as e:  # a damaged pointer: start a fresh chain rather than refuse to publish
@@ -211,7 +210,7 @@ class Publisher:
 
     def close(self) -> None:
         """Stop the worker threads (the store needs no closing)."""
-        self._pool.shutdown(wait=True)
+        self._workers.close()
 
     @property
     def latest(self) -> int | None:
@@ -364,7 +363,7 @@ class Publisher:
                 codec, blob = INTRA, encode(x)
             return i, c, codec, blob, chunk_hash(x), spec.chunk_range(c, layout.chunk_elems)[0], x
 
-        return [r for r in self._pool.map(job, self._chunks(layout, hosts)) if r is not None]
+        return [r for r in self._workers.compute.map(job, self._chunks(layout, hosts)) if r is not None]
 
     def _code_anchor(self, layout: Layout, hosts: dict) -> list:
         def job(item):
@@ -372,7 +371,7 @@ class Publisher:
             codec, blob = (INTRA, encode(x)) if spec.is_float else (RAW, x.tobytes())
             return i, c, codec, blob, chunk_hash(x), None, None
 
-        return list(self._pool.map(job, self._chunks(layout, hosts)))
+        return list(self._workers.compute.map(job, self._chunks(layout, hosts)))
 
     def _count_detector_misses(self, layout: Layout, delta: list, claimed: set) -> None:
         missed = sorted({layout.tensors[i].name for i, *_ in delta} & claimed)
@@ -397,7 +396,7 @@ class Publisher:
             entries.append(Entry(i, c, codec, len(packs) - 1, len(packs[-1]), len(blob), h))
             packs[-1] += blob
         keyed = [(pack_key(blob_address(p)), bytes(p)) for p in packs]
-        list(self._pool.map(lambda kv: self._bucket.put(*kv), keyed))
+        list(self._workers.io.map(lambda kv: self._bucket.put(*kv), keyed))
         return [(k, len(p)) for k, p in keyed], entries, sum(len(p) for p in packs)
 
     def _advance(self, layout: Layout, hosts: dict, delta: list | None) -> None:

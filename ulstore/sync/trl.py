@@ -30,7 +30,6 @@ else as ``uint32``: the tensor's dtype is the width.  Decoding is
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import re
 
@@ -39,7 +38,7 @@ import numpy as np
 from ..errors import InvalidInputError, NotFoundError
 from ._arrays import words
 from ._bucket import Bucket
-from ._replay import Replica, StoreReader, default_threads
+from ._replay import Replica, StoreReader, Workers
 from ._safetensors import dumps, loads
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
@@ -270,8 +269,9 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
     src.probe()
     dest = Bucket(dest_url, storage_options if dest_storage_options is None else dest_storage_options)
     dest.probe()
-    with cf.ThreadPoolExecutor(default_threads(threads)) as pool:
-        reader = StoreReader(src, pool)
+    workers = Workers(threads, "ulstore-export")
+    try:
+        reader = StoreReader(src, workers)
         latest = reader.latest()
         if latest is None:
             raise NotFoundError(f"nothing is published in {src_url!r}")
@@ -315,6 +315,8 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
                 report["bytes"] += _put(dest, f"deltas/step_{v:06d}.safetensors", tensors, meta)
             report["versions"].append(v)
             previous, previous_mv = v, mv
+    finally:
+        workers.close()
     return report
 
 
