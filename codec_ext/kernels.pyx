@@ -23,7 +23,7 @@ READ ME FIRST
   reports inconsistencies as negative status codes instead of guessing.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 BACKEND = "cython"
 
@@ -194,18 +194,23 @@ def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t 
 
 
 def histogram(const sym_t[::1] sym, uint32_t[:, ::1] hist_out):
-    """Add symbol counts; with 4 rows, element i counts in row i % 4 (no store-to-load chains)."""
-    cdef Py_ssize_t n = sym.shape[0], i = 0
+    """Symbol counts, returned in row 0 of ``hist_out`` (whose contents on entry do not matter).
+
+    With 4 rows, element i counts in row i % 4 and the rows are folded into row 0 at
+    the end: interleaved copies keep the increments off one store-to-load chain.
+    """
+    cdef Py_ssize_t n = sym.shape[0], i = 0, size = hist_out.shape[1], rows = hist_out.shape[0]
     cdef uint32_t* h0 = &hist_out[0, 0]
     cdef uint32_t* h1
     cdef uint32_t* h2
     cdef uint32_t* h3
     cdef const sym_t* ps = &sym[0] if n else NULL
     with nogil:
-        if hist_out.shape[0] == 4:
-            h1 = &hist_out[1, 0]
-            h2 = &hist_out[2, 0]
-            h3 = &hist_out[3, 0]
+        memset(h0, 0, rows * size * sizeof(uint32_t))
+        if rows == 4:
+            h1 = h0 + size
+            h2 = h1 + size
+            h3 = h2 + size
             while i + 4 <= n:
                 h0[ps[i]] += 1
                 h1[ps[i + 1]] += 1
@@ -213,8 +218,10 @@ def histogram(const sym_t[::1] sym, uint32_t[:, ::1] hist_out):
                 h3[ps[i + 3]] += 1
                 i += 4
             while i < n:
-                hist_out[i & 3, ps[i]] += 1
+                h0[ps[i]] += 1
                 i += 1
+            for i in range(size):
+                h0[i] += h1[i] + h2[i] + h3[i]
         else:
             for i in range(n):
                 h0[ps[i]] += 1

@@ -127,10 +127,9 @@ def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> tuple[int, 
 
 
 def histogram(sym, hist_out) -> None:
-    """Add symbol counts; with 4 rows, element i counts in row i % 4."""
-    copies, size = hist_out.shape
-    row = np.arange(len(sym)) % copies
-    hist_out += np.bincount(row * size + sym, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
+    """Symbol counts, returned in row 0 of ``hist_out`` (whose contents on entry do not matter)."""
+    hist_out[:] = 0
+    hist_out[0] = np.bincount(np.asarray(sym, dtype=np.int64), minlength=hist_out.shape[1])
 
 
 def context_histogram(r, mant_bits, emask, hist_out) -> int:

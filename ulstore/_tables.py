@@ -54,7 +54,8 @@ def quantized_counts(counts: np.ndarray, n_rows: np.ndarray, scale_bits: int) ->
     """
     counts = counts.astype(np.int64)
     n_rows = np.asarray(n_rows, dtype=np.int64)
-    shift = np.array([max(0, int(n).bit_length() - scale_bits) for n in n_rows.tolist()], dtype=np.int64)[:, None]
+    bitlen = np.frexp(n_rows.astype(np.float64))[1]  # exact: counts are far below 2**53
+    shift = np.maximum(0, bitlen - scale_bits).astype(np.int64)[:, None]
     q = np.where(counts > 0, np.maximum(1, counts >> shift), 0)
     rest = q[:, 1:].sum(axis=1)
     q[:, 0] = np.where(counts[:, 0] > 0, np.maximum(1, (n_rows >> shift[:, 0]) - rest), 0)
@@ -86,11 +87,15 @@ def table_rows(n_c: np.ndarray) -> np.ndarray:
     return rows
 
 
-def sum_rows(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Add per-context ``values`` (1-d or 2-d) into their table rows."""
-    occupied = rows >= 0
-    out = np.zeros((int(rows.max(initial=-1)) + 1,) + values.shape[1:], dtype=np.int64)
-    np.add.at(out, rows[occupied], values[occupied].astype(np.int64))
+def sum_rows(values: np.ndarray, n_c: np.ndarray) -> np.ndarray:
+    """Add per-context ``values`` (1-d or 2-d) into the table rows ``table_rows(n_c)`` defines."""
+    big = n_c >= POOL_BELOW
+    small = (n_c > 0) & ~big
+    n_big = int(big.sum())
+    out = np.zeros((n_big + bool(small.any()),) + values.shape[1:], dtype=np.int64)
+    out[:n_big] = values[big]
+    if small.any():
+        out[n_big] = values[small].sum(axis=0)
     return out
 
 

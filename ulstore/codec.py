@@ -184,9 +184,10 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     hash_x, hash_r = k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
     # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache
     copies = F.LANES if fmt.symbol.itemsize == 2 else 1
-    lanes = np.zeros((copies, (emask + 1) << fmt.token_bits), dtype=np.uint32)
+    size = (emask + 1) << fmt.token_bits
+    lanes = scratch("histogram", copies * size, np.uint32).reshape(copies, size)
     k.histogram(sym, lanes)
-    hist = lanes.sum(axis=0, dtype=np.uint64).reshape(emask + 1, -1)[:, : fmt.alphabet]
+    hist = lanes[0].reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
     return z, sym, hist, emask, hash_x, hash_r
 
 
@@ -196,8 +197,9 @@ def _encode_rans(k, fmt: FloatFormat, z, sym, hist, emask) -> list | None:
     if hist[:, 0].sum() == n:
         return None
     scale_bits = SCALE_BITS
-    rows = table_rows(hist.sum(axis=1))
-    row_hist = sum_rows(hist, rows)
+    n_c = hist.sum(axis=1)
+    rows = table_rows(n_c)
+    row_hist = sum_rows(hist, n_c)
     q = quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     freqs = np.empty(q.shape, dtype=np.uint32)
     k.normalize_rows(q, scale_bits, freqs)
@@ -302,7 +304,7 @@ def _decode_rans(k, fmt, rd, rf, emask, n_c) -> tuple[np.ndarray, int]:
     # the table rows and their sizes come from the reference, not the blob
     rows = table_rows(n_c)
     data = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
-    row_n = sum_rows(n_c, rows)
+    row_n = sum_rows(n_c, n_c)
     q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
     status = k.read_table(data, row_n, scale_bits, q)
     if status:
@@ -445,7 +447,7 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     hist = _analyze(kernels(), fmt, xf, rf, econd)[2]
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
-    h = sum_rows(hist, table_rows(hist.sum(axis=1))).astype(np.float64)  # the model's own rows
+    h = sum_rows(hist, hist.sum(axis=1)).astype(np.float64)  # the model's own rows
     totals = h.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()
