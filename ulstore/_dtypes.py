@@ -7,7 +7,7 @@ handed back to users keep their real dtype, never a silent ``uint16``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -28,30 +28,30 @@ class FloatFormat:
     mant_bits: int  # the exponent field sits just above the mantissa
     exp_bits: int
 
-    @property
-    def word(self) -> np.dtype:
-        """Unsigned little-endian integer dtype of the same width."""
-        return np.dtype(f"<u{self.width // 8}")
+    def __post_init__(self):
+        # derived constants, computed once: the codec reads them on every call
+        alphabet = 4 * self.width - 4  # tokens for this width (see docs/format.md)
+        token_bits = (alphabet - 1).bit_length()
+        derived = {
+            "word": np.dtype(f"<u{self.width // 8}"),
+            "n_contexts": 1 << self.exp_bits,
+            "alphabet": alphabet,
+            "token_bits": token_bits,
+            "symbol": np.dtype(np.uint16 if self.exp_bits + token_bits <= 16 else np.uint32),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
-    @property
-    def n_contexts(self) -> int:
-        """Number of possible reference-exponent contexts (2**exp_bits)."""
-        return 1 << self.exp_bits
-
-    @property
-    def alphabet(self) -> int:
-        """Number of ULPack tokens for this width: 4w - 4 (see docs/format.md)."""
-        return 4 * self.width - 4
-
-    @property
-    def token_bits(self) -> int:
-        """Bits that hold a token inside a symbol ``context << token_bits | token``."""
-        return (self.alphabet - 1).bit_length()
-
-    @property
-    def symbol(self) -> np.dtype:
-        """Smallest unsigned dtype that holds every symbol."""
-        return np.dtype(np.uint16 if self.exp_bits + self.token_bits <= 16 else np.uint32)
+    #: unsigned little-endian integer dtype of the same width
+    word: np.dtype = field(init=False, repr=False, compare=False)
+    #: number of possible reference-exponent contexts (2**exp_bits)
+    n_contexts: int = field(init=False, repr=False, compare=False)
+    #: number of ULPack tokens: 4w - 4
+    alphabet: int = field(init=False, repr=False, compare=False)
+    #: bits that hold a token inside a symbol ``context << token_bits | token``
+    token_bits: int = field(init=False, repr=False, compare=False)
+    #: smallest unsigned dtype that holds every symbol
+    symbol: np.dtype = field(init=False, repr=False, compare=False)
 
 
 FORMATS: tuple[FloatFormat, ...] = (
