@@ -57,6 +57,7 @@ __all__ = [
     "check_version",
     "canonical_json",
     "blob_address",
+    "is_sync_meta",
     "dtype_name",
     "dtype_from_name",
     "TensorSpec",
@@ -73,8 +74,9 @@ SYNC_META = "sync.json"
 LATEST = "latest.json"
 VERSIONS_DIR = "versions"
 ANCHORS_DIR = "anchors"
-#: How chunk hashes are computed: ULPack's own 64-bit checksum of the chunk's bytes.
-CHUNK_HASH = "ulpack-hash64"
+#: How chunk hashes are computed: zlib's CRC-32 of the chunk's little-endian bytes, 8 hex digits.
+#: Independent of ULPack's own checksums, so a codec bug cannot hide behind them.
+CHUNK_HASH = "crc32"
 
 # Per-chunk codec tags in manifest entries.
 DELTA = "d"  # ULPack blob coded against the same chunk of the parent version
@@ -120,6 +122,15 @@ def canonical_json(obj) -> bytes:
 def blob_address(data) -> str:
     """blake2b-256 of ``data``, hex: the name of a pack or layout."""
     return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def is_sync_meta(raw) -> bool:
+    """Whether ``raw`` is the ``sync.json`` of a store in this format."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 def now() -> str:
@@ -300,7 +311,7 @@ class Entry:
     pack: int  # index into Manifest.packs
     offset: int
     length: int
-    hash: str  # CHUNK_HASH of the decoded chunk, 16 hex digits
+    hash: str  # CHUNK_HASH of the decoded chunk, 8 hex digits
 
     def row(self) -> list:
         return [self.tensor, self.chunk, self.codec, self.pack, self.offset, self.length, self.hash]
@@ -378,7 +389,7 @@ class Manifest:
         entries = []
         for row in doc.get("chunks") or []:
             ok = (isinstance(row, list) and len(row) == 7 and all(_is_uint(row[i]) for i in (0, 1, 3, 4, 5))
-                  and row[2] in _CODECS and isinstance(row[6], str) and len(row[6]) == 16 and row[3] < len(packs)
+                  and row[2] in _CODECS and isinstance(row[6], str) and len(row[6]) == 8 and row[3] < len(packs)
                   and row[4] + row[5] <= packs[row[3]][1])
             _need(ok, key, what, f"chunk entry {row!r}")
             entries.append(Entry(*row))

@@ -208,13 +208,15 @@ class StoreReader:
             blob = memoryview(packs[e.pack])[e.offset : e.offset + e.length]
             try:
                 if e.codec == RAW:
-                    if e.length != (stop - start) * spec.dtype.itemsize:
-                        raise CorruptBlobError(f"raw chunk has {e.length} bytes, expected {(stop - start) * spec.dtype.itemsize}")
+                    want = (stop - start) * spec.dtype.itemsize
+                    if e.length != want:
+                        raise CorruptBlobError(f"raw chunk has {e.length} bytes, expected {want}")
                     arr = np.frombuffer(blob, dtype=spec.dtype).copy()
                 else:
                     arr = decode(blob, reference(e) if e.codec == DELTA else None).reshape(-1)
                     if arr.dtype != spec.dtype or arr.size != stop - start:
-                        raise CorruptBlobError(f"blob decodes to {arr.dtype}[{arr.size}], expected {spec.dtype}[{stop - start}]")
+                        raise CorruptBlobError(
+                            f"blob decodes to {arr.dtype}[{arr.size}], expected {spec.dtype}[{stop - start}]")
                 if chunk_hash(arr) != e.hash:
                     raise CorruptBlobError("decoded chunk fails the manifest's chunk hash")
             except IntegrityError as err:

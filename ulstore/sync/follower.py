@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._bucket import Bucket
-from ._layout import FORMAT, SYNC_META, Latest, Manifest
+from ._errors import BucketAccessError
+from ._layout import FORMAT, SYNC_META, Latest, Manifest, is_sync_meta
 from ._replay import ChainBroken, Replica, StoreReader, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
@@ -42,7 +43,8 @@ class SyncEvent:
     delta), ``"corrupt"`` / ``"missing"`` (an object failed its checks or is
     gone), ``"rebootstrap"`` (recovered from an anchor after a problem),
     ``"stalled"`` (waiting for a newer anchor), ``"reset"`` (the publisher
-    restarted the chain).  ``error`` is the exception, when there is one.
+    restarted the chain), ``"unreachable"`` (the bucket could not be read;
+    :meth:`Follower.follow` retries).  ``error`` is the exception, when there is one.
     """
 
     kind: str
@@ -61,6 +63,7 @@ class FollowerStats:
     rebootstraps: int = 0
     corrupt: int = 0
     missing: int = 0
+    unreachable: int = 0
     bytes_downloaded: int = 0
 
 
@@ -114,7 +117,7 @@ class Follower:
         self.url = self._bucket.url
         self._bucket.probe()
         raw = self._bucket.get(SYNC_META)  # may legitimately be absent: the publisher has not started yet
-        if raw is not None and FORMAT.encode() not in raw:
+        if raw is not None and not is_sync_meta(raw):
             raise InvalidInputError(f"{self.url!r} holds a {SYNC_META} that is not a {FORMAT} store", key=SYNC_META)
         self.poll_interval = float(poll_interval)
         self.max_replay = int(max_replay)
@@ -166,7 +169,7 @@ class Follower:
         ev = SyncEvent(kind, version, detail, error)
         self.events.append(ev)
         del self.events[:-1000]
-        level = logging.WARNING if kind in ("corrupt", "missing", "rebootstrap", "stalled", "reset") else logging.DEBUG
+        level = logging.DEBUG if kind in ("apply", "bootstrap") else logging.WARNING
         log.log(level, "%s: %s at version %s%s", self.url, kind, version, f": {detail}" if detail else "")
         if self.on_event is not None:
             self.on_event(ev)
@@ -257,6 +260,13 @@ class Follower:
         int or None
             The version now held if it advanced, else None.  The first call
             bootstraps (if :meth:`bootstrap` was not called).
+
+        Raises
+        ------
+        BucketAccessError
+            The bucket could not be read; the state still holds :attr:`version`.
+        InvalidInputError
+            The published tensors no longer match the caller's state dict.
         """
         before = self.version
         for _ in self._advance(one_by_one=False):
@@ -272,15 +282,25 @@ class Follower:
             Stop after yielding a version >= ``until``.
         timeout : float, optional
             Stop when no new version arrived for this many seconds (None: never).
+
+        Notes
+        -----
+        An unreachable bucket does not end the iteration: it is reported
+        (event ``unreachable``, ``stats.unreachable``) and retried every
+        ``poll_interval``.  :meth:`poll` raises :class:`BucketAccessError` instead.
         """
         last_new = time.monotonic()
         while True:
             advanced = False
-            for v in self._advance(one_by_one=True):
-                advanced = True
-                yield v
-                if until is not None and v >= until:
-                    return
+            try:
+                for v in self._advance(one_by_one=True):
+                    advanced = True
+                    yield v
+                    if until is not None and v >= until:
+                        return
+            except BucketAccessError as e:  # transient: the state still holds a whole version; retry
+                self.stats.unreachable += 1
+                self._event("unreachable", self.version, str(e), e)
             if advanced:
                 last_new = time.monotonic()
             elif timeout is not None and time.monotonic() - last_new >= timeout:

@@ -31,12 +31,14 @@ from ..errors import CorruptManifestError, IntegrityError, InvalidInputError, No
 from ._arrays import chunk_hash, host_array, words
 from ._bucket import Bucket
 from ._layout import (
+    ANCHORS_DIR,
     DELTA,
     FORMAT,
     INTRA,
     LATEST,
     RAW,
     SYNC_META,
+    VERSIONS_DIR,
     Entry,
     Latest,
     Layout,
@@ -48,9 +50,11 @@ from ._layout import (
     check_version,
     dtype_from_name,
     dtype_name,
+    is_sync_meta,
     layout_key,
     now,
     pack_key,
+    parse_version_key,
     version_key,
 )
 from ._replay import ChainBroken, Replica, StoreReader, Workers
@@ -191,12 +195,7 @@ class Publisher:
                 raise InvalidInputError(f"{self.url!r} holds a ulstore trajectory, not a sync store; use another prefix")
             self._bucket.put(SYNC_META, canonical_json({"format": FORMAT, "created": now()}))
             return
-        try:
-            doc = json.loads(raw)
-            ok = isinstance(doc, dict) and doc.get("format") == FORMAT
-        except ValueError:
-            ok = False
-        if not ok:
+        if not is_sync_meta(raw):
             raise InvalidInputError(f"{self.url!r} holds a {SYNC_META} that is not a {FORMAT} store", key=SYNC_META)
 
     def __repr__(self) -> str:
@@ -309,6 +308,44 @@ class Publisher:
         total_chunks = sum(t.n_chunks(layout.chunk_elems) for t in layout.tensors)
         return PublishInfo(version, kind, is_anchor, len(delta), total_chunks, skipped, delta_bytes, anchor_bytes,
                            time.perf_counter() - t0)
+
+    # -- retention --------------------------------------------------------------------
+
+    def prune(self, keep_anchors: int = 2) -> dict:
+        """Delete everything older than the ``keep_anchors``-th newest anchor.
+
+        Kept: that anchor and every newer one, every version from it to the
+        latest, and the packs and layouts they name.  A follower that was
+        replaying a deleted version finds it missing and re-bootstraps from a
+        kept anchor (reported as ``missing``); one that is current is unaffected.
+        Call it from the publishing process between publishes (it must not
+        race a publish, whose packs are not yet named by a manifest).
+
+        Returns
+        -------
+        dict
+            ``{"objects": deleted count, "cutoff": oldest version kept}``.
+        """
+        if isinstance(keep_anchors, bool) or not isinstance(keep_anchors, int) or keep_anchors < 1:
+            raise InvalidInputError(f"keep_anchors must be an int >= 1, got {keep_anchors!r}")
+        latest = self._reader.latest()
+        if latest is None:
+            return {"objects": 0, "cutoff": None}
+        anchors = [a for a in self._reader.anchors() if a <= latest.version]
+        if len(anchors) <= keep_anchors:
+            return {"objects": 0, "cutoff": anchors[0] if anchors else None}
+        cutoff = anchors[-keep_anchors]
+        kept = self._reader.chain(latest, cutoff)
+        kept += [self._reader.anchor(a) for a in anchors if a >= cutoff]
+        live_packs = {key for m in kept for key, _ in m.packs}
+        live_layouts = {layout_key(m.layout) for m in kept}
+        dead = [k for k in self._bucket.list(VERSIONS_DIR) if (parse_version_key(k, VERSIONS_DIR) or 0) < cutoff]
+        dead += [k for k in self._bucket.list(ANCHORS_DIR) if (parse_version_key(k, ANCHORS_DIR) or 0) < cutoff]
+        dead += [k for k in self._bucket.list("packs") if k not in live_packs]
+        dead += [k for k in self._bucket.list("layouts") if k not in live_layouts]
+        # manifests first: a reader then meets a missing manifest (clean) rather than a missing pack
+        self._bucket.delete(sorted(dead, key=lambda k: k.startswith(("packs/", "layouts/"))))
+        return {"objects": len(dead), "cutoff": cutoff}
 
     # -- steps of a publish -----------------------------------------------------------
 

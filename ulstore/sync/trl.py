@@ -276,9 +276,9 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
         if latest is None:
             raise NotFoundError(f"nothing is published in {src_url!r}")
         store_anchors = [a for a in reader.anchors() if a <= latest.version]
-        first = max([a for a in store_anchors if start is None or a <= start], default=None)
-        if first is None:
-            first = min(store_anchors, default=latest.anchor)
+        # replay from the oldest anchor (or the newest one at or before ``start``)
+        usable = [a for a in store_anchors if start is None or a <= start]
+        first = (min(usable) if start is None else max(usable)) if usable else min(store_anchors, default=latest.anchor)
         chain = reader.chain(latest, first)
         replica = Replica(reader)
         replica.load_anchor(reader.anchor(first), chain[0])

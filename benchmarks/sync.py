@@ -1,0 +1,242 @@
+"""Weight-sync benchmark: ULPack deltas against TRL's sparse_weight_patch files, on a real RL trajectory.
+
+For every version of a real RL-regime run (toytrain, bf16, lr 3e-6 after warm-up)
+this prints the bytes a replica must download to move from the previous
+version to this one, in four formats, and what each costs in time:
+
+- **ULPack**: what :class:`ulstore.sync.Publisher` writes (delta packs + the
+  version manifest; the 150-byte ``latest.json`` is left out, TRL has an
+  equivalent control message);
+- **TRL int32**: ``<name>.indices`` int32 + ``<name>.values`` bf16, one
+  safetensors file (the first format of the TRL branch);
+- **TRL gap u16**: ``<name>.idx`` uint16 gaps (uint32 fallback per
+  parameter) + ``<name>.val`` (its later default);
+- **zstd-19** of each of the three files;
+- **publish**: :meth:`Publisher.publish` wall time (host state in, packs
+  written to a local store); **apply**: :meth:`Follower.poll` wall time
+  (read, verify, decode, write in place); **dl@1GB/s**: the ULPack bytes at
+  1 GB/s; **TRL apply**: parsing the int32 file and scattering its values
+  into the state (numpy).
+
+Then whether the issue's targets hold, and an on-paper extrapolation to 7B
+and 1T parameters from the measured bytes per parameter and throughputs.
+
+Usage::
+
+    python benchmarks/sync.py                      # preset "bench" (~13M params), 10 steps, cached
+    python benchmarks/sync.py --preset tiny --steps 4
+    python benchmarks/sync.py --hidden 1024 --intermediate 4096 --steps 8   # bigger, trained here
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import zstandard
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ulstore import toytrain  # noqa: E402
+from ulstore.sync import Follower, Publisher, gap_encode  # noqa: E402
+from ulstore.sync._safetensors import dumps, loads  # noqa: E402
+
+GB = 1e9
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(f"<u{a.dtype.itemsize}")
+
+
+def changes(prev: dict, cur: dict) -> dict[str, np.ndarray]:
+    """Flat positions of the elements whose bits differ, per parameter that changed."""
+    out = {}
+    for k in cur:
+        idx = np.flatnonzero(bits(cur[k]) != bits(prev[k]))
+        if idx.size:
+            out[k] = idx
+    return out
+
+
+def trl_file(cur: dict, changed: dict, gap: bool) -> bytes:
+    tensors = {}
+    for k, idx in changed.items():
+        vals = cur[k].reshape(-1)[idx]
+        if gap:
+            tensors[k + ".idx"], tensors[k + ".val"] = gap_encode(idx), vals
+        else:
+            tensors[k + ".indices"], tensors[k + ".values"] = idx.astype(np.int32), vals
+    n = sum(i.size for i in changed.values())
+    total = sum(v.size for v in cur.values())
+    meta = {"format": "sparse_weight_patch", "version": "1", "num_changed_params": str(len(changed)),
+            "total_changed_elements": str(n), "total_elements": str(total), "sparsity": str(1 - n / total)}
+    if gap:
+        meta.update(sparse="True", encoding="gap_delta")
+    return dumps(tensors, meta)
+
+
+def trl_apply_seconds(prev: dict, raw: bytes) -> float:
+    """What a TRL replica does after the download: parse the file, scatter values (numpy, one thread)."""
+    state = {k: v.copy() for k, v in prev.items()}
+    t0 = time.perf_counter()
+    tensors, _ = loads(raw, "delta")
+    for k in tensors:
+        if k.endswith(".indices"):
+            name = k[: -len(".indices")]
+            bits(state[name])[tensors[k]] = bits(tensors[name + ".values"])
+    return time.perf_counter() - t0
+
+
+def zstd19(raw: bytes) -> int:
+    return len(zstandard.ZstdCompressor(level=19).compress(raw))
+
+
+def load_states(args) -> tuple[list[dict], str]:
+    if args.hidden or args.intermediate or args.layers:
+        cfg = toytrain.ToyConfig.preset("bench", **{k: v for k, v in (
+            ("hidden_size", args.hidden), ("intermediate_size", args.intermediate),
+            ("num_hidden_layers", args.layers)) if v})
+        print(f"training {cfg.num_params / 1e6:.1f}M params: {args.warmup} warm-up + {args.steps} RL steps ...",
+              file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        states = [s for _, s, _ in toytrain.train(cfg, args.steps, lr=3e-6, warmup_steps=args.warmup)]
+        print(f"trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        return states, f"ToyConfig({cfg.hidden_size=}, {cfg.intermediate_size=}, {cfg.num_hidden_layers=})"
+    from _data import load_trajectory, warmup_steps
+
+    states = load_trajectory("rl", "bfloat16", args.preset, steps=args.steps)
+    return states, f"preset {args.preset!r}, {warmup_steps('rl', args.preset)} warm-up steps at lr 1e-3"
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def seconds(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.1f} s" if s < 600 else f"{s / 60:.0f} min"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=None, help="train a custom ToyConfig (based on bench)")
+    p.add_argument("--intermediate", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--threads", type=int, default=None, help="publisher/follower threads (default: CPU count)")
+    args = p.parse_args(argv)
+
+    states, desc = load_states(args)
+    n_params = sum(v.size for v in states[0].values())
+    threads = args.threads or os.cpu_count() or 1
+    print(f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
+          f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
+          f"{threads} thread(s), {os.cpu_count()} CPU(s)\n")
+
+    store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
+    pub = Publisher(store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas only after it
+    t0 = time.perf_counter()
+    info0 = pub.publish(0, states[0])
+    follower = Follower(store, threads=threads)
+    t1 = time.perf_counter()
+    follower.bootstrap()
+    boot = time.perf_counter() - t1
+    print(f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
+          f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n")
+
+    head = (f"{'ver':>3} {'changed':>8} {'ULPack':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
+            f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
+            f"{'dl@1GB/s':>9} {'TRL apply':>9}")
+    print(head)
+    print("-" * len(head))
+    rows = []
+    for v in range(1, len(states)):
+        prev, cur = states[v - 1], states[v]
+        info = pub.publish(v, cur)
+        t1 = time.perf_counter()
+        assert follower.poll() == v
+        apply = time.perf_counter() - t1
+        for k in cur:  # exact, or the numbers mean nothing
+            assert np.array_equal(bits(follower.state[k]), bits(cur[k])), k
+        manifest = os.path.getsize(os.path.join(store, f"versions/{v:012d}.json"))
+        packs = b"".join(open(os.path.join(store, key), "rb").read() for key in _pack_keys(store, v))
+        ch = changes(prev, cur)
+        i32, gap = trl_file(cur, ch, gap=False), trl_file(cur, ch, gap=True)
+        r = dict(
+            v=v, changed=sum(i.size for i in ch.values()) / n_params, ulp=info.delta_bytes + manifest,
+            i32=len(i32), gap=len(gap), z_ulp=zstd19(packs) + manifest, z_i32=zstd19(i32), z_gap=zstd19(gap),
+            publish=info.seconds, apply=apply, trl_apply=trl_apply_seconds(prev, i32),
+        )
+        r["dl"] = r["ulp"] / GB
+        rows.append(r)
+        print(f"{v:>3} {r['changed']:>8.2%} {human(r['ulp']):>9} {human(r['i32']):>9} {human(r['gap']):>9} "
+              f"{human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
+              f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
+              f"{seconds(r['apply']):>9} {seconds(r['dl']):>9} {seconds(r['trl_apply']):>9}")
+    pub.close()
+    follower.close()
+
+    def mean(key):
+        return statistics.mean(r[key] for r in rows)
+
+    print("\ntargets (every version):")
+    size_i32 = all(r["ulp"] <= r["i32"] / 4 for r in rows)
+    size_gap = all(r["ulp"] <= r["gap"] / 2 for r in rows)
+    fast = all(r["apply"] < r["dl"] for r in rows)
+    print(f"  ULPack <= 1/4 of TRL int32 sparse:     {'HOLDS' if size_i32 else 'FAILS'} "
+          f"(worst {max(r['ulp'] / r['i32'] for r in rows):.3f}, mean {mean('ulp') / mean('i32'):.3f})")
+    print(f"  ULPack <= 1/2 of TRL gap-coded uint16: {'HOLDS' if size_gap else 'FAILS'} "
+          f"(worst {max(r['ulp'] / r['gap'] for r in rows):.3f}, mean {mean('ulp') / mean('gap'):.3f})")
+    print(f"  (vs zstd-19 of each file: /int32 {mean('ulp') / mean('z_i32'):.3f}, /gap {mean('ulp') / mean('z_gap'):.3f}; "
+          f"zstd-19 of the ULPack packs gains {1 - mean('z_ulp') / mean('ulp'):.1%})")
+    print(f"  apply < download of the delta at 1 GB/s: {'HOLDS' if fast else 'FAILS'} "
+          f"(apply {seconds(mean('apply'))} vs {seconds(mean('dl'))} mean)")
+    # context for the apply target: what the whole replica update costs per format
+    full_dl = 2 * n_params / GB
+    cmp = "<" if mean("apply") < full_dl else ">"
+    print(f"     context: full bf16 weights at 1 GB/s: {seconds(full_dl)} (apply {cmp} that); "
+          f"download+apply at 1 GB/s: ULPack {seconds(mean('dl') + mean('apply'))}, "
+          f"TRL int32 {seconds(mean('i32') / GB + mean('trl_apply'))}")
+    gain = mean("i32") - mean("ulp")
+    extra = mean("apply") - mean("trl_apply")
+    if extra > 0:
+        print(f"     ULPack's download+apply beats TRL int32's below {gain / extra / 1e6:.0f} MB/s of link bandwidth "
+              "per replica (cross-region links, NAT'd replicas, shared egress), loses above it")
+
+    # -- extrapolation ------------------------------------------------------------
+    per_param = {k: mean(k) / n_params for k in ("ulp", "i32", "gap", "z_i32", "z_gap")}
+    apply_rate = n_params / mean("apply")  # params/s on `threads` threads, this machine
+    publish_rate = n_params / mean("publish")
+    print(f"\nextrapolation on paper (same change density, {mean('changed'):.2%} of elements per step; "
+          f"bytes scale with parameters; apply/publish at this machine's measured "
+          f"{apply_rate / 1e6:.0f}M / {publish_rate / 1e6:.0f}M params/s on {threads} thread(s), scaling with cores):")
+    print(f"  {'model':>6} {'full bf16':>10} {'ULPack':>10} {'TRL i32':>10} {'TRL gap':>10} {'zstd i32':>10} "
+          f"{'dl ULPack@1GB/s':>16} {'dl i32@1GB/s':>13} {'apply (here)':>13} {'apply /64 cores':>16}")
+    for name, n in (("7B", 7e9), ("1T", 1e12)):
+        b = {k: per_param[k] * n for k in per_param}
+        print(f"  {name:>6} {human(2 * n):>10} {human(b['ulp']):>10} {human(b['i32']):>10} {human(b['gap']):>10} "
+              f"{human(b['z_i32']):>10} {seconds(b['ulp'] / GB):>16} {seconds(b['i32'] / GB):>13} "
+              f"{seconds(n / apply_rate):>13} {seconds(n / apply_rate * threads / 64):>16}")
+    print("  (a 1T model is sharded: each inference host applies only its shard's chunks, so per-host "
+          "apply time divides by the number of hosts; ULPack chunks are independent)")
+
+
+def _pack_keys(store: str, version: int) -> list[str]:
+    from ulstore.sync._layout import Manifest
+
+    raw = open(os.path.join(store, f"versions/{version:012d}.json"), "rb").read()
+    return [key for key, _ in Manifest.from_bytes(raw, "bench", version=version).packs]
+
+
+if __name__ == "__main__":
+    main()

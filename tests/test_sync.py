@@ -1,0 +1,480 @@
+"""ulstore.sync in one process: publish/follow exactness, anchors and late joins, in-place torch
+state, the change detector, fault injection at every write of a publish, corrupt and missing objects,
+and clear errors for misconfigured buckets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_sync_support import assert_same_bits, moto_s3, rl_states, state_digest  # noqa: E402,F401  (fixture)
+
+from ulstore.errors import CorruptManifestError, InvalidInputError, NotFoundError  # noqa: E402
+from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher  # noqa: E402
+from ulstore.sync._arrays import Binding  # noqa: E402
+from ulstore.sync._layout import Latest, Manifest  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+CHUNK = 1 << 12  # small chunks: every tensor of the tiny model spans several
+
+
+@pytest.fixture(scope="module")
+def states():
+    """13 checkpoints of a real RL-regime run of the tiny model (bf16)."""
+    return rl_states(12)
+
+
+@pytest.fixture
+def url(tmp_path):
+    return str(tmp_path / "store")
+
+
+def publish_all(url, states, anchor_every=5, **kw):
+    with Publisher(url, anchor_every=anchor_every, chunk_elems=CHUNK, **kw) as pub:
+        return [pub.publish(v, s, metadata={"model_version": v}) for v, s in enumerate(states)]
+
+
+def copy(state):
+    return {k: v.copy() for k, v in state.items()}
+
+
+# -- exactness ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_follower_matches_every_version(states, tmp_path, backend):
+    url = str(tmp_path / "s") if backend == "local" else f"memory://sync-{uuid.uuid4().hex}"
+    pub = Publisher(url, anchor_every=4, chunk_elems=CHUNK)
+    f = Follower(url, poll_interval=0.001)
+    assert f.poll() is None and f.version is None  # nothing published yet: not an error
+    for v, s in enumerate(states):
+        info = pub.publish(v, s, metadata={"model_version": v})
+        assert info.kind == ("reset" if v == 0 else "delta") and info.anchor == (v % 4 == 0)
+        assert f.poll() == v
+        assert_same_bits(f.state, s)
+        assert f.metadata == {"model_version": v}
+    # RL regime: a delta is a small fraction of the weights
+    assert info.delta_bytes < sum(a.nbytes for a in states[-1].values()) / 10
+    assert f.stats.versions_applied == len(states) - 1 and f.stats.corrupt == 0
+    pub.close()
+    f.close()
+
+
+def test_follow_yields_each_version_and_late_join_uses_nearest_anchor(states, url):
+    publish_all(url, states[:8], anchor_every=5)  # anchors at 0 and 5
+    reads = []
+    f = Follower(url, poll_interval=0.001)
+    orig = f._bucket.get
+    f._bucket.get = lambda key: (reads.append(key), orig(key))[1]
+    assert list(f.follow(timeout=0.05)) == [7]  # bootstrap jumps straight to the newest version
+    assert f.events[0].kind == "bootstrap" and f.events[0].version == 5
+    assert not any(k.startswith("anchors/000000000000") for k in reads), "must not read the older anchor"
+    assert not any(k.startswith("versions/00000000000" + str(i)) for k in reads for i in range(0, 5))
+    assert_same_bits(f.state, states[7])
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        got = []
+        for v in range(8, 13):
+            pub.publish(v, states[v])
+        for v in f.follow(until=12):
+            assert_same_bits(f.state, states[v])
+            got.append(v)
+    assert got == [8, 9, 10, 11, 12]
+
+
+def test_awkward_values_and_integer_tensors_roundtrip(url):
+    words = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x7F80, 0xFF80, 0x7FC1, 0xFFC5, 0x7F81, 0x3F80], np.uint16)
+    a = {"w": words.view(BF16).copy(), "step": np.array([3], np.int64), "mask": np.array([True, False]),
+         "f32": np.array([-0.0, np.nan, 1e-45], np.float32), "empty": np.zeros((0, 3), BF16)}
+    b = copy(a)
+    b["w"].view(np.uint16)[:2] = [0x8000, 0x0000]  # +0 <-> -0 is a change
+    b["step"][0] = 4
+    with Publisher(url, chunk_elems=4) as pub:
+        pub.publish(0, a)
+        assert pub.publish(1, b).changed_chunks == 2
+    f = Follower(url)
+    f.bootstrap()
+    assert_same_bits(f.state, b)
+    assert f.state["step"].dtype == np.int64 and f.state["mask"].dtype == bool
+
+
+def test_in_place_torch_state_touching_only_changed_chunks(states, url):
+    torch = pytest.importorskip("torch")
+    from ulstore._torch import numpy_to_tensor
+
+    publish_all(url, states[:3], anchor_every=10)
+    state = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in states[0].items()}
+    ptrs = {k: t.data_ptr() for k, t in state.items()}
+    f = Follower(url, state=state)
+    assert f.bootstrap() == 2
+    assert_same_bits(state, states[2]) and all(t.data_ptr() == ptrs[k] for k, t in state.items())
+
+    nxt = copy(states[2])
+    nxt["lm_head.weight"].view(np.uint16)[0, 0] ^= 1  # one element of one chunk
+    with Publisher(url, chunk_elems=CHUNK) as pub:  # a new process: resumes from the store
+        info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
+    assert info.kind == "delta" and info.changed_chunks == 1
+    writes = []
+    orig_write = Binding.write
+    Binding.write = lambda self, start, values: (writes.append((self.name, start, values.size)),
+                                                 orig_write(self, start, values))[1]
+    try:
+        assert f.poll() == 3
+    finally:
+        Binding.write = orig_write
+    assert writes == [("lm_head.weight", 0, CHUNK)]
+    assert_same_bits(state, nxt)
+
+
+def test_follower_rejects_mismatched_state(states, url):
+    publish_all(url, states[:2])
+    wrong = copy(states[0])
+    wrong["lm_head.weight"] = wrong["lm_head.weight"][:, :8].copy()
+    with pytest.raises(InvalidInputError, match="lm_head.weight"):
+        Follower(url, state=wrong).bootstrap()
+    missing = copy(states[0])
+    del missing["model.norm.bias"]
+    with pytest.raises(InvalidInputError, match="model.norm.bias"):
+        Follower(url, state=missing).bootstrap()
+    f32 = {k: v.astype(np.float32) for k, v in states[0].items()}
+    with pytest.raises(InvalidInputError, match="dtype"):
+        Follower(url, state=f32).bootstrap()
+
+
+def test_new_tensor_reaches_follower_owned_state(states, url):
+    with Publisher(url, chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+        grown = {**states[1], "value_head.weight": np.ones((3, 64), BF16)}
+        info = pub.publish(1, grown)
+        assert info.kind == "delta"
+    f = Follower(url)
+    f.bootstrap()
+    assert_same_bits(f.state, grown)
+
+
+def test_versions_must_increase_and_metadata_must_be_json(states, url):
+    with Publisher(url) as pub:
+        pub.publish(5, states[0])
+        with pytest.raises(InvalidInputError, match="greater"):
+            pub.publish(5, states[1])
+        with pytest.raises(InvalidInputError, match="JSON"):
+            pub.publish(6, states[1], metadata={"x": object()})
+        pub.publish(9, states[1])  # gaps are fine
+    f = Follower(url)
+    assert f.bootstrap() == 9
+
+
+def test_publisher_resume_and_reset(states, url):
+    publish_all(url, states[:4], anchor_every=10)
+    with Publisher(url, anchor_every=10, chunk_elems=CHUNK) as pub:
+        assert pub.latest == 3 and pub.publish(4, states[4]).kind == "delta"  # resumed from the store
+    f = Follower(url)
+    f.bootstrap()
+    with Publisher(url, anchor_every=10, chunk_elems=CHUNK, resume=False) as pub:
+        assert pub.publish(5, states[5]).kind == "reset"
+    assert f.poll() == 5 and [e.kind for e in f.events][-1] == "apply"
+    assert "reset" in [e.kind for e in f.events]
+    assert_same_bits(f.state, states[5])
+
+
+# -- the change detector -------------------------------------------------------------
+
+
+def test_change_detector_skips_unchanged_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    model = model.to(torch.bfloat16)
+    model[1].weight.requires_grad_(False)  # frozen: not in the optimizer, so never vouched for
+    opt = torch.optim.AdamW([
+        {"params": [model[0].weight, model[2].weight, model[2].bias], "lr": 1e-2},  # these change
+        {"params": [model[1].bias], "lr": 1e-9},  # far below half a bf16 ULP: never changes
+    ])
+    det = ChangeDetector(opt, model)
+    assert det.watched == {"0.weight", "2.weight", "2.bias", "1.bias"}
+    url = str(tmp_path / "det")
+    pub = Publisher(url, anchor_every=4, chunk_elems=256, detector=det)
+    f = Follower(url)
+    tokens = torch.tensor([[1, 2, 3]])
+    for v in range(9):
+        if v:
+            opt.zero_grad()
+            model(tokens).float().pow(2).mean().backward()
+            opt.step()
+            assert det.changed() == {"0.weight", "2.weight", "2.bias"}
+        if v == 6:  # a change outside optimizer.step(): invisible to the detector...
+            with torch.no_grad():
+                model[1].bias[0] += 1
+        info = pub.publish(v, model.state_dict())
+        assert f.poll() == v
+        if v in (1, 2, 3, 5, 6, 7):
+            assert info.skipped_tensors == 1  # 1.bias: neither copied to host nor compared
+            assert info.changed_chunks > 0
+        if v in (1, 2, 3, 4, 5):
+            assert_same_bits(f.state, model.state_dict())
+        if v in (6, 7):  # ...so followers miss it...
+            assert state_digest(f.state) != state_digest(model.state_dict())
+        if v == 8:  # ...until the next anchor, which compares everything and repairs them
+            assert info.anchor and info.skipped_tensors == 0 and pub.stats["detector_misses"] == 1
+            assert_same_bits(f.state, model.state_dict())
+    det.remove()
+    pub.close()
+
+
+# -- faults ---------------------------------------------------------------------------
+
+
+class Boom(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("stage", ["packs/", "layouts/", "versions/", "anchors/", "latest.json"])
+def test_failed_publish_leaves_followers_on_last_complete_version(states, url, stage):
+    """Fault injection at every write of an anchor-carrying publish (version 5)."""
+    publish_all(url, states[:5], anchor_every=5)
+    f = Follower(url)
+    assert f.bootstrap() == 4
+    pub = Publisher(url, anchor_every=5, chunk_elems=CHUNK)
+    orig_put = pub._bucket.put
+    grown = {**states[5], "extra": np.ones(10, BF16)}  # a new tensor, so a new layout object too
+    calls = []
+
+    def put(key, data):
+        calls.append(key)
+        if key.startswith(stage):
+            raise Boom(key)
+        orig_put(key, data)
+
+    pub._bucket.put = put
+    with pytest.raises(Boom):
+        pub.publish(5, grown)
+    assert any(k.startswith(stage) for k in calls)
+    assert f.poll() is None and f.version == 4
+    assert_same_bits(f.state, states[4])
+    pub._bucket.put = orig_put
+    assert pub.publish(5, grown).anchor  # a retry of the same version succeeds
+    assert f.poll() == 5
+    assert_same_bits(f.state, grown)
+    late = Follower(url)
+    assert late.bootstrap() == 5 and late.events[0].version == 5
+    pub.close()
+
+
+def _pack_keys(url, version):
+    raw = open(os.path.join(url, f"versions/{version:012d}.json"), "rb").read()
+    return [p[0] for p in Manifest.from_bytes(raw, "k", version=version).packs]
+
+
+def _flip(path, offset=-20):
+    data = bytearray(open(path, "rb").read())
+    data[offset] ^= 0x40
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip pack", "delete pack", "flip manifest", "delete manifest"])
+def test_corrupt_or_missing_delta_rebootstraps_from_anchor(states, url, damage):
+    publish_all(url, states[:4], anchor_every=5)
+    f = Follower(url)
+    assert f.bootstrap() == 3
+    publish_all_from = Publisher(url, anchor_every=5, chunk_elems=CHUNK)
+    for v in range(4, 8):  # anchor at 5
+        publish_all_from.publish(v, states[v])
+    publish_all_from.close()
+    target = os.path.join(url, _pack_keys(url, 4)[0]) if "pack" in damage else \
+        os.path.join(url, "versions/000000000004.json")
+    if damage.startswith("flip"):
+        _flip(target)
+    else:
+        os.remove(target)
+    seen = []
+    f.on_event = seen.append
+    assert f.poll() == 7
+    assert_same_bits(f.state, states[7])
+    kinds = [e.kind for e in seen]
+    assert kinds[0] == ("missing" if damage.startswith("delete") else "corrupt")
+    assert "rebootstrap" in kinds and f.stats.rebootstraps == 1
+    assert f.stats.missing + f.stats.corrupt == 1
+
+
+def test_corrupt_delta_without_newer_anchor_stalls_then_recovers(states, url):
+    publish_all(url, states[:7], anchor_every=5)  # anchors 0, 5
+    f = Follower(url)
+    assert f.bootstrap() == 6
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        pub.publish(7, states[7])
+        pub.publish(8, states[8])
+        _flip(os.path.join(url, _pack_keys(url, 7)[0]))
+        assert f.poll() is None or f.version == 6  # re-bootstraps from anchor 5, replays 6, stalls before 7
+        assert f.version == 6 and [e.kind for e in f.events][-1] == "stalled"
+        assert_same_bits(f.state, states[6])
+        n_events = len(f.events)
+        assert f.poll() is None and len(f.events) == n_events  # quiet while waiting
+        pub.publish(9, states[9])
+        pub.publish(10, states[10])  # anchor after the bad version
+    assert f.poll() == 10
+    assert_same_bits(f.state, states[10])
+    assert f.stats.rebootstraps == 2
+
+
+def test_diverged_follower_state_is_repaired(states, url):
+    publish_all(url, states[:3], anchor_every=5)
+    f = Follower(url)
+    f.bootstrap()
+    f.state["lm_head.weight"].view(np.uint16)[5, 5] ^= 1  # the replica's memory went bad
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        pub.publish(3, states[3])
+        assert f.poll() == 3
+    assert_same_bits(f.state, states[3])
+    assert "corrupt" in [e.kind for e in f.events] and f.stats.rebootstraps == 1
+
+
+def test_damaged_latest_pointer_is_reported_not_applied(states, url):
+    publish_all(url, states[:3])
+    f = Follower(url)
+    f.bootstrap()
+    _flip(os.path.join(url, "latest.json"), offset=30)
+    assert f.poll() is None and f.version == 2 and f.events[-1].kind == "corrupt"
+    with Publisher(url, chunk_elems=CHUNK) as pub:  # the publisher rewrites the pointer
+        pub.publish(3, states[3])
+    assert f.poll() == 3
+
+
+def test_manifests_are_checked_bytes():
+    m, raw = Manifest("delta", 3, 2, "a" * 64, 0, "b" * 64, (("packs/x.ulpk", 10),), (), "now", {}).sealed()
+    assert Manifest.from_bytes(raw, "k", version=3) == m
+    with pytest.raises(CorruptManifestError, match="not 4"):
+        Manifest.from_bytes(raw, "k", version=4)
+    for i in range(0, len(raw), 7):
+        bad = bytearray(raw)
+        bad[i] ^= 0x01
+        with pytest.raises(CorruptManifestError):
+            Manifest.from_bytes(bytes(bad), "k", version=3)
+    lt = Latest(3, "c" * 64, 0, "d" * 64, "now")
+    assert Latest.from_bytes(lt.to_bytes(), "latest.json") == lt
+
+
+# -- configuration errors ---------------------------------------------------------------
+
+
+def test_missing_bucket_is_a_clear_error_at_construction(moto_s3):
+    with pytest.raises(BucketAccessError, match="does not exist"):
+        Publisher("s3://no-such-bucket-ulstore/run", storage_options=moto_s3.options)
+    with pytest.raises(BucketAccessError, match="does not exist"):
+        Follower("s3://no-such-bucket-ulstore/run", storage_options=moto_s3.options)
+
+
+def test_unreachable_endpoint_is_a_clear_error_at_construction():
+    pytest.importorskip("s3fs")
+    opts = {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}}
+    t0 = time.monotonic()
+    with pytest.raises(BucketAccessError, match="127.0.0.1:9"):
+        Publisher("s3://bucket/run", storage_options=opts)
+    with pytest.raises(BucketAccessError):
+        Follower("s3://bucket/run", storage_options=opts)
+    assert time.monotonic() - t0 < 30
+
+
+def test_unknown_protocol_and_foreign_prefix(tmp_path):
+    with pytest.raises(BucketAccessError, match="nosuchfs"):
+        Publisher("nosuchfs://x/y")
+    import ulstore
+
+    ulstore.open(str(tmp_path / "traj"), mode="w").close()
+    with pytest.raises(InvalidInputError, match="trajectory"):
+        Publisher(str(tmp_path / "traj"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sync.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(InvalidInputError, match="not a"):
+        Follower(str(tmp_path / "other"))
+
+
+def test_s3_publish_follow(states, moto_s3):
+    url = f"s3://{moto_s3.bucket()}/run"
+    with Publisher(url, anchor_every=3, storage_options=moto_s3.options, chunk_elems=CHUNK) as pub:
+        f = Follower(url, storage_options=moto_s3.options)
+        with pytest.raises(NotFoundError):
+            f.bootstrap()
+        for v in range(5):
+            pub.publish(v, states[v])
+        assert f.bootstrap() == 4 and f.events[0].version == 3
+        assert state_digest(f.state) == state_digest(states[4])
+
+
+def test_prune_keeps_what_followers_need(states, url):
+    publish_all(url, states[:6], anchor_every=4)
+    stale = Follower(url)
+    assert stale.bootstrap() == 5
+    with Publisher(url, anchor_every=4, chunk_elems=CHUNK) as pub:
+        for v in range(6, 13):  # anchors 0, 4, 8, 12
+            pub.publish(v, states[v])
+        out = pub.prune(keep_anchors=2)
+    assert out["cutoff"] == 8 and out["objects"] > 0
+    left = sorted(os.listdir(os.path.join(url, "versions")))
+    assert left[0] == "000000000008.json" and sorted(os.listdir(os.path.join(url, "anchors")))[0].startswith("000000000008")
+    fresh = Follower(url)
+    assert fresh.bootstrap() == 12
+    assert_same_bits(fresh.state, states[12])
+    assert stale.poll() == 12  # its next delta (6) is gone: re-bootstraps from a kept anchor
+    assert_same_bits(stale.state, states[12])
+    assert stale.stats.missing == 1 and stale.stats.rebootstraps == 1
+
+
+def test_unreachable_bucket_mid_run(states, url):
+    publish_all(url, states[:2])
+    f = Follower(url, poll_interval=0.001)
+    f.bootstrap()
+    with Publisher(url, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+    orig, failures = f._bucket.get, {"n": 0}
+
+    def flaky(key):  # the first three reads fail, like a network blip
+        failures["n"] += 1
+        if failures["n"] <= 3:
+            raise BucketAccessError("simulated outage", key=key)
+        return orig(key)
+
+    f._bucket.get = flaky
+    with pytest.raises(BucketAccessError):
+        f.poll()  # poll raises; the state still holds version 1
+    assert f.version == 1
+    assert_same_bits(f.state, states[1])
+    assert list(f.follow(until=2, timeout=5)) == [2]  # follow reports and retries
+    assert f.stats.unreachable == 2 and [e.kind for e in f.events].count("unreachable") == 2
+    assert_same_bits(f.state, states[2])
+
+
+def test_cuda_tensors_publish_and_follow(states, url):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from ulstore._torch import numpy_to_tensor
+
+    def on_gpu(state):
+        return {k: numpy_to_tensor(v.copy()).cuda() for k, v in state.items()}
+
+    with Publisher(url, chunk_elems=CHUNK) as pub:  # the publisher copies device tensors to host itself
+        pub.publish(0, on_gpu(states[0]))
+        replica = {k: torch.zeros(v.shape, dtype=torch.bfloat16, device="cuda") for k, v in states[0].items()}
+        f = Follower(url, state=replica)
+        f.bootstrap()
+        pub.publish(1, on_gpu(states[1]))
+        assert f.poll() == 1
+    assert_same_bits({k: v.cpu() for k, v in replica.items()}, states[1])
+
+
+def test_unusable_newest_anchor_falls_back_to_an_older_one(states, url):
+    publish_all(url, states[:8], anchor_every=5)  # anchors 0 and 5
+    raw = open(os.path.join(url, "anchors/000000000005.json"), "rb").read()
+    _flip(os.path.join(url, Manifest.from_bytes(raw, "k", version=5, kind="anchor").packs[0][0]))
+    f = Follower(url)
+    assert f.bootstrap() == 7
+    assert_same_bits(f.state, states[7])
+    assert [e.kind for e in f.events][:2] == ["corrupt", "bootstrap"] and f.events[1].version == 0

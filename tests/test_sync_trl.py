@@ -1,0 +1,231 @@
+"""Interop with TRL's sparse_weight_patch layout: a TRL bucket written here independently (every index
+variant, a partial anchor, a uint32 gap fallback) -> ulstore sync store -> TRL bucket again, exact at
+every step, and readable the way TRL's vLLM-side loader reads it (safetensors.torch + torch indexing).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save as st_save
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_sync_support import assert_same_bits, host_bits, rl_states  # noqa: E402
+
+from ulstore.errors import InvalidInputError  # noqa: E402
+from ulstore.sync import Follower, export_trl, gap_decode, gap_encode, import_trl  # noqa: E402
+from ulstore.sync.trl import read_trl_file  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+STEPS = 9
+BIG = 200_000  # a parameter large enough for a gap above 65535 (uint32 fallback)
+
+
+@pytest.fixture(scope="module")
+def trajectory():
+    """Real RL states of the tiny model plus one big parameter whose changes are far apart."""
+    states = rl_states(STEPS)
+    big = np.linspace(-1, 1, BIG).astype(BF16)
+    for i, s in enumerate(states):
+        b = big.copy()
+        if i >= 4:
+            b.view(np.uint16)[[3, 150_000]] ^= 1  # one gap of 149996: needs uint32
+        if i >= 7:
+            b.view(np.uint16)[10] ^= 2
+        s["big.weight"] = b
+    return states
+
+
+# -- an independent TRL writer and reader (the format as the TRL branch writes it) ---------
+
+
+def _meta(step, n_params, changed, total, **extra):
+    return {"format": "sparse_weight_patch", "version": "1", "model_version": str(step),
+            "num_changed_params": str(n_params), "total_changed_elements": str(changed),
+            "total_elements": str(total), "sparsity": str(1 - changed / total), **extra}
+
+
+def _trl_gaps(idx):
+    """TRL's gap_delta_encode, transcribed: delta[k] = idx[k] - idx[k-1] - 1 with idx[-1] := -1."""
+    idx = idx.astype(np.int64)
+    d = idx - np.concatenate([[-1], idx[:-1]]) - 1
+    return d.astype(np.uint16 if d.max() <= 0xFFFF else np.uint32)
+
+
+def write_trl_bucket(root, states):
+    """Anchors at 0 (full) and 5 (partial: only what changed since 4); deltas in three index variants."""
+    os.makedirs(f"{root}/anchors", exist_ok=True)
+    os.makedirs(f"{root}/deltas", exist_ok=True)
+    total = sum(v.size for v in states[0].values())
+    with open(f"{root}/anchors/step_000000.safetensors", "wb") as f:
+        f.write(st_save(dict(states[0]), metadata=_meta(0, len(states[0]), total, total, sparse="False")))
+    for step in range(1, len(states)):
+        prev, cur = states[step - 1], states[step]
+        changed = {k: np.flatnonzero(host_bits(cur[k]) != host_bits(prev[k])) for k in cur}
+        changed = {k: i for k, i in changed.items() if i.size}
+        n = sum(i.size for i in changed.values())
+        if step == 5:  # an early-style anchor that omits the unchanged parameters
+            tensors = {k: cur[k] for k in changed}
+            with open(f"{root}/anchors/step_{step:06d}.safetensors", "wb") as f:
+                f.write(st_save(tensors, metadata=_meta(step, len(tensors), n, total, sparse="False")))
+            continue
+        tensors, extra = {}, {}
+        for k, idx in changed.items():
+            vals = cur[k].reshape(-1)[idx]
+            if step <= 3:  # the first format: int32 .indices / .values, no encoding key
+                tensors[k + ".indices"], tensors[k + ".values"] = idx.astype(np.int32), vals
+            elif step == 7:  # .idx int32, encoding=raw
+                tensors[k + ".idx"], tensors[k + ".val"] = idx.astype(np.int32), vals
+                extra = {"sparse": "True", "encoding": "raw"}
+            else:  # .idx gap-coded uint16 (uint32 fallback per parameter), encoding=gap_delta
+                tensors[k + ".idx"], tensors[k + ".val"] = _trl_gaps(idx), vals
+                extra = {"sparse": "True", "encoding": "gap_delta"}
+        with open(f"{root}/deltas/step_{step:06d}.safetensors", "wb") as f:
+            f.write(st_save(tensors, metadata=_meta(step, len(changed), n, total, **extra)))
+
+
+def torch_replay(root):
+    """Rebuild every step the way TRL's vLLM-side loader does: safetensors.torch + torch indexing."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load
+
+    def read(path):
+        raw = open(path, "rb").read()
+        (n,) = struct.unpack("<Q", raw[:8])
+        return load(raw), json.loads(raw[8 : 8 + n]).get("__metadata__", {})
+
+    steps = sorted({int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}")
+                    for n in os.listdir(f"{root}/{d}")})
+    state, out, metas = {}, {}, {}
+    for step in steps:
+        a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
+        if os.path.exists(a):
+            tensors, meta = read(a)
+            state.update({k: v.clone() for k, v in tensors.items()})
+        else:
+            tensors, meta = read(d)
+            enc = meta.get("encoding")
+            for name in sorted({k.rsplit(".", 1)[0] for k in tensors}):
+                if name + ".val" in tensors:
+                    raw_idx, vals = tensors[name + ".idx"], tensors[name + ".val"]
+                    if enc == "gap_delta":  # TRL's gap_delta_decode
+                        idx = (torch.cumsum(raw_idx.long() + 1, dim=0) - 1).to(torch.int32)
+                    else:
+                        idx = raw_idx.to(torch.int32)
+                else:
+                    idx, vals = tensors[name + ".indices"], tensors[name + ".values"]
+                flat = state[name].view(-1)
+                flat[idx.long()] = vals
+        metas[step] = meta
+        out[step] = {k: v.view(torch.int16).numpy().view(BF16).copy() for k, v in state.items()}
+    return out, metas
+
+
+# -- tests ----------------------------------------------------------------------------
+
+
+def test_gap_coding_definition():
+    assert gap_encode([]).dtype == np.uint16 and gap_decode(gap_encode([])).size == 0
+    assert gap_encode([0]).tolist() == [0] and gap_encode([5]).tolist() == [5]
+    assert gap_encode([0, 1, 2, 65537]).tolist() == [0, 0, 0, 65534]
+    assert gap_encode([0, 65536]).dtype == np.uint16 and gap_encode([0, 65536]).tolist() == [0, 65535]
+    assert gap_encode([0, 65537]).dtype == np.uint32 and gap_encode([0, 65537]).tolist() == [0, 65536]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        idx = np.unique(rng.integers(0, 10**6, size=rng.integers(1, 500)))
+        g = gap_encode(idx)
+        assert g.tolist() == _trl_gaps(idx).tolist() and g.dtype == _trl_gaps(idx).dtype
+        assert gap_decode(g).tolist() == idx.tolist()
+    with pytest.raises(InvalidInputError):
+        gap_encode([3, 3])
+    with pytest.raises(InvalidInputError):
+        gap_decode(np.array([1], np.int32))
+
+
+def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
+    """Acceptance 4: every step reproduces the same weights, in each index format."""
+    src = tmp_path / "trl"
+    write_trl_bucket(src, trajectory)
+    reference, _ = torch_replay(src)
+    assert sorted(reference) == list(range(STEPS + 1))
+    for step, state in reference.items():  # the TRL bucket itself encodes the trajectory
+        assert_same_bits(state, trajectory[step])
+    key = "deltas/step_000004.safetensors"
+    kind, patch, meta = read_trl_file(open(src / key, "rb").read(), key)
+    assert kind == "delta" and meta["encoding"] == "gap_delta" and patch["big.weight"][0].tolist() == [3, 150_000]
+
+    store = str(tmp_path / "store")
+    report = import_trl(str(src), store, anchor_every=4)
+    assert report["versions"] == list(range(STEPS + 1)) and report["mismatches"] == []
+    f = Follower(store)
+    for v in f.follow(until=STEPS, timeout=1):
+        pass
+    f2 = Follower(store)
+    f2.bootstrap()
+    assert_same_bits(f2.state, trajectory[STEPS])
+    assert f2.metadata["model_version"] == STEPS
+
+    for fmt in ("gap_delta", "raw", "indices"):
+        dest = tmp_path / f"out-{fmt}"
+        out = export_trl(store, str(dest), index_format=fmt)
+        assert out["versions"] == list(range(STEPS + 1)) and out["anchors"][0] == 0
+        replayed, metas = torch_replay(dest)
+        for step in range(STEPS + 1):
+            assert_same_bits(replayed[step], reference[step])
+        assert metas[4]["sparse"] == "False"  # 4 is an anchor of the store: a full TRL anchor too...
+        m = _st(dest / "deltas/step_000004.safetensors")[1]  # ...and a delta, for replicas in step
+        assert m["format"] == "sparse_weight_patch" and m["model_version"] == "4" and m["sparse"] == "True"
+        changed = sum(int((host_bits(trajectory[4][k]) != host_bits(trajectory[3][k])).sum()) for k in trajectory[4])
+        total = sum(v.size for v in trajectory[4].values())
+        assert int(m["total_changed_elements"]) == changed and int(m["total_elements"]) == total
+        assert float(m["sparsity"]) == pytest.approx(1 - changed / total)
+        assert int(m["num_changed_params"]) == sum(
+            1 for k in trajectory[4] if (host_bits(trajectory[4][k]) != host_bits(trajectory[3][k])).any())
+        if fmt == "gap_delta":
+            tensors, _ = _st(dest / "deltas/step_000004.safetensors")
+            assert tensors["big.weight.idx"] == "U32" and tensors["lm_head.weight.idx"] == "U16"
+            assert m["encoding"] == "gap_delta"
+        elif fmt == "indices":
+            assert "encoding" not in m
+            assert _st(dest / "deltas/step_000004.safetensors")[0]["big.weight.indices"] == "I32"
+    # anchors of the store become full TRL anchors (every parameter, never a partial one)
+    tensors, meta = _st(tmp_path / "out-raw" / "anchors/step_000004.safetensors")
+    assert set(tensors) == set(trajectory[0]) and meta["sparse"] == "False"
+
+
+def _st(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    return {k: v["dtype"] for k, v in header.items()}, meta
+
+
+def test_malformed_trl_buckets_are_clear_errors(trajectory, tmp_path):
+    src = tmp_path / "bad"
+    os.makedirs(src / "deltas")
+    with open(src / "deltas/step_000001.safetensors", "wb") as f:
+        f.write(st_save({"w.idx": np.array([0], np.int32), "w.val": np.ones(1, BF16)},
+                        metadata={"format": "sparse_weight_patch"}))
+    with pytest.raises(InvalidInputError, match="no anchor precedes"):
+        import_trl(str(src), str(tmp_path / "s1"))
+    raw = st_save({"w.idx": np.array([1], np.uint8)}, metadata={"encoding": "nvcomp_cascaded"})
+    with pytest.raises(InvalidInputError, match="nvcomp"):
+        read_trl_file(raw, "deltas/step_000002.safetensors")
+    raw = st_save({"w.idx": np.array([4, 2], np.int32), "w.val": np.ones(2, BF16)})
+    with pytest.raises(InvalidInputError, match="ascending"):
+        read_trl_file(raw, "deltas/step_000002.safetensors")
+    with pytest.raises(InvalidInputError, match="safetensors"):
+        read_trl_file(b"\x10\x00\x00\x00\x00\x00\x00\x00{}", "deltas/step_000002.safetensors")
+    os.makedirs(src / "anchors")
+    with open(src / "anchors/step_000000.safetensors", "wb") as f:
+        f.write(st_save({"w": np.ones(4, BF16)}))
+    with open(src / "deltas/step_000001.safetensors", "wb") as f:
+        f.write(st_save({"w.indices": np.array([4], np.int32), "w.values": np.ones(1, BF16)}))
+    with pytest.raises(InvalidInputError, match="out of range"):
+        import_trl(str(src), str(tmp_path / "s2"))
