@@ -1,17 +1,26 @@
 """ulstore: a lossless, content-addressed store for checkpoint trajectories, built on ULPack.
 
-``encode``/``decode`` code one tensor against a reference; :mod:`ulstore.codec`
-holds the codec and the numcodecs ``ulpack`` codec.
+- :func:`open` a trajectory (a Zarr v3 hierarchy on any fsspec filesystem), commit
+  steps, read any step lazily: :mod:`ulstore.store`.
+- :func:`encode` / :func:`decode` one tensor against a reference, and the numcodecs
+  codec ``ulpack``: :mod:`ulstore.codec`.
+- Checkpoint files in and out: :mod:`ulstore.io`, :mod:`ulstore.checkpoints`.
+- Weight sync for asynchronous RL: :mod:`ulstore.sync`.
 """
+import importlib as _importlib
+
 from ._backend import available_backends, backend, set_backend
 from ._format import header_bound
 from .codec import ULPack, decode, decode_many, encode, encode_many, inspect_blob, model_entropy_bits
 from .errors import *  # noqa: F401,F403  (the error tree is public API)
 from .errors import __all__ as _errors_all
+from .store import Trajectory, open
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "open",
+    "Trajectory",
     "encode",
     "decode",
     "encode_many",
@@ -25,5 +34,12 @@ __all__ = [
     "available_backends",
     *_errors_all,
 ]
-from .store import Trajectory, open  # noqa: E402
-__all__ += ["open", "Trajectory"]
+
+_SUBMODULES = ("io", "sync", "checkpoints", "toytrain", "cli")
+
+
+def __getattr__(name):
+    # the heavier submodules load on first use: ``import ulstore`` stays light
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'ulstore' has no attribute {name!r}")

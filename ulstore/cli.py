@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("step", metavar="STEP", type=_step_or_ref, help="the step to delete")
 
     p = command("demo", "train a small model on this CPU, store every step, show sizes",
-                "Train a small language model for real on the CPU (about a minute), store a bf16\n"
+                "Train a small language model for real on the CPU (under a minute), store a bf16\n"
                 "checkpoint after every step, print the size against raw safetensors and zstd,\n"
                 "read a slice of an old step back lazily, verify, and say where the data lives.\n"
                 "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",
@@ -289,11 +289,8 @@ class _UI:
 
 
 def _json_default(obj):
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)
+    """numpy scalars as numbers; anything else (paths, dtypes) as text."""
+    return obj.item() if hasattr(obj, "item") else str(obj)
 
 
 def main(argv=None) -> int:
@@ -315,9 +312,8 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 -- the one place that turns errors into a message
         if args.debug:
             traceback.print_exc()
-        print(f"{PROG}: error: {_describe(e)}", file=sys.stderr)
-        if not args.debug and not _expected(e):
-            print(f"{PROG}: (unexpected error; rerun with --debug for the traceback)", file=sys.stderr)
+        hint = "" if args.debug or _expected(e) else " (unexpected; rerun with --debug for the traceback)"
+        print(f"{PROG}: error: {_describe(e)}{hint}", file=sys.stderr)
         return EXIT_ERROR
 
 
@@ -396,6 +392,11 @@ def _human(n) -> str:
     from .demo import human_bytes
 
     return human_bytes(n)
+
+
+def _n(count: int, word: str) -> str:
+    """``_n(1, "step") == "1 step"``, ``_n(3, "step") == "3 steps"``."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _binary(n: int) -> str:
@@ -518,7 +519,7 @@ def _cmd_log(args, ui) -> int:
     if not rows:
         ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
         return EXIT_OK
-    for line in _table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "source"],
+    for line in _table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"],
                        ">>>>><<<<"):
         ui.out(line)
     return EXIT_OK
@@ -579,10 +580,11 @@ def _cmd_verify(args, ui) -> int:
     ui.emit({"url": args.url, "ok": report.ok, "steps": report.steps, "chunks": report.chunks,
              "blobs": report.blobs, "errors": report.errors})
     if report.ok:
-        ui.out(f"OK: {report.steps} steps, {report.chunks} chunks, {report.blobs} blobs re-read and checked")
+        ui.out(f"OK: {_n(report.steps, 'step')}, {_n(report.chunks, 'chunk')}, {_n(report.blobs, 'blob')} "
+               "re-read and checked")
         return EXIT_OK
-    ui.out(f"DAMAGED: {len(report.errors)} object(s) failed their checks "
-           f"({report.steps} steps, {report.chunks} chunks, {report.blobs} blobs examined)")
+    ui.out(f"DAMAGED: {_n(len(report.errors), 'object')} failed their checks "
+           f"({_n(report.steps, 'step')}, {_n(report.chunks, 'chunk')}, {_n(report.blobs, 'blob')} examined)")
     for e in report.errors:
         where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
         ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
@@ -681,7 +683,7 @@ def _cmd_gc(args, ui) -> int:
     traj = _open_existing(args, "r+")
     result = traj.gc(older_than=args.older_than)
     ui.emit({"url": args.url, **result})
-    ui.out(f"removed {result['blobs']} unreferenced blob(s), {_human(result['bytes'])}")
+    ui.out(f"removed {_n(result['blobs'], 'unreferenced blob')}, {_human(result['bytes'])}")
     return EXIT_OK
 
 

@@ -41,7 +41,7 @@ __all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size",
 DEFAULT_DIR = "ulstore-demo"
 #: Optimizer steps trained and stored (plus the initial weights as step 0).
 DEFAULT_STEPS = 60
-#: toytrain preset: ~1.8M parameters, ~0.1 s per step on one core.
+#: toytrain preset: ~1.8M parameters, a few hundredths of a second per training step.
 DEFAULT_PRESET = "small"
 
 #: Learning rates of the two phases, and how the report writes them.
@@ -146,7 +146,8 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     old_step = max(1, steps // 12)
     n_params = cfg.num_params
 
-    echo(f"ulstore demo: train a {n_params / 1e6:.2f}M-parameter language model on this CPU and store every step")
+    size = f"{n_params / 1e6:.2f}M" if n_params >= 1e6 else f"{n_params / 1e3:.0f}K"
+    echo(f"ulstore demo: train a {size}-parameter language model on this CPU and store every step")
     echo(f"  model   toytrain {preset!r}: byte-level MLP LM, {len(cfg.shapes())} tensors, "
          f"bf16 checkpoints of {human_bytes(2 * n_params)}")
     echo(f"  run     steps 1-{n1} at lr {_LR_TEXT[LR_HIGH]}, then {n1 + 1}-{steps} at lr {_LR_TEXT[LR_LOW]} "
@@ -226,7 +227,8 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
         echo(row("  " + label, nbytes, ss))
         phase_rows.append({"label": label, "steps": ss, "raw_bytes": raw_of(ss),
                            "zstd_bytes": sum(zst[s] for s in ss), "stored_bytes": nbytes})
-    echo(f"  Steps {', '.join(map(str, anchors))} are anchors (coded without a reference, so that no read")
+    which = f"Steps {', '.join(map(str, anchors))} are anchors" if len(anchors) > 1 else f"Step {anchors[0]} is an anchor"
+    echo(f"  {which} (coded without a reference, so that no read")
     echo(f"  walks back more than {traj.anchor_every} steps); all others are deltas against their parent.")
     echo("")
 

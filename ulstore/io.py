@@ -313,9 +313,12 @@ def _torch_key_order(path, fallback: list[str]) -> list[str]:
 
 
 def _source_name(path) -> str:
+    """What ``ulstore log`` shows: the file or directory name, with its directory if the name is generic."""
     p = Path(path)
     if p.name.lower().endswith(".index.json"):
         p = p.parent
+    if _GENERIC_NAMES.match(p.name) and p.parent.name:
+        return f"{p.parent.name}/{p.name}"
     return p.name or str(p)
 
 

@@ -139,7 +139,6 @@ class Manifest:
         CorruptManifestError
             The bytes are not a well-formed manifest with a matching checksum.
         """
-        from .._dtypes import format_of  # noqa: F401  (ml_dtypes names must resolve)
         from ._zarr_dtypes import numpy_dtype
 
         try:

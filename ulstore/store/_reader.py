@@ -14,8 +14,9 @@ keeps
 
 Thread rules: every public method is thread-safe.  A thread that computes a
 chunk recurses into its reference in the same thread; a thread only ever
-waits on a computation that another thread is actively running, and waits go
-strictly down the (acyclic) reference chain, so waiting cannot deadlock.
+waits on a computation that another thread is actively running, keyed by
+manifest entry (never by content, which can repeat along a chain), and waits
+go strictly down the (acyclic) ancestry, so waiting cannot deadlock.
 """
 from __future__ import annotations
 
@@ -157,7 +158,12 @@ class ChunkReader:
                     self._chunks.move_to_end(ckey)
                     self.hits += 1
                     return hit
-            return self._once(("chunk",) + ckey, lambda: self._decode(step, name, t, e, coord, shape, ckey, True, depth))
+            # Single-flight by *entry*, not by content: equal contents can recur along a
+            # chain (weights that flip back), and waiting on one's own content key would
+            # deadlock.  An entry only ever waits on entries of strict ancestors of its
+            # reference step, so waits cannot form a cycle.
+            flight = ("chunk", name, coord, e.blob, e.ref)
+            return self._once(flight, lambda: self._decode(step, name, t, e, coord, shape, ckey, True, depth))
         return self._decode(step, name, t, e, coord, shape, ckey, False, depth)
 
     def _decode(self, step, name, t: TensorManifest, e: Entry, coord, shape, ckey, use_cache, depth):

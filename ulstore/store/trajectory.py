@@ -41,7 +41,6 @@ import datetime as _dt
 import json
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field

@@ -1,0 +1,397 @@
+"""Tests for the ``ulstore`` command line: every command as a subprocess, errors, exit codes, docs."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ulstore
+from ulstore import checkpoints as ckpt
+from ulstore import cli
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest_store import moto_s3  # noqa: E402,F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args, cwd=None, env=None, check=None, stdin=subprocess.DEVNULL, **kw) -> subprocess.CompletedProcess:
+    """``python -m ulstore.cli ARGS`` in a subprocess (stderr is not a TTY: no progress bars)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "ULSTORE_STORAGE_OPTIONS"}
+    full_env.update({"COLUMNS": "100", **(env or {})})
+    p = subprocess.run([sys.executable, "-m", "ulstore.cli", *map(str, args)], cwd=cwd, env=full_env,
+                       capture_output=True, text=True, stdin=stdin, timeout=300, **kw)
+    if check is not None:
+        assert p.returncode == check, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return p
+
+
+def assert_one_line_error(p, *fragments):
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("ulstore: error: "), lines[0]
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def write_steps(d: Path, steps=(100, 200, 300)) -> list[Path]:
+    """Small safetensors checkpoints with every interesting dtype, changing a little each step."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 0.02, (32, 16)).astype(np.float32)
+    paths = []
+    for i, s in enumerate(steps):
+        state = {
+            "model.w": (base + np.float32(1e-3 * i)).astype(ml_dtypes.bfloat16),
+            "model.h": (base[:4] * (i + 1)).astype(np.float16),
+            "model.f": base[:2] + np.float32(i),
+            "model.ids": np.arange(6, dtype=np.int64) + i,
+            "model.empty": np.zeros((0, 3), ml_dtypes.bfloat16),
+        }
+        p = d / f"step_{s:06d}.safetensors"
+        ckpt.save_safetensors(state, p, {"format": "pt"})
+        paths.append(p)
+    return paths
+
+
+def objects(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A trajectory with steps 100, 200, 300 imported through the CLI."""
+    paths = write_steps(tmp_path)
+    url = tmp_path / "traj"
+    run("init", url, "--chunk-bytes", 256, check=0)
+    run("add", url, *paths, check=0)
+    return url
+
+
+# ----------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize("command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm",
+                                     "demo"])
+def test_help_for_every_command(command, capsys):
+    argv = [command, "--help"] if command else ["--help"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: ulstore{' ' + command if command else ''}")
+    if command:
+        assert "examples:" in out and "--json" in out
+
+
+def test_console_script_and_version():
+    p = subprocess.run(["ulstore", "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == f"ulstore {ulstore.__version__}"
+
+
+def test_usage_errors_exit_2(tmp_path):
+    for argv in (["bogus"], [], ["add", str(tmp_path)], ["export", "x", "notastep?", "o.safetensors", "--nope"],
+                 ["demo", "--steps", "0"]):
+        p = run(*argv)
+        assert p.returncode == 2, (argv, p.stderr)
+        assert "usage: ulstore" in p.stderr and "Traceback" not in p.stderr
+
+
+# ------------------------------------------------------------- the commands
+
+
+def test_init_and_add_steps_from_names(tmp_path):
+    paths = write_steps(tmp_path)
+    url = tmp_path / "traj"
+    p = run("init", url, "--anchor-every", 8, "--json", check=0)
+    assert json.loads(p.stdout) == {"url": str(url), "anchor_every": 8, "chunk_bytes": 4 << 20, "steps": 0}
+    p = run("init", url)
+    assert_one_line_error(p, "already exists")
+    p = run("add", url, *reversed(paths), "--json", check=0)
+    added = json.loads(p.stdout)["added"]
+    assert [r["step"] for r in added] == [100, 200, 300]
+    assert [r["parent"] for r in added] == [None, 100, 200]
+    assert p.stderr == ""  # not a TTY: no progress bar
+    traj = ulstore.open(url, mode="r")
+    assert traj.steps == [100, 200, 300] and traj.head() == 300 and traj.anchor_every == 8
+
+
+def test_add_directory_branch_parent_and_step(tmp_path, store):
+    # a sharded HF directory named by step, on a branch off step 200
+    state = {f"layer{i}": np.full((8, 8), i, np.float32) for i in range(3)}
+    ckpt.save_safetensors(state, tmp_path / "out" / "checkpoint-1200", max_shard_size=300)
+    p = run("add", store, tmp_path / "out" / "checkpoint-1200", "--parent", 200, "--branch", "sft", check=0)
+    assert "step 1200" in p.stdout and "sharded" in p.stdout
+    # an unnamed file needs --step
+    ckpt.save_npz({"w": np.ones(3, np.float32)}, tmp_path / "final.npz")
+    assert_one_line_error(run("add", store, tmp_path / "final.npz"), "cannot tell the step", "--step")
+    run("add", store, tmp_path / "final.npz", "--step", 1300, "--branch", "sft", check=0)
+    traj = ulstore.open(store, mode="r")
+    assert traj.refs == {"main": 300, "sft": 1300}
+    assert traj.info(1200).parent == 200 and traj.info(1300).parent == 1200
+    # --step with several files is a user error; --init creates a missing trajectory
+    assert_one_line_error(run("add", store, tmp_path / "final.npz", tmp_path / "final.npz", "--step", 5), "--step")
+    assert_one_line_error(run("add", tmp_path / "new", tmp_path / "final.npz", "--step", 1), "ulstore init")
+    run("add", tmp_path / "new", tmp_path / "final.npz", "--step", 1, "--init", check=0)
+
+
+def test_log(store):
+    p = run("log", store, check=0)
+    lines = p.stdout.splitlines()
+    assert lines[0].split() == ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["300", "200", "100"]
+    assert "main" in lines[1] and "step_000300.safetensors" in lines[1] and "anchor" in lines[3]
+    doc = json.loads(run("log", store, 200, "--json", check=0).stdout)
+    assert [s["step"] for s in doc["steps"]] == [200, 100]
+    assert doc["steps"][0]["source"] == "step_000200.safetensors"
+
+
+def test_ls(store):
+    p = run("ls", store, 200, check=0)
+    assert "model.w" in p.stdout and "bfloat16" in p.stdout and "32x16" in p.stdout
+    assert p.stdout.strip().splitlines()[-1].startswith("5 tensors")
+    doc = json.loads(run("ls", store, "main", "--json", check=0).stdout)
+    assert doc["step"] == 300
+    assert {t["name"]: t["shape"] for t in doc["tensors"]}["model.empty"] == [0, 3]
+
+
+def test_export_every_format_byte_exact(tmp_path, store):
+    src = ckpt.load(tmp_path / "step_000200.safetensors")
+    for out in ("m.safetensors", "hf", "m.pt", "m.npz"):
+        p = run("export", store, 200, tmp_path / "x" / out, check=0)
+        assert f"wrote step 200 to {tmp_path / 'x' / out}" in p.stdout
+        got = ckpt.load(tmp_path / "x" / out)
+        assert set(got.tensors) == set(src.tensors)
+        for k, v in src.tensors.items():
+            assert got.tensors[k].dtype == v.dtype and got.tensors[k].tobytes() == v.tobytes(), (out, k)
+    assert ckpt.load(tmp_path / "x" / "m.safetensors").metadata == {"format": "pt"}
+    doc = json.loads(run("export", store, 300, tmp_path / "sh", "--shard-size", "600", "--json", check=0).stdout)
+    assert doc["format"] == "sharded" and len(doc["files"]) >= 3
+    # existing output: refused, untouched; --force replaces it
+    before = (tmp_path / "x" / "m.npz").read_bytes()
+    assert_one_line_error(run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists")
+    assert (tmp_path / "x" / "m.npz").read_bytes() == before
+    run("export", store, 300, tmp_path / "x" / "m.npz", "--force", check=0)
+    assert_one_line_error(run("export", store, 999, tmp_path / "y.safetensors"), "no such step")
+    assert_one_line_error(run("export", store, 300, tmp_path / "y.h5"), "cannot tell the export format")
+    assert not (tmp_path / "y.safetensors").exists()
+    assert not any(p.name.startswith(".") for p in (tmp_path / "x").iterdir())
+
+
+def test_verify_ok_and_damaged(store):
+    p = run("verify", store, check=0)
+    assert p.stdout.startswith("OK: 3 steps")
+    assert json.loads(run("verify", store, 200, "--json", check=0).stdout)["ok"] is True
+    blob = sorted((store / "blobs").rglob("*"))[-1]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    blob.write_bytes(bytes(data))
+    p = run("verify", store)
+    assert p.returncode == 1 and p.stdout.startswith("DAMAGED") and blob.name in p.stdout
+    p = run("verify", store, "--json")
+    assert p.returncode == 1 and json.loads(p.stdout)["ok"] is False
+
+
+def test_stats_and_plot(tmp_path, store):
+    p = run("stats", store, "--plot", tmp_path / "plots" / "sizes.png", check=0)
+    assert "per step:" in p.stdout and "per tensor" in p.stdout and "bits/w" in p.stdout
+    png = (tmp_path / "plots" / "sizes.png").read_bytes()
+    assert png[:8] == PNG_MAGIC and len(png) > 1000
+    doc = json.loads(run("stats", store, "--json", check=0).stdout)
+    traj_stats = ulstore.open(store, mode="r").stats()
+    assert doc["total"]["stored_bytes"] == traj_stats["stored_bytes"]
+    assert [s["step"] for s in doc["steps"]] == [100, 200, 300]
+    assert {t["name"] for t in doc["tensors"]} == {"model.w", "model.h", "model.f", "model.ids", "model.empty"}
+
+
+def test_stats_plot_without_matplotlib(tmp_path, store):
+    blocker = tmp_path / "block"
+    (blocker / "matplotlib").mkdir(parents=True)
+    (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
+    p = run("stats", store, "--plot", tmp_path / "s.png", env={"PYTHONPATH": str(blocker)})
+    assert_one_line_error(p, "matplotlib", "pip install 'ulstore[plot]'")
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_rm_and_gc(store):
+    before = len(objects(store / "blobs"))
+    p = run("rm", store, 300, check=0)
+    assert "deleted step 300" in p.stdout
+    traj = ulstore.open(store, mode="r")
+    assert traj.steps == [100, 200] and traj.head() == 200
+    doc = json.loads(run("gc", store, "--json", check=0).stdout)
+    assert doc["blobs"] > 0 and len(objects(store / "blobs")) == before - doc["blobs"]
+    run("verify", store, check=0)
+    assert_one_line_error(run("rm", store, 300), "no such step")
+
+
+def test_demo_tiny(tmp_path):
+    p = run("demo", "--preset", "tiny", "--steps", 4, cwd=tmp_path, check=0)
+    out = p.stdout
+    for fragment in ("raw safetensors files", "zstd -3 of each file", "ulstore trajectory", "bits/weight",
+                     "Lazy read of an old step", "bit-exact", "Verify:", "OK", "The data lives in"):
+        assert fragment in out, fragment
+    assert ulstore.open(tmp_path / "ulstore-demo", mode="r").steps == [0, 1, 2, 3, 4]
+    # runs again over its own earlier demo; refuses anything else
+    doc = json.loads(run("demo", "ulstore-demo", "--preset", "tiny", "--steps", 2, "--json", cwd=tmp_path,
+                         check=0).stdout)
+    assert doc["steps"] == 3 and doc["slice_equal"] and doc["verified"]
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "thesis.tex").write_text("x")
+    assert_one_line_error(run("demo", tmp_path / "precious", "--preset", "tiny", "--steps", 2),
+                          "not an earlier ulstore demo")
+    assert (tmp_path / "precious" / "thesis.tex").read_text() == "x"
+
+
+# ------------------------------------------------------------- bad input
+
+
+def bad_checkpoints(d: Path) -> dict[str, Path]:
+    good = d / "good.safetensors"
+    ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, good)
+    raw = good.read_bytes()
+    out = {"missing": d / "step_000900.safetensors"}
+    out["truncated"] = d / "step_000901.safetensors"
+    out["truncated"].write_bytes(raw[:-7])
+    out["malformed"] = d / "step_000902.safetensors"
+    bad_json = b'{"a": [1, 2'
+    out["malformed"].write_bytes(struct.pack("<Q", len(bad_json)) + bad_json)
+    out["dtype"] = d / "step_000903.safetensors"
+    header = json.dumps({"model.w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}).encode()
+    out["dtype"].write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+    return out
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("missing", "no such checkpoint"),
+    ("truncated", "truncated"),
+    ("malformed", "not valid JSON"),
+    ("dtype", "unknown dtype 'Q4'"),
+    ("exists", "step already exists"),
+])
+def test_bad_input_one_line_and_nothing_written(tmp_path, store, kind, fragment):
+    before = objects(store)
+    path = tmp_path / "step_000200.safetensors" if kind == "exists" else bad_checkpoints(tmp_path)[kind]
+    p = run("add", store, path)
+    assert_one_line_error(p, fragment)
+    assert objects(store) == before
+    # several files: checked before the first commit
+    if kind in ("missing", "exists"):
+        good = tmp_path / "step_000150.safetensors"
+        ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, good)
+        assert_one_line_error(run("add", store, good, path), fragment)
+        assert objects(store) == before
+
+
+def test_debug_shows_traceback(tmp_path, store):
+    p = run("add", store, tmp_path / "step_000999.safetensors", "--debug")
+    assert p.returncode == 1 and "Traceback" in p.stderr and "ulstore: error:" in p.stderr.splitlines()[-1]
+
+
+def test_unexpected_errors_and_interrupts_are_one_line(tmp_path, monkeypatch, capsys):
+    def boom(args, ui):
+        raise RuntimeError("something broke\n  in two lines")
+
+    monkeypatch.setattr(cli, "_cmd_log", boom)
+    assert cli.main(["log", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RuntimeError: something broke in two lines" in err and "--debug" in err
+
+    def interrupted(args, ui):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_log", interrupted)
+    assert cli.main(["log", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "ulstore: interrupted\n"
+
+
+def test_missing_trajectory_and_unreachable_url(tmp_path):
+    assert_one_line_error(run("log", tmp_path / "nowhere"), "no trajectory", "ulstore init")
+    assert not (tmp_path / "nowhere").exists()
+    p = run("log", "s3://ulstore-test/unreachable", "-o", "endpoint_url=http://127.0.0.1:9", "-o", "key=k",
+            "-o", "secret=s", "-o", 'config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2}')
+    assert_one_line_error(p, "127.0.0.1:9")
+    assert_one_line_error(run("init", "nosuchprotocol://x/y"), "nosuchprotocol")
+    p = run("log", "memory://x", env={"ULSTORE_STORAGE_OPTIONS": "{not json"})
+    assert_one_line_error(p, "ULSTORE_STORAGE_OPTIONS")
+
+
+def test_s3_store_through_cli(tmp_path, moto_s3):
+    paths = write_steps(tmp_path, steps=(1, 2))
+    url = f"s3://ulstore-test/cli-{uuid.uuid4().hex}"
+    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3)}
+    run("init", url, env=env, check=0)
+    run("add", url, *paths, env=env, check=0)
+    assert "step_000002" in run("log", url, env=env, check=0).stdout
+    run("export", url, 2, tmp_path / "back.safetensors", env=env, check=0)
+    assert ckpt.load(tmp_path / "back.safetensors").tensors["model.w"].tobytes() == \
+        ckpt.load(paths[1]).tensors["model.w"].tobytes()
+    endpoint = moto_s3["client_kwargs"]["endpoint_url"]
+    opts = ["-o", "key=testing", "-o", "secret=testing", "-o", f'client_kwargs={{"endpoint_url": "{endpoint}"}}']
+    assert json.loads(run("stats", url, "--json", *opts, check=0).stdout)["total"]["steps"] == 2
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, store):
+    """With a TTY on stderr `add` draws a bar there; --quiet turns it off."""
+    import fcntl
+    import pty
+    import termios
+
+    ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000400.safetensors")
+    ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000500.safetensors")
+
+    def stderr_of(*args):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal has a size
+        try:
+            p = subprocess.run([sys.executable, "-m", "ulstore.cli", *map(str, args)], stdout=subprocess.PIPE,
+                               stderr=slave, stdin=subprocess.DEVNULL, timeout=120, env={**os.environ})
+            os.close(slave)
+            chunks = []
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+        finally:
+            os.close(master)
+        assert p.returncode == 0, p
+        return b"".join(chunks).decode(errors="replace"), p.stdout.decode()
+
+    err, out = stderr_of("add", store, tmp_path / "step_000400.safetensors")
+    assert "importing" in err and "step 400" in out and "step 400" not in err
+    err, out = stderr_of("add", store, tmp_path / "step_000500.safetensors", "--quiet")
+    assert err == "" and "step 500" in out
+
+
+# ------------------------------------------------------------------- docs
+
+
+def test_docs_are_generated_from_the_code():
+    """docs/cli.md and docs/api.md match what docs/_gen_api.py renders now."""
+    p = subprocess.run([sys.executable, str(REPO / "docs" / "_gen_api.py"), "--check"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_docs_pages_exist():
+    for page in ("quickstart", "concepts", "api", "cli", "performance", "faq", "architecture"):
+        assert (REPO / "docs" / f"{page}.md").stat().st_size > 200, page
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -e . && ulstore demo" in readme
+    ci = (REPO / ".ci" / "run").read_text()
+    test_cmd = 'pip install -e ".[test]" && python -m pytest -q'
+    assert test_cmd in readme
+    assert test_cmd in ci  # CI runs the README's command verbatim
+    assert "<!-- bench:codec -->" in readme
