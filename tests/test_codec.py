@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ulstore
+from ulstore._dtypes import FORMATS
 from ulstore import (
     CorruptBlobError,
     DtypeError,
@@ -32,14 +33,7 @@ from ulstore import (
     UnsupportedVersionError,
 )
 
-DTYPES = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-}
+DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 SMALL = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]  # exhaustively enumerable
 WIDE = ["float32", "float64"]
 ALL = list(DTYPES)

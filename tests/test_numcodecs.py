@@ -29,19 +29,13 @@ from numcodecs.tests.common import (
 )
 
 import ulstore
+from ulstore._dtypes import FORMATS
 from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 GOLDEN = FIXTURES / "ulpack_v1"
 NUMCODECS_FIXTURES = FIXTURES / "numcodecs"
-DTYPES = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-}
+DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 CODECS = [ULPack(), ULPack(econd=False)]
 
 

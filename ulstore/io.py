@@ -147,16 +147,24 @@ def checkpoint_format(path) -> str:
     name = p.name.lower()
     if name.endswith(".index.json"):
         return "sharded"
+    kind = _file_kind(name)
+    if kind:
+        return kind
+    raise InvalidInputError(
+        f"{p}: cannot tell the checkpoint format from the name; expected .safetensors, "
+        "a Hugging Face directory or its *.safetensors.index.json, .pt/.pth/.bin or .npz"
+    )
+
+
+def _file_kind(name: str) -> str | None:
+    """The single-file checkpoint format a (lower-case) file name names, if any."""
     if name.endswith(".safetensors"):
         return "safetensors"
     if name.endswith(_TORCH_SUFFIXES):
         return "torch"
     if name.endswith(".npz"):
         return "npz"
-    raise InvalidInputError(
-        f"{p}: cannot tell the checkpoint format from the name; expected .safetensors, "
-        "a Hugging Face directory or its *.safetensors.index.json, .pt/.pth/.bin or .npz"
-    )
+    return None
 
 
 def step_from_path(path) -> int | None:
@@ -217,12 +225,9 @@ def output_format(out, *, format: str | None = None, max_shard_size=None) -> str
         return "sharded"
     if max_shard_size is not None:
         raise InvalidInputError(f"{p}: sharded output is a directory; give a directory name (no suffix)")
-    if name.endswith(".safetensors"):
-        return "safetensors"
-    if name.endswith(_TORCH_SUFFIXES):
-        return "torch"
-    if name.endswith(".npz"):
-        return "npz"
+    kind = _file_kind(name)
+    if kind:
+        return kind
     raise InvalidInputError(
         f"{p}: cannot tell the export format from the suffix {p.suffix!r}; use .safetensors, .pt/.pth/.bin, "
         ".npz or a directory name"

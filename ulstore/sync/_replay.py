@@ -88,6 +88,22 @@ class Workers:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+
+class WorkerOwner:
+    """Context-manager plumbing of an object that owns a :class:`Workers`."""
+
+    _workers: Workers
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker threads (the store itself needs no closing)."""
+        self._workers.close()
+
 class StoreReader:
     """Fetch and validate the objects of one sync store.
 

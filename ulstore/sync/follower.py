@@ -28,7 +28,7 @@ from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._bucket import Bucket
 from ._errors import BucketAccessError
 from ._layout import FORMAT, SYNC_META, Latest, Manifest, is_sync_meta
-from ._replay import ChainBroken, Replica, StoreReader, Workers
+from ._replay import ChainBroken, Replica, StoreReader, WorkerOwner, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 
@@ -67,7 +67,7 @@ class FollowerStats:
     bytes_downloaded: int = 0
 
 
-class Follower:
+class Follower(WorkerOwner):
     """Keep a state dict equal to the newest version in a sync store, in place.
 
     Parameters
@@ -132,14 +132,6 @@ class Follower:
     def __repr__(self) -> str:
         return f"<Follower {self.url!r} version={self.version}>"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        self._workers.close()
 
     @property
     def version(self) -> int | None:

@@ -57,7 +57,7 @@ from ._layout import (
     parse_version_key,
     version_key,
 )
-from ._replay import ChainBroken, Replica, StoreReader, Workers
+from ._replay import ChainBroken, Replica, StoreReader, WorkerOwner, Workers
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
 
@@ -104,7 +104,7 @@ class PublishInfo:
     seconds: float
 
 
-class Publisher:
+class Publisher(WorkerOwner):
     """Publish a trainer's weights to a bucket after every optimizer step.
 
     Parameters
@@ -201,15 +201,6 @@ class Publisher:
     def __repr__(self) -> str:
         return f"<Publisher {self.url!r} latest={self.latest}>"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        """Stop the worker threads (the store needs no closing)."""
-        self._workers.close()
 
     @property
     def latest(self) -> int | None:
