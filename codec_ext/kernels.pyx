@@ -819,3 +819,53 @@ def encoder_table(const int64_t[::1] rows, const uint32_t[:, ::1] freqs, int sca
                 e.start = <uint16_t>start
                 e.xmax = <uint32_t>(f << (31 - scale_bits))
                 start += f
+
+
+def table_model(const uint32_t[::1] counts, int token_bits, int alphabet, int pool_below, int scale_bits,
+                int64_t[::1] rows_out, int64_t[:, ::1] q_out):
+    """From symbol counts (``context << token_bits | token``) to table rows and quantised counts.
+
+    Twin of ``_tables.table_rows`` + ``sum_rows`` + ``quantized_counts`` in one call.
+    ``q_out`` needs one row per context plus one and is zeroed here; returns the
+    number of rows used.
+    """
+    cdef Py_ssize_t n_ctx = rows_out.shape[0], c, t, r, n_rows = 0
+    cdef int64_t n, shift, rest, top
+    cdef int64_t pooled_n = 0
+    cdef bint any_small = False
+    cdef const uint32_t* h = &counts[0]
+    with nogil:
+        memset(&q_out[0, 0], 0, q_out.shape[0] * q_out.shape[1] * sizeof(int64_t))
+        for c in range(n_ctx):  # rows of their own, ascending; contexts to pool
+            n = 0
+            for t in range(alphabet):
+                n += h[(c << token_bits) + t]
+            if n >= pool_below:
+                rows_out[c] = n_rows
+                n_rows += 1
+            elif n > 0:
+                rows_out[c] = -2  # pooled, row number known once all big rows are counted
+                any_small = True
+            else:
+                rows_out[c] = -1
+        for c in range(n_ctx):
+            if rows_out[c] == -2:
+                rows_out[c] = n_rows
+            r = rows_out[c]
+            if r >= 0:
+                for t in range(alphabet):
+                    q_out[r, t] += h[(c << token_bits) + t]
+        n_rows += any_small
+        for r in range(n_rows):  # quantise: docs/format.md, Tables
+            n = 0
+            for t in range(alphabet):
+                n += q_out[r, t]
+            shift = max(0, bitlen(<uint64_t>n) - scale_bits)
+            rest = 0
+            for t in range(1, alphabet):
+                if q_out[r, t]:
+                    q_out[r, t] = max(1, q_out[r, t] >> shift)
+                    rest += q_out[r, t]
+            if q_out[r, 0]:
+                q_out[r, 0] = max(1, (n >> shift) - rest)
+    return n_rows

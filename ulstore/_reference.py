@@ -40,6 +40,7 @@ __all__ = [
     "read_table",
     "normalize_rows",
     "encoder_table",
+    "table_model",
 ]
 
 BACKEND = "numpy"
@@ -356,3 +357,15 @@ def encoder_table(rows, freqs, scale_bits, token_bits, out) -> None:
     entries = out.view(ENC_ENTRY)
     occupied = np.repeat(rows >= 0, 1 << token_bits)
     entries[occupied] = table[occupied]
+
+
+def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, q_out) -> int:
+    """From symbol counts to table rows and quantised counts (``_tables`` functions)."""
+    hist = np.asarray(counts, dtype=np.int64).reshape(len(rows_out), -1)[:, :alphabet]
+    n_c = hist.sum(axis=1)
+    rows_out[:] = _tables.table_rows(n_c)
+    assert _tables.POOL_BELOW == pool_below
+    row_hist = _tables.sum_rows(hist, n_c)
+    q_out[:] = 0
+    q_out[: len(row_hist)] = _tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
+    return len(row_hist)

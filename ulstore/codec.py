@@ -42,9 +42,9 @@ from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._tables import (
     ENC_ENTRY,
+    POOL_BELOW,
     SCALE_BITS,
     STATE_LOW,
-    quantized_counts,
     sum_rows,
     table_rows,
 )
@@ -187,27 +187,26 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     size = (emask + 1) << fmt.token_bits
     lanes = scratch("histogram", copies * size, np.uint32).reshape(copies, size)
     k.histogram(sym, lanes)
-    hist = lanes[0].reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
-    return z, sym, hist, emask, hash_x, hash_r
+    return z, sym, lanes[0], emask, hash_x, hash_r  # counts per symbol: context << token_bits | token
 
 
-def _encode_rans(k, fmt: FloatFormat, z, sym, hist, emask) -> list | None:
+def _encode_rans(k, fmt: FloatFormat, z, sym, counts, emask) -> list | None:
     """The rANS payload as a list of bytes-like parts, or None if every residual is zero."""
     n = z.size
-    if hist[:, 0].sum() == n:
+    zeros = int(counts[:: 1 << fmt.token_bits].sum())  # token 0 of every context
+    if zeros == n:
         return None
     scale_bits = SCALE_BITS
-    n_c = hist.sum(axis=1)
-    rows = table_rows(n_c)
-    row_hist = sum_rows(hist, n_c)
-    q = quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
+    rows = np.empty(emask + 1, dtype=np.int64)
+    q = np.empty((emask + 2, fmt.alphabet), dtype=np.int64)
+    q = q[: k.table_model(counts, fmt.token_bits, fmt.alphabet, POOL_BELOW, scale_bits, rows, q)]
     freqs = np.empty(q.shape, dtype=np.uint32)
     k.normalize_rows(q, scale_bits, freqs)
     table = scratch("encoder table", (emask + 1) * ENC_ENTRY.itemsize << fmt.token_bits, np.uint8)
     k.encoder_table(rows, freqs, scale_bits, fmt.token_bits, table)
     words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
     states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(sym, table, words, states, hist[:, 0].sum() * 16 > 15 * n)
+    n_words = k.rans_encode(sym, table, words, states, zeros * 16 > 15 * n)
     tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
     tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
     # the payload's parts, views of the scratch buffers included (seal copies them once)
@@ -444,7 +443,8 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     if xf.size == 0:
         return 0.0
     rf = None if r is None else r.reshape(-1)
-    hist = _analyze(kernels(), fmt, xf, rf, econd)[2]
+    counts, emask = _analyze(kernels(), fmt, xf, rf, econd)[2:4]
+    hist = counts.reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
     h = sum_rows(hist, hist.sum(axis=1)).astype(np.float64)  # the model's own rows
