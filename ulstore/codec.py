@@ -356,7 +356,7 @@ def _batches(sizes: Sequence[int], budget: int) -> list[list[int]]:
 def _run_batched(fn, items: list, sizes: list[int], threads: int | None, budget: int) -> list:
     """``[fn(item) for item in items]``, in parallel batches.
 
-    A batch holds at most ``budget`` bytes, and at most a quarter of one thread's
+    A batch holds at most ``budget`` bytes, and at most a sixteenth of one thread's
     share of the work so that every thread stays busy to the end.  Batches are
     submitted largest first.  Each result depends only on its item, so neither
     batching nor scheduling can change it.
@@ -370,7 +370,7 @@ def _run_batched(fn, items: list, sizes: list[int], threads: int | None, budget:
         for i in batch:
             results[i] = fn(items[i])
 
-    per_task = max(1, min(budget, sum(sizes) // (4 * threads)))
+    per_task = max(1, min(budget, sum(sizes) // (16 * threads)))
     with cf.ThreadPoolExecutor(threads) as pool:
         for f in [pool.submit(run, b) for b in _batches(sizes, per_task)]:
             f.result()
