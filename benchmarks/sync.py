@@ -145,7 +145,6 @@ def main(argv=None) -> None:
 
     store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
     pub = Publisher(store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas only after it
-    t0 = time.perf_counter()
     info0 = pub.publish(0, states[0])
     follower = Follower(store, threads=threads)
     t1 = time.perf_counter()

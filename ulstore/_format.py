@@ -9,7 +9,6 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-import numpy as np
 
 from ._dtypes import FloatFormat, format_by_code
 from .errors import CorruptBlobError, UnsupportedVersionError
