@@ -526,3 +526,20 @@ def test_atomic_npz(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         ckpt.save_npz({"a": np.zeros(3)}, tmp_path / "a.npz")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_written_files_get_umask_permissions(tmp_path):
+    """Saved checkpoints get the same permissions as any file the user creates (not 0600)."""
+    import os
+    import stat
+
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    expected = stat.S_IMODE(os.stat(plain).st_mode)
+    arrays = {"w": np.arange(6, dtype=np.float32)}
+    ckpt.save_safetensors(arrays, tmp_path / "one.safetensors")
+    ckpt.save_safetensors(arrays, tmp_path / "sharded", max_shard_size=8)
+    ckpt.save_npz(arrays, tmp_path / "a.npz")
+    written = [tmp_path / "one.safetensors", tmp_path / "a.npz", *sorted((tmp_path / "sharded").iterdir())]
+    for f in written:
+        assert stat.S_IMODE(os.stat(f).st_mode) == expected, f

@@ -741,6 +741,15 @@ def _npz_dtypes(p: Path, archive) -> dict[str, np.dtype]:
     return {k: _ML_BY_NAME[v] for k, v in spec.items()}
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; restored at once (import time)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 @contextlib.contextmanager
 def _atomic_path(path: Path):
     """Yield a temporary path beside ``path``; move it into place only on success."""
@@ -754,6 +763,8 @@ def _atomic_path(path: Path):
         # under the final name on some filesystems.
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        # some writers (the safetensors library among them) create 0600 files
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
