@@ -101,15 +101,21 @@ cdef inline void hash_words(Hasher* hs, const uint8_t* p, Py_ssize_t upto) noexc
         hs.done += 8
 
 
-cdef uint64_t hash_final(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept nogil:
-    """Finish a hash64 of the ``n`` bytes at ``p``."""
+cdef uint64_t hash_sum(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """The word sum of the ``n`` bytes at ``p``, the last word zero-padded (hash64 before its final mix)."""
     cdef uint64_t last = 0
     hash_words(hs, p, n)
     if n - hs.done:
         memcpy(&last, p + hs.done, n - hs.done)
         hs.salt += <uint64_t>0x9E3779B97F4A7C15ULL
         hs.acc += mix(last + hs.salt)
-    return mix(hs.acc + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
+        hs.done = n
+    return hs.acc
+
+
+cdef uint64_t hash_final(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """Finish a hash64 of the ``n`` bytes at ``p``."""
+    return mix(hash_sum(hs, p, n) + <uint64_t>n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
 def hash64(data):
@@ -120,6 +126,17 @@ def hash64(data):
     cdef uint64_t acc
     with nogil:
         acc = hash_final(&hs, &b[0] if n else NULL, n)
+    return acc
+
+
+def hash_sum64(data):
+    """The word sum ``hash64`` finishes: ``hash64 = mix(hash_sum64 + nbytes * golden)``."""
+    cdef const uint8_t[::1] b = memoryview(data).cast("B")
+    cdef Py_ssize_t n = b.shape[0]
+    cdef Hasher hs = Hasher(0, 0, 0)
+    cdef uint64_t acc
+    with nogil:
+        acc = hash_sum(&hs, &b[0] if n else NULL, n)
     return acc
 
 

@@ -11,7 +11,18 @@ import importlib as _importlib
 
 from ._backend import available_backends, backend, set_backend
 from ._format import header_bound
-from .codec import ULPack, decode, decode_many, encode, encode_many, inspect_blob, model_entropy_bits
+from .codec import (
+    Changes,
+    ULPack,
+    content_sum,
+    decode,
+    decode_changes,
+    decode_many,
+    encode,
+    encode_many,
+    inspect_blob,
+    model_entropy_bits,
+)
 from .errors import *  # noqa: F401,F403  (the error tree is public API)
 from .errors import __all__ as _errors_all
 from .store import Trajectory, open
@@ -25,6 +36,9 @@ __all__ = [
     "decode",
     "encode_many",
     "decode_many",
+    "decode_changes",
+    "content_sum",
+    "Changes",
     "inspect_blob",
     "model_entropy_bits",
     "header_bound",

@@ -1,4 +1,4 @@
-"""The ULPack blob byte layout (version 1): header, tables, sections, trailer.
+"""The ULPack blob byte layout (versions 1 and 2): header, tables, sections, trailer.
 
 See ``docs/format.md`` for the field-by-field description.  This module only packs
 and parses bytes; it never codes values.  Everything read from a blob is untrusted:
@@ -19,6 +19,7 @@ __all__ = [
     "MODE_RAW",
     "MODE_SAME",
     "MODE_RANS",
+    "MODE_SPARSE",
     "FLAG_DELTA",
     "FLAG_NO_ECOND",
     "LANES",
@@ -32,8 +33,12 @@ __all__ = [
 ]
 
 MAGIC = b"ULPK"
-VERSION = 1
-MODE_RAW, MODE_SAME, MODE_RANS = 0, 1, 2
+VERSION = 2  # the newest version this module reads and writes
+MODE_RAW, MODE_SAME, MODE_RANS, MODE_SPARSE = 0, 1, 2, 3
+# Version 2 added MODE_SPARSE and nothing else: a blob in any other mode is written
+# as version 1, byte for byte what version-1 writers produced, and version-1
+# readers refuse SPARSE blobs as an unknown version instead of misreading them.
+_FIRST_VERSION = {MODE_RAW: 1, MODE_SAME: 1, MODE_RANS: 1, MODE_SPARSE: 2}
 FLAG_DELTA = 1  # coded against a caller-held reference (else: intra, against +0.0)
 FLAG_NO_ECOND = 2  # ablation: the models ignore the reference exponent
 _KNOWN_FLAGS = FLAG_DELTA | FLAG_NO_ECOND
@@ -133,7 +138,7 @@ class Header:
 
     def pack(self) -> bytearray:
         out = bytearray(MAGIC)
-        out += bytes((VERSION, self.fmt.code, self.mode, self.flags, len(self.shape)))
+        out += bytes((_FIRST_VERSION[self.mode], self.fmt.code, self.mode, self.flags, len(self.shape)))
         for d in self.shape:
             write_varint(out, d)
         out += self.ref_hash.to_bytes(4, "little") + self.target_hash.to_bytes(4, "little")
@@ -158,9 +163,10 @@ def open_blob(blob) -> tuple[Header, Reader]:
         raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
     if bytes(buf[:4]) != MAGIC:
         raise CorruptBlobError("not a ULPack blob (bad magic bytes)")
-    if buf[4] != VERSION:
+    version = buf[4]
+    if not 1 <= version <= VERSION:
         raise UnsupportedVersionError(
-            f"ULPack blob has format version {buf[4]}; this ulstore reads version {VERSION}"
+            f"ULPack blob has format version {version}; this ulstore reads versions 1 to {VERSION}"
         )
     body_end = len(buf) - CRC_BYTES
     stored = int.from_bytes(buf[body_end:], "little")
@@ -171,11 +177,13 @@ def open_blob(blob) -> tuple[Header, Reader]:
     if fmt is None:
         raise CorruptBlobError(f"ULPack blob names an unknown dtype code {buf[5]}")
     mode = r.u8("mode")
-    if mode not in (MODE_RAW, MODE_SAME, MODE_RANS):
-        raise CorruptBlobError(f"ULPack blob names an unknown mode {mode}")
+    if _FIRST_VERSION.get(mode) != version:  # one canonical version per mode
+        raise CorruptBlobError(f"ULPack blob names an unknown mode {mode} for format version {version}")
     flags = r.u8("flags")
     if flags & ~_KNOWN_FLAGS:
         raise CorruptBlobError(f"ULPack blob sets unknown flag bits {flags:#x}")
+    if mode == MODE_SPARSE and not flags & FLAG_DELTA:
+        raise CorruptBlobError("ULPack blob is sparse but not a delta")
     ndim = r.u8("ndim")
     shape = tuple(r.varint("shape", limit=MAX_ELEMENTS) for _ in range(ndim))
     n = 1

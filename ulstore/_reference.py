@@ -27,6 +27,7 @@ from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
 __all__ = [
     "BACKEND",
     "hash64",
+    "hash_sum64",
     "residuals",
     "histogram",
     "context_histogram",
@@ -56,24 +57,33 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def hash64(data) -> int:
-    """64-bit checksum of a byte buffer.
+def hash_sum64(data) -> int:
+    """The word sum :func:`hash64` finishes.
 
     Words are the little-endian u64s of the bytes zero-padded to a multiple of 8;
-    ``acc = sum_j mix(word_j + (j+1) * golden)`` and the result is
-    ``mix(acc + nbytes * golden)``.  A sum of full-avalanche bijections of
-    position-salted words: any single changed word changes it, flips do not cancel
-    in pairs, and it has no serial chain.
+    the sum is ``sum_j mix(word_j + (j+1) * golden) mod 2**64``.  Being a sum, it
+    can be updated word by word when a few elements change.
     """
     b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    nbytes = len(b)
-    pad = (-nbytes) % 8
+    pad = (-len(b)) % 8
     if pad:
         b = np.concatenate([b, np.zeros(pad, np.uint8)])
     words = b.view("<u8").astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = (np.arange(1, len(words) + 1, dtype=np.uint64)) * _GOLDEN
-        acc = int(_mix(words + salt).sum(dtype=np.uint64))
+        return int(_mix(words + salt).sum(dtype=np.uint64))
+
+
+def hash64(data) -> int:
+    """64-bit checksum of a byte buffer: ``mix(hash_sum64(data) + nbytes * golden)``.
+
+    A sum of full-avalanche bijections of position-salted words: any single
+    changed word changes it, flips do not cancel in pairs, and it has no serial
+    chain.
+    """
+    nbytes = memoryview(data).cast("B").nbytes
+    acc = hash_sum64(data)
+    with np.errstate(over="ignore"):
         final = _mix(np.array([(acc + nbytes * int(_GOLDEN)) & _M64], dtype=np.uint64))
     return int(final[0])
 

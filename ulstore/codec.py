@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 
 import numcodecs
@@ -40,14 +41,9 @@ from . import _format as F
 from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
-from ._tables import (
-    ENC_ENTRY,
-    POOL_BELOW,
-    SCALE_BITS,
-    STATE_LOW,
-    sum_rows,
-    table_rows,
-)
+from ._section import STATUS, TABLE_STATUS, decode_section, encode_section
+from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse, finish_sum, sum_delta
+from ._tables import sum_rows
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
@@ -56,6 +52,9 @@ __all__ = [
     "decode",
     "encode_many",
     "decode_many",
+    "decode_changes",
+    "Changes",
+    "content_sum",
     "inspect_blob",
     "model_entropy_bits",
     "HEADER_BOUND",
@@ -63,22 +62,6 @@ __all__ = [
 
 #: Bytes a 1-d blob may exceed the raw tensor by (header + CRC); see :func:`header_bound`.
 HEADER_BOUND = F.header_bound(1)
-
-# Status codes the kernels return, and what they mean for the user.
-STATUS = {
-    -1: "the rANS word stream ends early",
-    -2: "the raw-tail bitstream does not match the decoded lengths",
-    -3: "the rANS lanes do not end in their initial state",
-    -5: "the rANS word stream has words left over",
-}
-
-TABLE_STATUS = {
-    -1: "it is truncated",
-    -2: "a value is out of range",
-    -3: "it names a token beyond the alphabet",
-    -4: "a row has no tokens",
-    -5: "it has trailing bytes",
-}
 
 _MAX_ELEMENTS = F.MAX_ELEMENTS
 
@@ -97,7 +80,7 @@ def _prepare(target, reference):
     return fmt, x, r
 
 
-def encode(target, reference=None, *, econd: bool = True, backend: str | None = None) -> bytes:
+def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, backend: str | None = None) -> bytes:
     """Code ``target`` losslessly against ``reference`` (or against +0.0 if None).
 
     Parameters
@@ -110,6 +93,12 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     econd : bool, default True
         Condition the models on the reference exponent.  ``False`` is the ablation
         that measures what conditioning buys; blobs record it.
+    sparse : bool, default False
+        For deltas in which at most 1/8 of the elements change, code where the
+        changes are instead of every element's residual (mode SPARSE), so that
+        :func:`decode_changes` costs time in proportion to the changes, not to
+        the tensor.  About a third larger on RL deltas: positions cannot be
+        conditioned on the reference exponent.  Ignored for intra blobs.
     backend : {"cython", "numpy"}, optional
         Kernel implementation; defaults to the active one.  Blobs are identical.
 
@@ -132,9 +121,15 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
     if xf.size:
         z, sym, hist, emask, hash_x, hash_r = _analyze(k, fmt, xf, rf, econd)
-        coded = _encode_rans(k, fmt, z, sym, hist, emask)
+        changed = xf.size - int(hist[:: 1 << fmt.token_bits].sum())  # token 0 of every context
+        mode = F.MODE_SAME if not changed else F.MODE_SPARSE if (
+            sparse and rf is not None and changed * SPARSE_MAX_FRACTION <= xf.size) else F.MODE_RANS
+        if mode == F.MODE_RANS:
+            coded = encode_section(k, fmt, z, sym, hist, emask)
+        elif mode == F.MODE_SPARSE:
+            coded = encode_sparse(k, fmt, z, sym, emask)
     else:
-        hash_x, hash_r, coded = k.hash64(xf), k.hash64(xf), []
+        hash_x, hash_r, mode, coded = k.hash64(xf), k.hash64(xf), F.MODE_RANS, []  # empty: RAW below
     header = dict(
         fmt=fmt,
         flags=flags,
@@ -142,11 +137,11 @@ def encode(target, reference=None, *, econd: bool = True, backend: str | None = 
         ref_hash=_fold32(hash_r) if rf is not None else 0,
         target_hash=_target_hash(k, fmt, x.shape, hash_x),
     )
-    if coded is None:  # every residual is zero: the reference (or +0.0) is the target
-        return F.seal(F.Header(mode=F.MODE_SAME, **header).pack())
+    if mode == F.MODE_SAME:  # every residual is zero: the reference (or +0.0) is the target
+        return F.seal(F.Header(mode=mode, **header).pack())
     if sum(len(part) for part in coded) >= xf.nbytes:  # tables would cost more than they save
         return F.seal(F.Header(mode=F.MODE_RAW, **header).pack(), xf.view(np.uint8))
-    return F.seal(F.Header(mode=F.MODE_RANS, **header).pack(), *coded)
+    return F.seal(F.Header(mode=mode, **header).pack(), *coded)
 
 
 def _hash32(k, words: np.ndarray) -> int:
@@ -190,39 +185,6 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     return z, sym, lanes[0], emask, hash_x, hash_r  # counts per symbol: context << token_bits | token
 
 
-def _encode_rans(k, fmt: FloatFormat, z, sym, counts, emask) -> list | None:
-    """The rANS payload as a list of bytes-like parts, or None if every residual is zero."""
-    n = z.size
-    zeros = int(counts[:: 1 << fmt.token_bits].sum())  # token 0 of every context
-    if zeros == n:
-        return None
-    scale_bits = SCALE_BITS
-    rows = np.empty(emask + 1, dtype=np.int64)
-    q = np.empty((emask + 2, fmt.alphabet), dtype=np.int64)
-    q = q[: k.table_model(counts, fmt.token_bits, fmt.alphabet, POOL_BELOW, scale_bits, rows, q)]
-    freqs = np.empty(q.shape, dtype=np.uint32)
-    k.normalize_rows(q, scale_bits, freqs)
-    table = scratch("encoder table", (emask + 1) * ENC_ENTRY.itemsize << fmt.token_bits, np.uint8)
-    k.encoder_table(rows, freqs, scale_bits, fmt.token_bits, table)
-    words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
-    states = np.empty(F.LANES, dtype=np.uint32)
-    n_words = k.rans_encode(sym, table, words, states, zeros * 16 > 15 * n)
-    tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
-    tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
-    # the payload's parts, views of the scratch buffers included (seal copies them once)
-    head = bytearray((scale_bits,))
-    table_bytes = np.zeros(len(q) * (2 + 5 * fmt.alphabet), dtype=np.uint8)
-    n_bytes = (k.pack_table(np.ascontiguousarray(q, dtype=np.int64), table_bytes) + 7) // 8
-    F.write_varint(head, n_bytes)
-    head += table_bytes[:n_bytes].tobytes()
-    head += states.astype("<u4").tobytes()
-    F.write_varint(head, n_words)
-    middle = bytearray()
-    F.write_varint(middle, tail_bits)
-    # the kernels work in the machine's byte order, which ulstore requires to be little-endian
-    return [head, words[n + 1 - n_words :].view(np.uint8), middle, tail[: (tail_bits + 7) // 8]]
-
-
 def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     """Decode a ULPack blob, bit-exact.
 
@@ -250,22 +212,15 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     ReferenceMismatchError
         ``reference`` is not the one the blob was coded against (or is missing).
     """
-    header, rd = F.open_blob(blob)
+    header, rd, rf = _open(blob, reference)
     fmt = header.fmt
-    rf = None
-    if header.is_delta:
-        if reference is None:
-            raise ReferenceMismatchError("this ULPack blob is a delta: pass the reference it was coded against")
-        rfmt, r = as_bits(reference)
-        if rfmt is not fmt or r.shape != header.shape:
-            raise ReferenceMismatchError(
-                f"reference is {rfmt.name}{list(r.shape)} but the blob was coded against {fmt.name}{list(header.shape)}"
-            )
-        rf = r.reshape(-1)
-    elif reference is not None:
-        raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
     k = kernels(backend)
     n = header.size
+    if header.mode == F.MODE_SPARSE:
+        pos, values, _ = _sparse_changes(k, header, rd, rf, k.hash_sum64(rf))
+        out = rf.copy()
+        out[pos] = values
+        return from_bits(fmt, out).reshape(header.shape)
     if header.mode == F.MODE_RANS:
         # one pass over the reference yields its checksum and the context sizes
         emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
@@ -277,60 +232,130 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     if rf is not None and ref_hash != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     if header.mode == F.MODE_RANS:
-        out, values_hash = _decode_rans(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))
+        out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))  # residuals
+        values_hash = k.reconstruct(ref, out)  # now the values
     else:
         if header.mode == F.MODE_RAW:
             out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
         else:
             out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
         values_hash = k.hash64(out)
-    if rd.pos != rd.end:
-        raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
+    _check_end(rd)
     if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return from_bits(fmt, out).reshape(header.shape)
 
 
-def _decode_rans(k, fmt, rd, rf, emask, n_c) -> tuple[np.ndarray, int]:
-    """Decode the rANS payload against reference words ``rf`` whose contexts hold ``n_c`` elements.
+def _open(blob, reference) -> tuple[F.Header, F.Reader, np.ndarray | None]:
+    """Parse and check a blob; check ``reference`` fits it; return its flat words (None: intra)."""
+    header, rd = F.open_blob(blob)
+    fmt = header.fmt
+    if not header.is_delta:
+        if reference is not None:
+            raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
+        return header, rd, None
+    if reference is None:
+        raise ReferenceMismatchError("this ULPack blob is a delta: pass the reference it was coded against")
+    rfmt, r = as_bits(reference)
+    if rfmt is not fmt or r.shape != header.shape:
+        raise ReferenceMismatchError(
+            f"reference is {rfmt.name}{list(r.shape)} but the blob was coded against {fmt.name}{list(header.shape)}"
+        )
+    return header, rd, r.reshape(-1)
 
-    Returns the values and their ``hash64``.
+
+def _check_end(rd: F.Reader) -> None:
+    if rd.pos != rd.end:
+        raise CorruptBlobError(f"ULPack blob has {rd.end - rd.pos} unexpected trailing bytes")
+
+
+def _sparse_changes(k, header: F.Header, rd: F.Reader, rf: np.ndarray, ref_sum: int):
+    """Decode a SPARSE payload, checking the reference by its word sum ``ref_sum``.
+
+    Returns (positions, new words, the target's word sum); O(changes) given ``ref_sum``.
     """
-    n = len(rf)
-    scale_bits = rd.u8("scale bits")
-    if scale_bits != SCALE_BITS:
-        raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; format version 1 uses {SCALE_BITS}")
-    # the table rows and their sizes come from the reference, not the blob
-    rows = table_rows(n_c)
-    data = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
-    row_n = sum_rows(n_c, n_c)
-    q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
-    status = k.read_table(data, row_n, scale_bits, q)
-    if status:
-        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE_STATUS.get(status, f'status {status}')}")
-    freqs = np.empty(q.shape, dtype=np.uint32)
-    k.normalize_rows(q, scale_bits, freqs)
-    states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
-    if ((states < STATE_LOW) | (states >= 1 << 31)).any():
-        raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
-    n_words = rd.varint("word count", limit=n)
-    words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
-    tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
-    tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
-    if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
-        raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
-    # first slot entry of each context's row; contexts absent from the reference are never read
-    ctx_rows = (np.maximum(rows, 0) << scale_bits).astype(np.int32)
-    slots = scratch("slots", len(freqs) << scale_bits, np.uint32)
-    k.slot_table(freqs, slots)
-    tokens = scratch("tokens", n, np.uint8)
-    status = k.rans_decode(rf, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
-    out = np.empty(n, dtype=fmt.word)  # first holds the residuals, then the values
-    if not status:
-        status = k.unpack_tails(tokens, tail, tail_bits, out)
-    if status:
-        raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
-    return out, k.reconstruct(rf, out)
+    fmt, nbytes = header.fmt, rf.nbytes
+    if _fold32(finish_sum(ref_sum, nbytes)) != header.ref_hash:
+        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
+    emask = _econd_mask(fmt, True, not header.flags & F.FLAG_NO_ECOND)
+    pos, values = decode_sparse(k, fmt, rd, rf, emask)
+    _check_end(rd)
+    target_sum = (ref_sum + sum_delta(rf, pos, values)) & 0xFFFFFFFFFFFFFFFF
+    if _target_hash(k, fmt, header.shape, finish_sum(target_sum, nbytes)) != header.target_hash:
+        raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
+    return pos, values, target_sum
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a delta blob changes in its reference: ``reference.flat[positions] = values`` is the target.
+
+    Attributes
+    ----------
+    positions : numpy.ndarray
+        int64 flat (C-order) indices of the elements that change, ascending.
+    values : numpy.ndarray
+        Their new values (1-d, the blob's dtype).
+    content_sum : int
+        :func:`content_sum` of the target, for the next :func:`decode_changes`.
+    """
+
+    positions: np.ndarray
+    values: np.ndarray
+    content_sum: int
+
+
+def content_sum(array, *, backend: str | None = None) -> int:
+    """The 64-bit word sum behind ULPack's checksums, of ``array``'s bytes (C order).
+
+    A caller that keeps it for an array it updates with :func:`decode_changes`
+    (which returns the next one) lets SPARSE blobs check their reference in O(1).
+    """
+    _, x = as_bits(array)
+    return kernels(backend).hash_sum64(x.reshape(-1))
+
+
+def decode_changes(blob, reference, *, reference_sum: int | None = None, backend: str | None = None) -> Changes:
+    """Decode a delta blob into the elements it changes in ``reference``.
+
+    For a SPARSE blob (``encode(..., sparse=True)``) with ``reference_sum`` given,
+    this costs time in proportion to the changed elements, not the tensor: the
+    reference is checked through its sum, the target through the sum's update.
+    Other blobs are decoded whole and compared with ``reference``.
+
+    Parameters
+    ----------
+    blob : bytes-like
+        A delta blob from :func:`encode`.
+    reference : array-like
+        The reference it was coded against.  Not modified.
+    reference_sum : int, optional
+        ``content_sum(reference)``, if the caller keeps it (else it is computed).
+
+    Returns
+    -------
+    Changes
+
+    Raises
+    ------
+    ReferenceMismatchError
+        ``reference`` (or ``reference_sum``) is not the blob's reference, or the blob is intra.
+    CorruptBlobError, UnsupportedVersionError
+        As :func:`decode`.
+    """
+    header, rd, rf = _open(blob, reference)
+    if rf is None:
+        raise ReferenceMismatchError("decode_changes needs a delta blob; this one is intra-coded")
+    k = kernels(backend)
+    if header.mode == F.MODE_SPARSE:
+        ref_sum = k.hash_sum64(rf) if reference_sum is None else int(reference_sum)
+        pos, values, target_sum = _sparse_changes(k, header, rd, rf, ref_sum)
+    else:
+        _, out = as_bits(decode(blob, reference, backend=backend))
+        out = out.reshape(-1)
+        pos = np.flatnonzero(out != rf)
+        values, target_sum = out[pos], k.hash_sum64(out)
+    return Changes(pos, from_bits(header.fmt, values), target_sum)
 
 
 # -- batches --------------------------------------------------------------------
@@ -386,7 +411,8 @@ def _nbytes(array) -> int:
 
 
 def encode_many(
-    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, econd: bool = True, backend: str | None = None
+    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, econd: bool = True, sparse: bool = False,
+    backend: str | None = None,
 ) -> list[bytes]:
     """Encode many tensors in parallel; returns exactly what :func:`encode` returns for each.
 
@@ -402,7 +428,8 @@ def encode_many(
     """
     items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
     sizes = [_nbytes(t) for t, _ in items]
-    return _run_batched(lambda p: encode(p[0], p[1], econd=econd, backend=backend), items, sizes, threads, budget)
+    return _run_batched(lambda p: encode(p[0], p[1], econd=econd, sparse=sparse, backend=backend),
+                        items, sizes, threads, budget)
 
 
 def decode_many(pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, backend: str | None = None) -> list[np.ndarray]:
@@ -418,9 +445,9 @@ def decode_many(pairs: Iterable, *, threads: int | None = None, budget: int = 64
 def inspect_blob(blob) -> dict:
     """Header fields of a blob (after its integrity checks), for tools and debugging."""
     header, _ = F.open_blob(blob)
-    mode = {F.MODE_RAW: "raw", F.MODE_SAME: "same", F.MODE_RANS: "rans"}[header.mode]
+    mode = {F.MODE_RAW: "raw", F.MODE_SAME: "same", F.MODE_RANS: "rans", F.MODE_SPARSE: "sparse"}[header.mode]
     return {
-        "version": F.VERSION,
+        "version": memoryview(blob).cast("B")[4],
         "dtype": header.fmt.name,
         "shape": header.shape,
         "mode": mode,
@@ -471,6 +498,8 @@ class ULPack(Codec):
     dtype : str, optional
         How to read buffers that carry no float dtype (bytes, uint8 arrays...):
         e.g. ``"bfloat16"``.  Arrays of a float dtype are always read as such.
+    sparse : bool, default False
+        Code sparse deltas by position (see :func:`encode`).
 
     Notes
     -----
@@ -491,8 +520,9 @@ class ULPack(Codec):
 
     codec_id = "ulpack"
 
-    def __init__(self, econd: bool = True, dtype: str | None = None):
+    def __init__(self, econd: bool = True, dtype: str | None = None, sparse: bool = False):
         self.econd = bool(econd)
+        self.sparse = bool(sparse)
         self.dtype = None if dtype is None else format_of(dtype).name
 
     def _as_array(self, buf):
@@ -505,7 +535,7 @@ class ULPack(Codec):
 
     def encode(self, buf, reference=None):
         ref = None if reference is None else self._as_array(reference)
-        return encode(self._as_array(buf), ref, econd=self.econd)
+        return encode(self._as_array(buf), ref, econd=self.econd, sparse=self.sparse)
 
     def decode(self, buf, out=None, reference=None):
         ref = None if reference is None else self._as_array(reference)
@@ -518,11 +548,14 @@ class ULPack(Codec):
         config = {"id": self.codec_id, "econd": self.econd}
         if self.dtype is not None:  # omitted when unset, so plain configs stay {"id", "econd"}
             config["dtype"] = self.dtype
+        if self.sparse:
+            config["sparse"] = True
         return config
 
     def __repr__(self) -> str:
         dtype = "" if self.dtype is None else f", dtype={self.dtype!r}"
-        return f"ULPack(econd={self.econd!r}{dtype})"
+        sparse = ", sparse=True" if self.sparse else ""
+        return f"ULPack(econd={self.econd!r}{dtype}{sparse})"
 
 
 numcodecs.register_codec(ULPack)

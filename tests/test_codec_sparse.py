@@ -1,0 +1,239 @@
+"""The SPARSE mode (format version 2) and the O(changes) path: ``decode_changes`` + ``content_sum``.
+
+Every check compares bits.  The point of the mode is that a caller who keeps
+its reference's ``content_sum`` applies a delta touching only the changed
+elements, so the tests hold ``decode_changes`` to exactly what ``decode``
+returns, and its returned sum to ``content_sum`` of the true target.
+"""
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ulstore
+from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, decode_changes, content_sum
+from ulstore._dtypes import FORMATS
+from ulstore._sparse import SPARSE_MAX_FRACTION
+
+DTYPES = {f.name: f.dtype for f in FORMATS}
+BACKENDS = ulstore.available_backends()
+
+
+def U(dtype) -> np.dtype:
+    return np.dtype(f"<u{np.dtype(dtype).itemsize}")
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(U(a.dtype))
+
+
+def changed_at(ref: np.ndarray, positions, rng) -> np.ndarray:
+    """``ref`` with the elements at ``positions`` moved by a non-zero bit step (awkward values included)."""
+    u = bits(ref).copy()
+    steps = rng.integers(1, 4, size=len(positions)) * rng.choice([-1, 1], size=len(positions))
+    u[positions] = (u[positions].astype(np.int64) + steps).astype(u.dtype)
+    return u.view(ref.dtype).reshape(ref.shape)
+
+
+def reference(dtype, n, rng) -> np.ndarray:
+    """Normal values with signed zeros, infinities and NaN mixed in (e4m3fn casts inf to NaN)."""
+    r = (rng.standard_normal(n) * 2).astype(np.float32)
+    r[1::7][:5] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype=np.float32)[: len(r[1::7][:5])]
+    return r.astype(dtype)
+
+
+def check(blob, ref, target, backend=None):
+    """decode and decode_changes (with and without the sum) give the target bits and its sum."""
+    out = ulstore.decode(blob, ref, backend=backend)
+    assert np.array_equal(bits(out), bits(target))
+    want_sum = content_sum(target)
+    for ref_sum in (None, content_sum(ref)):
+        ch = decode_changes(blob, ref, reference_sum=ref_sum, backend=backend)
+        assert ch.positions.dtype == np.int64 and np.all(np.diff(ch.positions) > 0)
+        assert ch.values.dtype == target.dtype
+        assert np.array_equal(ch.positions, np.flatnonzero(bits(ref) != bits(target)))
+        applied = bits(ref).copy()
+        applied[ch.positions] = bits(ch.values)
+        assert np.array_equal(applied, bits(target))
+        assert ch.content_sum == want_sum
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 15, 17, 64, 1001, 4099])
+def test_sparse_roundtrip_odd_sizes_and_edges(name, n):
+    """First, last (padded last hash word), adjacent and lone changes, every dtype and odd size."""
+    dt = DTYPES[name]
+    rng = np.random.default_rng(n)
+    ref = reference(dt, n, rng)
+    budget = n // SPARSE_MAX_FRACTION
+    picks = {0, n - 1, n // 2, n // 2 + 1} if budget >= 4 else {n - 1}
+    positions = np.array(sorted(picks))[: max(1, budget)]
+    target = changed_at(ref, positions, rng)
+    blob = ulstore.encode(target, ref, sparse=True)
+    mode = ulstore.inspect_blob(blob)["mode"]
+    if budget >= 1:
+        assert mode in ("sparse", "raw"), mode  # tiny tensors may be cheaper raw
+        if n >= 64:
+            assert mode == "sparse"
+    else:
+        assert mode in ("rans", "raw"), mode  # one change in < 8 elements is too dense for SPARSE
+    check(blob, ref, target)
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_density_threshold_and_size(name):
+    """SPARSE up to 1/8 of the elements changed, dense RANS above; sizes stay bounded."""
+    dt = DTYPES[name]
+    n = 8 * 1000
+    rng = np.random.default_rng(3)
+    ref = reference(dt, n, rng)
+    for m, want in ((1, "sparse"), (n // SPARSE_MAX_FRACTION, "sparse"), (n // SPARSE_MAX_FRACTION + 1, "rans")):
+        target = changed_at(ref, np.sort(rng.choice(n, m, replace=False)), rng)
+        blob = ulstore.encode(target, ref, sparse=True)
+        assert ulstore.inspect_blob(blob)["mode"] == want, (m, want)
+        assert len(blob) <= target.nbytes + ulstore.codec.HEADER_BOUND
+        check(blob, ref, target)
+    # sparse=False never writes SPARSE; no change at all is SAME either way
+    assert ulstore.inspect_blob(ulstore.encode(target, ref))["mode"] != "sparse"
+    for sparse in (False, True):
+        assert ulstore.inspect_blob(ulstore.encode(ref.copy(), ref, sparse=sparse))["mode"] == "same"
+    # intra blobs ignore sparse=True
+    assert ulstore.encode(target, sparse=True) == ulstore.encode(target)
+
+
+@pytest.mark.parametrize("econd", [True, False])
+def test_backend_parity_and_versions(econd):
+    rng = np.random.default_rng(11)
+    ref = reference(ml_dtypes.bfloat16, 50_000, rng)
+    target = changed_at(ref, np.sort(rng.choice(ref.size, 700, replace=False)), rng)
+    blobs = {b: ulstore.encode(target, ref, econd=econd, sparse=True, backend=b) for b in BACKENDS}
+    assert len(set(blobs.values())) == 1, "backends write different SPARSE bytes"
+    blob = blobs["numpy"]
+    assert blob[4] == 2 and ulstore.inspect_blob(blob)["version"] == 2
+    assert ulstore.encode(target, ref, econd=econd)[4] == 1  # other modes keep writing version 1
+    for b in BACKENDS:  # each decodes every other's blob (they are one blob)
+        check(blob, ref, target, backend=b)
+    # multi-dimensional: positions are C-order flat indices
+    t2, r2 = target.reshape(250, 200), ref.reshape(250, 200)
+    b2 = ulstore.encode(t2, r2, econd=econd, sparse=True)
+    ch = decode_changes(b2, r2)
+    assert np.array_equal(ch.positions, np.flatnonzero(bits(r2) != bits(t2)))
+    assert ulstore.decode(b2, r2).shape == (250, 200)
+
+
+def test_chained_deltas_keep_sums():
+    """A replica's loop: apply deltas by position, keep only the sum; it never drifts."""
+    rng = np.random.default_rng(5)
+    state = reference(ml_dtypes.bfloat16, 30_000, rng)
+    truth = state.copy()
+    held_sum = content_sum(state)
+    for step in range(12):
+        nxt = changed_at(truth, np.sort(rng.choice(truth.size, int(rng.integers(1, 900)), replace=False)), rng)
+        blob = ulstore.encode(nxt, truth, sparse=True)
+        ch = decode_changes(blob, state, reference_sum=held_sum)
+        bits(state)[ch.positions] = bits(ch.values)
+        held_sum = ch.content_sum
+        truth = nxt
+        assert np.array_equal(bits(state), bits(truth)), step
+        assert held_sum == content_sum(state), step
+
+
+def test_wrong_reference_or_sum_raises():
+    rng = np.random.default_rng(8)
+    ref = reference(np.float16, 5000, rng)
+    target = changed_at(ref, np.sort(rng.choice(ref.size, 100, replace=False)), rng)
+    blob = ulstore.encode(target, ref, sparse=True)
+    other = changed_at(ref, [17], rng)
+    with pytest.raises(ReferenceMismatchError):
+        ulstore.decode(blob, other)
+    with pytest.raises(ReferenceMismatchError):
+        decode_changes(blob, other)  # sum computed from the wrong reference
+    with pytest.raises(ReferenceMismatchError):
+        decode_changes(blob, ref, reference_sum=content_sum(ref) ^ 1)
+    with pytest.raises(ReferenceMismatchError):
+        decode_changes(blob, ref.astype(np.float32))
+    with pytest.raises(ReferenceMismatchError, match="intra"):
+        decode_changes(ulstore.encode(target), ref)
+    with pytest.raises(ReferenceMismatchError, match="intra"):
+        decode_changes(ulstore.encode(target), None)
+
+
+def test_changed_old_value_with_right_sum_is_caught():
+    """A reference wrong *at a changed element* fails the target check even with a trusted sum."""
+    rng = np.random.default_rng(9)
+    ref = reference(ml_dtypes.bfloat16, 4000, rng)
+    pos = np.sort(rng.choice(ref.size, 50, replace=False))
+    target = changed_at(ref, pos, rng)
+    blob = ulstore.encode(target, ref, sparse=True)
+    tampered = ref.copy()
+    bits(tampered)[pos[3]] ^= 1
+    with pytest.raises(CorruptBlobError, match="target checksum"):
+        decode_changes(blob, tampered, reference_sum=content_sum(ref))
+
+
+def _reseal(body) -> bytes:
+    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
+
+
+def test_every_payload_byte_corruption_resealed():
+    """Each payload byte changed (CRC recomputed): an IntegrityError or the exact target, on both paths."""
+    from ulstore._format import open_blob
+
+    rng = np.random.default_rng(12)
+    ref = reference(ml_dtypes.bfloat16, 3000, rng)
+    target = changed_at(ref, np.sort(rng.choice(ref.size, 120, replace=False)), rng)
+    blob = ulstore.encode(target, ref, sparse=True)
+    start, ref_sum = open_blob(blob)[1].pos, content_sum(ref)
+    accepted = 0
+    for i in range(start, len(blob) - 4):
+        for flip in (0x01, 0x80, 0xFF):
+            body = bytearray(blob[:-4])
+            body[i] ^= flip
+            bad = _reseal(body)
+            for decode in (lambda: ulstore.decode(bad, ref),
+                           lambda: decode_changes(bad, ref, reference_sum=ref_sum)):
+                try:
+                    out = decode()
+                except IntegrityError:
+                    continue
+                got = bits(out) if isinstance(out, np.ndarray) else None
+                if got is None:
+                    got = bits(ref).copy()
+                    got[out.positions] = bits(out.values)
+                assert np.array_equal(got, bits(target)), f"byte {i} ^ {flip:#x} decoded to WRONG values"
+                accepted += 1
+    assert accepted <= 8 * 3  # only padding bits of the two raw tails can be ignored
+
+
+def test_version_mode_pairing_is_strict():
+    rng = np.random.default_rng(2)
+    ref = reference(np.float32, 2000, rng)
+    target = changed_at(ref, [5, 900, 1999], rng)
+    sparse, dense = ulstore.encode(target, ref, sparse=True), ulstore.encode(target, ref)
+    as_v1 = _reseal(sparse[:4] + b"\x01" + sparse[5:-4])
+    as_v2 = _reseal(dense[:4] + b"\x02" + dense[5:-4])
+    for bad in (as_v1, as_v2):
+        with pytest.raises(CorruptBlobError, match="unknown mode"):
+            ulstore.decode(bad, ref)
+    intra_flagged = bytearray(sparse[:-4])
+    intra_flagged[7] &= ~1  # clear the delta flag
+    with pytest.raises(CorruptBlobError, match="not a delta"):
+        ulstore.decode(_reseal(intra_flagged))
+
+
+def test_numcodecs_sparse_config():
+    import numcodecs
+
+    codec = numcodecs.get_codec({"id": "ulpack", "econd": True, "sparse": True})
+    assert codec.get_config() == {"id": "ulpack", "econd": True, "sparse": True}
+    assert repr(codec) == "ULPack(econd=True, sparse=True)"
+    assert numcodecs.get_codec({"id": "ulpack"}).get_config() == {"id": "ulpack", "econd": True}
+    rng = np.random.default_rng(4)
+    ref = reference(np.float16, 4000, rng)
+    target = changed_at(ref, np.arange(0, 4000, 97), rng)
+    blob = codec.encode(target, reference=ref)
+    assert ulstore.inspect_blob(blob)["mode"] == "sparse"
+    assert np.array_equal(bits(codec.decode(blob, reference=ref)), bits(target))

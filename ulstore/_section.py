@@ -1,0 +1,114 @@
+"""One rANS-coded stream of tokens and raw tails: the building block of every coded payload.
+
+A *section* codes ``n`` unsigned words ``z`` (residuals, or gaps between changed
+elements) as tokens under static per-context tables, plus their raw low bits:
+
+    scale bits | table size | table | 4 lane states | word count | words | tail bits | tail
+
+The dense RANS mode is one section over every element; the SPARSE mode is two
+(gaps, then the changed elements' residuals).  See ``docs/format.md``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _format as F
+from ._dtypes import FloatFormat
+from ._scratch import scratch
+from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
+from .errors import CorruptBlobError
+
+__all__ = ["encode_section", "decode_section", "STATUS", "TABLE_STATUS"]
+
+# Status codes the kernels return, and what they mean for the user.
+STATUS = {
+    -1: "the rANS word stream ends early",
+    -2: "the raw-tail bitstream does not match the decoded lengths",
+    -3: "the rANS lanes do not end in their initial state",
+    -5: "the rANS word stream has words left over",
+}
+
+TABLE_STATUS = {
+    -1: "it is truncated",
+    -2: "a value is out of range",
+    -3: "it names a token beyond the alphabet",
+    -4: "a row has no tokens",
+    -5: "it has trailing bytes",
+}
+
+
+def encode_section(k, fmt: FloatFormat, z, sym, counts, emask: int) -> list:
+    """Code words ``z`` with symbols ``sym`` (``context << token_bits | token``).
+
+    ``counts`` is the symbols' histogram.  Returns the section as a list of
+    bytes-like parts; some are views of this thread's scratch buffers, valid
+    until its next call.
+    """
+    n = z.size
+    zeros = int(counts[:: 1 << fmt.token_bits].sum())  # token 0 of every context
+    scale_bits = SCALE_BITS
+    rows = np.empty(emask + 1, dtype=np.int64)
+    q = np.empty((emask + 2, fmt.alphabet), dtype=np.int64)
+    q = q[: k.table_model(counts, fmt.token_bits, fmt.alphabet, POOL_BELOW, scale_bits, rows, q)]
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    k.normalize_rows(q, scale_bits, freqs)
+    table = scratch("encoder table", (emask + 1) * ENC_ENTRY.itemsize << fmt.token_bits, np.uint8)
+    k.encoder_table(rows, freqs, scale_bits, fmt.token_bits, table)
+    words = scratch("words", n + 1, np.uint16)  # one spare slot: see kernels.enc_put
+    states = np.empty(F.LANES, dtype=np.uint32)
+    n_words = k.rans_encode(sym, table, words, states, zeros * 16 > 15 * n)
+    tail = scratch("tail", n * (fmt.width - 3) // 8 + 16, np.uint8)
+    tail_bits = k.pack_tails(sym, z, fmt.token_bits, tail)
+    head = bytearray((scale_bits,))
+    table_bytes = np.zeros(len(q) * (2 + 5 * fmt.alphabet), dtype=np.uint8)
+    n_bytes = (k.pack_table(np.ascontiguousarray(q, dtype=np.int64), table_bytes) + 7) // 8
+    F.write_varint(head, n_bytes)
+    head += table_bytes[:n_bytes].tobytes()
+    head += states.astype("<u4").tobytes()
+    F.write_varint(head, n_words)
+    middle = bytearray()
+    F.write_varint(middle, tail_bits)
+    # the kernels work in the machine's byte order, which ulstore requires to be little-endian
+    return [head, words[n + 1 - n_words :].view(np.uint8), middle, tail[: (tail_bits + 7) // 8]]
+
+
+def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.ndarray:
+    """Read a section of ``len(r)`` words whose contexts come from reference words ``r``.
+
+    ``n_c`` counts the elements of each context (it fixes the table rows, which
+    the blob never names).  Returns the coded words ``z`` as a new array.
+    """
+    n = len(r)
+    scale_bits = rd.u8("scale bits")
+    if scale_bits != SCALE_BITS:
+        raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; the format uses {SCALE_BITS}")
+    rows = table_rows(n_c)
+    data = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
+    row_n = sum_rows(n_c, n_c)
+    q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
+    status = k.read_table(data, row_n, scale_bits, q)
+    if status:
+        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE_STATUS.get(status, f'status {status}')}")
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    k.normalize_rows(q, scale_bits, freqs)
+    states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
+    if ((states < STATE_LOW) | (states >= 1 << 31)).any():
+        raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
+    n_words = rd.varint("word count", limit=n)
+    words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
+    tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
+    tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
+    if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
+        raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
+    # first slot entry of each context's row; contexts absent from the reference are never read
+    ctx_rows = (np.maximum(rows, 0) << scale_bits).astype(np.int32)
+    slots = scratch("slots", len(freqs) << scale_bits, np.uint32)
+    k.slot_table(freqs, slots)
+    tokens = scratch("tokens", n, np.uint8)
+    status = k.rans_decode(r, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
+    z = np.empty(n, dtype=fmt.word)
+    if not status:
+        status = k.unpack_tails(tokens, tail, tail_bits, z)
+    if status:
+        raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
+    return z
