@@ -122,14 +122,16 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
-    orig_write = Binding.write
-    Binding.write = lambda self, start, values: (writes.append((self.name, start, values.size)),
+    orig_write, orig_scatter = Binding.write, Binding.scatter
+    Binding.write = lambda self, start, values: (writes.append(("write", self.name, start, values.size)),
                                                  orig_write(self, start, values))[1]
+    Binding.scatter = lambda self, start, pos, values: (writes.append(("scatter", self.name, start, pos.tolist())),
+                                                        orig_scatter(self, start, pos, values))[1]
     try:
         assert f.poll() == 3
     finally:
-        Binding.write = orig_write
-    assert writes == [("lm_head.weight", 0, CHUNK)]
+        Binding.write, Binding.scatter = orig_write, orig_scatter
+    assert writes == [("scatter", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 
 
@@ -321,6 +323,55 @@ def test_corrupt_delta_without_newer_anchor_stalls_then_recovers(states, url):
     assert f.poll() == 10
     assert_same_bits(f.state, states[10])
     assert f.stats.rebootstraps == 2
+
+
+def _delta_modes(follower, version) -> set:
+    from ulstore import inspect_blob
+
+    m = follower._reader.manifest(version)
+    packs = follower._reader.fetch_packs(m)
+    return {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse-deltas", "dense-deltas"])
+def test_trusted_follower_tracks_every_version(states, url, sparse):
+    """trust_state=True: exact at every version, and the kept sums are the held chunks' content_sum."""
+    from ulstore import content_sum
+
+    pub = Publisher(url, anchor_every=5, chunk_elems=CHUNK, sparse=sparse)
+    f = Follower(url, trust_state=True)
+    modes = set()
+    for v, s in enumerate(states):
+        pub.publish(v, s)
+        assert (f.bootstrap() if v == 0 else f.poll()) == v
+        assert_same_bits(f.state, s)
+        r = f._replica
+        n_chunks = sum(t.n_chunks(CHUNK) for t in r.layout.tensors if t.is_float)
+        assert len(r._sums) == n_chunks
+        for (name, c), kept in r._sums.items():
+            start, stop = r.layout.tensors[r.layout.index[name]].chunk_range(c, CHUNK)
+            assert kept == content_sum(r.flat(name)[start:stop]), (v, name, c)
+        if v:
+            modes |= _delta_modes(f, v)
+    pub.close()
+    f.close()
+    assert ("sparse" in modes) == sparse, modes
+    assert not [e for e in f.events if e.kind == "corrupt"], f.events
+
+
+def test_trusted_follower_catches_divergence_at_a_changed_element(states, url):
+    """Trusted, the follower still checks what a delta touches: an old value gone bad fails the target sum."""
+    publish_all(url, states[:3], anchor_every=5)
+    f = Follower(url, trust_state=True)
+    f.bootstrap()
+    name = next(k for k in states[3] if (states[3][k].view(np.uint16) != states[2][k].view(np.uint16)).any())
+    pos = np.flatnonzero(states[3][name].view(np.uint16).reshape(-1) != states[2][name].view(np.uint16).reshape(-1))
+    f.state[name].reshape(-1).view(np.uint16)[pos[0]] ^= 0x40  # the replica's memory went bad there
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        pub.publish(3, states[3])
+        assert f.poll() == 3
+    assert_same_bits(f.state, states[3])
+    assert "corrupt" in [e.kind for e in f.events] and f.stats.rebootstraps == 1
 
 
 def test_diverged_follower_state_is_repaired(states, url):

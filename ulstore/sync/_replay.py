@@ -9,8 +9,16 @@ Read me first
   chain the publisher committed.
 - A version is applied in two phases: every chunk is fetched, decoded and
   checked first (pack address, ULPack CRC + reference + target checksums,
-  the manifest's chunk hash); only then is anything written.  A failure
-  leaves the state exactly at the previous version.
+  and for whole chunks the manifest's chunk hash); only then is anything
+  written.  A failure leaves the state exactly at the previous version.
+- Deltas are applied by position: :func:`ulstore.decode_changes` yields the
+  changed elements only, and the replica keeps each chunk's
+  :func:`ulstore.content_sum`, so a SPARSE blob checks its reference in O(1)
+  and its result in O(changes).  Delta chunks are therefore verified by
+  ULPack's two 32-bit checksums rather than the manifest's CRC-32, which
+  would mean reading the whole chunk.  Whether the kept sums stand in for
+  hashing the reference chunk is the ``trust_state`` choice: trusted, writes
+  to the state by anyone else go unnoticed until the next anchor.
 - :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
   decides what to do (re-bootstrap, wait, report).
 """
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import decode
+from ..codec import Changes, content_sum, decode, decode_changes
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, NotFoundError
 from ._arrays import Binding, allocate, bind, chunk_hash
 from ._bucket import Bucket
@@ -64,7 +72,7 @@ class Decoded:
 
     manifest: Manifest
     layout: Layout
-    chunks: list  # [(Entry, numpy array)]
+    chunks: list  # [(Entry, whole flat chunk, or the Changes of a DELTA entry)]
     nbytes: int  # pack bytes downloaded
 
 
@@ -204,7 +212,8 @@ class StoreReader:
         """Decode and verify every chunk of ``manifest``.
 
         ``reference(entry)`` returns the flat chunk the publisher coded a DELTA
-        entry against (the replica's current bits).
+        entry against (the replica's current bits) and its ``content_sum``
+        (None: unknown).
         """
         seen = set()
         for e in manifest.entries:
@@ -223,13 +232,19 @@ class StoreReader:
             start, stop = spec.chunk_range(e.chunk, layout.chunk_elems)
             blob = memoryview(packs[e.pack])[e.offset : e.offset + e.length]
             try:
+                if e.codec == DELTA:
+                    ref, ref_sum = reference(e)
+                    changes = decode_changes(blob, ref, reference_sum=ref_sum)
+                    if changes.values.dtype != spec.dtype:
+                        raise CorruptBlobError(f"blob decodes to {changes.values.dtype}, expected {spec.dtype}")
+                    return e, changes
                 if e.codec == RAW:
                     want = (stop - start) * spec.dtype.itemsize
                     if e.length != want:
                         raise CorruptBlobError(f"raw chunk has {e.length} bytes, expected {want}")
                     arr = np.frombuffer(blob, dtype=spec.dtype).copy()
                 else:
-                    arr = decode(blob, reference(e) if e.codec == DELTA else None).reshape(-1)
+                    arr = decode(blob).reshape(-1)
                     if arr.dtype != spec.dtype or arr.size != stop - start:
                         raise CorruptBlobError(
                             f"blob decodes to {arr.dtype}[{arr.size}], expected {spec.dtype}[{stop - start}]")
@@ -258,6 +273,9 @@ class Replica:
         The caller's tensors (numpy arrays or torch tensors, CPU or device),
         written in place.  Their names, shapes and dtypes must match the
         published ones.  None: the replica allocates numpy arrays.
+    trust_state : bool
+        Check delta references by the sums kept since the chunk was last
+        written (O(1)) instead of hashing the chunk.
 
     Attributes
     ----------
@@ -267,8 +285,9 @@ class Replica:
         That version's manifest checksum (the next version's ``parent_checksum``).
     """
 
-    def __init__(self, reader: StoreReader, state=None):
+    def __init__(self, reader: StoreReader, state=None, *, trust_state: bool = False):
         self.reader = reader
+        self.trust_state = bool(trust_state)
         self.owned = state is None
         self.state = {} if state is None else state
         self.version: int | None = None
@@ -276,6 +295,7 @@ class Replica:
         self.layout: Layout | None = None
         self.metadata: dict = {}
         self._bindings: dict[str, Binding] = {}
+        self._sums: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> content_sum of the held bits
 
     # -- what the publisher codes against ---------------------------------------------
 
@@ -292,7 +312,7 @@ class Replica:
                 raise CorruptManifestError("delta chunk for a tensor the parent version does not hold as "
                                            f"{spec.dtype}{list(spec.shape)}", tensor=spec.name)
             start, stop = spec.chunk_range(e.chunk, layout.chunk_elems)
-            return b.mirror[start:stop]
+            return b.mirror[start:stop], self._sums.get((spec.name, e.chunk)) if self.trust_state else None
         return ref
 
     # -- loading ----------------------------------------------------------------------
@@ -372,20 +392,30 @@ class Replica:
         if self.owned:
             for name in [n for n in self.state if n not in layout.index]:
                 del self.state[name]
+        same_chunks = self.layout is not None and self.layout.chunk_elems == layout.chunk_elems
+        self._sums = {key: v for key, v in self._sums.items()
+                      if same_chunks and key[0] in bindings and bindings[key[0]] is self._bindings.get(key[0])}
         self._bindings = bindings
         self.layout = layout
 
     def _write(self, decoded: Decoded, version: Manifest) -> None:
         """Phase 2: every chunk verified; write them all, then record the version."""
         self.version = None  # the state is in flux until every chunk is written
-        for e, arr in decoded.chunks:
+        for e, item in decoded.chunks:
             spec = decoded.layout.tensors[e.tensor]
             start, _ = spec.chunk_range(e.chunk, decoded.layout.chunk_elems)
-            self._bindings[spec.name].write(start, arr)
+            if isinstance(item, Changes):
+                self._bindings[spec.name].scatter(start, item.positions, item.values)
+                self._sums[spec.name, e.chunk] = item.content_sum
+            else:
+                self._bindings[spec.name].write(start, item)
+                if spec.is_float and self.trust_state:  # the next delta checks its reference by this sum
+                    self._sums[spec.name, e.chunk] = content_sum(item)
         self.version, self.checksum, self.metadata = version.version, version.checksum, dict(version.metadata)
 
     def invalidate(self) -> None:
         self.version = self.checksum = None
+        self._sums.clear()
 
 
 def default_threads(threads: int | None) -> int:

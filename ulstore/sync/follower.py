@@ -89,6 +89,13 @@ class Follower(WorkerOwner):
         Replay at most this many deltas to catch up; further behind, load the newest anchor.
     on_event : callable, optional
         Called with every :class:`SyncEvent` (from the thread that polls).
+    trust_state : bool, default False
+        False: before a delta is applied, every chunk it changes is hashed to
+        check it still holds the version's bits (several GB/s per core), so a
+        state changed behind the follower's back is re-bootstrapped, never
+        patched.  True: the follower trusts that only it writes the state and
+        checks references through checksums it keeps, so applying a sparse
+        delta costs time in proportion to the changed elements only.
 
     Attributes
     ----------
@@ -110,7 +117,7 @@ class Follower(WorkerOwner):
 
     def __init__(self, url, *, state: Mapping | None = None, storage_options: dict | None = None,
                  threads: int | None = None, poll_interval: float = 1.0, max_replay: int = 64,
-                 on_event: Callable[[SyncEvent], None] | None = None):
+                 on_event: Callable[[SyncEvent], None] | None = None, trust_state: bool = False):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
         self._bucket = Bucket(url, storage_options)
@@ -124,7 +131,7 @@ class Follower(WorkerOwner):
         self.on_event = on_event
         self._workers = Workers(threads, "ulstore-follow")
         self._reader = StoreReader(self._bucket, self._workers)
-        self._replica = Replica(self._reader, state)
+        self._replica = Replica(self._reader, state, trust_state=trust_state)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer anchor
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
