@@ -886,3 +886,63 @@ def table_model(const uint32_t[::1] counts, int token_bits, int alphabet, int po
             if q_out[r, 0]:
                 q_out[r, 0] = max(1, (n >> shift) - rest)
     return n_rows
+
+
+# -- SPARSE payloads: positions, gathered references, checksum updates, scatter ------------
+
+
+def gap_gather(const uint32_t[::1] gaps, const word_t[::1] r, int64_t[::1] pos_out, word_t[::1] r_out):
+    """Positions ``p_k = p_(k-1) + gaps_k + 1`` (``p_(-1) = -1``) and the reference words there.
+
+    Returns 0, or -6 when a position lies past the end of ``r``.
+    """
+    cdef Py_ssize_t k, m = gaps.shape[0]
+    cdef int64_t p = -1, n = r.shape[0]
+    cdef int status = 0
+    with nogil:
+        for k in range(m):
+            p += <int64_t>gaps[k] + 1
+            if p >= n:
+                status = -6
+                break
+            pos_out[k] = p
+            r_out[k] = r[p]
+    return status
+
+
+def sum_update(const word_t[::1] r, const int64_t[::1] pos, const word_t[::1] values):
+    """How ``hash_sum64(r)`` changes when ``r[pos] = values`` (pos ascending), mod 2**64.
+
+    Visits only the 8-byte words that hold a changed element.
+    """
+    cdef Py_ssize_t i = 0, m = pos.shape[0], n = r.shape[0]
+    cdef Py_ssize_t per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t), base
+    cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
+    cdef int64_t w
+    cdef int shift
+    cdef uint64_t old, new, salt, acc = 0
+    with nogil:
+        while i < m:
+            w = pos[i] // per
+            base = w * per
+            if base + per <= n:
+                old = load64(<const uint8_t*>&r[base])
+            else:  # the last word is zero-padded, as in hash64
+                old = 0
+                memcpy(&old, &r[base], (n - base) * sizeof(word_t))
+            new = old
+            while i < m and pos[i] < base + per:
+                shift = <int>((pos[i] - base) * bits)
+                new = (new & ~(lane << shift)) | (<uint64_t>values[i] << shift)
+                i += 1
+            salt = (<uint64_t>w + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+            acc += mix(new + salt) - mix(old + salt)
+    return acc
+
+
+def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
+    """``dst[pos] = values`` (positions already checked to lie inside ``dst``)."""
+    cdef Py_ssize_t k, m = pos.shape[0]
+    with nogil:
+        for k in range(m):
+            dst[pos[k]] = values[k]

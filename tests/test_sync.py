@@ -122,16 +122,16 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
-    orig_write, orig_scatter = Binding.write, Binding.scatter
+    orig_write, orig_apply = Binding.write, Binding.apply
     Binding.write = lambda self, start, values: (writes.append(("write", self.name, start, values.size)),
                                                  orig_write(self, start, values))[1]
-    Binding.scatter = lambda self, start, pos, values: (writes.append(("scatter", self.name, start, pos.tolist())),
-                                                        orig_scatter(self, start, pos, values))[1]
+    Binding.apply = lambda self, start, ch: (writes.append(("apply", self.name, start, ch.positions.tolist())),
+                                             orig_apply(self, start, ch))[1]
     try:
         assert f.poll() == 3
     finally:
-        Binding.write, Binding.scatter = orig_write, orig_scatter
-    assert writes == [("scatter", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
+        Binding.write, Binding.apply = orig_write, orig_apply
+    assert writes == [("apply", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 
 

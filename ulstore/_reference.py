@@ -42,6 +42,9 @@ __all__ = [
     "normalize_rows",
     "encoder_table",
     "table_model",
+    "gap_gather",
+    "sum_update",
+    "scatter",
 ]
 
 BACKEND = "numpy"
@@ -379,3 +382,48 @@ def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, 
     q_out[:] = 0
     q_out[: len(row_hist)] = _tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     return len(row_hist)
+
+
+# -- SPARSE payloads ---------------------------------------------------------------
+
+
+def gap_gather(gaps, r, pos_out, r_out) -> int:
+    """Positions ``p_k = p_(k-1) + gaps_k + 1`` (``p_(-1) = -1``) and the reference words there.
+
+    Returns 0, or -6 when a position lies past the end of ``r``.
+    """
+    pos = np.cumsum(np.asarray(gaps, dtype=np.int64) + 1) - 1
+    if len(pos) and pos[-1] >= len(r):
+        return -6
+    pos_out[:] = pos
+    r_out[:] = r[pos]
+    return 0
+
+
+def sum_update(r, pos, values) -> int:
+    """How ``hash_sum64(r)`` changes when ``r[pos] = values`` (pos ascending), mod 2**64.
+
+    Visits only the 8-byte words that hold a changed element.
+    """
+    if not len(pos):
+        return 0
+    per = 8 // r.itemsize
+    word = pos // per
+    starts = np.diff(word, prepend=-1) != 0
+    touched = word[starts]
+    idx = touched[:, None] * per + np.arange(per)
+    old = np.zeros(idx.shape, dtype=r.dtype)  # the last word is zero-padded, as in hash64
+    inside = idx < len(r)
+    old[inside] = r[idx[inside]]
+    new = old.copy()
+    new[np.cumsum(starts) - 1, pos % per] = values
+    with np.errstate(over="ignore"):
+        salt = (touched.astype(np.uint64) + np.uint64(1)) * _GOLDEN
+        gained = int(_mix(new.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
+        lost = int(_mix(old.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
+    return (gained - lost) & _M64
+
+
+def scatter(dst, pos, values) -> None:
+    """``dst[pos] = values`` (positions already checked to lie inside ``dst``)."""
+    dst[pos] = values

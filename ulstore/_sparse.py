@@ -22,7 +22,7 @@ caller who chooses (``encode(..., sparse=True)``).
 Checksums stay those of the header, and stay cheap: ``hash64`` is a finished
 *sum* over 8-byte words (:func:`_reference.hash_sum64`), so a caller that knows
 its reference's sum can check the reference in O(1) and the target in O(m)
-with :func:`sum_delta`.
+with the ``sum_update`` kernel.
 """
 from __future__ import annotations
 
@@ -30,11 +30,10 @@ import numpy as np
 
 from . import _format as F
 from ._dtypes import FloatFormat, format_of
-from ._reference import _mix
 from ._section import decode_section, encode_section
 from .errors import CorruptBlobError
 
-__all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse", "sum_delta", "finish_sum"]
+__all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse", "finish_sum"]
 
 #: SPARSE is used when at most 1/SPARSE_MAX_FRACTION of the elements change; above
 #: that, applying by position saves little over decoding every element.
@@ -80,10 +79,9 @@ def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int)
     if m == 0:
         raise CorruptBlobError("ULPack blob is corrupt: a sparse payload with no changed element")
     gaps = decode_section(k, GAPS, rd, np.zeros(m, dtype=np.uint32), 0, np.array([m], dtype=np.int64))
-    pos = np.cumsum(gaps.astype(np.int64) + 1) - 1
-    if pos[-1] >= n:
-        raise CorruptBlobError(f"ULPack blob is corrupt: it changes element {int(pos[-1])} of {n}")
-    r_sub = rf[pos]
+    pos, r_sub = np.empty(m, dtype=np.int64), np.empty(m, dtype=rf.dtype)
+    if k.gap_gather(gaps, rf, pos, r_sub):
+        raise CorruptBlobError(f"ULPack blob is corrupt: it changes an element past the end of the tensor ({n} elements)")
     n_c = np.zeros((8, emask + 1), dtype=np.uint32)
     k.context_histogram(r_sub, fmt.mant_bits, emask, n_c)
     values = decode_section(k, fmt, rd, r_sub, emask, n_c.sum(axis=0, dtype=np.int64))
@@ -99,25 +97,3 @@ def finish_sum(acc: int, nbytes: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
-
-
-def sum_delta(ref: np.ndarray, pos: np.ndarray, values: np.ndarray) -> int:
-    """How ``hash_sum64`` of words ``ref`` changes when ``ref[pos] = values`` (pos ascending, unique).
-
-    O(len(pos)): only the 8-byte words holding a changed element are visited.
-    """
-    per = 8 // ref.itemsize
-    word = pos // per
-    starts = np.diff(word, prepend=-1) != 0
-    touched = word[starts]
-    idx = touched[:, None] * per + np.arange(per)
-    old = np.zeros(idx.shape, dtype=ref.dtype)  # the last word is zero-padded, as in hash64
-    inside = idx < len(ref)
-    old[inside] = ref[idx[inside]]
-    new = old.copy()
-    new[np.cumsum(starts) - 1, pos % per] = values
-    with np.errstate(over="ignore"):
-        salt = (touched.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
-        gained = int(_mix(new.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
-        lost = int(_mix(old.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
-    return (gained - lost) & _M64

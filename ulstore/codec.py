@@ -42,7 +42,7 @@ from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._section import STATUS, TABLE_STATUS, decode_section, encode_section
-from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse, finish_sum, sum_delta
+from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse, finish_sum
 from ._tables import sum_rows
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
@@ -280,7 +280,7 @@ def _sparse_changes(k, header: F.Header, rd: F.Reader, rf: np.ndarray, ref_sum: 
     emask = _econd_mask(fmt, True, not header.flags & F.FLAG_NO_ECOND)
     pos, values = decode_sparse(k, fmt, rd, rf, emask)
     _check_end(rd)
-    target_sum = (ref_sum + sum_delta(rf, pos, values)) & 0xFFFFFFFFFFFFFFFF
+    target_sum = (ref_sum + k.sum_update(rf, pos, values)) & 0xFFFFFFFFFFFFFFFF
     if _target_hash(k, fmt, header.shape, finish_sum(target_sum, nbytes)) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return pos, values, target_sum
@@ -303,6 +303,22 @@ class Changes:
     positions: np.ndarray
     values: np.ndarray
     content_sum: int
+
+    def apply_to(self, out, *, backend: str | None = None) -> None:
+        """Write the changed values into ``out``, in place (``out.flat[positions] = values``).
+
+        ``out`` is the reference (or a copy of it): a writeable C-contiguous
+        array of the blob's dtype and size, any shape.
+        """
+        if not isinstance(out, np.ndarray) or out.dtype != self.values.dtype:
+            raise InvalidInputError(f"changes of {self.values.dtype} values cannot be applied to "
+                                    f"{getattr(out, 'dtype', type(out).__name__)}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise InvalidInputError("changes are applied in place: pass a writeable C-contiguous array")
+        if self.positions.size and not 0 <= self.positions[0] <= self.positions[-1] < out.size:
+            raise InvalidInputError(f"changes reach element {int(self.positions[-1])} of an array of {out.size}")
+        word = f"<u{out.dtype.itemsize}"
+        kernels(backend).scatter(out.reshape(-1).view(word), self.positions, self.values.view(word))
 
 
 def content_sum(array, *, backend: str | None = None) -> int:

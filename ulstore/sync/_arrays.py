@@ -81,17 +81,18 @@ class Binding:
 
             self.device[start:stop].copy_(numpy_to_tensor(np.ascontiguousarray(values.reshape(-1))))
 
-    def scatter(self, start: int, positions: np.ndarray, values: np.ndarray) -> None:
-        """Overwrite elements ``start + positions`` (int64, ascending) with ``values``."""
-        words(self.mirror)[start:][positions] = words(values)
+    def apply(self, start: int, changes) -> None:
+        """Write a chunk's :class:`~ulstore.codec.Changes` (positions relative to ``start``)."""
+        stop = start + (int(changes.positions[-1]) + 1 if changes.positions.size else 0)
+        changes.apply_to(self.mirror[start:stop])
         if self.device is not None:
             import torch
 
             from .._torch import numpy_to_tensor
 
             dev = self.device.device
-            index = torch.from_numpy(positions + start).to(dev)
-            self.device.index_copy_(0, index, numpy_to_tensor(np.ascontiguousarray(values.reshape(-1))).to(dev))
+            index = torch.from_numpy(changes.positions + start).to(dev)
+            self.device.index_copy_(0, index, numpy_to_tensor(np.ascontiguousarray(changes.values)).to(dev))
 
 
 def bind(spec: TensorSpec, value) -> Binding:

@@ -405,7 +405,7 @@ class Replica:
             spec = decoded.layout.tensors[e.tensor]
             start, _ = spec.chunk_range(e.chunk, decoded.layout.chunk_elems)
             if isinstance(item, Changes):
-                self._bindings[spec.name].scatter(start, item.positions, item.values)
+                self._bindings[spec.name].apply(start, item)
                 self._sums[spec.name, e.chunk] = item.content_sum
             else:
                 self._bindings[spec.name].write(start, item)
