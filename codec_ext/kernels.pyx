@@ -462,58 +462,47 @@ cdef inline uint64_t dec_renorm(uint64_t s, const uint8_t* words, int64_t* pos, 
     return (s & ~mask) | (((s << 16) | w16) & mask)
 
 
-def rans_decode(const word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_rows,
-                const uint32_t[::1] slots, const uint8_t[::1] words, const uint32_t[::1] states,
-                uint8_t[::1] tokens_out):
-    """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
-
-    ``ctx_rows[(r >> mant_bits) & emask]`` is the context's first entry in ``slots``
-    (``token << 24 | (f - 1) << 12 | (slot - start)`` per slot, scale 2**12).
-    """
-    cdef Py_ssize_t n = tokens_out.shape[0], i = 0
-    cdef int64_t pos = 0, n_words = words.shape[0] // 2
+cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_t emask, const int32_t* rows,
+                          const uint32_t* sl, const uint8_t* pw, int64_t n_words, const uint32_t* states,
+                          uint8_t* pt) noexcept nogil:
+    """The body of :func:`rans_decode` on raw pointers (``n_words`` 16-bit words at ``pw``)."""
+    cdef Py_ssize_t i = 0
+    cdef int64_t pos = 0
     cdef uint64_t x[LANES]
     cdef uint64_t x0, x1, x2, x3
-    cdef int lane, status = 0
+    cdef int lane
     cdef uint16_t w16, zero16 = 0
-    cdef const word_t* pr = &r[0] if n else NULL
-    cdef uint8_t* pt = &tokens_out[0] if n else NULL
-    cdef const uint8_t* pw = &words[0] if n_words else <const uint8_t*>&zero16
-    cdef const int32_t* rows = &ctx_rows[0]
-    cdef const uint32_t* sl = &slots[0]
+    if n_words == 0:
+        pw = <const uint8_t*>&zero16
     x0, x1, x2, x3 = states[0], states[1], states[2], states[3]
-    with nogil:
-        # fast path: whole groups of 4 while 4 more words can be read unchecked;
-        # one loop per renormalisation regime (see dec_renorm)
-        if n_words * 16 < n:
-            while i + 4 <= n and pos + 4 <= n_words:
-                x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, True)
-                x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, True)
-                x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, True)
-                x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, True)
-                i += 4
-        else:
-            while i + 4 <= n and pos + 4 <= n_words:
-                x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, False)
-                x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, False)
-                x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, False)
-                x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, False)
-                i += 4
-        # the rest one element at a time, every word read checked
-        x[0], x[1], x[2], x[3] = x0, x1, x2, x3
-        while i < n:
-            lane = i & 3
-            x[lane] = dec_step(x[lane], sl, rows[(pr[i] >> mant_bits) & emask], pt + i)
-            if x[lane] < STATE_LOW:
-                if pos >= n_words:
-                    status = -1
-                    break
-                memcpy(&w16, pw + 2 * pos, 2)
-                x[lane] = (x[lane] << 16) | w16
-                pos += 1
-            i += 1
-    if status:
-        return status
+    # fast path: whole groups of 4 while 4 more words can be read unchecked;
+    # one loop per renormalisation regime (see dec_renorm)
+    if n_words * 16 < n:
+        while i + 4 <= n and pos + 4 <= n_words:
+            x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, True)
+            x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, True)
+            x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, True)
+            x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, True)
+            i += 4
+    else:
+        while i + 4 <= n and pos + 4 <= n_words:
+            x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, False)
+            x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, False)
+            x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, False)
+            x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, False)
+            i += 4
+    # the rest one element at a time, every word read checked
+    x[0], x[1], x[2], x[3] = x0, x1, x2, x3
+    while i < n:
+        lane = i & 3
+        x[lane] = dec_step(x[lane], sl, rows[(pr[i] >> mant_bits) & emask], pt + i)
+        if x[lane] < STATE_LOW:
+            if pos >= n_words:
+                return -1
+            memcpy(&w16, pw + 2 * pos, 2)
+            x[lane] = (x[lane] << 16) | w16
+            pos += 1
+        i += 1
     if pos != n_words:
         return -5
     for lane in range(LANES):
@@ -522,19 +511,43 @@ def rans_decode(const word_t[::1] r, int mant_bits, uint32_t emask, const int32_
     return 0
 
 
+def rans_decode(const word_t[::1] r, int mant_bits, uint32_t emask, const int32_t[::1] ctx_rows,
+                const uint32_t[::1] slots, const uint8_t[::1] words, const uint32_t[::1] states,
+                uint8_t[::1] tokens_out):
+    """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
+
+    ``ctx_rows[(r >> mant_bits) & emask]`` is the context's first entry in ``slots``
+    (``token << 24 | (f - 1) << 12 | (slot - start)`` per slot, scale 2**12).
+    """
+    cdef Py_ssize_t n = tokens_out.shape[0]
+    cdef int64_t n_words = words.shape[0] // 2
+    cdef int status
+    cdef const word_t* pr = &r[0] if n else NULL
+    cdef uint8_t* pt = &tokens_out[0] if n else NULL
+    cdef const uint8_t* pw = &words[0] if n_words else NULL
+    with nogil:
+        status = rans_decode_core(pr, n, mant_bits, emask, &ctx_rows[0], &slots[0], pw, n_words, &states[0], pt)
+    return status
+
+
+cdef void slot_core(const uint32_t* freqs, Py_ssize_t rows, Py_ssize_t alphabet, uint32_t* o) noexcept nogil:
+    cdef Py_ssize_t i, t, j
+    cdef uint32_t f, base
+    for i in range(rows):
+        for t in range(alphabet):
+            f = freqs[i * alphabet + t]
+            base = (<uint32_t>t << 24) | ((f - 1) << 12)
+            for j in range(f):
+                o[0] = base | <uint32_t>j
+                o += 1
+
+
 def slot_table(const uint32_t[:, ::1] freqs, uint32_t[::1] out):
     """Fill one entry per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``."""
-    cdef Py_ssize_t rows = freqs.shape[0], alphabet = freqs.shape[1], i, t, j
-    cdef uint32_t f, base
-    cdef uint32_t* o = &out[0]
+    if freqs.shape[0] == 0:
+        return
     with nogil:
-        for i in range(rows):
-            for t in range(alphabet):
-                f = freqs[i, t]
-                base = (<uint32_t>t << 24) | ((f - 1) << 12)
-                for j in range(f):
-                    o[0] = base | <uint32_t>j
-                    o += 1
+        slot_core(&freqs[0, 0], freqs.shape[0], freqs.shape[1], &out[0])
 
 
 # -- decode pass 2: raw tails -------------------------------------------------------
@@ -563,13 +576,11 @@ cdef inline uint64_t get_one(const uint8_t* tp, int64_t tlen, int64_t* bitpos, i
     return ((<uint64_t>(t - 4 * nb)) << nb) | (w & (((<uint64_t>1) << nb) - 1))
 
 
-def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tail_bits, word_t[::1] z_out):
-    """Rebuild residuals from tokens and raw tail bits; returns 0, or -2 if the bit count disagrees."""
-    cdef Py_ssize_t n = tokens.shape[0], i = 0, j
-    cdef int64_t bitpos = 0, tlen = tail.shape[0]
-    cdef const uint8_t* tp = &tail[0] if tlen else NULL
-    cdef const uint8_t* pt = &tokens[0] if n else NULL
-    cdef word_t* pz = &z_out[0] if n else NULL
+cdef int unpack_core(const uint8_t* pt, Py_ssize_t n, const uint8_t* tp, int64_t tlen, int64_t tail_bits,
+                     word_t* pz) noexcept nogil:
+    """The body of :func:`unpack_tails` on raw pointers."""
+    cdef Py_ssize_t i = 0, j
+    cdef int64_t bitpos = 0
     cdef uint64_t w
     cdef int t, k, sh
     # per token: tail length, the residual with its tail zeroed, and the tail mask
@@ -580,29 +591,41 @@ def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tai
         nbits[t] = tail_len(t) if t < 4 * 64 - 4 else 0
         base[t] = (<uint64_t>(t - 4 * nbits[t])) << nbits[t]
         mask[t] = ((<uint64_t>1) << nbits[t]) - 1
-    with nogil:
-        while i + 8 <= n:
-            if load64(pt + i) == 0:  # 8 unchanged elements: nothing to read
-                for j in range(8):
-                    pz[i + j] = 0
-            elif word_t is uint8_t or word_t is uint16_t:
-                # 4 tails of <= 13 bits fit one 57-bit window
-                for j in range(i, i + 8, 4):
-                    w = window(tp, tlen, bitpos)
-                    sh = 0
-                    for k in range(4):
-                        t = pt[j + k]
-                        pz[j + k] = <word_t>(base[t] | ((w >> sh) & mask[t]))
-                        sh += nbits[t]
-                    bitpos += sh
-            else:
-                for j in range(i, i + 8):
-                    pz[j] = <word_t>get_one(tp, tlen, &bitpos, pt[j])
-            i += 8
-        while i < n:
-            pz[i] = <word_t>get_one(tp, tlen, &bitpos, pt[i])
-            i += 1
+    while i + 8 <= n:
+        if load64(pt + i) == 0:  # 8 unchanged elements: nothing to read
+            for j in range(8):
+                pz[i + j] = 0
+        elif word_t is uint8_t or word_t is uint16_t:
+            # 4 tails of <= 13 bits fit one 57-bit window
+            for j in range(i, i + 8, 4):
+                w = window(tp, tlen, bitpos)
+                sh = 0
+                for k in range(4):
+                    t = pt[j + k]
+                    pz[j + k] = <word_t>(base[t] | ((w >> sh) & mask[t]))
+                    sh += nbits[t]
+                bitpos += sh
+        else:
+            for j in range(i, i + 8):
+                pz[j] = <word_t>get_one(tp, tlen, &bitpos, pt[j])
+        i += 8
+    while i < n:
+        pz[i] = <word_t>get_one(tp, tlen, &bitpos, pt[i])
+        i += 1
     return 0 if bitpos == tail_bits else -2
+
+
+def unpack_tails(const uint8_t[::1] tokens, const uint8_t[::1] tail, int64_t tail_bits, word_t[::1] z_out):
+    """Rebuild residuals from tokens and raw tail bits; returns 0, or -2 if the bit count disagrees."""
+    cdef Py_ssize_t n = tokens.shape[0]
+    cdef int64_t tlen = tail.shape[0]
+    cdef int status
+    cdef const uint8_t* tp = &tail[0] if tlen else NULL
+    cdef const uint8_t* pt = &tokens[0] if n else NULL
+    cdef word_t* pz = &z_out[0] if n else NULL
+    with nogil:
+        status = unpack_core(pt, n, tp, tlen, tail_bits, pz)
+    return status
 
 
 # -- decode pass 3: values (element-wise) -------------------------------------------
@@ -717,96 +740,111 @@ cdef inline int get_gamma(const uint8_t* data, int64_t end, int64_t* pos, int64_
     return 0
 
 
+cdef int read_table_core(const uint8_t* d, int64_t nbytes, const int64_t* n_rows, Py_ssize_t rows,
+                         Py_ssize_t alphabet, int scale_bits, int64_t* q) noexcept nogil:
+    """The body of :func:`read_table` on raw pointers (``q``: rows x alphabet, zeroed)."""
+    cdef Py_ssize_t i, j
+    cdef int64_t end = 8 * nbytes, pos = 0, n, top, k, gap, t, total, value
+    cdef int has_zero, status = 0
+    cdef int64_t tokens[256]
+    for i in range(rows):
+        n = n_rows[i]
+        top = n >> max(0, bitlen(<uint64_t>n) - scale_bits) if n else 0
+        if top == 0:
+            top = 1
+        if pos >= end:
+            return -1
+        has_zero = (d[pos >> 3] >> (7 - (pos & 7))) & 1
+        pos += 1
+        status = get_gamma(d, end, &pos, alphabet, &k)
+        if status:
+            return status
+        k -= 1
+        t = 0
+        for j in range(k):
+            status = get_gamma(d, end, &pos, alphabet, &gap)
+            if status:
+                return status
+            t += gap
+            if t >= alphabet:
+                return -3
+            tokens[j] = t
+        total = 0
+        for j in range(k):
+            status = get_gamma(d, end, &pos, top, &value)
+            if status:
+                return status
+            q[i * alphabet + tokens[j]] = value
+            total += value
+        if has_zero:
+            q[i * alphabet] = max(1, top - total)
+        elif k == 0:
+            return -4
+    if end - pos >= 8:
+        return -5
+    return 0
+
+
 def read_table(const uint8_t[::1] data, const int64_t[::1] n_rows, int scale_bits, int64_t[:, ::1] q_out):
     """Parse a table for rows of ``n_rows`` elements into zeroed ``q_out``; returns 0 or a status:
     -1 truncated, -2 value out of range, -3 token beyond the alphabet, -4 row without tokens,
     -5 trailing bytes."""
-    cdef Py_ssize_t rows = q_out.shape[0], alphabet = q_out.shape[1], i, j
-    cdef int64_t end = 8 * data.shape[0], pos = 0, n, top, k, gap, t, total, value
-    cdef int has_zero, status = 0
+    cdef int status
     cdef const uint8_t* d = &data[0] if data.shape[0] else NULL
-    cdef int64_t tokens[256]
+    if q_out.shape[0] == 0:
+        return -5 if data.shape[0] else 0
     with nogil:
-        for i in range(rows):
-            n = n_rows[i]
-            top = n >> max(0, bitlen(<uint64_t>n) - scale_bits) if n else 0
-            if top == 0:
-                top = 1
-            if pos >= end:
-                status = -1
-                break
-            has_zero = (d[pos >> 3] >> (7 - (pos & 7))) & 1
-            pos += 1
-            status = get_gamma(d, end, &pos, alphabet, &k)
-            if status:
-                break
-            k -= 1
-            t = 0
-            for j in range(k):
-                status = get_gamma(d, end, &pos, alphabet, &gap)
-                if status:
-                    break
-                t += gap
-                if t >= alphabet:
-                    status = -3
-                    break
-                tokens[j] = t
-            if status:
-                break
-            total = 0
-            for j in range(k):
-                status = get_gamma(d, end, &pos, top, &value)
-                if status:
-                    break
-                q_out[i, tokens[j]] = value
-                total += value
-            if status:
-                break
-            if has_zero:
-                q_out[i, 0] = max(1, top - total)
-            elif k == 0:
-                status = -4
-                break
-        if status == 0 and end - pos >= 8:
-            status = -5
+        status = read_table_core(d, data.shape[0], &n_rows[0], q_out.shape[0], q_out.shape[1], scale_bits,
+                                 &q_out[0, 0])
     return status
 
 
 # -- table construction (twins of ulstore._tables.normalize / encoder_table) ----------
 
 
+cdef void normalize_core(const int64_t* q, Py_ssize_t rows, Py_ssize_t alphabet, int scale_bits,
+                         uint32_t* f) noexcept nogil:
+    cdef Py_ssize_t i, t, top, best
+    cdef int64_t total = 1 << scale_bits, n, v, used, diff, take
+    cdef const int64_t* qi
+    cdef uint32_t* fi
+    for i in range(rows):
+        qi = q + i * alphabet
+        fi = f + i * alphabet
+        n = 0
+        top = 0
+        for t in range(alphabet):
+            n += qi[t]
+            if qi[t] > qi[top]:
+                top = t
+        if n == 0:
+            n = 1
+        used = 0
+        for t in range(alphabet):
+            v = (qi[t] * total) // n
+            if qi[t] > 0 and v == 0:
+                v = 1
+            fi[t] = <uint32_t>v
+            used += v
+        diff = total - used
+        if diff > 0:
+            fi[top] += <uint32_t>diff
+        while diff < 0:  # raised rare symbols: take from the largest, first one first
+            best = 0
+            for t in range(alphabet):
+                if fi[t] > fi[best]:
+                    best = t
+            take = min(-diff, <int64_t>fi[best] - 1)
+            fi[best] -= <uint32_t>take
+            diff += take
+
+
 def normalize_rows(const int64_t[:, ::1] q, int scale_bits, uint32_t[:, ::1] freqs_out):
     """Scale each row of counts to sum 2**scale_bits exactly; see ``_tables.normalize``."""
-    cdef Py_ssize_t rows = q.shape[0], alphabet = q.shape[1], i, t, top, best
-    cdef int64_t total = 1 << scale_bits, n, f, used, diff, take
+    if q.shape[0] == 0:
+        return
     with nogil:
-        for i in range(rows):
-            n = 0
-            top = 0
-            for t in range(alphabet):
-                n += q[i, t]
-                if q[i, t] > q[i, top]:
-                    top = t
-            if n == 0:
-                n = 1
-            used = 0
-            for t in range(alphabet):
-                f = (q[i, t] * total) // n
-                if q[i, t] > 0 and f == 0:
-                    f = 1
-                freqs_out[i, t] = <uint32_t>f
-                used += f
-            diff = total - used
-            if diff > 0:
-                freqs_out[i, top] += <uint32_t>diff
-            while diff < 0:  # raised rare symbols: take from the largest, first one first
-                best = 0
-                for t in range(alphabet):
-                    if freqs_out[i, t] > freqs_out[i, best]:
-                        best = t
-                take = min(-diff, <int64_t>freqs_out[i, best] - 1)
-                freqs_out[i, best] -= <uint32_t>take
-                diff += take
+        normalize_core(&q[0, 0], q.shape[0], q.shape[1], scale_bits, &freqs_out[0, 0])
 
 
 def encoder_table(const int64_t[::1] rows, const uint32_t[:, ::1] freqs, int scale_bits, int token_bits,
