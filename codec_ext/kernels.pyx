@@ -23,6 +23,7 @@ READ ME FIRST
   reports inconsistencies as negative status codes instead of guessing.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 BACKEND = "cython"
@@ -948,33 +949,41 @@ def gap_gather(const uint32_t[::1] gaps, const word_t[::1] r, int64_t[::1] pos_o
     return status
 
 
+cdef uint64_t sum_update_core(const word_t* r, Py_ssize_t n, const int64_t* pos, Py_ssize_t m,
+                              const word_t* values) noexcept nogil:
+    cdef Py_ssize_t i = 0, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t), base
+    cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
+    cdef int64_t w
+    cdef int shift
+    cdef uint64_t old, new, salt, acc = 0
+    while i < m:
+        w = pos[i] // per
+        base = w * per
+        if base + per <= n:
+            old = load64(<const uint8_t*>&r[base])
+        else:  # the last word is zero-padded, as in hash64
+            old = 0
+            memcpy(&old, &r[base], (n - base) * sizeof(word_t))
+        new = old
+        while i < m and pos[i] < base + per:
+            shift = <int>((pos[i] - base) * bits)
+            new = (new & ~(lane << shift)) | (<uint64_t>values[i] << shift)
+            i += 1
+        salt = (<uint64_t>w + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+        acc += mix(new + salt) - mix(old + salt)
+    return acc
+
+
 def sum_update(const word_t[::1] r, const int64_t[::1] pos, const word_t[::1] values):
     """How ``hash_sum64(r)`` changes when ``r[pos] = values`` (pos ascending), mod 2**64.
 
     Visits only the 8-byte words that hold a changed element.
     """
-    cdef Py_ssize_t i = 0, m = pos.shape[0], n = r.shape[0]
-    cdef Py_ssize_t per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t), base
-    cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
-    cdef int64_t w
-    cdef int shift
-    cdef uint64_t old, new, salt, acc = 0
-    with nogil:
-        while i < m:
-            w = pos[i] // per
-            base = w * per
-            if base + per <= n:
-                old = load64(<const uint8_t*>&r[base])
-            else:  # the last word is zero-padded, as in hash64
-                old = 0
-                memcpy(&old, &r[base], (n - base) * sizeof(word_t))
-            new = old
-            while i < m and pos[i] < base + per:
-                shift = <int>((pos[i] - base) * bits)
-                new = (new & ~(lane << shift)) | (<uint64_t>values[i] << shift)
-                i += 1
-            salt = (<uint64_t>w + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
-            acc += mix(new + salt) - mix(old + salt)
+    cdef Py_ssize_t m = pos.shape[0]
+    cdef uint64_t acc = 0
+    if m:
+        with nogil:
+            acc = sum_update_core(&r[0], r.shape[0], &pos[0], m, &values[0])
     return acc
 
 
@@ -984,3 +993,129 @@ def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
     with nogil:
         for k in range(m):
             dst[pos[k]] = values[k]
+
+
+cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
+                       const uint8_t* table, int64_t table_len, Py_ssize_t alphabet, const uint32_t* states,
+                       const uint8_t* words, int64_t n_words, uint8_t* tokens) noexcept nogil:
+    """Decode the residual section's tokens: table rows from the m contexts' counts (pooled below ``pool_below``)."""
+    cdef Py_ssize_t n_ctx = emask + 1, c, k, n_big = 0, n_rows
+    cdef int status = -8  # out of memory
+    cdef bint small = False
+    cdef int64_t* n_c = <int64_t*>calloc(n_ctx, sizeof(int64_t))
+    cdef int32_t* ctx_rows = <int32_t*>calloc(n_ctx, sizeof(int32_t))
+    cdef int64_t* row_n = <int64_t*>calloc(n_ctx + 1, sizeof(int64_t))
+    cdef int64_t* q = NULL
+    cdef uint32_t* freqs = NULL
+    cdef uint32_t* slots = NULL
+    if n_c != NULL and ctx_rows != NULL and row_n != NULL:
+        for k in range(m):
+            n_c[(rs[k] >> mant_bits) & emask] += 1
+        for c in range(n_ctx):  # own rows in context order, then one pooled row (_tables.table_rows)
+            if n_c[c] >= pool_below:
+                ctx_rows[c] = <int32_t>(n_big << SCALE_BITS)
+                row_n[n_big] = n_c[c]
+                n_big += 1
+        for c in range(n_ctx):
+            if 0 < n_c[c] < pool_below:
+                ctx_rows[c] = <int32_t>(n_big << SCALE_BITS)
+                row_n[n_big] += n_c[c]
+                small = True
+        n_rows = n_big + small
+        q = <int64_t*>calloc(n_rows * alphabet, sizeof(int64_t))
+        freqs = <uint32_t*>malloc(n_rows * alphabet * sizeof(uint32_t))
+        slots = <uint32_t*>malloc((n_rows << SCALE_BITS) * sizeof(uint32_t))
+        if q != NULL and freqs != NULL and slots != NULL:
+            status = read_table_core(table, table_len, row_n, n_rows, alphabet, SCALE_BITS, q)
+            if status:
+                status -= 100
+            else:
+                normalize_core(q, n_rows, alphabet, SCALE_BITS, freqs)
+                slot_core(freqs, n_rows, alphabet, slots)
+                status = rans_decode_core(rs, m, mant_bits, emask, ctx_rows, slots, words, n_words, states, tokens)
+    free(n_c)
+    free(ctx_rows)
+    free(row_n)
+    free(q)
+    free(freqs)
+    free(slots)
+    return status
+
+
+def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_below,
+                  const uint8_t[::1] g_table, const uint32_t[::1] g_states, const uint8_t[::1] g_words,
+                  const uint8_t[::1] g_tail, int64_t g_tail_bits, int g_alphabet,
+                  const uint8_t[::1] t_table, const uint32_t[::1] t_states, const uint8_t[::1] t_words,
+                  const uint8_t[::1] t_tail, int64_t t_tail_bits, int t_alphabet,
+                  int64_t[::1] pos_out, word_t[::1] values_out, uint64_t[::1] sum_out):
+    """Decode a SPARSE payload's gap and residual sections in one call (one GIL release).
+
+    Writes the m = len(pos_out) changed positions, their new words, and in
+    ``sum_out[0]`` what ``sum_update`` returns for them.  Returns 0,
+    a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
+    end, -7 a zero residual, -8 out of memory), or a table status minus 100.
+    """
+    cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0], k
+    cdef int64_t p = -1, one = m
+    cdef int status = -8
+    cdef int32_t row0 = 0
+    cdef uint8_t zero8 = 0
+    cdef const uint8_t* gt = &g_table[0] if g_table.shape[0] else &zero8
+    cdef const uint8_t* tt = &t_table[0] if t_table.shape[0] else &zero8
+    cdef const uint8_t* gw = &g_words[0] if g_words.shape[0] else NULL
+    cdef const uint8_t* tw = &t_words[0] if t_words.shape[0] else NULL
+    cdef const uint8_t* gtl = &g_tail[0] if g_tail.shape[0] else NULL
+    cdef const uint8_t* ttl = &t_tail[0] if t_tail.shape[0] else NULL
+    cdef uint8_t* tokens
+    cdef uint32_t* gaps
+    cdef word_t* rs
+    cdef int64_t* q
+    cdef uint32_t freqs[256]
+    cdef uint32_t* slots
+    if m == 0 or m > n or g_alphabet > 256 or t_alphabet > 256:
+        return -8
+    with nogil:
+        tokens = <uint8_t*>malloc(m)
+        gaps = <uint32_t*>malloc(m * sizeof(uint32_t))
+        rs = <word_t*>malloc(m * sizeof(word_t))
+        q = <int64_t*>calloc(g_alphabet, sizeof(int64_t))
+        slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
+        if tokens != NULL and gaps != NULL and rs != NULL and q != NULL and slots != NULL:
+            # gaps: one context (the residual words double as a dummy context source: emask 0)
+            status = read_table_core(gt, g_table.shape[0], &one, 1, g_alphabet, SCALE_BITS, q)
+            if status:
+                status -= 100
+            else:
+                normalize_core(q, 1, g_alphabet, SCALE_BITS, freqs)
+                slot_core(freqs, 1, g_alphabet, slots)
+                status = rans_decode_core(&r[0], m, 0, 0, &row0, slots, gw, g_words.shape[0] // 2,
+                                          &g_states[0], tokens)
+            if not status:
+                status = unpack_core(tokens, m, gtl, g_tail.shape[0], g_tail_bits, gaps)
+            if not status:
+                for k in range(m):
+                    p += <int64_t>gaps[k] + 1
+                    if p >= n:
+                        status = -6
+                        break
+                    pos_out[k] = p
+                    rs[k] = r[p]
+            if not status:
+                status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
+                                       &t_states[0], tw, t_words.shape[0] // 2, tokens)
+            if not status:
+                status = unpack_core(tokens, m, ttl, t_tail.shape[0], t_tail_bits, &values_out[0])
+            if not status:
+                for k in range(m):
+                    if values_out[k] == 0:
+                        status = -7
+                        break
+            if not status:
+                reconstruct_block(rs, &values_out[0], 0, m)
+                sum_out[0] = sum_update_core(&r[0], n, &pos_out[0], m, &values_out[0])
+        free(tokens)
+        free(gaps)
+        free(rs)
+        free(q)
+        free(slots)
+    return status

@@ -45,6 +45,7 @@ __all__ = [
     "gap_gather",
     "sum_update",
     "scatter",
+    "sparse_decode",
 ]
 
 BACKEND = "numpy"
@@ -427,3 +428,52 @@ def sum_update(r, pos, values) -> int:
 def scatter(dst, pos, values) -> None:
     """``dst[pos] = values`` (positions already checked to lie inside ``dst``)."""
     dst[pos] = values
+
+
+def _section_tokens(r, mant_bits, emask, n_c, table, states, words, alphabet, tokens_out) -> int:
+    """Tables for rows of ``n_c`` (per context), then the tokens of one section: 0 or a status (tables: -100 + s)."""
+    rows = _tables.table_rows(n_c)
+    row_n = _tables.sum_rows(n_c, n_c)
+    q = np.zeros((len(row_n), alphabet), dtype=np.int64)
+    status = read_table(table, row_n, SCALE_BITS, q)
+    if status:
+        return status - 100
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    normalize_rows(q, SCALE_BITS, freqs)
+    slots = np.empty(len(freqs) << SCALE_BITS, dtype=np.uint32)
+    slot_table(freqs, slots)
+    ctx_rows = (np.maximum(rows, 0) << SCALE_BITS).astype(np.int32)
+    return rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out)
+
+
+def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g_tail, g_tail_bits, g_alphabet,
+                  t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos_out, values_out, sum_out) -> int:
+    """Decode a SPARSE payload's gap and residual sections (the compiled twin does it in one call).
+
+    Writes the m = len(pos_out) changed positions, their new words, and in
+    ``sum_out[0]`` what :func:`sum_update` returns for them.  Returns 0,
+    a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
+    end, -7 a zero residual), or a table status minus 100.
+    """
+    assert pool_below == _tables.POOL_BELOW
+    m = len(pos_out)
+    tokens = np.empty(m, dtype=np.uint8)
+    status = _section_tokens(r[:m], 0, 0, np.array([m]), g_table, g_states, g_words, g_alphabet, tokens)
+    gaps = np.empty(m, dtype=np.uint32)
+    if not status:
+        status = unpack_tails(tokens, g_tail, g_tail_bits, gaps)
+    rs = np.empty(m, dtype=r.dtype)
+    if not status:
+        status = gap_gather(gaps, r, pos_out, rs)
+    if not status:
+        n_c = np.bincount(((rs >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64),
+                          minlength=emask + 1)
+        status = _section_tokens(rs, mant_bits, emask, n_c, t_table, t_states, t_words, t_alphabet, tokens)
+    if not status:
+        status = unpack_tails(tokens, t_tail, t_tail_bits, values_out)
+    if not status and not values_out.all():
+        status = -7
+    if not status:
+        reconstruct(rs, values_out)
+        sum_out[0] = sum_update(r, pos_out, values_out)
+    return status

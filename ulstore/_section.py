@@ -10,6 +10,8 @@ The dense RANS mode is one section over every element; the SPARSE mode is two
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import _format as F
@@ -18,7 +20,7 @@ from ._scratch import scratch
 from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
 from .errors import CorruptBlobError
 
-__all__ = ["encode_section", "decode_section", "STATUS", "TABLE_STATUS"]
+__all__ = ["encode_section", "decode_section", "read_fields", "Fields", "STATUS", "TABLE_STATUS"]
 
 # Status codes the kernels return, and what they mean for the user.
 STATUS = {
@@ -26,6 +28,9 @@ STATUS = {
     -2: "the raw-tail bitstream does not match the decoded lengths",
     -3: "the rANS lanes do not end in their initial state",
     -5: "the rANS word stream has words left over",
+    -6: "a changed position lies past the end of the tensor",
+    -7: "a changed element has a zero residual",
+    -8: "out of memory",
 }
 
 TABLE_STATUS = {
@@ -72,25 +77,22 @@ def encode_section(k, fmt: FloatFormat, z, sym, counts, emask: int) -> list:
     return [head, words[n + 1 - n_words :].view(np.uint8), middle, tail[: (tail_bits + 7) // 8]]
 
 
-def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.ndarray:
-    """Read a section of ``len(r)`` words whose contexts come from reference words ``r``.
+class Fields(NamedTuple):
+    """A section's parts, as read (and range-checked) from a blob."""
 
-    ``n_c`` counts the elements of each context (it fixes the table rows, which
-    the blob never names).  Returns the coded words ``z`` as a new array.
-    """
-    n = len(r)
+    table: np.ndarray  # uint8 table bit string
+    states: np.ndarray  # uint32[4] final lane states
+    words: np.ndarray  # uint8 view of the 16-bit rANS words
+    tail: np.ndarray  # uint8 raw tail bytes
+    tail_bits: int
+
+
+def read_fields(rd: F.Reader, n: int, fmt: FloatFormat) -> Fields:
+    """Read the fields of a section of ``n`` words of ``fmt``'s width (nothing is decoded)."""
     scale_bits = rd.u8("scale bits")
     if scale_bits != SCALE_BITS:
         raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; the format uses {SCALE_BITS}")
-    rows = table_rows(n_c)
-    data = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
-    row_n = sum_rows(n_c, n_c)
-    q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
-    status = k.read_table(data, row_n, scale_bits, q)
-    if status:
-        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE_STATUS.get(status, f'status {status}')}")
-    freqs = np.empty(q.shape, dtype=np.uint32)
-    k.normalize_rows(q, scale_bits, freqs)
+    table = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
     states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
     if ((states < STATE_LOW) | (states >= 1 << 31)).any():
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
@@ -100,15 +102,42 @@ def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.
     tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
     if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
         raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
+    return Fields(table, states, words, tail, tail_bits)
+
+
+def status_error(status: int) -> CorruptBlobError:
+    """The error for a kernel's non-zero status (table statuses arrive as status - 100)."""
+    if status <= -100:
+        what = TABLE_STATUS.get(status + 100, f"status {status + 100}")
+        return CorruptBlobError(f"ULPack blob table is corrupt: {what}")
+    return CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
+
+
+def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.ndarray:
+    """Read a section of ``len(r)`` words whose contexts come from reference words ``r``.
+
+    ``n_c`` counts the elements of each context (it fixes the table rows, which
+    the blob never names).  Returns the coded words ``z`` as a new array.
+    """
+    n = len(r)
+    f = read_fields(rd, n, fmt)
+    rows = table_rows(n_c)
+    row_n = sum_rows(n_c, n_c)
+    q = np.zeros((len(row_n), fmt.alphabet), dtype=np.int64)
+    status = k.read_table(f.table, row_n, SCALE_BITS, q)
+    if status:
+        raise status_error(status - 100)
+    freqs = np.empty(q.shape, dtype=np.uint32)
+    k.normalize_rows(q, SCALE_BITS, freqs)
     # first slot entry of each context's row; contexts absent from the reference are never read
-    ctx_rows = (np.maximum(rows, 0) << scale_bits).astype(np.int32)
-    slots = scratch("slots", len(freqs) << scale_bits, np.uint32)
+    ctx_rows = (np.maximum(rows, 0) << SCALE_BITS).astype(np.int32)
+    slots = scratch("slots", len(freqs) << SCALE_BITS, np.uint32)
     k.slot_table(freqs, slots)
     tokens = scratch("tokens", n, np.uint8)
-    status = k.rans_decode(r, fmt.mant_bits, emask, ctx_rows, slots, words, states, tokens)
+    status = k.rans_decode(r, fmt.mant_bits, emask, ctx_rows, slots, f.words, f.states, tokens)
     z = np.empty(n, dtype=fmt.word)
     if not status:
-        status = k.unpack_tails(tokens, tail, tail_bits, z)
+        status = k.unpack_tails(tokens, f.tail, f.tail_bits, z)
     if status:
-        raise CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
+        raise status_error(status)
     return z

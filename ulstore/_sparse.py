@@ -22,7 +22,7 @@ caller who chooses (``encode(..., sparse=True)``).
 Checksums stay those of the header, and stay cheap: ``hash64`` is a finished
 *sum* over 8-byte words (:func:`_reference.hash_sum64`), so a caller that knows
 its reference's sum can check the reference in O(1) and the target in O(m)
-with the ``sum_update`` kernel.
+from the changed words alone (``sum_update``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ import numpy as np
 
 from . import _format as F
 from ._dtypes import FloatFormat, format_of
-from ._section import decode_section, encode_section
+from ._section import encode_section, read_fields, status_error
+from ._tables import POOL_BELOW
 from .errors import CorruptBlobError
 
 __all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse", "finish_sum"]
@@ -72,23 +73,22 @@ def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: in
     return [head, gap_part, *encode_section(k, fmt, z[pos], tsym, counts, emask)]
 
 
-def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int) -> tuple[np.ndarray, np.ndarray]:
-    """Read a SPARSE payload against reference words ``rf``: (ascending positions, new words)."""
-    n = len(rf)
-    m = rd.varint("changed element count", limit=n)
+def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Read a SPARSE payload against reference words ``rf``.
+
+    Returns the ascending positions, their new words, and how ``hash_sum64`` of
+    ``rf`` changes when they are written (mod 2**64).
+    """
+    m = rd.varint("changed element count", limit=len(rf))
     if m == 0:
         raise CorruptBlobError("ULPack blob is corrupt: a sparse payload with no changed element")
-    gaps = decode_section(k, GAPS, rd, np.zeros(m, dtype=np.uint32), 0, np.array([m], dtype=np.int64))
-    pos, r_sub = np.empty(m, dtype=np.int64), np.empty(m, dtype=rf.dtype)
-    if k.gap_gather(gaps, rf, pos, r_sub):
-        raise CorruptBlobError(f"ULPack blob is corrupt: it changes an element past the end of the tensor ({n} elements)")
-    n_c = np.zeros((8, emask + 1), dtype=np.uint32)
-    k.context_histogram(r_sub, fmt.mant_bits, emask, n_c)
-    values = decode_section(k, fmt, rd, r_sub, emask, n_c.sum(axis=0, dtype=np.int64))
-    if not values.all():
-        raise CorruptBlobError("ULPack blob is corrupt: a sparse payload codes an unchanged element")
-    k.reconstruct(r_sub, values)
-    return pos, values
+    gaps, residuals = read_fields(rd, m, GAPS), read_fields(rd, m, fmt)
+    pos, values, delta = np.empty(m, dtype=np.int64), np.empty(m, dtype=rf.dtype), np.zeros(1, dtype=np.uint64)
+    status = k.sparse_decode(rf, fmt.mant_bits, emask, POOL_BELOW, *gaps, GAPS.alphabet, *residuals, fmt.alphabet,
+                             pos, values, delta)
+    if status:
+        raise status_error(status)
+    return pos, values, int(delta[0])
 
 
 def finish_sum(acc: int, nbytes: int) -> int:

@@ -41,7 +41,7 @@ from . import _format as F
 from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
-from ._section import STATUS, TABLE_STATUS, decode_section, encode_section
+from ._section import decode_section, encode_section
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse, finish_sum
 from ._tables import sum_rows
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
@@ -278,9 +278,9 @@ def _sparse_changes(k, header: F.Header, rd: F.Reader, rf: np.ndarray, ref_sum: 
     if _fold32(finish_sum(ref_sum, nbytes)) != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     emask = _econd_mask(fmt, True, not header.flags & F.FLAG_NO_ECOND)
-    pos, values = decode_sparse(k, fmt, rd, rf, emask)
+    pos, values, delta = decode_sparse(k, fmt, rd, rf, emask)
     _check_end(rd)
-    target_sum = (ref_sum + k.sum_update(rf, pos, values)) & 0xFFFFFFFFFFFFFFFF
+    target_sum = (ref_sum + delta) & 0xFFFFFFFFFFFFFFFF
     if _target_hash(k, fmt, header.shape, finish_sum(target_sum, nbytes)) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return pos, values, target_sum
