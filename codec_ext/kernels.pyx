@@ -930,6 +930,29 @@ def table_model(const uint32_t[::1] counts, int token_bits, int alphabet, int po
 # -- SPARSE payloads: positions, gathered references, checksum updates, scatter ------------
 
 
+def sparse_split(const word_t[::1] z, const sym_t[::1] sym, uint32_t[::1] gaps_out, uint16_t[::1] gsym_out,
+                 word_t[::1] z_out, sym_t[::1] sym_out):
+    """The changed elements of residuals ``z``: gaps between their positions and the gaps' tokens,
+    their residuals and symbols.  The outputs hold exactly the non-zero count; returns it."""
+    cdef Py_ssize_t n = z.shape[0], i, m = 0, cap = gaps_out.shape[0]
+    cdef int64_t last = -1
+    cdef uint32_t g
+    with nogil:
+        for i in range(n):
+            if z[i] != 0:
+                if m == cap:
+                    m = -1
+                    break
+                g = <uint32_t>(i - last - 1)
+                gaps_out[m] = g
+                gsym_out[m] = <uint16_t>token_of(g)
+                z_out[m] = z[i]
+                sym_out[m] = sym[i]
+                last = i
+                m += 1
+    return m
+
+
 def gap_gather(const uint32_t[::1] gaps, const word_t[::1] r, int64_t[::1] pos_out, word_t[::1] r_out):
     """Positions ``p_k = p_(k-1) + gaps_k + 1`` (``p_(-1) = -1``) and the reference words there.
 

@@ -42,6 +42,7 @@ __all__ = [
     "normalize_rows",
     "encoder_table",
     "table_model",
+    "sparse_split",
     "gap_gather",
     "sum_update",
     "scatter",
@@ -386,6 +387,21 @@ def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, 
 
 
 # -- SPARSE payloads ---------------------------------------------------------------
+
+
+def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:
+    """The changed elements of residuals ``z``: gaps between their positions and the gaps' tokens,
+    their residuals and symbols.  The outputs hold exactly the non-zero count; returns it."""
+    pos = np.flatnonzero(z)
+    if len(pos) != len(gaps_out):
+        return -1
+    gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint32)
+    nb = np.maximum(_bitlen(gaps, 32) - 3, 0)
+    gaps_out[:] = gaps
+    gsym_out[:] = (gaps >> nb.astype(np.uint32)) + 4 * nb
+    z_out[:] = z[pos]
+    sym_out[:] = sym[pos]
+    return len(pos)
 
 
 def gap_gather(gaps, r, pos_out, r_out) -> int:

@@ -45,32 +45,25 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 
 
-def _gap_tokens(g: np.ndarray) -> np.ndarray:
-    """Token of each gap word: ``(g >> nb) + 4 nb`` with ``nb = max(bitlen(g) - 3, 0)``."""
-    bitlen = np.frexp(g.astype(np.float64))[1]  # exact: g < 2**32
-    nb = np.maximum(bitlen - 3, 0)
-    return ((g >> nb.astype(np.uint32)) + 4 * nb).astype(GAPS.symbol)
-
-
 def _histogram(k, sym: np.ndarray, size: int) -> np.ndarray:
     counts = np.zeros((1, size), dtype=np.uint32)
     k.histogram(sym, counts)
     return counts[0]
 
 
-def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: int) -> list:
-    """The SPARSE payload of residuals ``z`` (some non-zero) with symbols ``sym``."""
-    pos = np.flatnonzero(z)
-    gaps = np.diff(pos, prepend=-1).astype(np.uint32) - np.uint32(1)
-    gsym = _gap_tokens(gaps)
+def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: int, m: int) -> list:
+    """The SPARSE payload of residuals ``z`` (``m`` of them non-zero) with symbols ``sym``."""
+    gaps, gsym = np.empty(m, dtype=np.uint32), np.empty(m, dtype=GAPS.symbol)
+    tz, tsym = np.empty(m, dtype=z.dtype), np.empty(m, dtype=sym.dtype)
+    if k.sparse_split(z, sym, gaps, gsym, tz, tsym) != m:
+        raise AssertionError("sparse_split disagrees with the residual histogram")
     head = bytearray()
-    F.write_varint(head, len(pos))
+    F.write_varint(head, m)
     # the gap section's parts are views of scratch buffers the next section reuses: copy them
     gap_part = b"".join(bytes(p) for p in encode_section(
         k, GAPS, gaps, gsym, _histogram(k, gsym, 1 << GAPS.token_bits), 0))
-    tsym = sym[pos]
     counts = _histogram(k, tsym, (emask + 1) << fmt.token_bits)
-    return [head, gap_part, *encode_section(k, fmt, z[pos], tsym, counts, emask)]
+    return [head, gap_part, *encode_section(k, fmt, tz, tsym, counts, emask)]
 
 
 def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int) -> tuple[np.ndarray, np.ndarray, int]:

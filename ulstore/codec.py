@@ -127,7 +127,7 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
         if mode == F.MODE_RANS:
             coded = encode_section(k, fmt, z, sym, hist, emask)
         elif mode == F.MODE_SPARSE:
-            coded = encode_sparse(k, fmt, z, sym, emask)
+            coded = encode_sparse(k, fmt, z, sym, emask, changed)
     else:
         hash_x, hash_r, mode, coded = k.hash64(xf), k.hash64(xf), F.MODE_RANS, []  # empty: RAW below
     header = dict(
