@@ -121,13 +121,8 @@ cdef uint64_t hash_final(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept no
 
 def hash64(data):
     """64-bit checksum of a byte buffer (see ``_reference.hash64`` for the definition)."""
-    cdef const uint8_t[::1] b = memoryview(data).cast("B")
-    cdef Py_ssize_t n = b.shape[0]
-    cdef Hasher hs = Hasher(0, 0, 0)
-    cdef uint64_t acc
-    with nogil:
-        acc = hash_final(&hs, &b[0] if n else NULL, n)
-    return acc
+    cdef uint64_t n = memoryview(data).cast("B").nbytes
+    return mix(<uint64_t>hash_sum64(data) + n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
 def hash_sum64(data):
@@ -953,22 +948,28 @@ def sparse_split(const word_t[::1] z, const sym_t[::1] sym, uint32_t[::1] gaps_o
     return m
 
 
+cdef int gap_gather_core(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t n, int64_t* pos,
+                         word_t* rs) noexcept nogil:
+    cdef Py_ssize_t k
+    cdef int64_t p = -1
+    for k in range(m):
+        p += <int64_t>gaps[k] + 1
+        if p >= n:
+            return -6
+        pos[k] = p
+        rs[k] = r[p]
+    return 0
+
+
 def gap_gather(const uint32_t[::1] gaps, const word_t[::1] r, int64_t[::1] pos_out, word_t[::1] r_out):
     """Positions ``p_k = p_(k-1) + gaps_k + 1`` (``p_(-1) = -1``) and the reference words there.
 
     Returns 0, or -6 when a position lies past the end of ``r``.
     """
-    cdef Py_ssize_t k, m = gaps.shape[0]
-    cdef int64_t p = -1, n = r.shape[0]
     cdef int status = 0
-    with nogil:
-        for k in range(m):
-            p += <int64_t>gaps[k] + 1
-            if p >= n:
-                status = -6
-                break
-            pos_out[k] = p
-            r_out[k] = r[p]
+    if gaps.shape[0]:
+        with nogil:
+            status = gap_gather_core(&gaps[0], gaps.shape[0], &r[0], r.shape[0], &pos_out[0], &r_out[0])
     return status
 
 
@@ -1079,7 +1080,7 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     end, -7 a zero residual, -8 out of memory), or a table status minus 100.
     """
     cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0], k
-    cdef int64_t p = -1, one = m
+    cdef int64_t one = m
     cdef int status = -8
     cdef int32_t row0 = 0
     cdef uint8_t zero8 = 0
@@ -1116,13 +1117,7 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
             if not status:
                 status = unpack_core(tokens, m, gtl, g_tail.shape[0], g_tail_bits, gaps)
             if not status:
-                for k in range(m):
-                    p += <int64_t>gaps[k] + 1
-                    if p >= n:
-                        status = -6
-                        break
-                    pos_out[k] = p
-                    rs[k] = r[p]
+                status = gap_gather_core(gaps, m, &r[0], n, &pos_out[0], rs)
             if not status:
                 status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
                                        &t_states[0], tw, t_words.shape[0] // 2, tokens)
