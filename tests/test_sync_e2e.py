@@ -46,7 +46,7 @@ def test_trainer_and_two_followers_bit_exact(moto_s3, tmp_path):
     trainer = run_role("trainer", "--url", url, "--opts", opts, "--log", log, "--steps", STEPS,
                        "--anchor-every", ANCHOR_EVERY, "--delay", 0.05, wait=False)
     late = run_role("follower", "--url", url, "--opts", opts, "--out", late_out, "--until", STEPS,
-                    "--join-after", 17, "--state", "torch", wait=False)
+                    "--join-after", 17, "--state", "torch", "--trust-state", wait=False)  # applies by position only
     procs = {"trainer": trainer, "early": early, "late": late}
     for name, p in procs.items():
         out, err = p.communicate(timeout=150)
@@ -67,6 +67,14 @@ def test_trainer_and_two_followers_bit_exact(moto_s3, tmp_path):
     # it started from the nearest anchor at or before the version it joined at, not from version 0
     kind, anchor, _ = late_done["events"][0]
     assert kind == "bootstrap" and anchor == (late_versions[0] // ANCHOR_EVERY) * ANCHOR_EVERY and anchor >= 16
+    # what they applied were SPARSE deltas (the publisher's default): applied by position
+    from ulstore import inspect_blob
+
+    with Follower(url, storage_options=moto_s3.options) as f:
+        m = f._reader.manifest(STEPS)
+        packs = f._reader.fetch_packs(m)
+        modes = {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
+    assert "sparse" in modes, modes
 
 
 def test_publisher_killed_mid_publish(moto_s3, tmp_path):

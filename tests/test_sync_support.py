@@ -182,7 +182,7 @@ def follower_main(a) -> None:
         state = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in cfg.shapes().items()}
     else:
         state = {k: np.zeros(s, dtype=toytrain.CHECKPOINT_DTYPES["bfloat16"]) for k, s in cfg.shapes().items()}
-    f = Follower(a.url, state=state, storage_options=opts, poll_interval=0.02)
+    f = Follower(a.url, state=state, storage_options=opts, poll_interval=0.02, trust_state=a.trust_state)
     deadline = time.monotonic() + 60
     while a.join_after is not None and (f.published() or -1) < a.join_after:  # a replica that joins late
         if time.monotonic() > deadline:
@@ -211,6 +211,7 @@ def main(argv=None) -> None:
     p.add_argument("--until", type=int, default=None)
     p.add_argument("--join-after", type=int, default=None)
     p.add_argument("--state", choices=["numpy", "torch"], default="numpy")
+    p.add_argument("--trust-state", action="store_true", help="Follower(trust_state=True): O(changes) apply")
     a = p.parse_args(argv)
     trainer_main(a) if a.role == "trainer" else follower_main(a)
 

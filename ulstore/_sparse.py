@@ -56,7 +56,7 @@ def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: in
     gaps, gsym = np.empty(m, dtype=np.uint32), np.empty(m, dtype=GAPS.symbol)
     tz, tsym = np.empty(m, dtype=z.dtype), np.empty(m, dtype=sym.dtype)
     if k.sparse_split(z, sym, gaps, gsym, tz, tsym) != m:
-        raise AssertionError("sparse_split disagrees with the residual histogram")
+        raise RuntimeError("internal error: sparse_split disagrees with the residual histogram")
     head = bytearray()
     F.write_varint(head, m)
     # the gap section's parts are views of scratch buffers the next section reuses: copy them
