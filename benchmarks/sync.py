@@ -13,7 +13,7 @@ version to this one, in four formats, and what each costs in time:
   safetensors file (the first format of the TRL branch);
 - **TRL gap u16**: ``<name>.idx`` uint16 gaps (uint32 fallback per
   parameter) + ``<name>.val`` (its later default);
-- **zstd-19** of each of the three files;
+- **zstd-19** of each of the three (ULPack: of its packs);
 - **publish**: :meth:`Publisher.publish` wall time (host state in, packs
   written to a local store); **apply**: :meth:`Follower.poll` wall time
   (read, verify, decode, write in place) of a default follower, which hashes
@@ -178,7 +178,7 @@ def main(argv=None) -> None:
     print(f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
           f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n")
 
-    head = (f"{'ver':>3} {'changed':>8} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} "
+    head = (f"{'ver':>3} {'changed':>8} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
             f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
             f"{'trusted':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}")
     print(head)
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
         r["dl"] = r["ulp"] / GB
         rows.append(r)
         print(f"{v:>3} {r['changed']:>8.2%} {human(r['ulp']):>9} {human(r['dense']):>9} {human(r['i32']):>9} "
-              f"{human(r['gap']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
+              f"{human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
               f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
               f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['floor']):>9} "
               f"{seconds(r['dl']):>9} {seconds(r['trl_apply']):>9}")
