@@ -40,8 +40,10 @@ ctypedef fused sym_t:
 
 cdef extern from *:
     int __builtin_clzll(unsigned long long) nogil
+    void __builtin_prefetch(const void*) nogil
 
 cdef enum:
+    PREFETCH = 32  # gathers ahead of use (positions of changed elements)
     LANES = 4
     STATE_LOW = 1 << 15
     SCALE_BITS = 12  # format version 1 codes every blob at probability scale 2**12
@@ -954,10 +956,16 @@ cdef int gap_gather_core(const uint32_t* gaps, Py_ssize_t m, const word_t* r, in
     cdef int64_t p = -1
     for k in range(m):
         p += <int64_t>gaps[k] + 1
-        if p >= n:
+        if p >= n:  # checked every step: a forged gap stream must not overflow p
             return -6
         pos[k] = p
-        rs[k] = r[p]
+    # the reads are scattered over the reference: ask for them well before they are needed
+    for k in range(min(m, PREFETCH)):
+        __builtin_prefetch(&r[pos[k]])
+    for k in range(m):
+        if k + PREFETCH < m:
+            __builtin_prefetch(&r[pos[k + PREFETCH]])
+        rs[k] = r[pos[k]]
     return 0
 
 
@@ -1016,6 +1024,8 @@ def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
     cdef Py_ssize_t k, m = pos.shape[0]
     with nogil:
         for k in range(m):
+            if k + PREFETCH < m:  # scattered writes: fetch their lines ahead
+                __builtin_prefetch(&dst[pos[k + PREFETCH]])
             dst[pos[k]] = values[k]
 
 
