@@ -529,3 +529,23 @@ def test_unusable_newest_anchor_falls_back_to_an_older_one(states, url):
     assert f.bootstrap() == 7
     assert_same_bits(f.state, states[7])
     assert [e.kind for e in f.events][:2] == ["corrupt", "bootstrap"] and f.events[1].version == 0
+
+
+def test_device_binding_writes_through_a_cpu_stand_in():
+    """The device half of a Binding (CUDA in production) takes whole chunks and changes alike."""
+    torch = pytest.importorskip("torch")
+    from ulstore import decode_changes, encode
+
+    ref = np.linspace(-1, 1, 5000).astype(BF16)
+    target = ref.copy()
+    target.view(np.uint16)[[0, 3, 777, 4999]] += 1
+    device = torch.from_numpy(ref.view(np.int16).copy()).view(torch.bfloat16)  # what a CUDA tensor would be
+    b = Binding("w", ref.copy(), device=device)
+    b.apply(0, decode_changes(encode(target, ref, sparse=True), ref))
+    for got in (b.mirror, device.view(torch.int16).numpy()):
+        assert np.array_equal(got.view(np.uint16), target.view(np.uint16))
+    b.write(1000, ref[1000:2000])  # a whole chunk
+    want = target.copy()
+    want[1000:2000] = ref[1000:2000]
+    for got in (b.mirror, device.view(torch.int16).numpy()):
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
