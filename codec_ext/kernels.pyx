@@ -5,7 +5,9 @@ READ ME FIRST
 -------------
 * Same signatures and byte-identical results as ``ulstore/_reference.py``, the
   executable specification; the Python layer (``ulstore/codec.py``) validates
-  input, allocates every buffer and builds the tables.  Nothing here allocates.
+  input, allocates every buffer and builds the tables.  The one exception is
+  ``sparse_decode``, which chains whole stages in one GIL release and mallocs
+  (and frees) its temporaries.
 * Encoding: ``residuals`` -> ``histogram`` -> (tables, in Python) -> ``pack_tails``
   and ``rans_encode``.  Decoding: ``rans_decode`` -> ``unpack_tails`` ->
   ``reconstruct``.  Passes are split so that the element-wise ones vectorise and
@@ -930,7 +932,8 @@ def table_model(const uint32_t[::1] counts, int token_bits, int alphabet, int po
 def sparse_split(const word_t[::1] z, const sym_t[::1] sym, uint32_t[::1] gaps_out, uint16_t[::1] gsym_out,
                  word_t[::1] z_out, sym_t[::1] sym_out):
     """The changed elements of residuals ``z``: gaps between their positions and the gaps' tokens,
-    their residuals and symbols.  The outputs hold exactly the non-zero count; returns it."""
+    their residuals and symbols.  The outputs must hold exactly the non-zero count: returns it,
+    or -1 if they do not."""
     cdef Py_ssize_t n = z.shape[0], i, m = 0, cap = gaps_out.shape[0]
     cdef int64_t last = -1
     cdef uint32_t g
@@ -947,7 +950,7 @@ def sparse_split(const word_t[::1] z, const sym_t[::1] sym, uint32_t[::1] gaps_o
                 sym_out[m] = sym[i]
                 last = i
                 m += 1
-    return m
+    return m if m == cap else -1
 
 
 cdef int gap_gather_core(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t n, int64_t* pos,
@@ -1011,22 +1014,42 @@ def sum_update(const word_t[::1] r, const int64_t[::1] pos, const word_t[::1] va
 
     Visits only the 8-byte words that hold a changed element.
     """
-    cdef Py_ssize_t m = pos.shape[0]
+    cdef Py_ssize_t m = pos.shape[0], k
     cdef uint64_t acc = 0
-    if m:
+    cdef bint ok = values.shape[0] == m
+    if m and ok:
         with nogil:
-            acc = sum_update_core(&r[0], r.shape[0], &pos[0], m, &values[0])
+            for k in range(m):
+                if pos[k] >= r.shape[0] or pos[k] < (pos[k - 1] + 1 if k else 0):
+                    ok = False
+                    break
+            if ok:
+                acc = sum_update_core(&r[0], r.shape[0], &pos[0], m, &values[0])
+    if not ok:
+        raise ValueError("sum_update needs ascending positions inside r, one value each")
     return acc
 
 
 def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
-    """``dst[pos] = values`` (positions already checked to lie inside ``dst``)."""
-    cdef Py_ssize_t k, m = pos.shape[0]
+    """``dst[pos] = values``; returns 0, or -1 without writing anything unless the positions
+    strictly ascend inside ``dst`` and match ``values`` one to one."""
+    cdef Py_ssize_t k, m = pos.shape[0], n = dst.shape[0]
+    cdef int64_t last = -1
+    cdef int status = 0
+    if values.shape[0] != m:
+        return -1
     with nogil:
         for k in range(m):
-            if k + PREFETCH < m:  # scattered writes: fetch their lines ahead
-                __builtin_prefetch(&dst[pos[k + PREFETCH]])
-            dst[pos[k]] = values[k]
+            if pos[k] <= last or pos[k] >= n:
+                status = -1
+                break
+            last = pos[k]
+        if not status:
+            for k in range(m):
+                if k + PREFETCH < m:  # scattered writes: fetch their lines ahead
+                    __builtin_prefetch(&dst[pos[k + PREFETCH]])
+                dst[pos[k]] = values[k]
+    return status
 
 
 cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
@@ -1087,7 +1110,8 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     Writes the m = len(pos_out) changed positions, their new words, and in
     ``sum_out[0]`` what ``sum_update`` returns for them.  Returns 0,
     a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
-    end, -7 a zero residual, -8 out of memory), or a table status minus 100.
+    end, -7 a zero residual, -8 out of memory, -9 bad arguments), or a table
+    status minus 100.
     """
     cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0], k
     cdef int64_t one = m
@@ -1106,8 +1130,9 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     cdef int64_t* q
     cdef uint32_t freqs[256]
     cdef uint32_t* slots
-    if m == 0 or m > n or g_alphabet > 256 or t_alphabet > 256:
-        return -8
+    if (m == 0 or m > n or g_alphabet > 256 or t_alphabet > 256 or emask > 0xFFFF or values_out.shape[0] != m
+            or sum_out.shape[0] < 1 or g_states.shape[0] != LANES or t_states.shape[0] != LANES):
+        return -9
     with nogil:
         tokens = <uint8_t*>malloc(m)
         gaps = <uint32_t*>malloc(m * sizeof(uint32_t))

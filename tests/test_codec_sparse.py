@@ -287,10 +287,24 @@ def test_sparse_kernels_agree_across_backends(width):
             assert k.gap_gather(gaps, r[: pos[-1]], *short) == -6, b  # a position past the end
             assert k.sum_update(r, pos, values) == expect_sum, (b, n)
             dst = r.copy()
-            k.scatter(dst, pos, values)
+            assert k.scatter(dst, pos, values) == 0
             want = r.copy()
             want[pos] = values
             assert np.array_equal(dst, want), b
+            # bad arguments: the same refusal from every backend, nothing written
+            assert k.scatter(dst, pos[::-1].copy(), values) == (-1 if m > 1 else 0), b
+            assert k.scatter(r.copy(), pos, values[:-1].copy()) == -1, b
+            with pytest.raises(ValueError):
+                k.sum_update(r, pos[::-1].copy() if m > 1 else pos + n, values)
+            z = np.zeros(n, word)
+            z[pos] = 1
+            sym = np.zeros(n, np.uint16)
+            outs = (np.empty(m + 1, np.uint32), np.empty(m + 1, np.uint16), np.empty(m + 1, word), np.empty(m + 1, np.uint16))
+            assert k.sparse_split(z, sym, *outs) == -1, b  # outputs not sized to the non-zero count
+            none = np.empty(0, np.uint8)
+            args = (r, 0, 0, 256, none, np.full(4, 1 << 15, np.uint32), none, none, 0, 124,
+                    none, np.full(4, 1 << 15, np.uint32), none, none, 0, 124)
+            assert k.sparse_decode(*args, np.empty(0, np.int64), np.empty(0, word), np.zeros(1, np.uint64)) == -9, b
 
 
 def content_sum_words(r, pos, values) -> int:
@@ -315,3 +329,14 @@ def test_changes_apply_to_checks_its_target():
     for bad in (ref.astype(np.float32), ref[:500].copy(), ref[::2], np.frombuffer(ref.tobytes(), ref.dtype), [1, 2]):
         with pytest.raises(InvalidInputError):
             ch.apply_to(bad)
+    # hand-made Changes are checked before anything is written: in range, ascending, one value each
+    from ulstore import Changes
+
+    values = np.ones(3, np.float32)
+    for positions, vals in (([0, 2**40, 9], values), ([0, -5, 9], values), ([4, 2, 9], values), ([1, 1, 2], values),
+                            (list(range(8)), values[:1]), ([0, 1], values)):
+        for b in BACKENDS:
+            out = np.zeros(10, np.float32)
+            with pytest.raises(InvalidInputError, match="ascend"):
+                Changes(np.array(positions, dtype=np.int64), vals, 0).apply_to(out, backend=b)
+            assert not out.any(), (positions, b)

@@ -125,8 +125,8 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     orig_write, orig_apply = Binding.write, Binding.apply
     Binding.write = lambda self, start, values: (writes.append(("write", self.name, start, values.size)),
                                                  orig_write(self, start, values))[1]
-    Binding.apply = lambda self, start, ch: (writes.append(("apply", self.name, start, ch.positions.tolist())),
-                                             orig_apply(self, start, ch))[1]
+    Binding.apply = lambda self, start, stop, ch: (writes.append(("apply", self.name, start, ch.positions.tolist())),
+                                                   orig_apply(self, start, stop, ch))[1]
     try:
         assert f.poll() == 3
     finally:
@@ -531,21 +531,56 @@ def test_unusable_newest_anchor_falls_back_to_an_older_one(states, url):
     assert [e.kind for e in f.events][:2] == ["corrupt", "bootstrap"] and f.events[1].version == 0
 
 
-def test_device_binding_writes_through_a_cpu_stand_in():
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float32"])
+def test_device_binding_writes_through_a_cpu_stand_in(name):
     """The device half of a Binding (CUDA in production) takes whole chunks and changes alike."""
     torch = pytest.importorskip("torch")
     from ulstore import decode_changes, encode
+    from ulstore._torch import numpy_to_tensor
 
-    ref = np.linspace(-1, 1, 5000).astype(BF16)
+    dt = np.dtype(getattr(ml_dtypes, name, name))
+    word = np.dtype(f"<u{dt.itemsize}")
+    ref = np.linspace(-1, 1, 5000).astype(np.float32).astype(dt)
     target = ref.copy()
-    target.view(np.uint16)[[0, 3, 777, 4999]] += 1
-    device = torch.from_numpy(ref.view(np.int16).copy()).view(torch.bfloat16)  # what a CUDA tensor would be
+    target.view(word)[[0, 3, 777, 4999]] += 1
+    device = numpy_to_tensor(ref.copy())  # what a CUDA tensor would be (fp8: no index_copy_ kernel)
     b = Binding("w", ref.copy(), device=device)
-    b.apply(0, decode_changes(encode(target, ref, sparse=True), ref))
-    for got in (b.mirror, device.view(torch.int16).numpy()):
-        assert np.array_equal(got.view(np.uint16), target.view(np.uint16))
+    b.apply(0, ref.size, decode_changes(encode(target, ref, sparse=True), ref))
+
+    def device_bits():
+        return device.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[dt.itemsize]).numpy().view(word)
+
+    for got in (b.mirror.view(word), device_bits()):
+        assert np.array_equal(got, target.view(word))
     b.write(1000, ref[1000:2000])  # a whole chunk
     want = target.copy()
     want[1000:2000] = ref[1000:2000]
-    for got in (b.mirror, device.view(torch.int16).numpy()):
-        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    for got in (b.mirror.view(word), device_bits()):
+        assert np.array_equal(got, want.view(word))
+
+
+def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
+    """An error while writing a version (phase 2) leaves no claim on the state: the next poll bootstraps."""
+    publish_all(url, states[:3], anchor_every=5)
+    f = Follower(url, trust_state=True)
+    f.bootstrap()
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        pub.publish(3, states[3])
+    orig = Binding.apply
+    calls = []
+
+    def failing(self, start, stop, changes):
+        calls.append(self.name)
+        if len(calls) == 2:  # after one chunk was written
+            raise RuntimeError("device lost")
+        return orig(self, start, stop, changes)
+
+    Binding.apply = failing
+    try:
+        with pytest.raises(RuntimeError, match="device lost"):
+            f.poll()
+    finally:
+        Binding.apply = orig
+    assert f.version is None and f._replica._sums == {}
+    assert f.poll() == 3
+    assert_same_bits(f.state, states[3])

@@ -391,7 +391,8 @@ def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, 
 
 def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:
     """The changed elements of residuals ``z``: gaps between their positions and the gaps' tokens,
-    their residuals and symbols.  The outputs hold exactly the non-zero count; returns it."""
+    their residuals and symbols.  The outputs must hold exactly the non-zero count: returns it,
+    or -1 if they do not."""
     pos = np.flatnonzero(z)
     if len(pos) != len(gaps_out):
         return -1
@@ -422,6 +423,9 @@ def sum_update(r, pos, values) -> int:
 
     Visits only the 8-byte words that hold a changed element.
     """
+    pos = np.asarray(pos)
+    if len(values) != len(pos) or (len(pos) and (pos[0] < 0 or pos[-1] >= len(r) or (np.diff(pos) <= 0).any())):
+        raise ValueError("sum_update needs ascending positions inside r, one value each")
     if not len(pos):
         return 0
     per = 8 // r.itemsize
@@ -441,9 +445,14 @@ def sum_update(r, pos, values) -> int:
     return (gained - lost) & _M64
 
 
-def scatter(dst, pos, values) -> None:
-    """``dst[pos] = values`` (positions already checked to lie inside ``dst``)."""
+def scatter(dst, pos, values) -> int:
+    """``dst[pos] = values``; returns 0, or -1 without writing anything unless the positions
+    strictly ascend inside ``dst`` and match ``values`` one to one."""
+    pos = np.asarray(pos)
+    if len(values) != len(pos) or (len(pos) and (pos[0] < 0 or pos[-1] >= len(dst) or (np.diff(pos) <= 0).any())):
+        return -1
     dst[pos] = values
+    return 0
 
 
 def _section_tokens(r, mant_bits, emask, n_c, table, states, words, alphabet, tokens_out) -> int:
@@ -469,10 +478,13 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
     Writes the m = len(pos_out) changed positions, their new words, and in
     ``sum_out[0]`` what :func:`sum_update` returns for them.  Returns 0,
     a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
-    end, -7 a zero residual), or a table status minus 100.
+    end, -7 a zero residual, -9 bad arguments), or a table status minus 100.
     """
     assert pool_below == _tables.POOL_BELOW
     m = len(pos_out)
+    if (m == 0 or m > len(r) or g_alphabet > 256 or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m
+            or len(sum_out) < 1 or len(g_states) != LANES or len(t_states) != LANES):
+        return -9
     tokens = np.empty(m, dtype=np.uint8)
     status = _section_tokens(r[:m], 0, 0, np.array([m]), g_table, g_states, g_words, g_alphabet, tokens)
     gaps = np.empty(m, dtype=np.uint32)

@@ -31,6 +31,7 @@ STATUS = {
     -6: "a changed position lies past the end of the tensor",
     -7: "a changed element has a zero residual",
     -8: "out of memory",
+    -9: "the kernel was called with inconsistent arguments",
 }
 
 TABLE_STATUS = {

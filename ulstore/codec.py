@@ -315,10 +315,12 @@ class Changes:
                                     f"{getattr(out, 'dtype', type(out).__name__)}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise InvalidInputError("changes are applied in place: pass a writeable C-contiguous array")
-        if self.positions.size and not 0 <= self.positions[0] <= self.positions[-1] < out.size:
-            raise InvalidInputError(f"changes reach element {int(self.positions[-1])} of an array of {out.size}")
         word = f"<u{out.dtype.itemsize}"
-        kernels(backend).scatter(out.reshape(-1).view(word), self.positions, self.values.view(word))
+        positions = np.ascontiguousarray(self.positions, dtype=np.int64)
+        values = np.ascontiguousarray(self.values).reshape(-1)
+        if kernels(backend).scatter(out.reshape(-1).view(word), positions, values.view(word)):
+            raise InvalidInputError(f"changes do not fit an array of {out.size}: positions must ascend inside it, "
+                                    "one value each")
 
 
 def content_sum(array, *, backend: str | None = None) -> int:

@@ -81,18 +81,18 @@ class Binding:
 
             self.device[start:stop].copy_(numpy_to_tensor(np.ascontiguousarray(values.reshape(-1))))
 
-    def apply(self, start: int, changes) -> None:
-        """Write a chunk's :class:`~ulstore.codec.Changes` (positions relative to ``start``)."""
-        stop = start + (int(changes.positions[-1]) + 1 if changes.positions.size else 0)
-        changes.apply_to(self.mirror[start:stop])
+    def apply(self, start: int, stop: int, changes) -> None:
+        """Write the :class:`~ulstore.codec.Changes` of chunk ``[start, stop)`` (positions relative to ``start``)."""
+        changes.apply_to(self.mirror[start:stop])  # checks every position lies inside the chunk
         if self.device is not None:
             import torch
 
-            from .._torch import numpy_to_tensor
-
+            # through same-width integer views: index_copy_ has no float8 kernels, and bits are bits
+            signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[self.mirror.dtype.itemsize]
             dev = self.device.device
             index = torch.from_numpy(changes.positions + start).to(dev)
-            self.device.index_copy_(0, index, numpy_to_tensor(np.ascontiguousarray(changes.values)).to(dev))
+            values = torch.from_numpy(words(changes.values).view(f"<i{self.mirror.dtype.itemsize}")).to(dev)
+            self.device.view(signed).index_copy_(0, index, values)
 
 
 def bind(spec: TensorSpec, value) -> Binding:

@@ -401,16 +401,20 @@ class Replica:
     def _write(self, decoded: Decoded, version: Manifest) -> None:
         """Phase 2: every chunk verified; write them all, then record the version."""
         self.version = None  # the state is in flux until every chunk is written
-        for e, item in decoded.chunks:
-            spec = decoded.layout.tensors[e.tensor]
-            start, _ = spec.chunk_range(e.chunk, decoded.layout.chunk_elems)
-            if isinstance(item, Changes):
-                self._bindings[spec.name].apply(start, item)
-                self._sums[spec.name, e.chunk] = item.content_sum
-            else:
-                self._bindings[spec.name].write(start, item)
-                if spec.is_float and self.trust_state:  # the next delta checks its reference by this sum
-                    self._sums[spec.name, e.chunk] = content_sum(item)
+        try:
+            for e, item in decoded.chunks:
+                spec = decoded.layout.tensors[e.tensor]
+                start, stop = spec.chunk_range(e.chunk, decoded.layout.chunk_elems)
+                if isinstance(item, Changes):
+                    self._bindings[spec.name].apply(start, stop, item)
+                    self._sums[spec.name, e.chunk] = item.content_sum
+                else:
+                    self._bindings[spec.name].write(start, item)
+                    if spec.is_float and self.trust_state:  # the next delta checks its reference by this sum
+                        self._sums[spec.name, e.chunk] = content_sum(item)
+        except BaseException:
+            self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
+            raise
         self.version, self.checksum, self.metadata = version.version, version.checksum, dict(version.metadata)
 
     def invalidate(self) -> None:
