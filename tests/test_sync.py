@@ -150,15 +150,23 @@ def test_follower_rejects_mismatched_state(states, url):
         Follower(url, state=f32).bootstrap()
 
 
-def test_new_tensor_reaches_follower_owned_state(states, url):
+@pytest.mark.parametrize("trust_state", [False, True], ids=["hashing", "trusted"])
+def test_new_tensor_reaches_follower_owned_state(states, url, trust_state):
     with Publisher(url, chunk_elems=CHUNK) as pub:
         pub.publish(0, states[0])
+        f = Follower(url, trust_state=trust_state)
+        f.bootstrap()
         grown = {**states[1], "value_head.weight": np.ones((3, 64), BF16)}
         info = pub.publish(1, grown)
         assert info.kind == "delta"
-    f = Follower(url)
-    f.bootstrap()
-    assert_same_bits(f.state, grown)
+        assert f.poll() == 1
+        assert_same_bits(f.state, grown)
+        moved = {**states[2], "value_head.weight": grown["value_head.weight"].copy()}
+        moved["value_head.weight"].view(np.uint16)[1, ::9] += 1  # a delta of the new tensor
+        pub.publish(2, moved)
+        assert f.poll() == 2
+    assert_same_bits(f.state, moved)
+    assert not [e for e in f.events if e.kind == "corrupt"]
 
 
 def test_versions_must_increase_and_metadata_must_be_json(states, url):
@@ -280,10 +288,11 @@ def _flip(path, offset=-20):
     open(path, "wb").write(bytes(data))
 
 
+@pytest.mark.parametrize("trust_state", [False, True], ids=["hashing", "trusted"])
 @pytest.mark.parametrize("damage", ["flip pack", "delete pack", "flip manifest", "delete manifest"])
-def test_corrupt_or_missing_delta_rebootstraps_from_anchor(states, url, damage):
+def test_corrupt_or_missing_delta_rebootstraps_from_anchor(states, url, damage, trust_state):
     publish_all(url, states[:4], anchor_every=5)
-    f = Follower(url)
+    f = Follower(url, trust_state=trust_state)
     assert f.bootstrap() == 3
     publish_all_from = Publisher(url, anchor_every=5, chunk_elems=CHUNK)
     for v in range(4, 8):  # anchor at 5
