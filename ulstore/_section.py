@@ -10,6 +10,7 @@ The dense RANS mode is one section over every element; the SPARSE mode is two
 """
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +34,8 @@ STATUS = {
     -8: "out of memory",
     -9: "the kernel was called with inconsistent arguments",
 }
+
+_LANE_STATES = struct.Struct(f"<{F.LANES}I")
 
 TABLE_STATUS = {
     -1: "it is truncated",
@@ -94,16 +97,17 @@ def read_fields(rd: F.Reader, n: int, fmt: FloatFormat) -> Fields:
     if scale_bits != SCALE_BITS:
         raise CorruptBlobError(f"ULPack blob declares a {scale_bits}-bit scale; the format uses {SCALE_BITS}")
     table = np.frombuffer(rd.take(rd.varint("table size", limit=1 << 24), "table"), dtype=np.uint8)
-    states = np.frombuffer(rd.take(4 * F.LANES, "lane states"), dtype="<u4").astype(np.uint32)
-    if ((states < STATE_LOW) | (states >= 1 << 31)).any():
+    raw_states = rd.take(4 * F.LANES, "lane states")
+    if not all(STATE_LOW <= x < 1 << 31 for x in _LANE_STATES.unpack(raw_states)):  # plain ints: 4 values
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
     n_words = rd.varint("word count", limit=n)
     words = np.frombuffer(rd.take(2 * n_words, "rANS words"), dtype=np.uint8)
     tail_bits = rd.varint("tail bit count", limit=n * (fmt.width - 3))
-    tail = np.frombuffer(rd.take((tail_bits + 7) // 8, "raw tail"), dtype=np.uint8)
-    if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
+    raw_tail = rd.take((tail_bits + 7) // 8, "raw tail")
+    if tail_bits % 8 and raw_tail[-1] >> (tail_bits % 8):
         raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
-    return Fields(table, states, words, tail, tail_bits)
+    states = np.frombuffer(raw_states, dtype="<u4")
+    return Fields(table, states, words, np.frombuffer(raw_tail, dtype=np.uint8), tail_bits)
 
 
 def status_error(status: int) -> CorruptBlobError:
