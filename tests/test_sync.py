@@ -383,6 +383,24 @@ def test_trusted_follower_catches_divergence_at_a_changed_element(states, url):
     assert "corrupt" in [e.kind for e in f.events] and f.stats.rebootstraps == 1
 
 
+@pytest.mark.parametrize("trust_state", [False, True], ids=["hashing", "trusted"])
+def test_verify_finds_foreign_writes_and_the_next_poll_repairs_them(states, url, trust_state):
+    publish_all(url, states[:3], anchor_every=5)
+    f = Follower(url, trust_state=trust_state)
+    assert f.verify()  # nothing held yet
+    f.bootstrap()
+    assert f.verify() and f.version == 2
+    name = "lm_head.weight"
+    unchanged = np.flatnonzero(states[3][name].view(np.uint16).reshape(-1) == states[2][name].view(np.uint16).reshape(-1))
+    f.state[name].reshape(-1).view(np.uint16)[unchanged[7]] ^= 1  # an element no delta will touch
+    assert not f.verify()
+    assert f.version is None and f.events[-1].kind == "corrupt" and name in f.events[-1].detail
+    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
+        pub.publish(3, states[3])
+    assert f.poll() == 3 and f.verify()
+    assert_same_bits(f.state, states[3])
+
+
 def test_diverged_follower_state_is_repaired(states, url):
     publish_all(url, states[:3], anchor_every=5)
     f = Follower(url)

@@ -33,6 +33,7 @@ def _check_follower(log, trainer, last):
     assert versions == list(range(versions[0], last + 1)), "a follower must report every version after joining"
     done = log[-1]
     assert done.get("done") and done["stats"]["corrupt"] == 0 and done["stats"]["missing"] == 0
+    assert done["verified"], "the whole state, re-hashed at the end, must be what the follower applied"
     return versions, done
 
 

@@ -192,7 +192,7 @@ def follower_main(a) -> None:
     for v in f.follow(until=a.until, timeout=60):
         assert f.version == v
         _append(a.out, {"version": v, "digest": state_digest(state)})
-    _append(a.out, {"done": True, "joined_at": joined_at, "stats": vars(f.stats),
+    _append(a.out, {"done": True, "joined_at": joined_at, "verified": f.verify(), "stats": vars(f.stats),
                     "events": [[e.kind, e.version, e.detail] for e in f.events]})
     f.close()
 

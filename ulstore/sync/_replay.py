@@ -274,8 +274,9 @@ class Replica:
         written in place.  Their names, shapes and dtypes must match the
         published ones.  None: the replica allocates numpy arrays.
     trust_state : bool
-        Check delta references by the sums kept since the chunk was last
-        written (O(1)) instead of hashing the chunk.
+        Check delta references by the sums kept since each chunk was last
+        written (O(1)) instead of hashing the chunk.  The sums are kept either
+        way (:meth:`verify`).
 
     Attributes
     ----------
@@ -410,12 +411,24 @@ class Replica:
                     self._sums[spec.name, e.chunk] = item.content_sum
                 else:
                     self._bindings[spec.name].write(start, item)
-                    if spec.is_float and self.trust_state:  # the next delta checks its reference by this sum
+                    if spec.is_float:  # trusted: the next delta checks its reference by this sum; and verify()
                         self._sums[spec.name, e.chunk] = content_sum(item)
         except BaseException:
             self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
             raise
         self.version, self.checksum, self.metadata = version.version, version.checksum, dict(version.metadata)
+
+    def verify(self) -> list[str]:
+        """The float chunks whose host bits differ from what was last written: ``["name[chunk]", ...]``."""
+        layout = self.layout
+        jobs = [(spec, c) for spec in layout.tensors if spec.is_float for c in range(spec.n_chunks(layout.chunk_elems))]
+
+        def differs(job) -> bool:
+            spec, c = job
+            start, stop = spec.chunk_range(c, layout.chunk_elems)
+            return content_sum(self._bindings[spec.name].mirror[start:stop]) != self._sums.get((spec.name, c))
+
+        return [f"{spec.name}[{c}]" for (spec, c), bad in zip(jobs, self.reader.workers.compute.map(differs, jobs)) if bad]
 
     def invalidate(self) -> None:
         self.version = self.checksum = None

@@ -95,7 +95,8 @@ class Follower(WorkerOwner):
         state changed behind the follower's back is re-bootstrapped, never
         patched.  True: the follower trusts that only it writes the state and
         checks references through checksums it keeps, so applying a sparse
-        delta costs time in proportion to the changed elements only.
+        delta costs time in proportion to the changed elements only
+        (:meth:`verify` re-checks the whole state on demand).
 
     Attributes
     ----------
@@ -180,6 +181,36 @@ class Follower(WorkerOwner):
         else:
             self.stats.corrupt += 1
             self._event("corrupt", version, str(e), e)
+
+    # -- checking the state ------------------------------------------------------------
+
+    def verify(self) -> bool:
+        """Re-hash the state and compare it with the checksums of what the follower wrote.
+
+        Costs one pass over the weights (several GB/s per core, chunks in
+        parallel).  It catches writes to the state by anyone but the follower,
+        which ``trust_state=True`` otherwise notices only at the next anchor.
+        Floating-point tensors are checked, on the host (for device tensors,
+        the host mirror the follower writes through).
+
+        Returns
+        -------
+        bool
+            True if every chunk holds exactly what was applied, or nothing is
+            held yet.  False: a ``corrupt`` event names the chunks, the state is
+            marked invalid (:attr:`version` is None) and the next :meth:`poll`
+            bootstraps.
+        """
+        if self.version is None:
+            return True
+        bad = self._replica.verify()
+        if not bad:
+            return True
+        self.stats.corrupt += 1
+        self._event("corrupt", self.version, f"the state differs from version {self.version} in {len(bad)} chunk(s): "
+                    f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}")
+        self._replica.invalidate()
+        return False
 
     # -- bootstrap --------------------------------------------------------------------
 
