@@ -11,7 +11,7 @@ import pytest
 
 from ulstore import toytrain
 
-__all__ = ["states_bf16", "states_fp32", "assert_state_equal", "bits", "moto_s3", "backend_url", "CountingFS"]
+__all__ = ["states_bf16", "states_fp32", "assert_state_equal", "bits", "MotoS3", "moto_s3", "backend_url", "CountingFS"]
 
 CHUNK = 4096  # small chunks: multi-chunk tensors from the tiny model
 
@@ -45,21 +45,40 @@ def assert_state_equal(got: dict, want: dict) -> None:
         np.testing.assert_array_equal(bits(got[k]), bits(w), err_msg=k)
 
 
+class MotoS3:
+    """A moto S3 server on 127.0.0.1 (moto, boto3 and s3fs are test dependencies: missing, they fail)."""
+
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.options = {"key": "testing", "secret": "testing",
+                        "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+
+    def bucket(self, name: str | None = None) -> str:
+        """Create a bucket (a fresh name unless given) and return its name."""
+        import boto3
+
+        name = name or f"sync-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=name)
+        return name
+
+    def stop(self):
+        self.server.stop()
+
+
 @pytest.fixture(scope="session")
 def moto_s3():
-    """A moto S3 server on 127.0.0.1; yields storage_options for a fresh bucket."""
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    pytest.importorskip("s3fs")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket="ulstore-test")
-    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
-    server.stop()
+    """A moto S3 server on 127.0.0.1 with the bucket ``ulstore-test``; yields its storage_options."""
+    s3 = MotoS3()
+    s3.bucket("ulstore-test")
+    yield s3.options
+    s3.stop()
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import subprocess
 import sys
@@ -15,6 +14,9 @@ import pytest
 
 import ulstore
 from ulstore.io import to_torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest_store import MotoS3  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -119,14 +121,9 @@ def test_finetune_branch(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    moto_server = pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    s3 = MotoS3()
+    yield s3.endpoint
+    s3.stop()
 
 
 def test_s3_lazy_slice(tmp_path, s3_endpoint):

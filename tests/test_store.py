@@ -149,8 +149,12 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     ro[step][name][17, 6]  # same chunk: cache hit, no backend read at all
     assert counter.reads == []
     counter.reset()
-    ro[step][name][60, 0]  # another chunk of the same tensor: only its own chain
+    other = ro[step][name][60, 0]  # another chunk of the same tensor: only its own chain
+    assert bits(np.asarray(other)) == bits(np.asarray(states[step][name][60, 0]))
+    # one blob per step of its chain that changed the chunk (a step that left it alone shares the
+    # parent's blob), never a manifest again: they were all read for the first chunk
     assert 1 <= len(counter.blobs()) <= depth + 1 and counter.manifests() == []
+    assert len(counter.blobs()) == len(set(counter.blobs())), "a blob was fetched twice"
 
 
 def test_full_read_after_lazy_read_shares_cache():

@@ -449,7 +449,6 @@ def test_missing_bucket_is_a_clear_error_at_construction(moto_s3):
 
 
 def test_unreachable_endpoint_is_a_clear_error_at_construction():
-    pytest.importorskip("s3fs")
     opts = {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
             "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}}
     t0 = time.monotonic()
@@ -531,8 +530,8 @@ def test_unreachable_bucket_mid_run(states, url):
 
 def test_cuda_tensors_publish_and_follow(states, url):
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+    if not torch.cuda.is_available():  # the device code path itself is also run on CPU: see
+        pytest.skip("no CUDA device")    # test_device_binding_writes_through_a_cpu_stand_in
     from ulstore._torch import numpy_to_tensor
 
     def on_gpu(state):

@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import os
 import signal
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -26,6 +24,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ulstore import toytrain  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest_store import MotoS3  # noqa: E402
 
 #: The end-to-end model: a real toytrain MLP LM (~250K params, ~40 ms/step on one core).
 E2E_CONFIG = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2)
@@ -74,36 +75,8 @@ def rl_states(steps: int, preset: str = "tiny", warmup: int = 20, **overrides) -
 # -- moto ----------------------------------------------------------------------------
 
 
-class MotoS3:
-    """A moto S3 server on 127.0.0.1 and helpers to make buckets on it."""
-
-    def __init__(self):
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        host, port = self.server.get_host_and_port()
-        self.endpoint = f"http://{host}:{port}"
-        self.options = {"key": "testing", "secret": "testing",
-                        "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
-
-    def bucket(self) -> str:
-        import boto3
-
-        name = f"sync-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket=name)
-        return name
-
-    def stop(self):
-        self.server.stop()
-
-
 @pytest.fixture(scope="module")
 def moto_s3():
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
     s3 = MotoS3()
     yield s3
     s3.stop()

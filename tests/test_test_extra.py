@@ -1,0 +1,34 @@
+"""The ``test`` extra installs every optional package the tests import.
+
+Tests use ``pytest.importorskip`` for torch and a few others so that a plain
+``pip install -e .`` can still run the rest; this test makes sure that in the
+README's (and CI's) ``pip install -e ".[test]"`` none of those skips can happen.
+"""
+from __future__ import annotations
+
+import importlib
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+#: distribution name -> module the tests import
+MODULES = {"moto": "moto.server", "pytest-timeout": "pytest_timeout", "distributed": "distributed"}
+
+
+def test_every_test_dependency_is_importable():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    checked = []
+    for line in extra:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate():
+            continue  # e.g. torch on Pythons it has no wheel for: its tests skip there, by design
+        module = MODULES.get(req.name, req.name.replace("-", "_"))
+        importlib.import_module(module)  # ImportError here: the extra did not install it
+        checked.append(req.name)
+    assert {"moto", "s3fs", "zstandard", "zipnn", "hypothesis"} <= set(checked), checked
+    # what the tests also import through moto[server] and s3fs
+    for module in ("boto3", "safetensors.numpy", "matplotlib", "torch"):
+        if module != "torch" or "torch" in checked:
+            importlib.import_module(module)
