@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_sync_support import assert_same_bits, moto_s3, rl_states, state_digest  # noqa: E402,F401  (fixture)
+from test_sync_support import assert_same_bits, delta_modes, moto_s3, rl_states, state_digest  # noqa: E402,F401
 
 from ulstore.errors import CorruptManifestError, InvalidInputError, NotFoundError  # noqa: E402
 from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher  # noqa: E402
@@ -334,14 +334,6 @@ def test_corrupt_delta_without_newer_anchor_stalls_then_recovers(states, url):
     assert f.stats.rebootstraps == 2
 
 
-def _delta_modes(follower, version) -> set:
-    from ulstore import inspect_blob
-
-    m = follower._reader.manifest(version)
-    packs = follower._reader.fetch_packs(m)
-    return {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
-
-
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse-deltas", "dense-deltas"])
 def test_trusted_follower_tracks_every_version(states, url, sparse):
     """trust_state=True: exact at every version, and the kept sums are the held chunks' content_sum."""
@@ -361,7 +353,7 @@ def test_trusted_follower_tracks_every_version(states, url, sparse):
             start, stop = r.layout.tensors[r.layout.index[name]].chunk_range(c, CHUNK)
             assert kept == content_sum(r.flat(name)[start:stop]), (v, name, c)
         if v:
-            modes |= _delta_modes(f, v)
+            modes |= delta_modes(f, v)
     pub.close()
     f.close()
     assert ("sparse" in modes) == sparse, modes

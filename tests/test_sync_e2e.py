@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_sync_support import moto_s3, read_jsonl, run_role, state_digest  # noqa: E402,F401  (fixture)
+from test_sync_support import delta_modes, moto_s3, read_jsonl, run_role, state_digest  # noqa: E402,F401  (fixture)
 
 from ulstore.sync import Follower  # noqa: E402
 
@@ -69,12 +69,8 @@ def test_trainer_and_two_followers_bit_exact(moto_s3, tmp_path):
     kind, anchor, _ = late_done["events"][0]
     assert kind == "bootstrap" and anchor == (late_versions[0] // ANCHOR_EVERY) * ANCHOR_EVERY and anchor >= 16
     # what they applied were SPARSE deltas (the publisher's default): applied by position
-    from ulstore import inspect_blob
-
     with Follower(url, storage_options=moto_s3.options) as f:
-        m = f._reader.manifest(STEPS)
-        packs = f._reader.fetch_packs(m)
-        modes = {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
+        modes = delta_modes(f, STEPS)
     assert "sparse" in modes, modes
 
 

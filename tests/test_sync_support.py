@@ -75,6 +75,15 @@ def rl_states(steps: int, preset: str = "tiny", warmup: int = 20, **overrides) -
 # -- moto ----------------------------------------------------------------------------
 
 
+def delta_modes(follower, version: int) -> set[str]:
+    """ULPack modes ("sparse", "rans", ...) of the delta chunks of ``version``, read through ``follower``."""
+    from ulstore import inspect_blob
+
+    m = follower._reader.manifest(version)
+    packs = follower._reader.fetch_packs(m)
+    return {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
+
+
 @pytest.fixture(scope="module")
 def moto_s3():
     s3 = MotoS3()

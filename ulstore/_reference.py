@@ -79,6 +79,14 @@ def hash_sum64(data) -> int:
         return int(_mix(words + salt).sum(dtype=np.uint64))
 
 
+def finish_sum(acc: int, nbytes: int) -> int:
+    """``hash64`` of ``nbytes`` bytes whose word sum is ``acc``: ``mix(acc + nbytes * golden)``."""
+    z = (acc + nbytes * int(_GOLDEN)) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 def hash64(data) -> int:
     """64-bit checksum of a byte buffer: ``mix(hash_sum64(data) + nbytes * golden)``.
 
@@ -86,11 +94,7 @@ def hash64(data) -> int:
     changed word changes it, flips do not cancel in pairs, and it has no serial
     chain.
     """
-    nbytes = memoryview(data).cast("B").nbytes
-    acc = hash_sum64(data)
-    with np.errstate(over="ignore"):
-        final = _mix(np.array([(acc + nbytes * int(_GOLDEN)) & _M64], dtype=np.uint64))
-    return int(final[0])
+    return finish_sum(hash_sum64(data), memoryview(data).cast("B").nbytes)
 
 
 # -- residuals -------------------------------------------------------------------

@@ -34,15 +34,13 @@ from ._section import encode_section, read_fields, status_error
 from ._tables import POOL_BELOW
 from .errors import CorruptBlobError
 
-__all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse", "finish_sum"]
+__all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse"]
 
 #: SPARSE is used when at most 1/SPARSE_MAX_FRACTION of the elements change; above
 #: that, applying by position saves little over decoding every element.
 SPARSE_MAX_FRACTION = 8
 
 GAPS: FloatFormat = format_of("float32")  # gaps are coded as 32-bit words, one context
-_GOLDEN = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
 
 
 def _histogram(k, sym: np.ndarray, size: int) -> np.ndarray:
@@ -82,11 +80,3 @@ def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int)
     if status:
         raise status_error(status)
     return pos, values, int(delta[0])
-
-
-def finish_sum(acc: int, nbytes: int) -> int:
-    """``hash64`` from its word sum: ``mix(acc + nbytes * golden)`` (splitmix64's finaliser)."""
-    z = (acc + nbytes * _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)

@@ -42,7 +42,8 @@ from ._backend import kernels
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._section import decode_section, encode_section
-from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse, finish_sum
+from ._reference import finish_sum
+from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 from ._tables import sum_rows
 from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
