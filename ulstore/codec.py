@@ -308,8 +308,10 @@ class Changes:
     def apply_to(self, out, *, backend: str | None = None) -> None:
         """Write the changed values into ``out``, in place (``out.flat[positions] = values``).
 
-        ``out`` is the reference (or a copy of it): a writeable C-contiguous
-        array of the blob's dtype and size, any shape.
+        ``out`` holds the reference (or a copy of it): a writeable C-contiguous
+        array of the blob's dtype, any shape, with every position inside it.
+        Nothing is written unless the positions ascend inside ``out``, one
+        value each.
         """
         if not isinstance(out, np.ndarray) or out.dtype != self.values.dtype:
             raise InvalidInputError(f"changes of {self.values.dtype} values cannot be applied to "
