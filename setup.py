@@ -1,9 +1,9 @@
-"""Builds the Cython kernels in codec_ext/ (metadata lives in pyproject.toml).
+"""Builds the Cython kernels in ulstore/codec/ (metadata lives in pyproject.toml).
 
-Two builds of the same source on x86-64: ``ulstore._kernels`` for any x86-64 CPU
-and ``ulstore._kernels_v3`` for x86-64-v3 (AVX2, BMI2, LZCNT: 2013 onwards), which
+Two builds of the same source on x86-64: ``ulstore.codec._kernels`` for any x86-64 CPU
+and ``ulstore.codec._kernels_v3`` for x86-64-v3 (AVX2, BMI2, LZCNT: 2013 onwards), which
 vectorises the element-wise passes twice as wide and shifts without penalties.
-``ulstore._backend`` picks the v3 build at import when the CPU has it.  Both give
+``ulstore.codec._backend`` picks the v3 build at import when the CPU has it.  Both give
 byte-identical blobs (the tests hold them to it).
 """
 import platform
@@ -18,16 +18,16 @@ def kernels(name, source, flags=()):
     return Extension(
         name,
         [source],
-        include_dirs=[numpy.get_include(), "codec_ext"],
+        include_dirs=[numpy.get_include(), "ulstore/codec"],
         extra_compile_args=["-O3", *flags],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 
 
-extensions = [kernels("ulstore._kernels", "codec_ext/kernels.pyx")]
+extensions = [kernels("ulstore.codec._kernels", "ulstore/codec/_kernels.pyx")]
 gnu_like = sysconfig.get_config_var("CC") not in (None, "") and "cl.exe" not in str(sysconfig.get_config_var("CC"))
 if platform.machine().lower() in ("x86_64", "amd64") and gnu_like:
-    extensions.append(kernels("ulstore._kernels_v3", "codec_ext/kernels_v3.pyx", ["-march=x86-64-v3"]))
+    extensions.append(kernels("ulstore.codec._kernels_v3", "ulstore/codec/_kernels_v3.pyx", ["-march=x86-64-v3"]))
 
 setup(
     ext_modules=cythonize(

@@ -101,7 +101,7 @@ def trl_apply_seconds(prev: dict, raw: bytes) -> float:
 
 def floor_seconds(prev: dict, cur: dict, changed: dict) -> float:
     """Writing the changed values at known positions (compiled loop, one thread): every format's minimum."""
-    from ulstore._backend import kernels
+    from ulstore.codec._backend import kernels
 
     scatter = kernels().scatter
     state = {k: v.copy() for k, v in prev.items()}

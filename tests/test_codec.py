@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ulstore
-from ulstore._dtypes import FORMATS
+from ulstore.codec._dtypes import FORMATS
 from ulstore import (
     CorruptBlobError,
     DtypeError,
@@ -554,7 +554,7 @@ def test_blobs_identical_across_processes(backend):
     """A fresh interpreter (backend chosen by ULSTORE_BACKEND) writes the same bytes as this one."""
     if backend not in BACKENDS:
         # only the x86-64-v3 build may be missing, and only on a CPU (or platform) that cannot run it
-        from ulstore._backend import _cpu_has_x86_64_v3
+        from ulstore.codec._backend import _cpu_has_x86_64_v3
 
         assert backend == "cython-v3" and not _cpu_has_x86_64_v3(), f"{backend} backend was not built"
         pytest.skip("this CPU has no AVX2/BMI2: the x86-64-v3 build cannot run here")

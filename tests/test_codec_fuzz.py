@@ -15,7 +15,7 @@ Two families:
   Every single payload bit is flipped this way too; the bits whose flip is
   accepted (padding) must look like padding: an edge run of < 8 bits in a byte.
 
-The header end comes from ``ulstore._format.open_blob`` (the reader it returns
+The header end comes from ``ulstore.codec._format.open_blob`` (the reader it returns
 stands at the payload).  Only the crafted-blob tests at the end parse the
 version-1 table layout themselves.
 """
@@ -146,7 +146,7 @@ def blobs():
 
 def header_end(blob: bytes) -> int:
     """Offset of the first payload byte (after magic, version, dtype, mode, flags, shape, hashes)."""
-    from ulstore import _format
+    from ulstore.codec import _format
 
     return _format.open_blob(blob)[1].pos
 

@@ -15,8 +15,8 @@ import pytest
 
 import ulstore
 from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, decode_changes, content_sum
-from ulstore._dtypes import FORMATS
-from ulstore._sparse import SPARSE_MAX_FRACTION
+from ulstore.codec._dtypes import FORMATS
+from ulstore.codec._sparse import SPARSE_MAX_FRACTION
 
 DTYPES = {f.name: f.dtype for f in FORMATS}
 BACKENDS = ulstore.available_backends()
@@ -180,7 +180,7 @@ def _reseal(body) -> bytes:
 
 def test_every_payload_byte_corruption_resealed():
     """Each payload byte changed (CRC recomputed): an IntegrityError or the exact target, on both paths."""
-    from ulstore._format import open_blob
+    from ulstore.codec._format import open_blob
 
     rng = np.random.default_rng(12)
     ref = reference(ml_dtypes.bfloat16, 3000, rng)
@@ -210,7 +210,7 @@ def test_every_payload_byte_corruption_resealed():
 
 def test_backends_agree_on_corrupt_sparse_blobs():
     """Every backend rejects the same resealed corruptions with the same message (the kernels' statuses agree)."""
-    from ulstore._format import open_blob
+    from ulstore.codec._format import open_blob
 
     rng = np.random.default_rng(13)
     ref = reference(np.float16, 2000, rng)
@@ -267,7 +267,7 @@ def test_numcodecs_sparse_config():
 @pytest.mark.parametrize("width", [8, 16, 32, 64])
 def test_sparse_kernels_agree_across_backends(width):
     """gap_gather, sum_update and scatter: every backend gives the numpy reference's result."""
-    from ulstore._backend import kernels
+    from ulstore.codec._backend import kernels
 
     rng = np.random.default_rng(width)
     word = np.dtype(f"<u{width // 8}")
@@ -309,7 +309,7 @@ def test_sparse_kernels_agree_across_backends(width):
 
 def content_sum_words(r, pos, values) -> int:
     """hash_sum64 of ``r`` with ``r[pos] = values``, computed whole (the slow way)."""
-    from ulstore._backend import kernels
+    from ulstore.codec._backend import kernels
 
     t = r.copy()
     t[pos] = values

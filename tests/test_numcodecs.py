@@ -29,7 +29,7 @@ from numcodecs.tests.common import (
 )
 
 import ulstore
-from ulstore._dtypes import FORMATS
+from ulstore.codec._dtypes import FORMATS
 from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

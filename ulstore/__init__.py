@@ -9,19 +9,21 @@
 """
 import importlib as _importlib
 
-from ._backend import available_backends, backend, set_backend
-from ._format import header_bound
 from .codec import (
     Changes,
     ULPack,
+    available_backends,
+    backend,
     content_sum,
     decode,
     decode_changes,
     decode_many,
     encode,
     encode_many,
+    header_bound,
     inspect_blob,
     model_entropy_bits,
+    set_backend,
 )
 from .errors import *  # noqa: F401,F403  (the error tree is public API)
 from .errors import __all__ as _errors_all

@@ -1,32 +1,13 @@
 """Zero-copy bridges between torch tensors and numpy arrays (torch is optional)."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
+
+from .codec._dtypes import TORCH_VIA_INT, tensor_to_numpy
 
 __all__ = ["tensor_to_numpy", "numpy_to_tensor"]
 
-# torch dtypes numpy cannot hold natively travel as same-width integers and are
-# re-viewed on the other side: the bits never change.
-_VIA_INT = {
-    "torch.bfloat16": ("int16", ml_dtypes.bfloat16),
-    "torch.float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
-    "torch.float8_e5m2": ("uint8", ml_dtypes.float8_e5m2),
-}
-
-
-def tensor_to_numpy(tensor) -> np.ndarray:
-    """A numpy view of a torch tensor's bits (copied to host / made contiguous if needed)."""
-    import torch
-
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    via = _VIA_INT.get(str(t.dtype))
-    if via is not None:
-        return t.view(getattr(torch, via[0])).numpy().view(via[1])
-    return t.numpy()
+_VIA_INT = TORCH_VIA_INT
 
 
 def numpy_to_tensor(array: np.ndarray):

@@ -27,32 +27,23 @@ True
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import os
 from dataclasses import dataclass
-from collections.abc import Iterable, Sequence
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
-from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray_like, ndarray_copy
 
 from . import _format as F
 from ._backend import kernels
+from ._checksum import finish_sum, fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, format_of, from_bits
 from ._scratch import scratch
 from ._section import decode_section, encode_section
-from ._reference import finish_sum
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 from ._tables import sum_rows
-from .errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
+from ..errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
-    "ULPack",
     "encode",
     "decode",
-    "encode_many",
-    "decode_many",
     "decode_changes",
     "Changes",
     "content_sum",
@@ -152,10 +143,6 @@ def _hash32(k, words: np.ndarray) -> int:
     must get past both to yield values, a 2**-64 event.
     """
     return _fold32(k.hash64(words))
-
-
-def _fold32(h: int) -> int:
-    return (h ^ (h >> 32)) & 0xFFFFFFFF
 
 
 def _target_hash(k, fmt: FloatFormat, shape: tuple, values_hash: int) -> int:
@@ -379,87 +366,6 @@ def decode_changes(blob, reference, *, reference_sum: int | None = None, backend
     return Changes(pos, from_bits(header.fmt, values), target_sum)
 
 
-# -- batches --------------------------------------------------------------------
-
-
-def _batches(sizes: Sequence[int], budget: int) -> list[list[int]]:
-    """Group indices, largest first, into batches of at most ``budget`` bytes (one item may exceed it)."""
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i in order:
-        if current and used + sizes[i] > budget:
-            batches.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += sizes[i]
-    if current:
-        batches.append(current)
-    return batches
-
-
-def _run_batched(fn, items: list, sizes: list[int], threads: int | None, budget: int) -> list:
-    """``[fn(item) for item in items]``, in parallel batches.
-
-    A batch holds at most ``budget`` bytes, and at most a sixteenth of one thread's
-    share of the work so that every thread stays busy to the end.  Batches are
-    submitted largest first.  Each result depends only on its item, so neither
-    batching nor scheduling can change it.
-    """
-    threads = (os.cpu_count() or 1) if threads is None else max(1, int(threads))
-    if threads == 1 or len(items) <= 1:
-        return [fn(item) for item in items]
-    results: list = [None] * len(items)
-
-    def run(batch):
-        for i in batch:
-            results[i] = fn(items[i])
-
-    per_task = max(1, min(budget, sum(sizes) // (16 * threads)))
-    with cf.ThreadPoolExecutor(threads) as pool:
-        for f in [pool.submit(run, b) for b in _batches(sizes, per_task)]:
-            f.result()
-    return results
-
-
-def _nbytes(array) -> int:
-    if hasattr(array, "nbytes"):
-        return int(array.nbytes)
-    if hasattr(array, "element_size"):  # torch
-        return int(array.numel() * array.element_size())
-    return int(np.asarray(array).nbytes)
-
-
-def encode_many(
-    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, econd: bool = True, sparse: bool = False,
-    backend: str | None = None,
-) -> list[bytes]:
-    """Encode many tensors in parallel; returns exactly what :func:`encode` returns for each.
-
-    Parameters
-    ----------
-    pairs : iterable
-        ``(target, reference)`` tuples, or bare targets (intra).
-    threads : int, optional
-        Worker threads (default: all cores).  The kernels release the GIL.
-    budget : int
-        Bytes of raw input grouped into one task, so many small tensors share one
-        call.  Batching never changes a blob.
-    """
-    items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
-    sizes = [_nbytes(t) for t, _ in items]
-    return _run_batched(lambda p: encode(p[0], p[1], econd=econd, sparse=sparse, backend=backend),
-                        items, sizes, threads, budget)
-
-
-def decode_many(pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, backend: str | None = None) -> list[np.ndarray]:
-    """Decode many ``(blob, reference)`` pairs (or bare intra blobs) in parallel."""
-    items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
-    sizes = [len(b) for b, _ in items]
-    return _run_batched(lambda p: decode(p[0], p[1], backend=backend), items, sizes, threads, budget)
-
-
 # -- analysis -------------------------------------------------------------------
 
 
@@ -500,83 +406,3 @@ def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     with np.errstate(divide="ignore", invalid="ignore"):
         bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()
     return float(bits) + tail_bits
-
-
-# -- numcodecs ------------------------------------------------------------------
-
-
-class ULPack(Codec):
-    """numcodecs codec for ULPack (``{"id": "ulpack"}``).
-
-    A pure codec: no I/O.  ``encode``/``decode`` take an optional ``reference=``
-    array; without one they code intra (against +0.0).  Decoding returns the
-    original dtype and shape; with ``out=`` the values are copied into it.
-
-    Parameters
-    ----------
-    econd : bool, default True
-        Condition the models on the reference exponent (False: ablation).
-    dtype : str, optional
-        How to read buffers that carry no float dtype (bytes, uint8 arrays...):
-        e.g. ``"bfloat16"``.  Arrays of a float dtype are always read as such.
-    sparse : bool, default False
-        Code sparse deltas by position (see :func:`encode`).
-
-    Notes
-    -----
-    numcodecs codecs round-trip a buffer's bytes in memory order.  A Fortran-ordered
-    array is therefore coded as its C-ordered transpose (same bytes, reversed
-    shape), so ``decode(encode(a))`` has ``a``'s memory bytes.
-
-    Examples
-    --------
-    >>> import numcodecs, numpy as np
-    >>> codec = numcodecs.get_codec({"id": "ulpack"})
-    >>> codec
-    ULPack(econd=True)
-    >>> x = np.arange(6, dtype=np.float16).reshape(2, 3)
-    >>> codec.decode(codec.encode(x)).tolist()
-    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
-    """
-
-    codec_id = "ulpack"
-
-    def __init__(self, econd: bool = True, dtype: str | None = None, sparse: bool = False):
-        self.econd = bool(econd)
-        self.sparse = bool(sparse)
-        self.dtype = None if dtype is None else format_of(dtype).name
-
-    def _as_array(self, buf):
-        arr = buf if isinstance(buf, np.ndarray) else ensure_ndarray_like(buf)
-        if arr.dtype.kind in "biuV" and self.dtype is not None:
-            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).view(format_of(self.dtype).dtype)
-        if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous:
-            arr = arr.T  # memory order, see Notes
-        return arr
-
-    def encode(self, buf, reference=None):
-        ref = None if reference is None else self._as_array(reference)
-        return encode(self._as_array(buf), ref, econd=self.econd, sparse=self.sparse)
-
-    def decode(self, buf, out=None, reference=None):
-        ref = None if reference is None else self._as_array(reference)
-        arr = decode(ensure_contiguous_ndarray(buf), ref)
-        if out is None:
-            return arr
-        return ndarray_copy(arr, out)
-
-    def get_config(self) -> dict:
-        config = {"id": self.codec_id, "econd": self.econd}
-        if self.dtype is not None:  # omitted when unset, so plain configs stay {"id", "econd"}
-            config["dtype"] = self.dtype
-        if self.sparse:
-            config["sparse"] = True
-        return config
-
-    def __repr__(self) -> str:
-        dtype = "" if self.dtype is None else f", dtype={self.dtype!r}"
-        sparse = ", sparse=True" if self.sparse else ""
-        return f"ULPack(econd={self.econd!r}{dtype}{sparse})"
-
-
-numcodecs.register_codec(ULPack)

@@ -16,7 +16,7 @@ import os
 from types import ModuleType
 
 from . import _reference
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 __all__ = ["kernels", "backend", "set_backend", "available_backends"]
 

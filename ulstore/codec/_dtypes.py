@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from .errors import DtypeError
+from ..errors import DtypeError
 
-__all__ = ["FloatFormat", "FORMATS", "format_of", "format_by_code", "as_bits", "from_bits"]
+__all__ = ["FloatFormat", "FORMATS", "format_of", "format_by_code", "as_bits", "from_bits", "tensor_to_numpy"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,39 @@ def format_by_code(code: int) -> FloatFormat | None:
     return _BY_CODE.get(code)
 
 
+# torch dtypes numpy cannot hold natively travel as same-width integers and are
+# re-viewed on the other side: the bits never change.
+TORCH_VIA_INT = {
+    "torch.bfloat16": ("int16", ml_dtypes.bfloat16),
+    "torch.float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
+    "torch.float8_e5m2": ("uint8", ml_dtypes.float8_e5m2),
+}
+
+
+def tensor_to_numpy(tensor) -> np.ndarray:
+    """A numpy view of a torch tensor's bits (copied to host / made contiguous if needed).
+
+    The codec's half of the torch bridge (:mod:`ulstore.core.torch` is the
+    public one): the codec accepts torch tensors, and reads their bits here.
+    """
+    import torch
+
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    via = TORCH_VIA_INT.get(str(t.dtype))
+    if via is not None:
+        return t.view(getattr(torch, via[0])).numpy().view(via[1])
+    return t.numpy()
+
+
 def _to_numpy(array) -> np.ndarray:
     """Accept numpy arrays and torch tensors (zero-copy where the layout allows)."""
     if isinstance(array, np.ndarray):
         return array
     module = type(array).__module__
     if module.startswith("torch"):
-        from ._torch import tensor_to_numpy
-
         return tensor_to_numpy(array)
     if isinstance(array, (np.generic, float)):
         return np.asarray(array)

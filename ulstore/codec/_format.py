@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 
 from ._dtypes import FloatFormat, format_by_code
-from .errors import CorruptBlobError, UnsupportedVersionError
+from ..errors import CorruptBlobError, UnsupportedVersionError
 
 __all__ = [
     "MAGIC",

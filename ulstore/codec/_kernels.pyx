@@ -3,8 +3,8 @@
 
 READ ME FIRST
 -------------
-* Same signatures and byte-identical results as ``ulstore/_reference.py``, the
-  executable specification; the Python layer (``ulstore/codec.py``) validates
+* Same signatures and byte-identical results as ``_reference.py``, the
+  executable specification; the Python layer (``_api.py``, ``_section.py``) validates
   input, allocates every buffer and builds the tables.  The one exception is
   ``sparse_decode``, which chains whole stages in one GIL release and mallocs
   (and frees) its temporaries.

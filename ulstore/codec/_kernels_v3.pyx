@@ -1,3 +1,3 @@
-# The kernels of kernels.pyx, compiled a second time for x86-64-v3 (see setup.py).
+# The kernels of _kernels.pyx, compiled a second time for x86-64-v3 (see setup.py).
 # A separate file because each extension module needs its own generated C source.
-include "kernels.pyx"
+include "_kernels.pyx"

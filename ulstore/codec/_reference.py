@@ -1,6 +1,6 @@
 """Pure-NumPy ULPack kernels: the executable specification.
 
-Every function here has a compiled twin in ``codec_ext/kernels.pyx`` with the same
+Every function here has a compiled twin in ``_kernels.pyx`` with the same
 signature and byte-identical results; tests hold the two to that.  The element-wise
 stages are vectorised; the rANS loops are inherently serial and run in plain Python
 (slow, but short and obviously right).
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checksum import GOLDEN, MASK64, finish_sum
 from ._format import LANES
 from . import _tables
 from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
@@ -51,8 +52,8 @@ __all__ = [
 
 BACKEND = "numpy"
 
-_M64 = (1 << 64) - 1
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M64 = MASK64
+_GOLDEN = np.uint64(GOLDEN)
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -77,14 +78,6 @@ def hash_sum64(data) -> int:
     with np.errstate(over="ignore"):
         salt = (np.arange(1, len(words) + 1, dtype=np.uint64)) * _GOLDEN
         return int(_mix(words + salt).sum(dtype=np.uint64))
-
-
-def finish_sum(acc: int, nbytes: int) -> int:
-    """``hash64`` of ``nbytes`` bytes whose word sum is ``acc``: ``mix(acc + nbytes * golden)``."""
-    z = (acc + nbytes * int(_GOLDEN)) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
 
 
 def hash64(data) -> int:

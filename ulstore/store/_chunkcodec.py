@@ -14,7 +14,7 @@ import numcodecs
 import numpy as np
 
 from .. import codec as _ulpack
-from .._dtypes import format_of
+from ..codec._dtypes import format_of
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [

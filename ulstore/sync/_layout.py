@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._dtypes import format_of
+from ..codec._dtypes import format_of
 from ..errors import CorruptManifestError, DtypeError, InvalidInputError
 
 __all__ = [

@@ -1,0 +1,51 @@
+"""ULPack: lossless delta coding of one floating-point tensor against a reference.
+
+The codec layer: pure functions of their arguments, no I/O, no knowledge of
+stores.  It imports only :mod:`ulstore.errors` and its own modules.
+
+Public API (re-exported by :mod:`ulstore`): :func:`encode`, :func:`decode`,
+:func:`decode_changes` / :class:`Changes`, :func:`content_sum`,
+:func:`encode_many` / :func:`decode_many`, :func:`inspect_blob`,
+:func:`model_entropy_bits`, :func:`header_bound`, the backend switch
+(:func:`backend`, :func:`set_backend`, :func:`available_backends`) and the
+numcodecs codec :class:`ULPack` (entry point ``ulstore.codec:ULPack``).
+
+Modules, top to bottom (each imports only those below it)::
+
+    _api.py         encode / decode / decode_changes of one tensor (blob <-> array)
+    _batch.py       encode_many / decode_many on a thread pool
+    _numcodecs.py   ULPack, the numcodecs codec
+    _sparse.py      SPARSE payloads: positions + residuals of the changed elements
+    _section.py     one rANS section: table, lane states, words, raw tails
+    _format.py      the blob bytes: header, CRC, bounds-checked reader
+    _tables.py      rANS frequency tables (integer arithmetic, shared by both backends)
+    _dtypes.py      the six float formats and exact bit views (numpy, ml_dtypes, torch)
+    _backend.py     which kernels run: compiled (_kernels*.so) or the NumPy twin
+    _kernels.pyx    compiled nogil loops (built twice: _kernels, _kernels_v3)
+    _reference.py   the NumPy twin of every kernel: the executable specification
+    _checksum.py    finishing and folding the word-sum checksum
+    _scratch.py     per-thread reusable buffers
+"""
+from ._api import HEADER_BOUND, Changes, content_sum, decode, decode_changes, encode, inspect_blob, model_entropy_bits
+from ._backend import available_backends, backend, set_backend
+from ._batch import decode_many, encode_many
+from ._format import header_bound
+from ._numcodecs import ULPack
+
+__all__ = [
+    "ULPack",
+    "encode",
+    "decode",
+    "encode_many",
+    "decode_many",
+    "decode_changes",
+    "Changes",
+    "content_sum",
+    "inspect_blob",
+    "model_entropy_bits",
+    "header_bound",
+    "HEADER_BOUND",
+    "backend",
+    "set_backend",
+    "available_backends",
+]
