@@ -46,10 +46,8 @@ cdef extern from *:
 
 cdef enum:
     PREFETCH = 32  # gathers ahead of use (positions of changed elements)
-    LANES = 4
-    STATE_LOW = 1 << 15
-    SCALE_BITS = 12  # format version 1 codes every blob at probability scale 2**12
-    SCALE = 1 << SCALE_BITS
+
+include "_constants.pxi"  # LANES, STATE_LOW, STATE_BITS, SCALE_BITS, SCALE, EncEntry: shared with the twin
 
 # -- residuals -------------------------------------------------------------------
 # All arithmetic in uint64 and masked to w bits: C would promote 8/16-bit words to
@@ -352,14 +350,6 @@ def pack_tails(const sym_t[::1] sym, const word_t[::1] z, int token_bits, uint8_
 
 
 # -- encode pass 3: rANS ------------------------------------------------------------
-
-
-cdef packed struct EncEntry:
-    # one per symbol; must match ``_tables.ENC_ENTRY``
-    uint64_t rcp     # ceil(2**shift / f): x // f == (x * rcp) >> shift for x < 2**31
-    uint32_t xmax    # f << (31 - S): emit 16 bits first when x >= xmax
-    uint16_t start   # cumulative frequency below the symbol
-    uint16_t shift
 
 
 cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_ssize_t* pos, bint rare) noexcept nogil:

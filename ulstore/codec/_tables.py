@@ -99,7 +99,8 @@ def sum_rows(values: np.ndarray, n_c: np.ndarray) -> np.ndarray:
     return out
 
 
-ENC_ENTRY = np.dtype([("rcp", "<u8"), ("xmax", "<u4"), ("start", "<u2"), ("shift", "<u2")])  # = kernels.EncEntry
+# = EncEntry of _constants.pxi, as are the constants above (tests hold every backend to them)
+ENC_ENTRY = np.dtype([("rcp", "<u8"), ("xmax", "<u4"), ("start", "<u2"), ("shift", "<u2")])
 
 
 def encoder_table(rows: np.ndarray, freqs: np.ndarray, scale_bits: int, token_bits: int) -> np.ndarray:
