@@ -91,10 +91,6 @@ class Reader:
         p = self.need(4, what)
         return int.from_bytes(self.buf[p : p + 4], "little")
 
-    def u64(self, what: str) -> int:
-        p = self.need(8, what)
-        return int.from_bytes(self.buf[p : p + 8], "little")
-
     def varint(self, what: str, limit: int = 1 << 63) -> int:
         value = shift = 0
         while True:

@@ -374,12 +374,12 @@ cdef inline uint64_t enc_put(uint64_t s, const EncEntry* e, uint16_t* words, Py_
 
 
 def rans_encode(const sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] words_out, uint32_t[::1] states_out,
-                bint sparse=False):
+                bint mostly_zero=False):
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` holds one EncEntry per symbol value; ``words_out`` needs one slot more
-    than the element count (see ``enc_put``).  ``sparse`` is a speed hint only (most
-    tokens are 0); the output does not depend on it.
+    than the element count (see ``enc_put``).  ``mostly_zero`` is a speed hint only
+    (most tokens are 0); the output does not depend on it.
     """
     cdef Py_ssize_t n = sym.shape[0], i
     cdef Py_ssize_t cap = words_out.shape[0], pos = words_out.shape[0]
@@ -398,7 +398,7 @@ def rans_encode(const sym_t[::1] sym, const uint8_t[::1] table, uint16_t[::1] wo
             else:
                 x0 = enc_put(x0, &tab[ps[i]], words, &pos, False)
             i -= 1
-        if sparse:  # one loop per renormalisation regime (see enc_put)
+        if mostly_zero:  # one loop per renormalisation regime (see enc_put)
             while i >= 3:
                 x3 = enc_put(x3, &tab[ps[i]], words, &pos, True)
                 x2 = enc_put(x2, &tab[ps[i - 1]], words, &pos, True)

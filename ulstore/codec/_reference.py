@@ -173,12 +173,12 @@ def pack_tails(sym, z, token_bits, tail_out) -> int:
 # -- rANS -------------------------------------------------------------------------
 
 
-def rans_encode(sym, table, words_out, states_out, sparse=False) -> int:
+def rans_encode(sym, table, words_out, states_out, mostly_zero=False) -> int:
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
     ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
     symbol value.  Plain integer division here; the compiled twin uses the exact
-    reciprocal the table carries.  ``sparse`` is the compiled twin's speed hint.
+    reciprocal the table carries.  ``mostly_zero`` is the compiled twin's speed hint.
     """
     entries = np.frombuffer(table, dtype=ENC_ENTRY)
     total = 1 << SCALE_BITS
