@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ulstore import toytrain  # noqa: E402
 from ulstore.sync import Follower, Publisher, gap_encode  # noqa: E402
 from ulstore.sync._layout import version_key  # noqa: E402
-from ulstore.sync._safetensors import dumps, loads  # noqa: E402
+from ulstore.core.safetensors import dumps, loads  # noqa: E402
 
 GB = 1e9
 
@@ -91,7 +91,7 @@ def trl_apply_seconds(prev: dict, raw: bytes) -> float:
     """What a TRL replica does after the download: parse the file, scatter values (numpy, one thread)."""
     state = {k: v.copy() for k, v in prev.items()}
     t0 = time.perf_counter()
-    tensors, _ = loads(raw, "delta")
+    tensors, _ = loads(raw, ValueError)
     for k in tensors:
         if k.endswith(".indices"):
             name = k[: -len(".indices")]

@@ -22,7 +22,7 @@ import numpy as np
 
 import ulstore
 from ulstore import toytrain
-from ulstore.demo import human_bytes
+from ulstore.core.formatting import human_bytes
 from ulstore.io import storage_report
 
 FINETUNES = {"ft-a": 1e-4, "ft-b": 3e-6}

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import ulstore
-from ulstore.demo import human_bytes
+from ulstore.core.formatting import human_bytes
 from ulstore.io import storage_report, to_torch
 
 

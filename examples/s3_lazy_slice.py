@@ -30,7 +30,7 @@ import numpy as np
 
 import ulstore
 from ulstore import toytrain
-from ulstore.demo import human_bytes
+from ulstore.core.formatting import human_bytes
 
 TENSOR = "model.layers.0.mlp.up_proj.weight"
 

@@ -107,7 +107,7 @@ def test_awkward_values_and_integer_tensors_roundtrip(url):
 
 def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     torch = pytest.importorskip("torch")
-    from ulstore._torch import numpy_to_tensor
+    from ulstore.core.torch import to_tensor as numpy_to_tensor
 
     publish_all(url, states[:3], anchor_every=10)
     state = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in states[0].items()}
@@ -524,7 +524,7 @@ def test_cuda_tensors_publish_and_follow(states, url):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():  # the device code path itself is also run on CPU: see
         pytest.skip("no CUDA device")    # test_device_binding_writes_through_a_cpu_stand_in
-    from ulstore._torch import numpy_to_tensor
+    from ulstore.core.torch import to_tensor as numpy_to_tensor
 
     def on_gpu(state):
         return {k: numpy_to_tensor(v.copy()).cuda() for k, v in state.items()}
@@ -554,7 +554,7 @@ def test_device_binding_writes_through_a_cpu_stand_in(name):
     """The device half of a Binding (CUDA in production) takes whole chunks and changes alike."""
     torch = pytest.importorskip("torch")
     from ulstore import decode_changes, encode
-    from ulstore._torch import numpy_to_tensor
+    from ulstore.core.torch import to_tensor as numpy_to_tensor
 
     dt = np.dtype(getattr(ml_dtypes, name, name))
     word = np.dtype(f"<u{dt.itemsize}")

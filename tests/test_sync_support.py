@@ -41,7 +41,7 @@ def e2e_config() -> toytrain.ToyConfig:
 def host_bits(value) -> np.ndarray:
     """Flat unsigned view of the bits of a numpy array or torch tensor."""
     if type(value).__module__.startswith("torch"):
-        from ulstore._torch import tensor_to_numpy
+        from ulstore.core.torch import from_tensor as tensor_to_numpy
 
         value = tensor_to_numpy(value)
     a = np.ascontiguousarray(value)

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import secrets
@@ -62,10 +61,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (the doctests use it)
 import numpy as np
 from safetensors import numpy as _st_numpy
 
+from .core.dtypes import ML_DTYPES, RAW_BITS, STORABLE
+from .core.safetensors import MAX_HEADER, first_line as _first_line, no_duplicates as _no_duplicates, parse_header
+from .core.torch import dtype_table as _torch_table, from_tensor, import_torch as _import_torch, to_tensor
 from .errors import DtypeError, InvalidInputError, NotFoundError
 
 __all__ = [
@@ -82,42 +84,14 @@ __all__ = [
     "SUPPORTED_DTYPES",
 ]
 
-# safetensors dtype codes -> little-endian numpy dtypes.
-_ST_TO_NP: dict[str, np.dtype] = {
-    "BOOL": np.dtype("?"),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
-
 #: Every dtype this module reads and writes (little-endian forms).
-SUPPORTED_DTYPES: frozenset[np.dtype] = frozenset(_ST_TO_NP.values())
-
-# ml_dtypes dtypes have no npy or torch<->numpy code: they travel as raw bits
-# in an unsigned integer of the same width.
-_RAW_BITS: dict[np.dtype, np.dtype] = {
-    np.dtype(ml_dtypes.bfloat16): np.dtype("<u2"),
-    np.dtype(ml_dtypes.float8_e4m3fn): np.dtype("u1"),
-    np.dtype(ml_dtypes.float8_e5m2): np.dtype("u1"),
-}
-_ML_BY_NAME = {dt.name: dt for dt in _RAW_BITS}
-
-_MAX_HEADER = 100_000_000  # the safetensors library's own cap on header size
+SUPPORTED_DTYPES: frozenset[np.dtype] = STORABLE
+_RAW_BITS = RAW_BITS
+_ML_BY_NAME = ML_DTYPES
+_MAX_HEADER = MAX_HEADER
 _NPZ_DTYPES_KEY = "__dtypes__"
 _INDEX_NAME = "model.safetensors.index.json"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-_TORCH_HINT = "pip install ulstore[torch]"
 
 
 @dataclass
@@ -464,22 +438,17 @@ def to_torch(tensors, aliases=None) -> dict:
     >>> sd["w"].dtype, sd["v"] is sd["w"]
     (torch.bfloat16, True)
     """
-    torch = _import_torch()
+    _import_torch()
     aliases = dict(aliases or {})
     arrays = _prepare(tensors)
     _check_aliases(arrays, aliases)
-    table = _torch_table(torch)
     converted = {}
     for name, arr in arrays.items():
         if name in aliases:
             continue
         if not arr.flags.writeable:
             arr = arr.copy()
-        if arr.dtype in _RAW_BITS:
-            signed = np.dtype(f"<i{arr.dtype.itemsize}")  # torch < 2.3 lacks uint16
-            converted[name] = torch.from_numpy(arr.view(signed)).view(table[arr.dtype])
-        else:
-            converted[name] = torch.from_numpy(arr)
+        converted[name] = to_tensor(arr)
     out = {name: converted[aliases.get(name, name)] for name in arrays}
     out.update((a, converted[c]) for a, c in aliases.items() if a not in out)
     return out
@@ -523,35 +492,8 @@ def from_torch(state_dict) -> Checkpoint:
                 aliases[name] = seen[key]
                 continue
             seen[key] = name
-        t = t.detach().cpu().contiguous()  # no-ops (no copy) for plain CPU tensors
-        np_dt = table[t.dtype]
-        if np_dt in _RAW_BITS:
-            signed = {1: torch.int8, 2: torch.int16}[np_dt.itemsize]
-            tensors[name] = t.view(signed).numpy().view(np_dt)
-        else:
-            tensors[name] = t.numpy()
+        tensors[name] = from_tensor(t)  # no copy for plain CPU tensors
     return Checkpoint(tensors, {}, aliases)
-
-
-def _import_torch():
-    try:
-        import torch
-    except ImportError:
-        raise InvalidInputError(f"torch checkpoints need PyTorch, which is not installed: {_TORCH_HINT}") from None
-    return torch
-
-
-def _torch_table(torch) -> dict:
-    """numpy dtype -> torch dtype, for the dtypes this torch build has."""
-    pairs = {
-        "?": "bool", "u1": "uint8", "i1": "int8", "<i2": "int16", "<i4": "int32", "<i8": "int64",
-        "<u2": "uint16", "<u4": "uint32", "<u8": "uint64",  # torch >= 2.3
-        "<f2": "float16", "<f4": "float32", "<f8": "float64",
-    }
-    table = {np.dtype(n): getattr(torch, t) for n, t in pairs.items() if hasattr(torch, t)}
-    for dt in _RAW_BITS:
-        table[dt] = getattr(torch, dt.name)
-    return table
 
 
 # ------------------------------------------------------------------- safetensors
@@ -559,49 +501,7 @@ def _torch_table(torch) -> dict:
 
 def _parse_header(p: Path, raw: bytes, data_len: int):
     """Validate a safetensors header; return ``({name: (dtype, shape, begin, end)}, metadata)``."""
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(p, f"header is not valid JSON: {_first_line(e)}") from None
-    if not isinstance(header, dict):
-        raise _bad(p, f"header is a JSON {type(header).__name__}, not an object")
-    metadata = header.pop("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _bad(p, "__metadata__ must map strings to strings")
-
-    entries = {}
-    for name, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise _bad(p, f"tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
-        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if not isinstance(code, str) or code not in _ST_TO_NP:
-            raise _bad(p, f"tensor {name!r}: unknown dtype {code!r}")
-        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-            raise _bad(p, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))
-                and offsets[0] <= offsets[1]):
-            raise _bad(p, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
-        dtype = _ST_TO_NP[code]
-        nbytes = math.prod(shape) * dtype.itemsize
-        if offsets[1] - offsets[0] != nbytes:
-            raise _bad(p, f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
-                          f"but {code}{shape} needs {nbytes}")
-        entries[name] = (dtype, tuple(shape), offsets[0], offsets[1])
-
-    # The spec asks that offsets tile the data region exactly: no overlap
-    # (two tensors reading the same bytes), no hole, no trailing bytes.
-    pos, prev = 0, None
-    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
-        if begin < pos:
-            raise _bad(p, f"tensor {name!r}: data_offsets [{begin}, {end}] overlap tensor {prev!r}")
-        if begin > pos:
-            raise _bad(p, f"tensor {name!r}: data_offsets leave a hole at bytes [{pos}, {begin})")
-        pos, prev = end, name
-    if pos > data_len:
-        raise _bad(p, f"tensor {prev!r} ends at data byte {pos} but the file holds only {data_len} (truncated?)")
-    if pos < data_len:
-        raise _bad(p, f"{data_len - pos} bytes after the last tensor belong to no tensor")
-    return entries, dict(metadata)
+    return parse_header(raw, data_len, lambda why: _bad(p, why))
 
 
 def _write_safetensors_file(arrays: dict, path: str, metadata: dict) -> None:
@@ -802,25 +702,6 @@ def _read_into(f, arr: np.ndarray, p: Path, name: str) -> None:
         if not n:
             raise _bad(p, f"tensor {name!r}: file ended mid-tensor (truncated?)")
         got += n
-
-
-def _no_duplicates(pairs):
-    # json.loads would silently keep the last of two equal keys, hiding a tensor.
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _is_uint(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _bad(p, what: str, kind: str = "safetensors") -> InvalidInputError:

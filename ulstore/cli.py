@@ -32,6 +32,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from .core.formatting import binary_bytes, human_bytes, plural
+
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -388,25 +390,6 @@ def _open_existing(args, mode: str = "r"):
         raise NotFoundError(f"no trajectory at {args.url!r} (create one with `ulstore init {args.url}`)") from None
 
 
-def _human(n) -> str:
-    from .demo import human_bytes
-
-    return human_bytes(n)
-
-
-def _n(count: int, word: str) -> str:
-    """``_n(1, "step") == "1 step"``, ``_n(3, "step") == "3 steps"``."""
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
-
-
-def _binary(n: int) -> str:
-    """``4194304`` -> ``'4 MiB'`` (chunk sizes are powers of two more often than not)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n} B"
-
-
 def _table(rows: list[list], headers: list[str], align: str) -> list[str]:
     """Plain text columns; ``align`` has one of ``<`` / ``>`` per column."""
     cells = [headers] + [[str(c) for c in r] for r in rows]
@@ -426,7 +409,7 @@ def _cmd_init(args, ui) -> int:
     doc = {"url": args.url, "anchor_every": traj.anchor_every, "chunk_bytes": traj.chunk_bytes, "steps": 0}
     ui.emit(doc)
     ui.out(f"initialized an empty trajectory at {args.url} "
-           f"(an anchor every {traj.anchor_every} steps, {_binary(traj.chunk_bytes)} chunks)")
+           f"(an anchor every {traj.anchor_every} steps, {binary_bytes(traj.chunk_bytes)} chunks)")
     return EXIT_OK
 
 
@@ -479,7 +462,7 @@ def _cmd_add(args, ui) -> int:
                    "format": info.metadata["checkpoint"]["format"]}
             rows.append(row)
             bar.update(1)
-            ui.out(f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {_human(row['raw_bytes'])}, "
+            ui.out(f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {human_bytes(row['raw_bytes'])}, "
                    f"parent {'-' if info.parent is None else info.parent})")
     ui.emit({"url": args.url, "added": rows})
     return EXIT_OK
@@ -513,7 +496,7 @@ def _cmd_log(args, ui) -> int:
         docs.append(doc)
         rows.append([info.step, "-" if info.parent is None else info.parent,
                      "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}", len(shapes),
-                     _human(raw), info.created.replace("+00:00", "Z"), ",".join(doc["refs"]),
+                     human_bytes(raw), info.created.replace("+00:00", "Z"), ",".join(doc["refs"]),
                      ck.get("source") or _short_meta(meta)])
     ui.emit({"url": args.url, "steps": docs})
     if not rows:
@@ -541,7 +524,7 @@ def _cmd_ls(args, ui) -> int:
         total += n
         elements += n // dtype.itemsize
         docs.append({"name": name, "dtype": dtype.name, "shape": list(shape), "bytes": n})
-        rows.append([name, dtype.name, "x".join(map(str, shape)) or "scalar", _human(n)])
+        rows.append([name, dtype.name, "x".join(map(str, shape)) or "scalar", human_bytes(n)])
     for alias, canon in aliases.items():
         shape, dtype = shapes[canon]
         docs.append({"name": alias, "dtype": dtype.name, "shape": list(shape), "bytes": 0, "alias_of": canon})
@@ -550,7 +533,7 @@ def _cmd_ls(args, ui) -> int:
     for line in _table(rows, ["name", "dtype", "shape", "size"], "<<>>"):
         ui.out(line)
     ui.out(f"{len(shapes)} tensors{f' (+{len(aliases)} tied)' if aliases else ''}, {elements:,} elements, "
-           f"{_human(total)} (step {info.step})")
+           f"{human_bytes(total)} (step {info.step})")
     return EXIT_OK
 
 
@@ -568,7 +551,7 @@ def _cmd_export(args, ui) -> int:
     ui.emit(result)
     n_files = len(result["files"])
     ui.out(f"wrote step {step} to {args.out} ({result['format']}, {result['tensors']} tensors, "
-           f"{_human(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})")
+           f"{human_bytes(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})")
     return EXIT_OK
 
 
@@ -580,11 +563,11 @@ def _cmd_verify(args, ui) -> int:
     ui.emit({"url": args.url, "ok": report.ok, "steps": report.steps, "chunks": report.chunks,
              "blobs": report.blobs, "errors": report.errors})
     if report.ok:
-        ui.out(f"OK: {_n(report.steps, 'step')}, {_n(report.chunks, 'chunk')}, {_n(report.blobs, 'blob')} "
+        ui.out(f"OK: {plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} "
                "re-read and checked")
         return EXIT_OK
-    ui.out(f"DAMAGED: {_n(len(report.errors), 'object')} failed their checks "
-           f"({_n(report.steps, 'step')}, {_n(report.chunks, 'chunk')}, {_n(report.blobs, 'blob')} examined)")
+    ui.out(f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
+           f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)")
     for e in report.errors:
         where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
         ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
@@ -608,14 +591,14 @@ def _cmd_stats(args, ui) -> int:
         ui.out(f"{args.url}: no steps yet")
         return EXIT_OK
     ui.out(f"{args.url}: {total['steps']} steps, {total['elements']:,} weights in all")
-    ui.out(f"  raw {_human(total['raw_bytes'])}, stored {_human(total['stored_bytes'])} "
+    ui.out(f"  raw {human_bytes(total['raw_bytes'])}, stored {human_bytes(total['stored_bytes'])} "
            f"(ratio {_ratio(total)}, {total['bits_per_weight']:.2f} bits/weight; manifests "
-           f"{_human(total['manifest_bytes'])})" + (f"; unreferenced blobs {_human(total['unreferenced_bytes'])}"
+           f"{human_bytes(total['manifest_bytes'])})" + (f"; unreferenced blobs {human_bytes(total['unreferenced_bytes'])}"
                                                     f" (`ulstore gc`)" if total["unreferenced_bytes"] else ""))
     ui.out("")
     ui.out("per step:")
-    rows = [[r["step"], "-" if r["parent"] is None else r["parent"], _human(r["raw_bytes"]),
-             _human(r["stored_bytes"]), _ratio(r), f"{r['bits_per_weight']:.2f}", r["new_blobs"], r["chunks"]]
+    rows = [[r["step"], "-" if r["parent"] is None else r["parent"], human_bytes(r["raw_bytes"]),
+             human_bytes(r["stored_bytes"]), _ratio(r), f"{r['bits_per_weight']:.2f}", r["new_blobs"], r["chunks"]]
             for r in report["steps"]]
     for line in _table(rows, ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"],
                        ">>>>>>>>"):
@@ -623,7 +606,7 @@ def _cmd_stats(args, ui) -> int:
     ui.out("")
     tensors = report["tensors"] if not args.top else report["tensors"][: args.top]
     ui.out("per tensor (all steps, largest stored first):")
-    rows = [[r["name"], r["dtype"], _human(r["raw_bytes"]), _human(r["stored_bytes"]), _ratio(r),
+    rows = [[r["name"], r["dtype"], human_bytes(r["raw_bytes"]), human_bytes(r["stored_bytes"]), _ratio(r),
              f"{r['bits_per_weight']:.2f}"] for r in tensors]
     for line in _table(rows, ["tensor", "dtype", "raw", "stored", "ratio", "bits/w"], "<<>>>>"):
         ui.out("  " + line)
@@ -683,7 +666,7 @@ def _cmd_gc(args, ui) -> int:
     traj = _open_existing(args, "r+")
     result = traj.gc(older_than=args.older_than)
     ui.emit({"url": args.url, **result})
-    ui.out(f"removed {_n(result['blobs'], 'unreferenced blob')}, {_human(result['bytes'])}")
+    ui.out(f"removed {plural(result['blobs'], 'unreferenced blob')}, {human_bytes(result['bytes'])}")
     return EXIT_OK
 
 

@@ -32,10 +32,11 @@ import numpy as np
 
 from . import io as _io
 from . import toytrain
+from .core.formatting import human_bytes
 from .errors import InvalidInputError, UlstoreError
 from .store import open as _open
 
-__all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size", "human_bytes"]
+__all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size"]
 
 #: Where ``ulstore demo`` stores its trajectory when no directory is given.
 DEFAULT_DIR = "ulstore-demo"
@@ -50,23 +51,6 @@ _LR_TEXT = {LR_HIGH: "1e-3", LR_LOW: "1e-4"}
 #: Chunk size of the demo trajectory: small, so that a slice touches one chunk of several.
 DEMO_CHUNK_BYTES = 64 << 10
 _SLICE_TENSOR = "model.layers.0.mlp.up_proj.weight"
-
-
-def human_bytes(n: float) -> str:
-    """Decimal units, at most three significant digits.
-
-    Examples
-    --------
-    >>> human_bytes(999), human_bytes(3_600_000), human_bytes(45_170_000), human_bytes(1.5e9)
-    ('999 B', '3.6 MB', '45.2 MB', '1.5 GB')
-    """
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            if unit == "B":
-                return f"{int(n)} B"
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def zstd_size(data: bytes, level: int = 3) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 from . import _format as F
 from ._backend import kernels
 from ._checksum import finish_sum, fold32 as _fold32
-from ._dtypes import FloatFormat, as_bits, format_of, from_bits
+from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
 from ._section import decode_section, encode_section
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse

@@ -1,7 +1,8 @@
-"""Object I/O over any fsspec filesystem: get, put, conditional create, list, delete.
+"""Keyed byte objects over any fsspec filesystem: get, put, conditional create, list, delete, probe.
 
-Everything above this module speaks in keys relative to the trajectory root
-(see :mod:`._layout`); only this module knows paths and backends.
+The one object client of ulstore: the trajectory store and the sync bucket
+both speak in keys relative to a root (``steps/10/zarr.json``,
+``packs/<h>.ulpk``); only this module knows paths and backends.
 
 Atomicity, per backend (what a crashed or racing writer can leave behind):
 
@@ -9,45 +10,67 @@ Atomicity, per backend (what a crashed or racing writer can leave behind):
   ``os.replace`` (overwrite) or ``os.link`` (create: fails if the key exists),
   so a reader never sees half an object and exactly one of two racing creators
   wins.  A killed writer leaves at most a file in ``.tmp/``, which
-  :meth:`ObjectIO.sweep_tmp` removes.
+  :meth:`ObjectStore.sweep_tmp` removes.
 - **S3 (s3fs)**: a single PUT is atomic; create sends ``If-None-Match: *``.
+  GCS and Azure PUTs are atomic too.
 - **memory://**: in-process, so a lock around exists-then-write is a real
   conditional create.
 - **other fsspec backends**: create is exists-then-write, which is racy
   between processes (fsspec's own ``mode="create"`` fallback); documented in
   ``docs/layout.md``.
+
+Errors: a missing object is ``None`` from :meth:`ObjectStore.get` (and an
+empty listing).  Anything else the backend raises (network, permission,
+throttling) propagates unchanged, unless the client was made with
+``access_error=``: then it becomes that exception, naming the operation, the
+URL and the key, with the backend's exception as ``__cause__`` (the sync
+layer's :class:`~ulstore.sync.BucketAccessError`).  ``FileExistsError`` from
+:meth:`ObjectStore.create` is an answer, not a failure, and is never wrapped.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
 import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-__all__ = ["ObjectIO", "MISSING_ERRORS"]
+__all__ = ["ObjectStore", "MISSING_ERRORS", "TMP_DIR"]
 
 #: Exceptions backends raise for a missing object.
-MISSING_ERRORS = (FileNotFoundError,)
+MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
 TMP_DIR = ".tmp"
+# Protocols whose first path component is a bucket/container that must exist.
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
+
+#: Builds the error raised for a failed backend call: ``access_error(message, key=key)``.
+AccessError = Callable[..., Exception]
 
 
 def _is_s3(fs) -> bool:
     return type(fs).__name__ == "S3FileSystem"
 
 
-class ObjectIO:
+class ObjectStore:
     """Keyed byte objects under ``root`` of fsspec filesystem ``fs``.
 
     Parameters
     ----------
     fs : fsspec.AbstractFileSystem
     root : str
-        Path of the trajectory root on ``fs`` (no trailing slash, no protocol).
+        Path of the root on ``fs`` (no trailing slash, no protocol).
+    url : str, optional
+        The URL the root was opened from (for messages).
+    access_error : callable, optional
+        Exception type for backend failures (see the module docstring).
 
     Notes
     -----
@@ -55,67 +78,141 @@ class ObjectIO:
     filesystems are safe to call from several threads.
     """
 
-    def __init__(self, fs, root: str):
+    def __init__(self, fs, root: str, *, url: str | None = None, protocol: str | None = None,
+                 access_error: AccessError | None = None):
         self.fs = fs
         self.root = root.rstrip("/")
+        self.url = url if url is not None else self.root
+        self.protocol = protocol or "file"
+        self.access_error = access_error
         self.local = isinstance(fs, LocalFileSystem)
         self.memory = isinstance(fs, MemoryFileSystem)
         self.s3 = _is_s3(fs)
+
+    @classmethod
+    def from_url(cls, url, storage_options: dict | None = None, *,
+                 access_error: AccessError | None = None) -> "ObjectStore":
+        """Open the objects under an fsspec URL (``s3://bucket/run-7``, ``memory://x``, a local path...).
+
+        ``storage_options`` go to the filesystem (credentials, ``client_kwargs``...).
+        Each call makes a fresh filesystem instance: async filesystems bind to the
+        first event loop that uses them.
+        """
+        url = os.fspath(url)
+        options = dict(storage_options or {})
+        protocol = fsspec.core.split_protocol(url)[0] or "file"
+        if protocol in ("file", "local"):
+            options.setdefault("auto_mkdir", True)  # fsspec's local fs refuses to create parents otherwise
+        try:
+            fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+        except Exception as e:  # unknown protocol, missing backend package, bad options
+            if access_error is None:
+                raise
+            raise access_error(f"cannot open {url!r}: {type(e).__name__}: {e}") from e
+        return cls(fs, root, url=url, protocol=protocol, access_error=access_error)
 
     def path(self, key: str) -> str:
         """Backend path of ``key``."""
         return f"{self.root}/{key}" if key else self.root
 
     def __repr__(self) -> str:
-        return f"ObjectIO({type(self.fs).__name__}, {self.root!r})"
+        return f"ObjectStore({self.url!r})"
+
+    @contextlib.contextmanager
+    def _calling(self, what: str, key: str | None) -> Iterator[None]:
+        """Map a backend failure to ``access_error`` when the client has one."""
+        try:
+            yield
+        except FileExistsError:
+            raise
+        except Exception as e:
+            if self.access_error is None:
+                raise
+            raise self.access_error(f"{what} failed on {self.url!r}: {type(e).__name__}: {e}", key=key) from e
+
+    # -- probing ----------------------------------------------------------------
+
+    def probe(self) -> None:
+        """Check that the bucket exists and can be listed; raise ``access_error`` if not.
+
+        An empty or missing *prefix* is fine (writers create it); a missing
+        *bucket*, an unreachable endpoint or denied access is not.
+        """
+        fail = self.access_error or (lambda message, key=None: OSError(message))
+        if self.protocol in _OBJECT_STORES:
+            container = self.root.split("/", 1)[0]
+            try:
+                self.fs.ls(container, detail=False)
+            except FileNotFoundError as e:
+                raise fail(
+                    f"bucket {container!r} does not exist at {self.url!r} (create it first, "
+                    "or check the endpoint/region in storage_options)", key=container) from e
+            except PermissionError as e:
+                raise fail(f"access to bucket {container!r} denied: check credentials", key=container) from e
+            except Exception as e:
+                raise fail(f"listing the bucket failed on {self.url!r}: {type(e).__name__}: {e}",
+                           key=container) from e
+        elif self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise fail(f"{self.root!r} is a file, not a directory", key="")
 
     # -- reads ------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
         """The object's bytes, or None if there is no such object."""
-        try:
-            if self.s3:
-                # s3fs's default max_concurrency > 1 sends a HEAD (for the size) before
-                # every GET; one plain GET is all a chunk-sized object needs
-                return self.fs.cat_file(self.path(key), max_concurrency=1)
-            return self.fs.cat_file(self.path(key))
-        except MISSING_ERRORS:
-            return None
-        except IsADirectoryError:
-            return None
+        with self._calling("GET", key):
+            try:
+                if self.s3:
+                    # s3fs's default max_concurrency > 1 sends a HEAD (for the size) before
+                    # every GET; one plain GET is all a chunk-sized object needs
+                    return self.fs.cat_file(self.path(key), max_concurrency=1)
+                return self.fs.cat_file(self.path(key))
+            except MISSING_ERRORS:
+                return None
 
     def exists(self, key: str) -> bool:
         """Whether an object named ``key`` exists."""
-        return self.fs.isfile(self.path(key))
+        with self._calling("HEAD", key):
+            return bool(self.fs.isfile(self.path(key)))
 
-    def find(self, prefix: str, *, detail: bool = False):
+    def list(self, prefix: str) -> list[str]:
+        """Keys of the objects directly under ``prefix`` (a directory key), sorted."""
+        with self._calling("LIST", prefix):
+            try:
+                paths = self.fs.ls(self.path(prefix), detail=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        return sorted(k for p in paths if (k := self._key(p.rstrip("/"))) is not None)
+
+    def find(self, prefix: str, *, detail: bool = False) -> Any:
         """Keys of all objects under ``prefix`` (recursively); with ``detail``, ``{key: info}``."""
-        base = self.path(prefix)
-        try:
-            found = self.fs.find(base, detail=detail)
-        except MISSING_ERRORS:
-            return {} if detail else []
-        head = self.root + "/"
-
-        def strip(p: str) -> str | None:
-            p = p.lstrip("/") if not head.startswith("/") else p
-            return p[len(head):] if p.startswith(head) else None
-
+        with self._calling("LIST", prefix):
+            try:
+                found = self.fs.find(self.path(prefix), detail=detail)
+            except FileNotFoundError:
+                return {} if detail else []
         if detail:
-            return {k: info for p, info in found.items() if (k := strip(p)) is not None}
-        return [k for p in found if (k := strip(p)) is not None]
+            return {k: info for p, info in found.items() if (k := self._key(p)) is not None}
+        return [k for p in found if (k := self._key(p)) is not None]
+
+    def _key(self, path: str) -> str | None:
+        """The key of backend path ``path``, or None if it is not under the root."""
+        head = self.root + "/"
+        if not head.startswith("/"):
+            path = path.lstrip("/")
+        return path[len(head):] if path.startswith(head) else None
 
     # -- writes -----------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> None:
         """Write ``data`` at ``key``, replacing any object there, atomically for readers."""
         path = self.path(key)
-        if self.local:
-            tmp = self._local_tmp(data)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(tmp, path)
-        else:
-            self.fs.pipe_file(path, data)
+        with self._calling("PUT", key):
+            if self.local:
+                tmp = self._local_tmp(data)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.replace(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)
 
     def create(self, key: str, data: bytes) -> None:
         """Write ``data`` at ``key`` only if no object is there.
@@ -126,52 +223,55 @@ class ObjectIO:
             An object already exists at ``key`` (another writer won).
         """
         path = self.path(key)
-        if self.local:
-            tmp = self._local_tmp(data)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                os.link(tmp, path)  # atomic, and fails if path exists
-            finally:
-                os.unlink(tmp)
-        elif self.memory:
-            with _MEMORY_LOCK:
-                if self.fs.exists(path):
-                    raise FileExistsError(errno.EEXIST, "object exists", path)
-                self.fs.pipe_file(path, data)
-        elif self.s3:
-            try:
+        with self._calling("PUT", key):
+            if self.local:
+                tmp = self._local_tmp(data)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                try:
+                    os.link(tmp, path)  # atomic, and fails if path exists
+                finally:
+                    os.unlink(tmp)
+            elif self.memory:
+                with _MEMORY_LOCK:
+                    if self.fs.exists(path):
+                        raise FileExistsError(errno.EEXIST, "object exists", path)
+                    self.fs.pipe_file(path, data)
+            elif self.s3:
+                try:
+                    self.fs.pipe_file(path, data, mode="create")
+                except FileExistsError:
+                    raise
+                except OSError as e:  # s3fs maps HTTP 412 PreconditionFailed to a generic OSError
+                    if "PreconditionFailed" in str(e) or "412" in str(e) or "conditional" in str(e).lower():
+                        raise FileExistsError(errno.EEXIST, "object exists", path) from e
+                    raise
+            else:
                 self.fs.pipe_file(path, data, mode="create")
-            except FileExistsError:
-                raise
-            except OSError as e:  # s3fs maps HTTP 412 PreconditionFailed to a generic OSError
-                if "PreconditionFailed" in str(e) or "412" in str(e) or "conditional" in str(e).lower():
-                    raise FileExistsError(errno.EEXIST, "object exists", path) from e
-                raise
-        else:
-            self.fs.pipe_file(path, data, mode="create")
 
     def delete(self, key: str) -> None:
         """Remove the object at ``key`` if it exists."""
-        try:
-            self.fs.rm_file(self.path(key))
-        except MISSING_ERRORS:
-            pass
+        with self._calling("DELETE", key):
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                pass
 
     def delete_many(self, keys: list[str]) -> None:
-        """Remove many objects (one batched request on S3)."""
+        """Remove many objects, missing ones ignored (one batched request on S3)."""
         if not keys:
             return
-        paths = [self.path(k) for k in keys]
         if self.s3:
-            self.fs.rm(paths)
+            with self._calling("DELETE", keys[0]):
+                self.fs.rm([self.path(k) for k in keys])
         else:
             for k in keys:
                 self.delete(k)
 
     def remove_tree(self) -> None:
-        """Delete everything under the root (``mode="w"``)."""
-        if self.fs.exists(self.root):
-            self.fs.rm(self.root, recursive=True)
+        """Delete everything under the root."""
+        with self._calling("DELETE", ""):
+            if self.fs.exists(self.root):
+                self.fs.rm(self.root, recursive=True)
 
     def sweep_tmp(self) -> int:
         """Remove temporary files left by killed local writers; returns how many."""

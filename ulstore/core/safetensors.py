@@ -1,34 +1,104 @@
-"""safetensors files as bytes in memory (bucket objects need no temporary files).
+"""safetensors: the one header parser of ulstore, and files as bytes in memory.
 
 Writing uses the ``safetensors`` library (it writes bf16/fp8 from numpy).  Its
-numpy *reader* rejects bf16, so reading is done here: 8-byte little-endian
-header length, JSON header ``{name: {dtype, shape, data_offsets}}`` plus
-optional ``__metadata__`` (str -> str), then the data.  Headers are untrusted:
-offsets must tile the data region exactly, as the format asks.
+numpy *reader* rejects bf16 and fp8, so reading is done here: 8-byte
+little-endian header length, a JSON header of ``{name: {dtype, shape,
+data_offsets}}`` plus optional ``__metadata__`` (str -> str), then the data.
+Headers are untrusted and checked strictly, as the safetensors spec asks:
+exactly those three fields, no duplicate keys, and offsets that tile the data
+region with no hole or overlap.
+
+Callers name what is being read through ``bad``: a function from the reason
+to the exception to raise (a file path for :mod:`ulstore.io`, a bucket key for
+:mod:`ulstore.sync`).
 """
 from __future__ import annotations
 
 import json
 import math
-import struct
+from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 from safetensors import numpy as _st_numpy
 
-from ..errors import InvalidInputError
+from .dtypes import SAFETENSORS_CODES
 
-__all__ = ["dumps", "loads"]
+__all__ = ["MAX_HEADER", "parse_header", "dumps", "loads", "first_line", "no_duplicates"]
 
-_CODES = {
-    "BOOL": np.dtype("?"), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
-    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"), "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
-_MAX_HEADER = 100_000_000
+MAX_HEADER = 100_000_000  # the safetensors library's own cap on header size
+
+#: ``bad(reason)`` -> the exception to raise for a malformed file.
+Bad = Callable[[str], Exception]
+#: name -> (dtype, shape, begin, end), begin/end relative to the data region
+Entries = dict[str, tuple[np.dtype, tuple[int, ...], int, int]]
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name if empty)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def no_duplicates(pairs):
+    """``object_pairs_hook`` refusing duplicate keys."""
+    # json.loads would silently keep the last of two equal keys, hiding a tensor.
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _is_uint(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63
+
+
+def parse_header(raw: bytes, data_len: int, bad: Bad) -> tuple[Entries, dict[str, str]]:
+    """Validate a safetensors header (the JSON after the length); return ``(entries, metadata)``."""
+    try:
+        header = json.loads(bytes(raw).decode("utf-8"), object_pairs_hook=no_duplicates)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"header is not valid JSON: {first_line(e)}") from None
+    if not isinstance(header, dict):
+        raise bad(f"header is a JSON {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise bad("__metadata__ must map strings to strings")
+
+    entries: Entries = {}
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(code, str) or code not in SAFETENSORS_CODES:
+            raise bad(f"tensor {name!r}: unknown dtype {code!r}")
+        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+            raise bad(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))
+                and offsets[0] <= offsets[1]):
+            raise bad(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
+        dtype = SAFETENSORS_CODES[code]
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offsets[1] - offsets[0] != nbytes:
+            raise bad(f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
+                      f"but {code}{shape} needs {nbytes}")
+        entries[name] = (dtype, tuple(shape), offsets[0], offsets[1])
+
+    # The spec asks that offsets tile the data region exactly: no overlap
+    # (two tensors reading the same bytes), no hole, no trailing bytes.
+    pos, prev = 0, None
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
+        if begin < pos:
+            raise bad(f"tensor {name!r}: data_offsets [{begin}, {end}] overlap tensor {prev!r}")
+        if begin > pos:
+            raise bad(f"tensor {name!r}: data_offsets leave a hole at bytes [{pos}, {begin})")
+        pos, prev = end, name
+    if pos > data_len:
+        raise bad(f"tensor {prev!r} ends at data byte {pos} but the file holds only {data_len} (truncated?)")
+    if pos < data_len:
+        raise bad(f"{data_len - pos} bytes after the last tensor belong to no tensor")
+    return entries, dict(metadata)
 
 
 def dumps(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
@@ -37,55 +107,17 @@ def dumps(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
     return bytes(_st_numpy.save(arrays, metadata={k: str(v) for k, v in (metadata or {}).items()} or None))
 
 
-def loads(raw, key: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Parse a safetensors file; arrays are read-only views of ``raw``.
-
-    Raises
-    ------
-    InvalidInputError
-        The bytes are not a valid safetensors file (message names ``key``).
-    """
+def loads(raw, bad: Bad) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Parse a whole safetensors file held in memory; arrays are read-only views of ``raw``."""
     raw = memoryview(raw)
-
-    def bad(why):
-        return InvalidInputError(f"not a valid safetensors file: {why}", key=key)
-
     if len(raw) < 8:
-        raise bad("shorter than its 8-byte header length")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > _MAX_HEADER or 8 + n > len(raw):
-        raise bad(f"header length {n} exceeds the file")
-    try:
-        header = json.loads(bytes(raw[8 : 8 + n]))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"header is not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise bad("__metadata__ must map strings to strings")
-    data = raw[8 + n :]
-    spans, out = [], {}
-    for name, info in header.items():
-        if not isinstance(info, dict) or info.get("dtype") not in _CODES:
-            raise bad(f"tensor {name!r}: unknown or missing dtype")
-        shape, offs = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise bad(f"tensor {name!r}: bad shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
-                and 0 <= offs[0] <= offs[1]):
-            raise bad(f"tensor {name!r}: bad data_offsets {offs!r}")
-        dtype = _CODES[info["dtype"]]
-        if offs[1] - offs[0] != math.prod(shape) * dtype.itemsize:
-            raise bad(f"tensor {name!r}: data_offsets do not match {info['dtype']}{shape}")
-        spans.append((offs[0], offs[1], name))
-        out[name] = (dtype, tuple(shape), offs)
-    pos = 0
-    for begin, end, name in sorted(spans):
-        if begin != pos:
-            raise bad(f"tensor {name!r}: data_offsets overlap or leave a hole")
-        pos = end
-    if pos != len(data):
-        raise bad(f"data region holds {len(data)} bytes but the tensors cover {pos}")
-    arrays = {name: np.frombuffer(data[o[0] : o[1]], dtype=dt).reshape(shape) for name, (dt, shape, o) in out.items()}
-    return arrays, dict(metadata)
+        raise bad(f"only {len(raw)} bytes, shorter than the 8-byte header length")
+    n = int.from_bytes(raw[:8], "little")
+    if n > len(raw) - 8:
+        raise bad(f"header length {n} runs past the end of the {len(raw)}-byte file (truncated?)")
+    if n > MAX_HEADER:
+        raise bad(f"header length {n} exceeds the {MAX_HEADER}-byte limit")
+    data = raw[8 + n:]
+    entries, metadata = parse_header(raw[8 : 8 + n], len(data), bad)
+    arrays = {name: np.frombuffer(data[b:e], dtype=dt).reshape(shape) for name, (dt, shape, b, e) in entries.items()}
+    return arrays, metadata

@@ -8,13 +8,12 @@ executor (dask distributed) can pickle them.
 """
 from __future__ import annotations
 
-import hashlib
-
 import numcodecs
 import numpy as np
 
 from .. import codec as _ulpack
 from ..codec._dtypes import format_of
+from ..core.sealed import address, digest128
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [
@@ -49,7 +48,7 @@ def codec_for(dtype: np.dtype) -> str:
 
 def blob_digest(blob) -> str:
     """The blob's address: blake2b-256 of its bytes, hex."""
-    return hashlib.blake2b(blob, digest_size=32).hexdigest()
+    return address(blob)
 
 
 def content_digest(chunk: np.ndarray) -> str:
@@ -58,7 +57,7 @@ def content_digest(chunk: np.ndarray) -> str:
     128 bits is for integrity, not addressing: it detects a wrong or damaged
     chunk, it never names one.
     """
-    return hashlib.blake2b(_le_bytes(chunk), digest_size=16).hexdigest()
+    return digest128(_le_bytes(chunk))
 
 
 def _le_bytes(chunk: np.ndarray) -> memoryview:

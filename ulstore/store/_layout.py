@@ -10,7 +10,7 @@ The physical layout (see ``docs/layout.md``)::
     blobs/<h[:2]>/<h>              chunk blobs, named by the blake2b-256 of their bytes
     refs/<name>.json               mutable {"step": n}: branch heads and tags
 
-Every key here is relative to the root and uses ``/``; :class:`~._blobs.ObjectIO`
+Every key here is relative to the root and uses ``/``; :class:`~ulstore.core.objects.ObjectStore`
 joins it to the fsspec root path.
 """
 from __future__ import annotations

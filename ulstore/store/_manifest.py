@@ -22,28 +22,24 @@ always an error, never a wrong chunk table.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.dtypes import numpy_dtype
+from ..core.sealed import canonical_json, digest128
 from ..errors import CorruptManifestError
 from ._layout import chunk_grid
 
-__all__ = ["FORMAT", "Entry", "TensorManifest", "Manifest", "canonical_json"]
+__all__ = ["FORMAT", "Entry", "TensorManifest", "Manifest"]
 
 FORMAT = 1
 
 
-def canonical_json(obj) -> bytes:
-    """Compact, key-sorted, ASCII JSON: one byte string per value."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
 def _checksum(body: bytes) -> str:
-    return hashlib.blake2b(body, digest_size=16).hexdigest()
+    return digest128(body)
 
 
 @dataclass(frozen=True)
@@ -139,8 +135,6 @@ class Manifest:
         CorruptManifestError
             The bytes are not a well-formed manifest with a matching checksum.
         """
-        from ._zarr_dtypes import numpy_dtype
-
         try:
             doc = json.loads(data)
             # the stored bytes must be exactly the canonical form, and the checksum

@@ -28,7 +28,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
-from ._blobs import ObjectIO
+from ..core.objects import ObjectStore
 from ._chunkcodec import blob_digest, content_digest, decode_chunk
 from ._layout import blob_key, step_key
 from ._manifest import Entry, Manifest, TensorManifest
@@ -44,12 +44,12 @@ class ChunkReader:
 
     Parameters
     ----------
-    io : ObjectIO
+    io : ObjectStore
     cache_bytes : int
         Budget of the decoded-chunk LRU cache.
     """
 
-    def __init__(self, io: ObjectIO, cache_bytes: int = DEFAULT_CACHE_BYTES):
+    def __init__(self, io: ObjectStore, cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.io = io
         self.cache_bytes = int(cache_bytes)
         self._lock = threading.Lock()

@@ -15,27 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
-__all__ = ["numpy_dtype", "zarr_dtype", "register"]
+from ..core.dtypes import ML_DTYPES
 
-_ML_DTYPES = {
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-}
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype called ``name`` (ml_dtypes names included)."""
-    if name in _ML_DTYPES:
-        return _ML_DTYPES[name]
-    dt = np.dtype(name)
-    if dt.kind not in "biufc":
-        raise ValueError(f"not a stored dtype: {name!r}")
-    return dt
-
+__all__ = ["zarr_dtype", "register"]
 
 def _make_zdtype(name: str, native: np.dtype):
     from zarr.core.dtype.npy.float import BaseFloat
@@ -77,7 +61,7 @@ def register() -> None:
         return
     from zarr.core.dtype import data_type_registry
 
-    for name, native in _ML_DTYPES.items():
+    for name, native in ML_DTYPES.items():
         if name not in data_type_registry.contents:
             try:
                 data_type_registry.match_dtype(native)

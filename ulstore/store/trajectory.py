@@ -45,7 +45,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import fsspec
 import numpy as np
 
 from ..errors import (
@@ -59,7 +58,9 @@ from ..errors import (
     StepExistsError,
     StepNotFoundError,
 )
-from ._blobs import ObjectIO
+from ..core.objects import ObjectStore
+from ..core.sealed import canonical_json
+from ..core.torch import from_tensor, is_tensor
 from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
 from ._layout import (
     BLOBS_DIR,
@@ -76,7 +77,7 @@ from ._layout import (
     step_key,
 )
 from ._logical import LogicalStore
-from ._manifest import FORMAT, Entry, Manifest, TensorManifest, canonical_json
+from ._manifest import FORMAT, Entry, Manifest, TensorManifest
 from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
 from ._zarr_dtypes import register as _register_zarr_dtypes
 
@@ -196,13 +197,7 @@ def open(
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
     url = os.fspath(url)
-    options = dict(storage_options or {})
-    protocol = fsspec.core.split_protocol(url)[0] or "file"
-    if protocol in ("file", "local") and "auto_mkdir" not in options:
-        options["auto_mkdir"] = True  # fsspec's local fs refuses to create parents otherwise
-    # a fresh instance: async filesystems bind to the first event loop that uses them
-    fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
-    io = ObjectIO(fs, root)
+    io = ObjectStore.from_url(url, storage_options)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
@@ -269,10 +264,8 @@ def _as_array(name: str, value) -> np.ndarray:
         arr = value
     elif isinstance(value, np.generic):
         arr = np.asarray(value)
-    elif type(value).__module__.startswith("torch"):
-        from .._torch import tensor_to_numpy
-
-        arr = tensor_to_numpy(value)
+    elif is_tensor(value):
+        arr = from_tensor(value)
     elif hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
         arr = np.asarray(value)
     else:
@@ -309,7 +302,7 @@ class Trajectory:
     but a branch moves to whichever commit wrote its ref last.
     """
 
-    def __init__(self, io: ObjectIO, *, url: str, read_only: bool, anchor_every: int, chunk_bytes: int,
+    def __init__(self, io: ObjectStore, *, url: str, read_only: bool, anchor_every: int, chunk_bytes: int,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, executor=None, threads=None):
         _register_zarr_dtypes()
         self._io = io

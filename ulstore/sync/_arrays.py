@@ -13,14 +13,11 @@ import zlib
 
 import numpy as np
 
+from ..core.torch import from_tensor, is_tensor, signed_int, to_tensor
 from ..errors import InvalidInputError
 from ._layout import TensorSpec, dtype_name
 
-__all__ = ["is_torch", "host_array", "words", "chunk_hash", "Binding", "bind", "allocate"]
-
-
-def is_torch(value) -> bool:
-    return type(value).__module__.startswith("torch")
+__all__ = ["host_array", "words", "chunk_hash", "Binding", "bind", "allocate"]
 
 
 def host_array(name: str, value) -> np.ndarray:
@@ -33,10 +30,8 @@ def host_array(name: str, value) -> np.ndarray:
         arr = value
     elif isinstance(value, np.generic):
         arr = np.asarray(value)
-    elif is_torch(value):
-        from .._torch import tensor_to_numpy
-
-        arr = tensor_to_numpy(value)
+    elif is_tensor(value):
+        arr = from_tensor(value)
     else:
         raise InvalidInputError(
             f"state values must be numpy arrays or torch tensors, got {type(value).__name__}", tensor=name
@@ -77,9 +72,7 @@ class Binding:
         stop = start + values.size
         words(self.mirror)[start:stop] = words(values)
         if self.device is not None:
-            from .._torch import numpy_to_tensor
-
-            self.device[start:stop].copy_(numpy_to_tensor(np.ascontiguousarray(values.reshape(-1))))
+            self.device[start:stop].copy_(to_tensor(np.ascontiguousarray(values.reshape(-1))))
 
     def apply(self, start: int, stop: int, changes) -> None:
         """Write the :class:`~ulstore.codec.Changes` of chunk ``[start, stop)`` (positions relative to ``start``)."""
@@ -88,7 +81,7 @@ class Binding:
             import torch
 
             # through same-width integer views: index_copy_ has no float8 kernels, and bits are bits
-            signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[self.mirror.dtype.itemsize]
+            signed = signed_int(torch, self.mirror.dtype.itemsize)
             dev = self.device.device
             index = torch.from_numpy(changes.positions + start).to(dev)
             values = torch.from_numpy(words(changes.values).view(f"<i{self.mirror.dtype.itemsize}")).to(dev)
@@ -103,23 +96,21 @@ def bind(spec: TensorSpec, value) -> Binding:
     InvalidInputError
         ``value`` has another shape or dtype, is read-only, or is not contiguous.
     """
-    if is_torch(value):
-        from .._torch import tensor_to_numpy
-
+    if is_tensor(value):
         t = value.detach()
         if tuple(t.shape) != spec.shape:
             raise InvalidInputError(f"shape is {tuple(t.shape)} but the published tensor is {spec.shape}", tensor=spec.name)
         if not t.is_contiguous():
             raise InvalidInputError("tensor is not contiguous; pass a contiguous tensor (.contiguous())", tensor=spec.name)
         if t.device.type == "cpu":
-            mirror = tensor_to_numpy(t)
+            mirror = from_tensor(t)
             if mirror.size and mirror.__array_interface__["data"][0] != t.data_ptr():
                 raise InvalidInputError("cannot write into this tensor in place", tensor=spec.name)
             _check_dtype(spec, mirror.dtype)
             return Binding(spec.name, mirror.reshape(-1))
-        probe = tensor_to_numpy(t.reshape(-1)[:0])  # dtype only, no copy of the data
+        probe = from_tensor(t.reshape(-1)[:0])  # dtype only, no copy of the data
         _check_dtype(spec, probe.dtype)
-        mirror = tensor_to_numpy(t).reshape(-1).copy()
+        mirror = from_tensor(t).reshape(-1).copy()
         return Binding(spec.name, mirror, t.reshape(-1))
     if not isinstance(value, np.ndarray):
         raise InvalidInputError(f"state values must be numpy arrays or torch tensors, got {type(value).__name__}",

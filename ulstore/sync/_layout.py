@@ -29,14 +29,16 @@ See ``docs/sync.md`` for the guarantees built on this.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..codec._dtypes import format_of
+from ..core.dtypes import dtype_from_name
+from ..core.sealed import address as blob_address
+from ..core.sealed import open_sealed, seal
+from ..core.dtypes import dtype_name as _dtype_name
 from ..errors import CorruptManifestError, DtypeError, InvalidInputError
 
 __all__ = [
@@ -55,8 +57,6 @@ __all__ = [
     "pack_key",
     "parse_version_key",
     "check_version",
-    "canonical_json",
-    "blob_address",
     "is_sync_meta",
     "dtype_name",
     "dtype_from_name",
@@ -114,16 +114,6 @@ def parse_version_key(key: str, directory: str) -> int | None:
     return int(stem) if len(stem) == 12 and stem.isdigit() else None
 
 
-def canonical_json(obj) -> bytes:
-    """Compact, key-sorted, ASCII JSON: one byte string per value."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
-def blob_address(data) -> str:
-    """blake2b-256 of ``data``, hex: the name of a pack or layout."""
-    return hashlib.blake2b(data, digest_size=32).hexdigest()
-
-
 def is_sync_meta(raw) -> bool:
     """Whether ``raw`` is the ``sync.json`` of a store in this format."""
     try:
@@ -151,29 +141,7 @@ def check_version(version) -> int:
 
 def dtype_name(dtype: np.dtype) -> str:
     """Name of a storable dtype (``bfloat16``, ``float32``, ``int64``, ``bool``...)."""
-    dtype = np.dtype(dtype)
-    try:
-        return format_of(dtype).name
-    except DtypeError:
-        pass
-    if dtype.kind in "biu":
-        return dtype.newbyteorder("=").name
-    raise DtypeError(f"ulstore.sync publishes floating-point, integer and boolean tensors; got dtype {dtype}")
-
-
-def dtype_from_name(name: str) -> np.dtype:
-    """Inverse of :func:`dtype_name` (little-endian)."""
-    try:
-        return format_of(name).dtype
-    except DtypeError:
-        pass
-    try:
-        dt = np.dtype(name)
-    except TypeError:
-        raise DtypeError(f"unknown dtype name {name!r}") from None
-    if dt.kind not in "biu" or dt.name != name:
-        raise DtypeError(f"unknown dtype name {name!r}")
-    return dt.newbyteorder("<")
+    return _dtype_name(dtype, what="ulstore.sync publishes")
 
 
 # -- documents --------------------------------------------------------------------
@@ -181,32 +149,16 @@ def dtype_from_name(name: str) -> np.dtype:
 
 def _sealed(body: dict) -> bytes:
     """Canonical JSON of ``body`` plus its checksum field."""
-    checksum = blob_address(canonical_json(body))
-    return canonical_json({**body, "checksum": checksum})
+    return seal(body)
 
 
 def _open_sealed(raw, key: str, what: str) -> dict:
     """Parse and check a sealed object: canonical bytes, valid checksum, our format."""
     if raw is None:
         raise CorruptManifestError(f"{what} is missing", key=key)
-    raw = bytes(raw)
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptManifestError(f"{what} is not JSON: {e}", key=key) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("checksum"), str):
-        raise CorruptManifestError(f"{what} has no checksum", key=key)
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    try:
-        canonical = canonical_json(doc)
-    except (TypeError, ValueError) as e:
-        raise CorruptManifestError(f"{what} holds a non-JSON value: {e}", key=key) from None
-    if canonical != raw:
-        raise CorruptManifestError(f"{what} is not canonical JSON (altered?)", key=key)
-    if blob_address(canonical_json(body)) != doc["checksum"]:
-        raise CorruptManifestError(f"{what} fails its checksum", key=key)
-    if body.get("format") != FORMAT:
-        raise CorruptManifestError(f"{what} has format {body.get('format')!r}, expected {FORMAT!r}", key=key)
+    doc = open_sealed(raw, lambda why: CorruptManifestError(f"{what} {why}", key=key))
+    if doc.get("format") != FORMAT:
+        raise CorruptManifestError(f"{what} has format {doc.get('format')!r}, expected {FORMAT!r}", key=key)
     return doc
 
 

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import Changes, content_sum, decode, decode_changes
+from ..core.sealed import address as blob_address
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, NotFoundError
 from ._arrays import Binding, allocate, bind, chunk_hash
-from ._bucket import Bucket
+from ..core.objects import ObjectStore
 from ._layout import (
     ANCHORS_DIR,
     DELTA,
@@ -45,7 +46,6 @@ from ._layout import (
     Layout,
     Manifest,
     anchor_key,
-    blob_address,
     layout_key,
     parse_version_key,
     version_key,
@@ -117,11 +117,11 @@ class StoreReader:
 
     Parameters
     ----------
-    bucket : Bucket
+    bucket : ObjectStore
     workers : Workers
     """
 
-    def __init__(self, bucket: Bucket, workers: Workers):
+    def __init__(self, bucket: ObjectStore, workers: Workers):
         self.bucket = bucket
         self.workers = workers
         self._layouts: dict[str, Layout] = {}

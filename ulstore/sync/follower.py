@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
-from ._bucket import Bucket
+from ._bucket import open_bucket as _open_bucket
 from ._errors import BucketAccessError
 from ._layout import FORMAT, SYNC_META, Latest, Manifest, is_sync_meta
 from ._replay import ChainBroken, Replica, StoreReader, WorkerOwner, Workers
@@ -121,7 +121,7 @@ class Follower(WorkerOwner):
                  on_event: Callable[[SyncEvent], None] | None = None, trust_state: bool = False):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
-        self._bucket = Bucket(url, storage_options)
+        self._bucket = _open_bucket(url, storage_options)
         self.url = self._bucket.url
         self._bucket.probe()
         raw = self._bucket.get(SYNC_META)  # may legitimately be absent: the publisher has not started yet

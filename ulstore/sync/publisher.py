@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import encode
+from ..core.sealed import address as blob_address
+from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError, IntegrityError, InvalidInputError, NotFoundError
 from ._arrays import chunk_hash, host_array, words
-from ._bucket import Bucket
+from ._bucket import open_bucket as _open_bucket
 from ._layout import (
     ANCHORS_DIR,
     DELTA,
@@ -45,8 +47,6 @@ from ._layout import (
     Manifest,
     TensorSpec,
     anchor_key,
-    blob_address,
-    canonical_json,
     check_version,
     dtype_from_name,
     dtype_name,
@@ -174,7 +174,7 @@ class Publisher(WorkerOwner):
         self.detector = detector
         self.resume = bool(resume)
         self.sparse = bool(sparse)
-        self._bucket = Bucket(url, storage_options)
+        self._bucket = _open_bucket(url, storage_options)
         self.url = self._bucket.url
         self._bucket.probe()
         self._init_store()
@@ -341,7 +341,7 @@ class Publisher(WorkerOwner):
         dead += [k for k in self._bucket.list("packs") if k not in live_packs]
         dead += [k for k in self._bucket.list("layouts") if k not in live_layouts]
         # manifests first: a reader then meets a missing manifest (clean) rather than a missing pack
-        self._bucket.delete(sorted(dead, key=lambda k: k.startswith(("packs/", "layouts/"))))
+        self._bucket.delete_many(sorted(dead, key=lambda k: k.startswith(("packs/", "layouts/"))))
         return {"objects": len(dead), "cutoff": cutoff}
 
     # -- steps of a publish -----------------------------------------------------------

@@ -37,9 +37,10 @@ import numpy as np
 
 from ..errors import InvalidInputError, NotFoundError
 from ._arrays import words
-from ._bucket import Bucket
+from ..core.objects import ObjectStore
+from ._bucket import open_bucket as _open_bucket
 from ._replay import Replica, StoreReader, Workers
-from ._safetensors import dumps, loads
+from ..core.safetensors import dumps, loads
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
 __all__ = ["import_trl", "export_trl", "gap_encode", "gap_decode", "read_trl_file", "INDEX_FORMATS"]
@@ -91,7 +92,7 @@ def read_trl_file(raw, key: str) -> tuple[str, dict, dict]:
     Positions are int64 flat indices, checked ascending and non-negative (the
     parameter's size is checked when applied).
     """
-    tensors, meta = loads(raw, key)
+    tensors, meta = loads(raw, lambda why: InvalidInputError(f"not a valid safetensors file: {why}", key=key))
     if meta.get("format", FORMAT_NAME) != FORMAT_NAME:
         raise InvalidInputError(f"header format is {meta['format']!r}, not {FORMAT_NAME!r}", key=key)
     is_delta = key.startswith("deltas/")
@@ -132,7 +133,7 @@ def _positions(idx: np.ndarray, suffix: str, encoding, key: str, name: str) -> n
     return idx.astype(np.int64)
 
 
-def _list_steps(bucket: Bucket, directory: str) -> dict[int, str]:
+def _list_steps(bucket: ObjectStore, directory: str) -> dict[int, str]:
     out = {}
     for key in bucket.list(directory):
         m = _STEP_FILE.match(key.rsplit("/", 1)[-1])
@@ -185,7 +186,7 @@ def import_trl(src_url, dest_url, *, storage_options: dict | None = None, dest_s
         A file is malformed, the first step is a delta, or a delta names an
         unknown parameter or out-of-range position.
     """
-    src = Bucket(src_url, storage_options)
+    src = _open_bucket(src_url, storage_options)
     src.probe()
     anchors, deltas = _list_steps(src, "anchors"), _list_steps(src, "deltas")
     steps = sorted(set(anchors) | set(deltas))
@@ -265,9 +266,9 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
     """
     if index_format not in INDEX_FORMATS:
         raise InvalidInputError(f"index_format must be one of {INDEX_FORMATS}, got {index_format!r}")
-    src = Bucket(src_url, storage_options)
+    src = _open_bucket(src_url, storage_options)
     src.probe()
-    dest = Bucket(dest_url, storage_options if dest_storage_options is None else dest_storage_options)
+    dest = _open_bucket(dest_url, storage_options if dest_storage_options is None else dest_storage_options)
     dest.probe()
     workers = Workers(threads, "ulstore-export")
     try:
@@ -380,7 +381,7 @@ def _meta(model_version, previous_mv, anchor_step, n_params, n_changed, total, *
     return meta
 
 
-def _put(dest: Bucket, key: str, tensors: dict, meta: dict) -> int:
+def _put(dest: ObjectStore, key: str, tensors: dict, meta: dict) -> int:
     raw = dumps(tensors, meta)
     dest.put(key, raw)
     return len(raw)

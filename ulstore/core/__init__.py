@@ -1,0 +1,13 @@
+"""The shared lower layer: plumbing that the store and weight sync both stand on.
+
+Imports only :mod:`ulstore.codec` and :mod:`ulstore.errors`.  Modules::
+
+    objects.py      ObjectStore: keyed bytes over fsspec (get, put, conditional create, list, delete)
+    sealed.py       canonical JSON, checksums, blake2b content addresses
+    safetensors.py  the safetensors header parser; files as bytes
+    dtypes.py       the one table of storable dtypes (names, safetensors codes, raw-bit carriers)
+    torch.py        the public torch bridge: numpy <-> torch, zero-copy and bit-exact
+    formatting.py   human-readable sizes and counts for reports and the CLI
+"""
+
+__all__: list[str] = []
