@@ -175,8 +175,16 @@ def _signature(name: str, obj) -> str:
 
 
 def _members(cls):
-    """Public methods and properties of a class, in definition order (a few dunders that users call)."""
-    for name, value in vars(cls).items():
+    """Public methods and properties of a class, in definition order (a few dunders that users call).
+
+    Methods inherited from ulstore's own bases (the store's job mixins) count as
+    the class's: base classes first, each in definition order.
+    """
+    found: dict = {}
+    for klass in reversed(cls.__mro__):
+        if klass is cls or klass.__module__.startswith("ulstore"):
+            found.update(vars(klass))
+    for name, value in found.items():
         if name.startswith("_") and name not in ("__getitem__", "__contains__", "__len__", "__enter__"):
             continue
         if isinstance(value, property):

@@ -57,8 +57,6 @@ class ChunkReader:
         self._chunks: OrderedDict = OrderedDict()  # (content, dtype, shape) -> ndarray, never modified
         self._cached = 0
         self._inflight: dict = {}
-        self.hits = 0
-        self.misses = 0
 
     # -- single-flight helper ---------------------------------------------------
 
@@ -129,7 +127,7 @@ class ChunkReader:
 
     # -- decoded chunks ---------------------------------------------------------
 
-    def chunk(self, step: int, name: str, coord: tuple[int, ...], *, use_cache: bool = True) -> np.ndarray:
+    def chunk(self, step: int, name: str, coord: tuple[int, ...]) -> np.ndarray:
         """Decoded chunk ``coord`` of tensor ``name`` at ``step``: unpadded, exact, shared (do not modify).
 
         Raises
@@ -140,9 +138,9 @@ class ChunkReader:
         CorruptManifestError
             A manifest's chunk table is inconsistent with its reference's.
         """
-        return self._chunk(step, name, tuple(coord), use_cache, 0)
+        return self._chunk(step, name, tuple(coord), 0)
 
-    def _chunk(self, step, name, coord, use_cache, depth):
+    def _chunk(self, step, name, coord, depth):
         if depth > _MAX_CHAIN:
             raise CorruptManifestError("reference chain does not end (cycle?)", step=step, tensor=name)
         t = self.tensor(step, name)
@@ -151,27 +149,23 @@ class ChunkReader:
         e = t.entry(coord)
         shape = t.region_shape(coord)
         ckey = (e.content, t.dtype.str, shape)
-        if use_cache:
-            with self._lock:
-                hit = self._chunks.get(ckey)
-                if hit is not None:
-                    self._chunks.move_to_end(ckey)
-                    self.hits += 1
-                    return hit
-            # Single-flight by *entry*, not by content: equal contents can recur along a
-            # chain (weights that flip back), and waiting on one's own content key would
-            # deadlock.  An entry only ever waits on entries of strict ancestors of its
-            # reference step, so waits cannot form a cycle.
-            flight = ("chunk", name, coord, e.blob, e.ref)
-            return self._once(flight, lambda: self._decode(step, name, t, e, coord, shape, ckey, True, depth))
-        return self._decode(step, name, t, e, coord, shape, ckey, False, depth)
-
-    def _decode(self, step, name, t: TensorManifest, e: Entry, coord, shape, ckey, use_cache, depth):
         with self._lock:
-            hit = self._chunks.get(ckey) if use_cache else None
+            hit = self._chunks.get(ckey)
+            if hit is not None:
+                self._chunks.move_to_end(ckey)
+                return hit
+        # Single-flight by *entry*, not by content: equal contents can recur along a
+        # chain (weights that flip back), and waiting on one's own content key would
+        # deadlock.  An entry only ever waits on entries of strict ancestors of its
+        # reference step, so waits cannot form a cycle.
+        flight = ("chunk", name, coord, e.blob, e.ref)
+        return self._once(flight, lambda: self._decode(step, name, t, e, coord, shape, ckey, depth))
+
+    def _decode(self, step, name, t: TensorManifest, e: Entry, coord, shape, ckey, depth):
+        with self._lock:
+            hit = self._chunks.get(ckey)
             if hit is not None:
                 return hit
-            self.misses += 1
         ref = None
         if e.ref is not None:
             if e.ref == step:
@@ -182,7 +176,7 @@ class ChunkReader:
                     f"reference step {e.ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, "
                     f"not {t.dtype}{list(t.shape)}", step=step, tensor=name,
                 )
-            ref = self._chunk(e.ref, name, coord, use_cache, depth + 1)
+            ref = self._chunk(e.ref, name, coord, depth + 1)
         key = blob_key(e.blob)
         blob = self.io.get(key)
         if blob is None:
@@ -195,8 +189,7 @@ class ChunkReader:
         # Cached chunks are shared (they serve as references for later decodes) and
         # must never be modified; they are not flagged read-only only because the
         # compiled kernels take writable memoryviews of the reference.
-        if use_cache:
-            self.remember(ckey, arr)
+        self.remember(ckey, arr)
         return arr
 
     def remember(self, ckey, arr: np.ndarray) -> None:
@@ -222,7 +215,7 @@ class ChunkReader:
 
     # -- whole tensors ----------------------------------------------------------
 
-    def read(self, step: int, names=None, *, threads: int | None = None, use_cache: bool = True) -> dict[str, np.ndarray]:
+    def read(self, step: int, names=None, *, threads: int | None = None) -> dict[str, np.ndarray]:
         """Decode whole tensors of ``step`` (all by default) into fresh arrays."""
         m = self.manifest(step)
         names = list(m.tensors) if names is None else list(names)
@@ -236,7 +229,7 @@ class ChunkReader:
         def fill(job):
             name, coord = job
             t = m.tensors[name]
-            out[name][t.region(coord)] = self.chunk(step, name, coord, use_cache=use_cache)
+            out[name][t.region(coord)] = self.chunk(step, name, coord)
 
         threads = threads or min(32, os.cpu_count() or 1)
         if threads == 1 or len(jobs) <= 1:

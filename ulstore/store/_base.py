@@ -1,0 +1,131 @@
+"""What every part of a :class:`~ulstore.store.Trajectory` stands on: its objects, caches, steps and refs.
+
+:class:`TrajectoryBase` holds the state (the object client, the chunk reader,
+the settings) and the naming: listing steps, resolving a step or ref name,
+reading and moving refs.  The jobs on top of it live in their own modules:
+``_read.py``, ``_commit.py``, ``_integrity.py``, ``_retention.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..core.objects import ObjectStore
+from ..core.sealed import canonical_json
+from ..errors import CorruptManifestError, NotFoundError, ReadOnlyError, StepNotFoundError
+from ._layout import REFS_DIR, STEPS_DIR, check_ref_name, check_step, ref_key
+from ._logical import LogicalStore
+from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
+from ._zarr_dtypes import register as _register_zarr_dtypes
+
+__all__ = ["TrajectoryBase", "MAIN"]
+
+#: Default main branch.
+MAIN = "main"
+
+
+class TrajectoryBase:
+    """State, steps and refs of a trajectory (see :class:`~ulstore.store.Trajectory`)."""
+
+    def __init__(self, io: ObjectStore, *, url: str, read_only: bool, anchor_every: int, chunk_bytes: int,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, executor=None, threads=None):
+        _register_zarr_dtypes()
+        self._io = io
+        self.url = url
+        self.read_only = read_only
+        self.anchor_every = anchor_every
+        self.chunk_bytes = chunk_bytes
+        self._executor = executor
+        self._threads = threads or max(4, os.cpu_count() or 1)
+        self._reader = ChunkReader(io, cache_bytes)
+        self._store = LogicalStore(self._reader)
+
+    def __repr__(self) -> str:
+        return f"<Trajectory {self.url!r} ({'read-only' if self.read_only else 'read/write'})>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Drop caches (the trajectory holds no other resources)."""
+        self._reader.clear_cache()
+        self._reader.forget()
+
+    # -- names --------------------------------------------------------------------
+
+    @property
+    def steps(self) -> list[int]:
+        """All committed steps, sorted (one LIST of ``steps/``)."""
+        keys = self._io.find(STEPS_DIR)
+        out = []
+        for k in keys:
+            parts = k.split("/")
+            if len(parts) == 3 and parts[2] == "zarr.json" and parts[1].isdigit():
+                out.append(int(parts[1]))
+        return sorted(out)
+
+    def __contains__(self, step) -> bool:
+        try:
+            self._resolve(step)
+            return True
+        except NotFoundError:
+            return False
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def refs(self) -> dict[str, int]:
+        """Branches and tags: name -> step."""
+        out = {}
+        for k in self._io.find(REFS_DIR):
+            name = k[len(REFS_DIR) + 1 :]
+            if name.endswith(".json") and "/" not in name:
+                step = self._get_ref(name[: -len(".json")])
+                if step is not None:
+                    out[name[: -len(".json")]] = step
+        return out
+
+    def head(self, branch: str = MAIN) -> int | None:
+        """The step ``branch`` points to (None if the branch does not exist)."""
+        return self._get_ref(check_ref_name(branch))
+
+    def _get_ref(self, name: str) -> int | None:
+        key = ref_key(name)
+        raw = self._io.get(key)
+        if raw is None:
+            return None
+        try:
+            return check_step(json.loads(raw)["step"])
+        except Exception as e:
+            raise CorruptManifestError(f"ref is damaged: {e}", key=key) from e
+
+    def set_ref(self, name: str, step) -> None:
+        """Point branch or tag ``name`` at ``step`` (creating or moving it)."""
+        self._check_writable()
+        step = self._resolve(step)
+        self._io.put(ref_key(check_ref_name(name)), canonical_json({"step": step}))
+
+    def delete_ref(self, name: str) -> None:
+        """Remove branch or tag ``name`` (its steps stay)."""
+        self._check_writable()
+        self._io.delete(ref_key(check_ref_name(name)))
+
+    def _resolve(self, step_or_ref) -> int:
+        """A step number, or a ref name resolved to its step; the step must exist."""
+        if isinstance(step_or_ref, str):
+            step = self._get_ref(check_ref_name(step_or_ref))
+            if step is None:
+                raise StepNotFoundError(f"no step or ref named {step_or_ref!r}", key=ref_key(step_or_ref))
+        else:
+            step = check_step(step_or_ref)
+        self._reader.manifest(step)  # raises StepNotFoundError
+        return step
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.url!r} was opened with mode='r'; open with mode='a' to write")
+

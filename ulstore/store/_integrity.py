@@ -1,0 +1,135 @@
+"""Integrity and sizes: :meth:`verify` re-reads and checks everything, :meth:`stats` adds up bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import CorruptManifestError, IntegrityError, NotFoundError
+from ._base import TrajectoryBase
+from ._layout import BLOBS_DIR, REFS_DIR, step_key
+from ._reader import ChunkReader
+
+__all__ = ["IntegrityMixin", "VerifyReport"]
+
+
+@dataclass
+class VerifyReport:
+    """Result of :meth:`Trajectory.verify`.
+
+    ``errors`` lists one dict per bad object: ``key`` (the damaged blob,
+    manifest or ref), ``step``, ``tensor``, ``error`` (class name) and
+    ``message``.
+    """
+
+    steps: int = 0
+    chunks: int = 0
+    blobs: int = 0
+    errors: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class IntegrityMixin(TrajectoryBase):
+    """verify and stats of :class:`~ulstore.store.Trajectory`."""
+
+    # -- integrity ----------------------------------------------------------------
+
+    def verify(self, step=None, *, raise_on_error: bool = True) -> VerifyReport:
+        """Re-read and check every blob, manifest and ref reachable from ``step`` (default: all).
+
+        Every blob is fetched again (nothing from the cache), checked against
+        its address, decoded against its reference and checked against its
+        content hash.
+
+        Returns
+        -------
+        VerifyReport
+
+        Raises
+        ------
+        IntegrityError
+            (the class of the first problem, e.g. CorruptBlobError) if
+            ``raise_on_error`` and anything is damaged; its ``key`` names the
+            first bad object and its message lists all of them.
+        """
+        fresh = ChunkReader(self._io, self._reader.cache_bytes)
+        report = VerifyReport()
+        steps = [self._resolve(step)] if step is not None else self.steps
+        bad: dict[str, IntegrityError] = {}
+
+        def note(e: IntegrityError, s, tensor=None):
+            key = e.key or f"step {s}"
+            if key not in bad:
+                bad[key] = e
+                report.errors.append(
+                    {"key": e.key, "step": e.step if e.step is not None else s, "tensor": e.tensor or tensor,
+                     "error": type(e).__name__, "message": str(e)}
+                )
+
+        if step is None:
+            for name in list(self._io.find(REFS_DIR)):
+                try:
+                    self._get_ref(name[len(REFS_DIR) + 1 : -len(".json")])
+                except IntegrityError as e:
+                    note(e, None)
+        seen_blobs = set()
+        for s in steps:
+            try:
+                m = fresh.manifest(s)
+            except IntegrityError as e:
+                note(e, s)
+                continue
+            report.steps += 1
+            for name, t in m.tensors.items():
+                for coord in t.coords():
+                    report.chunks += 1
+                    seen_blobs.add(t.entry(coord).blob)
+                    try:
+                        fresh.chunk(s, name, coord)
+                    except IntegrityError as e:
+                        note(e, s, name)
+                    except NotFoundError as e:  # a reference step is gone
+                        note(CorruptManifestError(f"reference is missing: {e}", step=s, tensor=name, key=step_key(s)), s)
+        report.blobs = len(seen_blobs)
+        if bad and raise_on_error:
+            first = next(iter(bad.values()))
+            listing = "; ".join(f"{d['key']}: {d['error']}" for d in report.errors)
+            raise type(first)(f"verify found {len(bad)} damaged object(s): {listing}", step=first.step,
+                              tensor=first.tensor, key=first.key)
+        return report
+
+    def stats(self) -> dict:
+        """Sizes: stored blob and manifest bytes vs the raw bytes of every step.
+
+        Returns
+        -------
+        dict
+            ``steps``, ``chunks`` (entries over all steps), ``blobs``,
+            ``blob_bytes``, ``manifest_bytes``, ``stored_bytes`` (blobs +
+            manifests), ``raw_bytes`` (sum of every step's tensors), ``ratio``
+            (raw / stored), ``manifest_bytes_per_chunk``.
+        """
+        steps = self.steps
+        manifest_bytes = raw = chunks = 0
+        for s in steps:
+            data = self._io.get(step_key(s)) or b""
+            manifest_bytes += len(data)
+            m = self._reader.manifest(s)
+            raw += sum(t.nbytes for t in m.tensors.values())
+            chunks += sum(len(t.entries) for t in m.tensors.values())
+        blobs = self._io.find(BLOBS_DIR, detail=True)
+        blob_bytes = sum(int(info.get("size") or 0) for info in blobs.values())
+        stored = blob_bytes + manifest_bytes
+        return {
+            "steps": len(steps),
+            "chunks": chunks,
+            "blobs": len(blobs),
+            "blob_bytes": blob_bytes,
+            "manifest_bytes": manifest_bytes,
+            "stored_bytes": stored,
+            "raw_bytes": raw,
+            "ratio": raw / stored if stored else float("nan"),
+            "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
+        }
+
