@@ -1,4 +1,4 @@
-"""Tests for ulstore.checkpoints: exact round trips and hostile inputs."""
+"""Tests for ulstore.io.checkpoints: exact round trips and hostile inputs."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors import numpy as st_numpy
 
-from ulstore import checkpoints as ckpt
+from ulstore.io import _safetensors as _st_files
+from ulstore.io import checkpoints as ckpt
 from ulstore.errors import DtypeError, InvalidInputError, NotFoundError
 
 DTYPES = [
@@ -471,7 +472,7 @@ def _crash_mid_write(arrays, path, metadata):
 
 
 def test_atomic_write_leaves_nothing_on_crash(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", _crash_mid_write)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", _crash_mid_write)
     p = tmp_path / "m.safetensors"
     with pytest.raises(OSError, match="disk full"):
         ckpt.save_safetensors({"a": np.zeros(4)}, p)
@@ -482,7 +483,7 @@ def test_atomic_write_keeps_old_file_on_crash(tmp_path, monkeypatch):
     p = tmp_path / "m.safetensors"
     ckpt.save_safetensors({"old": np.arange(3.0)}, p)
     before = p.read_bytes()
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", _crash_mid_write)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", _crash_mid_write)
     with pytest.raises(OSError):
         ckpt.save_safetensors({"new": np.zeros(4)}, p)
     assert p.read_bytes() == before
@@ -498,7 +499,7 @@ def test_atomic_sharded_crash_writes_no_index(tmp_path, monkeypatch):
             _crash_mid_write(arrays, path, metadata)
         st_numpy.save_file(arrays, path)
 
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", second_shard_fails)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", second_shard_fails)
     with pytest.raises(OSError):
         ckpt.save_safetensors({"a": np.zeros(4), "b": np.zeros(4)}, tmp_path / "d", max_shard_size=32)
     assert sorted(x.name for x in (tmp_path / "d").iterdir()) == ["model-00001-of-00002.safetensors"]

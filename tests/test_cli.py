@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore import checkpoints as ckpt
+from ulstore.io import checkpoints as ckpt
 from ulstore import cli
 
 sys.path.insert(0, os.path.dirname(__file__))

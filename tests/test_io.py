@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore import checkpoints as ckpt
+from ulstore.io import _export
+from ulstore.io import _safetensors as _st_files
+from ulstore.io import checkpoints as ckpt
 from ulstore import io as uio
 from ulstore.errors import (
     DtypeError,
@@ -402,7 +404,7 @@ def test_export_refuses_to_overwrite_and_missing_steps(tmp_path, traj):
 
 def test_failed_sharded_export_leaves_nothing(tmp_path, traj, monkeypatch):
     traj.commit(1, {f"w{i}": np.full(100, i, np.float32) for i in range(4)})
-    real = ckpt._write_safetensors_file
+    real = _st_files._write_safetensors_file
     calls = []
 
     def flaky(arrays, path, metadata):
@@ -411,16 +413,16 @@ def test_failed_sharded_export_leaves_nothing(tmp_path, traj, monkeypatch):
             raise InvalidInputError("disk full (simulated)")
         return real(arrays, path, metadata)
 
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", flaky)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", flaky)
     with pytest.raises(InvalidInputError, match="simulated"):
         uio.export_checkpoint(traj, 1, tmp_path / "out", max_shard_size=800)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["traj"]
     # an existing export survives a failed overwrite
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", real)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", real)
     uio.export_checkpoint(traj, 1, tmp_path / "out", max_shard_size=800)
     before = objects(tmp_path / "out")
     calls.clear()
-    monkeypatch.setattr(ckpt, "_write_safetensors_file", flaky)
+    monkeypatch.setattr(_st_files, "_write_safetensors_file", flaky)
     with pytest.raises(InvalidInputError):
         uio.export_checkpoint(traj, 1, tmp_path / "out", max_shard_size=800, overwrite=True)
     assert objects(tmp_path / "out") == before
@@ -456,7 +458,7 @@ def test_storage_report_adds_up(tmp_path):
 def test_export_reports_progress(tmp_path, traj, monkeypatch):
     state = {f"w{i}": np.full((10, 10), i, np.float32) for i in range(5)}
     traj.commit(1, state)
-    monkeypatch.setattr(uio, "_PROGRESS_BYTES", 800)  # two tensors per group
+    monkeypatch.setattr(_export, "_PROGRESS_BYTES", 800)  # two tensors per group
     seen = []
     uio.export_checkpoint(traj, 1, tmp_path / "m.safetensors", progress=seen.append)
     assert seen == [800, 800, 400]

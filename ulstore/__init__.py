@@ -4,7 +4,7 @@
   steps, read any step lazily: :mod:`ulstore.store`.
 - :func:`encode` / :func:`decode` one tensor against a reference, and the numcodecs
   codec ``ulpack``: :mod:`ulstore.codec`.
-- Checkpoint files in and out: :mod:`ulstore.io`, :mod:`ulstore.checkpoints`.
+- Checkpoint files in and out: :mod:`ulstore.io` (files: :mod:`ulstore.io.checkpoints`).
 - Weight sync for asynchronous RL: :mod:`ulstore.sync`.
 """
 import importlib as _importlib
@@ -51,7 +51,7 @@ __all__ = [
     *_errors_all,
 ]
 
-_SUBMODULES = ("io", "sync", "checkpoints", "toytrain", "cli")
+_SUBMODULES = ("io", "sync", "toytrain", "cli")
 
 
 def __getattr__(name):

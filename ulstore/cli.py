@@ -582,7 +582,7 @@ def _cmd_stats(args, ui) -> int:
     traj = _open_existing(args)
     if args.plot:
         _check_matplotlib()
-    report = uio.storage_report(traj, _storage_options(args))
+    report = uio.storage_report(traj)
     total = report["total"]
     if args.plot:
         _plot(report, args.plot, args.url)

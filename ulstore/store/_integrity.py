@@ -1,14 +1,15 @@
-"""Integrity and sizes: :meth:`verify` re-reads and checks everything, :meth:`stats` adds up bytes."""
+"""Integrity and sizes: :meth:`verify` re-reads and checks everything; :meth:`inventory` and :meth:`stats` list and add up bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import CorruptManifestError, IntegrityError, NotFoundError
+from ..errors import CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
 from ._layout import BLOBS_DIR, REFS_DIR, step_key
+from ._manifest import Manifest
 from ._reader import ChunkReader
 
-__all__ = ["IntegrityMixin", "VerifyReport"]
+__all__ = ["IntegrityMixin", "VerifyReport", "Inventory"]
 
 
 @dataclass
@@ -28,6 +29,21 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a trajectory stores, read without decoding anything (:meth:`Trajectory.inventory`).
+
+    ``manifests``: step -> its checked manifest (``tensors``: name ->
+    ``shape``, ``dtype``, ``entries`` whose ``blob`` is a blob address), in
+    step order; ``manifest_bytes``: step -> stored size of its manifest;
+    ``blob_bytes``: address -> size of every blob, referenced or not.
+    """
+
+    manifests: dict[int, Manifest]
+    manifest_bytes: dict[int, int]
+    blob_bytes: dict[str, int]
 
 
 class IntegrityMixin(TrajectoryBase):
@@ -99,6 +115,28 @@ class IntegrityMixin(TrajectoryBase):
                               tensor=first.tensor, key=first.key)
         return report
 
+    def inventory(self) -> Inventory:
+        """Every step's manifest (parsed and checked, as for reading) and every blob's size; nothing decoded.
+
+        Raises
+        ------
+        CorruptManifestError
+            A manifest is damaged.
+        StepNotFoundError
+            A step was deleted while the inventory was taken.
+        """
+        manifests, manifest_bytes = {}, {}
+        for s in self.steps:
+            key = step_key(s)
+            raw = self._io.get(key)
+            if raw is None:
+                raise StepNotFoundError("step manifest vanished while reading", step=s, key=key)
+            manifests[s] = Manifest.from_bytes(raw, key=key, step=s)
+            manifest_bytes[s] = len(raw)
+        blobs = self._io.find(BLOBS_DIR, detail=True)
+        blob_bytes = {k.rsplit("/", 1)[-1]: int(info.get("size") or 0) for k, info in blobs.items()}
+        return Inventory(manifests, manifest_bytes, blob_bytes)
+
     def stats(self) -> dict:
         """Sizes: stored blob and manifest bytes vs the raw bytes of every step.
 
@@ -110,21 +148,16 @@ class IntegrityMixin(TrajectoryBase):
             manifests), ``raw_bytes`` (sum of every step's tensors), ``ratio``
             (raw / stored), ``manifest_bytes_per_chunk``.
         """
-        steps = self.steps
-        manifest_bytes = raw = chunks = 0
-        for s in steps:
-            data = self._io.get(step_key(s)) or b""
-            manifest_bytes += len(data)
-            m = self._reader.manifest(s)
-            raw += sum(t.nbytes for t in m.tensors.values())
-            chunks += sum(len(t.entries) for t in m.tensors.values())
-        blobs = self._io.find(BLOBS_DIR, detail=True)
-        blob_bytes = sum(int(info.get("size") or 0) for info in blobs.values())
+        inv = self.inventory()
+        manifest_bytes = sum(inv.manifest_bytes.values())
+        raw = sum(t.nbytes for m in inv.manifests.values() for t in m.tensors.values())
+        chunks = sum(len(t.entries) for m in inv.manifests.values() for t in m.tensors.values())
+        blob_bytes = sum(inv.blob_bytes.values())
         stored = blob_bytes + manifest_bytes
         return {
-            "steps": len(steps),
+            "steps": len(inv.manifests),
             "chunks": chunks,
-            "blobs": len(blobs),
+            "blobs": len(inv.blob_bytes),
             "blob_bytes": blob_bytes,
             "manifest_bytes": manifest_bytes,
             "stored_bytes": stored,
@@ -132,4 +165,3 @@ class IntegrityMixin(TrajectoryBase):
             "ratio": raw / stored if stored else float("nan"),
             "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
         }
-

@@ -1,0 +1,71 @@
+"""Bridges between checkpoint files and trajectory steps: import, export, size reports.
+
+:mod:`ulstore.io.checkpoints` reads and writes the files (exactly, bit for bit);
+:class:`~ulstore.Trajectory` stores the tensors.  This module joins the two and
+keeps what a file holds besides its tensors, so that an export gives back what
+was imported:
+
+* file metadata (safetensors ``__metadata__``, a sharded index's ``metadata``),
+* tied-tensor aliases (``lm_head.weight`` sharing ``embed_tokens.weight``'s
+  storage in a torch state dict): the tensor is stored once, the alias by name,
+* the tensors' order in the file, and the largest shard of a sharded checkpoint.
+
+They travel in the step's metadata under the key ``"checkpoint"``
+(:data:`CHECKPOINT_KEY`)::
+
+    {"checkpoint": {"format": "safetensors" | "sharded" | "torch" | "npz",
+                    "source": "step_001200.safetensors",
+                    "metadata": {"format": "pt"},          # file metadata, str -> str
+                    "aliases": {"lm_head.weight": "model.embed_tokens.weight"},
+                    "order": ["b", "a"],                   # only when not sorted
+                    "max_shard_bytes": 5000000000}}        # sharded imports only
+
+Exports
+    A step can be written as one ``.safetensors`` file, a sharded Hugging Face
+    directory (``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``),
+    a torch state dict (``.pt``/``.pth``/``.bin``, tied tensors share storage
+    again) or an ``.npz``; or handed over in memory as numpy arrays
+    (:func:`to_numpy`) or torch tensors (:func:`to_torch`).  Tensor bytes are
+    always identical to the imported ones.  safetensors cannot express shared
+    storage, so an alias is written there as a copy (two names, equal bytes),
+    as ``safetensors.torch.save_file`` would require.
+
+Every export is atomic: a file is written under a hidden temporary name and
+renamed; a directory is assembled under a hidden temporary name and renamed.
+A failed export leaves nothing under the output name.
+
+Examples
+--------
+>>> import tempfile, numpy as np, ulstore
+>>> from ulstore import io
+    >>> from ulstore.io import checkpoints
+>>> tmp = tempfile.mkdtemp()
+>>> checkpoints.save_safetensors({"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
+...                              f"{tmp}/step_000100.safetensors", {"format": "pt"})
+>>> traj = ulstore.open(f"{tmp}/traj", mode="w")
+>>> io.import_checkpoint(traj, f"{tmp}/step_000100.safetensors")
+100
+>>> out = io.export_checkpoint(traj, 100, f"{tmp}/out.safetensors")
+>>> ck = checkpoints.load(f"{tmp}/out.safetensors")
+>>> ck.metadata, ck.tensors["w"].tobytes() == np.arange(6, dtype=np.float32).tobytes()
+({'format': 'pt'}, True)
+"""
+from . import checkpoints
+from ._export import export_checkpoint, read_checkpoint, to_numpy, to_torch
+from ._import import import_checkpoint
+from ._names import CHECKPOINT_KEY, FORMATS, checkpoint_format, output_format, step_from_path
+from ._report import storage_report
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "FORMATS",
+    "import_checkpoint",
+    "read_checkpoint",
+    "export_checkpoint",
+    "to_numpy",
+    "to_torch",
+    "checkpoint_format",
+    "output_format",
+    "step_from_path",
+    "storage_report",
+]

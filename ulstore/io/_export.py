@@ -1,0 +1,207 @@
+"""Export: a step back as a checkpoint file or directory (atomically), or in memory as numpy or torch."""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CorruptManifestError, InvalidInputError
+from . import checkpoints as _ck
+from ._names import CHECKPOINT_KEY, output_format
+
+__all__ = ["read_checkpoint", "to_numpy", "to_torch", "export_checkpoint"]
+
+
+def read_checkpoint(traj, step) -> _ck.Checkpoint:
+    """A step as a :class:`~ulstore.io.checkpoints.Checkpoint`: tensors in file order, metadata, aliases.
+
+    Steps committed directly (not imported) have no file metadata or aliases,
+    and their tensors come in name order.
+
+    Examples
+    --------
+    >>> import numpy as np, ulstore
+    >>> traj = ulstore.open("memory://doc-read-checkpoint", mode="w")
+    >>> traj.commit(0, {"b": np.zeros(2, np.float32), "a": np.ones(2, np.float32)})
+    0
+    >>> list(read_checkpoint(traj, 0).tensors)
+    ['a', 'b']
+    """
+    return _read(traj, step)[0]
+
+
+def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np.ndarray]]:
+    """The step's Checkpoint, its ``"checkpoint"`` metadata, and every name (aliases too) in file order.
+
+    ``progress(nbytes)``, if given, is called as groups of tensors are decoded.
+    """
+    info = traj.info(step)
+    meta = info.metadata.get(CHECKPOINT_KEY) or {}
+    if not isinstance(meta, dict):
+        raise CorruptManifestError(f"step metadata {CHECKPOINT_KEY!r} is not an object", step=info.step)
+    if progress is None:
+        tensors = traj.read(info.step)
+    else:
+        tensors = {}
+        for group in _groups(traj.tensors(info.step), _PROGRESS_BYTES):
+            tensors.update(traj.read(info.step, group))
+            progress(sum(tensors[n].nbytes for n in group))
+    aliases = dict(meta.get("aliases") or {})
+    for alias, canon in aliases.items():
+        if canon not in tensors:
+            raise CorruptManifestError(f"alias {alias!r} names tensor {canon!r}, which the step does not hold",
+                                       step=info.step)
+    order = list(meta.get("order") or sorted(list(tensors) + list(aliases)))
+    order += sorted(set(tensors).union(aliases) - set(order))  # anything the list misses, by name
+    every = {n: tensors[aliases.get(n, n)] for n in order if n in tensors or n in aliases}
+    ck = _ck.Checkpoint({n: a for n, a in every.items() if n not in aliases},
+                        {str(k): str(v) for k, v in (meta.get("metadata") or {}).items()}, aliases)
+    return ck, meta, every
+
+
+_PROGRESS_BYTES = 256 << 20  # decode this much between progress reports (big enough to keep threads busy)
+
+
+def _groups(shapes: dict, budget: int) -> list[list[str]]:
+    """Tensor names in groups of about ``budget`` raw bytes, in name order."""
+    groups, current, used = [], [], 0
+    for name, (shape, dtype) in shapes.items():
+        n = math.prod(shape) * dtype.itemsize
+        if current and used + n > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def to_numpy(traj, step) -> dict[str, np.ndarray]:
+    """A step as ``{name: numpy array}``, tied names included (the very same array object).
+
+    Examples
+    --------
+    >>> import numpy as np, ulstore
+    >>> traj = ulstore.open("memory://doc-to-numpy", mode="w")
+    >>> traj.commit(3, {"w": np.arange(4, dtype=np.float32)})
+    3
+    >>> to_numpy(traj, 3)["w"]
+    array([0., 1., 2., 3.], dtype=float32)
+    """
+    return _read(traj, step)[2]
+
+
+def to_torch(traj, step) -> dict:
+    """A step as a torch state dict; tied names share one tensor again (needs PyTorch).
+
+    bf16/fp8 come back as ``torch.bfloat16``/``torch.float8_*``, bit for bit.
+
+    Examples
+    --------
+    >>> import pytest; torch = pytest.importorskip("torch")
+    >>> import numpy as np, ulstore
+    >>> traj = ulstore.open("memory://doc-to-torch", mode="w")
+    >>> traj.commit(0, {"w": torch.ones(2, 2, dtype=torch.bfloat16)})
+    0
+    >>> to_torch(traj, 0)["w"].dtype
+    torch.bfloat16
+    """
+    ck, _, every = _read(traj, step)
+    return _ck.to_torch(every, ck.aliases)
+
+
+def export_checkpoint(traj, step, out, *, format: str | None = None, max_shard_size=None,
+                      overwrite: bool = False, progress=None) -> dict:
+    """Write a step as a checkpoint file or directory, atomically.
+
+    Parameters
+    ----------
+    traj : Trajectory
+    step : int or str
+        A step or a ref name.
+    out : str or os.PathLike
+        Output path; the format follows from it (see :func:`output_format`).
+    format : {"safetensors", "sharded", "torch", "npz"}, optional
+        Overrides the suffix.
+    max_shard_size : int or str, optional
+        Shard limit for ``"sharded"`` (e.g. ``"5GB"``).  Default: the largest
+        shard of the imported checkpoint if it was sharded; otherwise one
+        ``model.safetensors`` in the directory.
+    overwrite : bool, default False
+        Replace an existing ``out`` (only once the new one is complete).
+    progress : callable, optional
+        Called with a byte count as groups of tensors are decoded (e.g. ``tqdm.update``).
+
+    Returns
+    -------
+    dict
+        ``format``, ``path`` and ``files`` (paths written), ``bytes`` (their total size),
+        ``tensors`` (names written, aliases included).
+
+    Raises
+    ------
+    StepNotFoundError
+        No such step.
+    InvalidInputError
+        ``out`` exists (without ``overwrite``) or has an unknown suffix.
+    """
+    fmt = output_format(out, format=format, max_shard_size=max_shard_size)
+    out = Path(out)
+    if out.exists() and not overwrite and not (out.is_dir() and fmt == "sharded" and not any(out.iterdir())):
+        raise InvalidInputError(f"{out}: already exists; choose another name or overwrite it (CLI: --force)")
+    ck, meta, tensors = _read(traj, step, progress)
+    file_meta = dict(ck.metadata)
+    if meta.get("format") == "sharded" and fmt != "sharded":
+        file_meta.pop("total_size", None)  # the index's, not a file's
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        _replace_file(out, lambda p: _ck.save_safetensors(tensors, p, file_meta))
+    elif fmt == "torch":
+        _replace_file(out, lambda p: _ck.save_torch(tensors, p, aliases=ck.aliases))
+    elif fmt == "npz":
+        _replace_file(out, lambda p: _ck.save_npz(tensors, p))
+    else:
+        shard = max_shard_size if max_shard_size is not None else meta.get("max_shard_bytes")
+        with _staging_dir(out, overwrite) as tmp:
+            if shard is None:
+                _ck.save_safetensors(tensors, tmp / "model.safetensors", file_meta)
+            else:
+                _ck.save_safetensors(tensors, tmp, file_meta, max_shard_size=shard)
+    files = sorted(str(f) for f in out.iterdir()) if out.is_dir() else [str(out)]
+    return {"format": fmt, "path": str(out), "files": files, "bytes": sum(os.path.getsize(f) for f in files),
+            "tensors": list(tensors)}
+
+
+def _replace_file(out: Path, write) -> None:
+    if out.is_dir():
+        raise InvalidInputError(f"{out}: is a directory; give a file name")
+    # checkpoints' writers are atomic themselves (hidden temporary + os.replace)
+    write(out)
+
+
+@contextlib.contextmanager
+def _staging_dir(out: Path, overwrite: bool):
+    """Yield a hidden sibling directory; move it to ``out`` only once everything is written."""
+    tmp = out.parent / f".{out.name}.{secrets.token_hex(6)}.tmp"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            if out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+            elif overwrite:
+                old = out.parent / f".{out.name}.{secrets.token_hex(6)}.old"
+                os.rename(out, old)
+                os.rename(tmp, out)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+                return
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
