@@ -21,7 +21,7 @@ import numpy as np
 
 from ..codec._dtypes import TORCH_VIA_INT, tensor_to_numpy
 
-__all__ = ["from_tensor", "to_tensor", "is_tensor", "import_torch", "dtype_table", "signed_int"]
+__all__ = ["from_tensor", "to_tensor", "as_numpy", "is_tensor", "import_torch", "dtype_table", "signed_int"]
 
 _TORCH_HINT = "pip install ulstore[torch]"
 
@@ -48,6 +48,22 @@ def from_tensor(tensor) -> np.ndarray:
     bf16 and fp8 come back as ``ml_dtypes`` arrays, never as bare integers.
     """
     return tensor_to_numpy(tensor)
+
+
+def as_numpy(value, *, array_like: bool = False) -> np.ndarray | None:
+    """``value`` as a numpy array: arrays as they are, numpy scalars as 0-d arrays, torch tensors
+    through :func:`from_tensor`; with ``array_like``, also other objects with ``__array__``,
+    ``dtype`` and ``shape``.  None for anything else (lists, Python numbers): callers say why.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if is_tensor(value):
+        return from_tensor(value)
+    if array_like and hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return np.asarray(value)
+    return None
 
 
 def to_tensor(array: np.ndarray):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..core.sealed import canonical_json
-from ..core.torch import from_tensor, is_tensor
+from ..core.torch import as_numpy
 from ..errors import ConflictError, DtypeError, InvalidInputError, StepExistsError
 from ._base import MAIN, TrajectoryBase
 from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
@@ -36,15 +36,8 @@ HEAD = _Head()
 
 def _as_array(name: str, value) -> np.ndarray:
     """Accept numpy arrays/scalars, torch tensors and other ``__array__`` objects; never lists."""
-    if isinstance(value, np.ndarray):
-        arr = value
-    elif isinstance(value, np.generic):
-        arr = np.asarray(value)
-    elif is_tensor(value):
-        arr = from_tensor(value)
-    elif hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
-        arr = np.asarray(value)
-    else:
+    arr = as_numpy(value, array_like=True)
+    if arr is None:
         raise InvalidInputError(
             f"tensor values must be arrays (numpy, torch, ...), got {type(value).__name__}; "
             "wrap Python numbers and lists with np.asarray and an explicit dtype", tensor=name,

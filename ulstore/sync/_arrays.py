@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 
-from ..core.torch import from_tensor, is_tensor, signed_int, to_tensor
+from ..core.torch import as_numpy, from_tensor, is_tensor, signed_int, to_tensor
 from ..errors import InvalidInputError
 from ._layout import TensorSpec, dtype_name
 
@@ -26,13 +26,8 @@ def host_array(name: str, value) -> np.ndarray:
     Zero-copy for contiguous numpy arrays and CPU tensors; device tensors are
     copied to host (that copy is the publisher's job: the codec reads host memory).
     """
-    if isinstance(value, np.ndarray):
-        arr = value
-    elif isinstance(value, np.generic):
-        arr = np.asarray(value)
-    elif is_tensor(value):
-        arr = from_tensor(value)
-    else:
+    arr = as_numpy(value)
+    if arr is None:
         raise InvalidInputError(
             f"state values must be numpy arrays or torch tensors, got {type(value).__name__}", tensor=name
         )

@@ -1,6 +1,6 @@
 """The replica side: :class:`Follower` keeps a state dict equal to the newest published version.
 
-Policy, in one place (the mechanics live in :mod:`._replay`):
+Policy, in one place (the mechanics live in :mod:`._reader` and :mod:`._replica`):
 
 - **bootstrap**: load the anchor ``latest.json`` names (the newest one) and
   replay the deltas after it.  If that anchor is unusable, try older anchors.
@@ -28,7 +28,9 @@ from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._bucket import open_bucket as _open_bucket
 from ._errors import BucketAccessError
 from ._layout import FORMAT, SYNC_META, Latest, Manifest, is_sync_meta
-from ._replay import ChainBroken, Replica, StoreReader, WorkerOwner, Workers
+from ._reader import BucketReader, ChainBroken
+from ._replica import Replica
+from ._workers import WorkerOwner, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 
@@ -131,7 +133,7 @@ class Follower(WorkerOwner):
         self.max_replay = int(max_replay)
         self.on_event = on_event
         self._workers = Workers(threads, "ulstore-follow")
-        self._reader = StoreReader(self._bucket, self._workers)
+        self._reader = BucketReader(self._bucket, self._workers)
         self._replica = Replica(self._reader, state, trust_state=trust_state)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer anchor
         self.events: list[SyncEvent] = []

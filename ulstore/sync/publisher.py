@@ -57,7 +57,9 @@ from ._layout import (
     parse_version_key,
     version_key,
 )
-from ._replay import ChainBroken, Replica, StoreReader, WorkerOwner, Workers
+from ._reader import BucketReader, ChainBroken
+from ._replica import Replica
+from ._workers import WorkerOwner, Workers
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
 
@@ -179,7 +181,7 @@ class Publisher(WorkerOwner):
         self._bucket.probe()
         self._init_store()
         self._workers = Workers(threads, "ulstore-publish")
-        self._reader = StoreReader(self._bucket, self._workers)
+        self._reader = BucketReader(self._bucket, self._workers)
         try:
             self._latest = self._reader.latest()
         except CorruptManifestError as e:  # a damaged pointer: start a fresh chain rather than refuse to publish

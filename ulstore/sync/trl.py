@@ -39,7 +39,9 @@ from ..errors import InvalidInputError, NotFoundError
 from ._arrays import words
 from ..core.objects import ObjectStore
 from ._bucket import open_bucket as _open_bucket
-from ._replay import Replica, StoreReader, Workers
+from ._reader import BucketReader
+from ._replica import Replica
+from ._workers import Workers
 from ..core.safetensors import dumps, loads
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
@@ -272,7 +274,7 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
     dest.probe()
     workers = Workers(threads, "ulstore-export")
     try:
-        reader = StoreReader(src, workers)
+        reader = BucketReader(src, workers)
         latest = reader.latest()
         if latest is None:
             raise NotFoundError(f"nothing is published in {src_url!r}")
