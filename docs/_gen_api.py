@@ -38,7 +38,7 @@ SECTIONS = [
     ("ulstore.errors", "Errors", None, None),
     ("ulstore.toytrain", "Toy training runs", None,
      "Real checkpoint trajectories from a small numpy language model (tests, benchmarks, the demo)."),
-    ("ulstore.demo", "The demo", ["run"], None),
+    ("ulstore.cli.demo", "The demo", ["run"], None),
     ("ulstore.cli", "Command line", ["main", "build_parser"], "See also [cli.md](cli.md)."),
 ]
 

@@ -35,8 +35,8 @@ def run(*args, cwd=None, env=None, check=None, stdin=subprocess.DEVNULL, **kw) -
     return p
 
 
-def assert_one_line_error(p, *fragments):
-    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+def assert_one_line_error(p, *fragments, status=1):
+    assert p.returncode == status, (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -103,6 +103,9 @@ def test_usage_errors_exit_2(tmp_path):
         p = run(*argv)
         assert p.returncode == 2, (argv, p.stderr)
         assert "usage: ulstore" in p.stderr and "Traceback" not in p.stderr
+    # usage errors only found after parsing exit 2 as well, with one line (docs/cli.md, README)
+    assert_one_line_error(run("log", "memory://x", "-o", "noequals"), "-o expects KEY=VALUE", status=2)
+    assert_one_line_error(run("log", "memory://x", env={"ULSTORE_STORAGE_OPTIONS": "[1]"}), "JSON object", status=2)
 
 
 # ------------------------------------------------------------- the commands
@@ -300,7 +303,7 @@ def test_unexpected_errors_and_interrupts_are_one_line(tmp_path, monkeypatch, ca
     def boom(args, ui):
         raise RuntimeError("something broke\n  in two lines")
 
-    monkeypatch.setattr(cli, "_cmd_log", boom)
+    monkeypatch.setattr(cli._commands, "_cmd_log", boom)
     assert cli.main(["log", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "RuntimeError: something broke in two lines" in err and "--debug" in err
@@ -308,7 +311,7 @@ def test_unexpected_errors_and_interrupts_are_one_line(tmp_path, monkeypatch, ca
     def interrupted(args, ui):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_cmd_log", interrupted)
+    monkeypatch.setattr(cli._commands, "_cmd_log", interrupted)
     assert cli.main(["log", str(tmp_path)]) == 130
     assert capsys.readouterr().err == "ulstore: interrupted\n"
 
@@ -321,7 +324,7 @@ def test_missing_trajectory_and_unreachable_url(tmp_path):
     assert_one_line_error(p, "127.0.0.1:9")
     assert_one_line_error(run("init", "nosuchprotocol://x/y"), "nosuchprotocol")
     p = run("log", "memory://x", env={"ULSTORE_STORAGE_OPTIONS": "{not json"})
-    assert_one_line_error(p, "ULSTORE_STORAGE_OPTIONS")
+    assert_one_line_error(p, "ULSTORE_STORAGE_OPTIONS", status=2)
 
 
 def test_s3_store_through_cli(tmp_path, moto_s3):

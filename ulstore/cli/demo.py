@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import io as _io
-from . import toytrain
-from .core.formatting import human_bytes
-from .errors import InvalidInputError, UlstoreError
-from .store import open as _open
+from .. import io as _io
+from .. import toytrain
+from ..core.formatting import human_bytes
+from ..errors import InvalidInputError, UlstoreError
+from ..store import open as _open
 
 __all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size"]
 

@@ -1,0 +1,305 @@
+"""What each ``ulstore`` command does: ``_cmd_<name>(args, ui) -> exit status``."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..core.formatting import binary_bytes, human_bytes, plural
+from ._plot import check_matplotlib, plot_report
+from ..errors import InvalidInputError
+from ._ui import PROG, table
+
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "UsageError"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+_ENV_OPTIONS = "ULSTORE_STORAGE_OPTIONS"
+
+
+class UsageError(InvalidInputError):
+    """A usage error only found after parsing (``-o``, ``ULSTORE_STORAGE_OPTIONS``): exit status 2, like argparse's."""
+
+
+def _storage_options(args) -> dict | None:
+    options = {}
+    env = os.environ.get(_ENV_OPTIONS)
+    if env:
+        try:
+            options = json.loads(env)
+        except ValueError as e:
+            raise UsageError(f"{_ENV_OPTIONS} is not JSON: {e}") from None
+        if not isinstance(options, dict):
+            raise UsageError(f"{_ENV_OPTIONS} must be a JSON object")
+    for item in getattr(args, "storage_options", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"-o expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options or None
+
+
+def _open(args, mode: str, **settings):
+    from ..store import open as open_trajectory
+
+    settings = {k: v for k, v in settings.items() if v is not None}
+    return open_trajectory(args.url, mode=mode, storage_options=_storage_options(args), **settings)
+
+
+def _open_existing(args, mode: str = "r"):
+    from ..errors import NotFoundError
+
+    try:
+        return _open(args, mode)
+    except NotFoundError:
+        raise NotFoundError(f"no trajectory at {args.url!r} (create one with `ulstore init {args.url}`)") from None
+
+
+def _cmd_init(args, ui) -> int:
+    traj = _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
+    doc = {"url": args.url, "anchor_every": traj.anchor_every, "chunk_bytes": traj.chunk_bytes, "steps": 0}
+    ui.emit(doc)
+    ui.out(f"initialized an empty trajectory at {args.url} "
+           f"(an anchor every {traj.anchor_every} steps, {binary_bytes(traj.chunk_bytes)} chunks)")
+    return EXIT_OK
+
+
+def _cmd_add(args, ui) -> int:
+    from .. import io as uio
+    from ..errors import InvalidInputError, NotFoundError, StepExistsError
+    from ..store import HEAD
+
+    if args.step is not None and len(args.checkpoints) > 1:
+        raise InvalidInputError("--step applies to one CHECKPOINT; name the files by step to add several")
+    if args.init:
+        traj = _open(args, "a", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
+    else:
+        try:
+            traj = _open(args, "r+")
+        except NotFoundError:
+            raise NotFoundError(f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` "
+                                "or pass --init)") from None
+    # Check everything that can be checked cheaply before the first commit.
+    jobs = []
+    for path in args.checkpoints:
+        uio.checkpoint_format(path)  # exists, known format
+        step = args.step if args.step is not None else uio.step_from_path(path)
+        if step is None:
+            raise InvalidInputError(f"{path}: cannot tell the step from the name; pass --step N")
+        jobs.append((step, path))
+    seen = {}
+    for step, path in jobs:
+        if step in seen:
+            raise InvalidInputError(f"{seen[step]} and {path} are both step {step}")
+        seen[step] = path
+    existing = set(traj.steps)
+    for step, path in jobs:
+        if step in existing:
+            raise StepExistsError(f"{path}: step already exists; steps are immutable (`ulstore rm` it first)",
+                                  step=step)
+    jobs.sort()
+    parent = None if args.root else (args.parent if args.parent is not None else HEAD)
+    rows = []
+    with ui.bar(total=len(jobs), desc="importing", unit="ckpt") as bar:
+        for step, path in jobs:
+            bar.set_postfix_str(Path(path).name)
+            # the first derives from --parent (or the branch head), each next one from the one before
+            uio.import_checkpoint(traj, path, step, parent=parent if not rows else rows[-1]["step"],
+                                  branch=args.branch)
+            shapes = traj.tensors(step)
+            info = traj.info(step)
+            row = {"step": step, "source": str(path), "parent": info.parent, "tensors": len(shapes),
+                   "raw_bytes": sum(_nbytes(shape, dtype) for shape, dtype in shapes.values()),
+                   "format": info.metadata["checkpoint"]["format"]}
+            rows.append(row)
+            bar.update(1)
+            ui.out(f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {human_bytes(row['raw_bytes'])}, "
+                   f"parent {'-' if info.parent is None else info.parent})")
+    ui.emit({"url": args.url, "added": rows})
+    return EXIT_OK
+
+
+def _nbytes(shape, dtype) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dtype.itemsize
+
+
+def _cmd_log(args, ui) -> int:
+    traj = _open_existing(args)
+    refs_by_step: dict[int, list[str]] = {}
+    for name, step in sorted(traj.refs.items()):
+        refs_by_step.setdefault(step, []).append(name)
+    if args.start is not None:
+        infos = traj.log(args.start)
+    else:
+        infos = [traj.info(s) for s in reversed(traj.steps)]
+    rows, docs = [], []
+    for info in infos:
+        shapes = traj.tensors(info.step)
+        raw = sum(_nbytes(shape, dtype) for shape, dtype in shapes.values())
+        meta = dict(info.metadata)
+        ck = meta.pop("checkpoint", None) or {}
+        doc = {"step": info.step, "parent": info.parent, "anchor_distance": info.anchor_distance,
+               "tensors": len(shapes), "raw_bytes": raw, "created": info.created,
+               "refs": refs_by_step.get(info.step, []), "source": ck.get("source"), "metadata": meta}
+        docs.append(doc)
+        rows.append([info.step, "-" if info.parent is None else info.parent,
+                     "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}", len(shapes),
+                     human_bytes(raw), info.created.replace("+00:00", "Z"), ",".join(doc["refs"]),
+                     ck.get("source") or _short_meta(meta)])
+    ui.emit({"url": args.url, "steps": docs})
+    if not rows:
+        ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
+        return EXIT_OK
+    for line in table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"],
+                       ">>>>><<<<"):
+        ui.out(line)
+    return EXIT_OK
+
+
+def _short_meta(meta: dict) -> str:
+    text = " ".join(f"{k}={v}" for k, v in meta.items() if not isinstance(v, (dict, list)))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _cmd_ls(args, ui) -> int:
+    traj = _open_existing(args)
+    info = traj.info(args.step)
+    shapes = traj.tensors(info.step)
+    aliases = (info.metadata.get("checkpoint") or {}).get("aliases") or {}
+    rows, docs, total, elements = [], [], 0, 0
+    for name, (shape, dtype) in shapes.items():
+        n = _nbytes(shape, dtype)
+        total += n
+        elements += n // dtype.itemsize
+        docs.append({"name": name, "dtype": dtype.name, "shape": list(shape), "bytes": n})
+        rows.append([name, dtype.name, "x".join(map(str, shape)) or "scalar", human_bytes(n)])
+    for alias, canon in aliases.items():
+        shape, dtype = shapes[canon]
+        docs.append({"name": alias, "dtype": dtype.name, "shape": list(shape), "bytes": 0, "alias_of": canon})
+        rows.append([alias, dtype.name, "x".join(map(str, shape)) or "scalar", f"= {canon}"])
+    ui.emit({"url": args.url, "step": info.step, "tensors": docs, "raw_bytes": total, "elements": elements})
+    for line in table(rows, ["name", "dtype", "shape", "size"], "<<>>"):
+        ui.out(line)
+    ui.out(f"{len(shapes)} tensors{f' (+{len(aliases)} tied)' if aliases else ''}, {elements:,} elements, "
+           f"{human_bytes(total)} (step {info.step})")
+    return EXIT_OK
+
+
+def _cmd_export(args, ui) -> int:
+    from .. import io as uio
+
+    traj = _open_existing(args)
+    step = traj.info(args.step).step
+    raw = sum(_nbytes(shape, dtype) for shape, dtype in traj.tensors(step).values())
+    with ui.bar(total=raw, desc=f"reading step {step}", unit="B", unit_scale=True) as bar:
+        result = uio.export_checkpoint(traj, step, args.out, format=args.format, max_shard_size=args.shard_size,
+                                       overwrite=args.force, progress=bar.update if ui.progress else None)
+    result = {"url": args.url, "step": step, **result}
+    result["tensors"] = len(result["tensors"])
+    ui.emit(result)
+    n_files = len(result["files"])
+    ui.out(f"wrote step {step} to {args.out} ({result['format']}, {result['tensors']} tensors, "
+           f"{human_bytes(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})")
+    return EXIT_OK
+
+
+def _cmd_verify(args, ui) -> int:
+    traj = _open_existing(args)
+    if ui.progress:
+        ui.note(f"verifying {'step ' + str(args.step) if args.step is not None else f'{len(traj.steps)} steps'} ...")
+    report = traj.verify(args.step, raise_on_error=False)
+    ui.emit({"url": args.url, "ok": report.ok, "steps": report.steps, "chunks": report.chunks,
+             "blobs": report.blobs, "errors": report.errors})
+    if report.ok:
+        ui.out(f"OK: {plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} "
+               "re-read and checked")
+        return EXIT_OK
+    ui.out(f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
+           f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)")
+    for e in report.errors:
+        where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
+        ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
+    if ui.json:
+        print(f"{PROG}: error: verify found {len(report.errors)} damaged object(s)", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _cmd_stats(args, ui) -> int:
+    from .. import io as uio
+
+    traj = _open_existing(args)
+    if args.plot:
+        check_matplotlib()
+    report = uio.storage_report(traj)
+    total = report["total"]
+    if args.plot:
+        plot_report(report, args.plot, args.url)
+    ui.emit({"url": args.url, **report, "plot": args.plot})
+    if not report["steps"]:
+        ui.out(f"{args.url}: no steps yet")
+        return EXIT_OK
+    ui.out(f"{args.url}: {total['steps']} steps, {total['elements']:,} weights in all")
+    ui.out(f"  raw {human_bytes(total['raw_bytes'])}, stored {human_bytes(total['stored_bytes'])} "
+           f"(ratio {_ratio(total)}, {total['bits_per_weight']:.2f} bits/weight; manifests "
+           f"{human_bytes(total['manifest_bytes'])})" + (f"; unreferenced blobs {human_bytes(total['unreferenced_bytes'])}"
+                                                    f" (`ulstore gc`)" if total["unreferenced_bytes"] else ""))
+    ui.out("")
+    ui.out("per step:")
+    rows = [[r["step"], "-" if r["parent"] is None else r["parent"], human_bytes(r["raw_bytes"]),
+             human_bytes(r["stored_bytes"]), _ratio(r), f"{r['bits_per_weight']:.2f}", r["new_blobs"], r["chunks"]]
+            for r in report["steps"]]
+    for line in table(rows, ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"],
+                       ">>>>>>>>"):
+        ui.out("  " + line)
+    ui.out("")
+    tensors = report["tensors"] if not args.top else report["tensors"][: args.top]
+    ui.out("per tensor (all steps, largest stored first):")
+    rows = [[r["name"], r["dtype"], human_bytes(r["raw_bytes"]), human_bytes(r["stored_bytes"]), _ratio(r),
+             f"{r['bits_per_weight']:.2f}"] for r in tensors]
+    for line in table(rows, ["tensor", "dtype", "raw", "stored", "ratio", "bits/w"], "<<>>>>"):
+        ui.out("  " + line)
+    if len(tensors) < len(report["tensors"]):
+        ui.out(f"  ... {len(report['tensors']) - len(tensors)} more (--top 0 lists all)")
+    if args.plot:
+        ui.out("")
+        ui.out(f"plot written to {args.plot}")
+    return EXIT_OK
+
+
+def _ratio(row) -> str:
+    return f"{row['ratio']:.1f}x" if row.get("ratio") else "-"
+
+
+def _cmd_gc(args, ui) -> int:
+    traj = _open_existing(args, "r+")
+    result = traj.gc(older_than=args.older_than)
+    ui.emit({"url": args.url, **result})
+    ui.out(f"removed {plural(result['blobs'], 'unreferenced blob')}, {human_bytes(result['bytes'])}")
+    return EXIT_OK
+
+
+def _cmd_rm(args, ui) -> int:
+    traj = _open_existing(args, "r+")
+    info = traj.info(args.step)
+    moved = [name for name, step in traj.refs.items() if step == info.step]
+    traj.delete(info.step)
+    ui.emit({"url": args.url, "deleted": info.step, "parent": info.parent, "refs_moved": moved})
+    ui.out(f"deleted step {info.step}" + (f"; moved {', '.join(moved)} to {info.parent}" if moved and
+                                         info.parent is not None else "")
+           + f"; run `ulstore gc {args.url}` to free its blobs")
+    return EXIT_OK
+
+
+def _cmd_demo(args, ui) -> int:
+    from . import demo
+
+    kwargs = {k: v for k, v in (("steps", args.steps), ("preset", args.preset)) if v is not None}
+    summary = demo.run(args.dir or demo.DEFAULT_DIR, echo=ui.out, progress=ui.progress, **kwargs)
+    ui.emit(summary)
+    return EXIT_OK if summary["slice_equal"] and summary["verified"] else EXIT_ERROR
