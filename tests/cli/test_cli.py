@@ -17,10 +17,8 @@ import ulstore
 from ulstore.io import checkpoints as ckpt
 from ulstore import cli
 
-sys.path.insert(0, os.path.dirname(__file__))
-from conftest_store import moto_s3  # noqa: E402,F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -330,14 +328,14 @@ def test_missing_trajectory_and_unreachable_url(tmp_path):
 def test_s3_store_through_cli(tmp_path, moto_s3):
     paths = write_steps(tmp_path, steps=(1, 2))
     url = f"s3://ulstore-test/cli-{uuid.uuid4().hex}"
-    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3)}
+    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3.options)}
     run("init", url, env=env, check=0)
     run("add", url, *paths, env=env, check=0)
     assert "step_000002" in run("log", url, env=env, check=0).stdout
     run("export", url, 2, tmp_path / "back.safetensors", env=env, check=0)
     assert ckpt.load(tmp_path / "back.safetensors").tensors["model.w"].tobytes() == \
         ckpt.load(paths[1]).tensors["model.w"].tobytes()
-    endpoint = moto_s3["client_kwargs"]["endpoint_url"]
+    endpoint = moto_s3.endpoint
     opts = ["-o", "key=testing", "-o", "secret=testing", "-o", f'client_kwargs={{"endpoint_url": "{endpoint}"}}']
     assert json.loads(run("stats", url, "--json", *opts, check=0).stdout)["total"]["steps"] == 2
 

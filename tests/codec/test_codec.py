@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 
 import ml_dtypes
 import numpy as np
@@ -33,6 +32,9 @@ from ulstore import (
     UnsupportedVersionError,
 )
 
+from tests.helpers.bits import bits_of, uint
+from tests.helpers.blobs import reseal
+
 DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 SMALL = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]  # exhaustively enumerable
 WIDE = ["float32", "float64"]
@@ -46,10 +48,6 @@ COMPILED = [b for b in BACKENDS if b.startswith("cython")]  # every compiled bui
 needs_cython = pytest.mark.skipif(not COMPILED, reason="compiled kernels not built")
 
 
-def U(dtype) -> np.dtype:
-    return np.dtype(f"<u{np.dtype(dtype).itemsize}")
-
-
 def W(dtype) -> int:
     return np.dtype(dtype).itemsize * 8
 
@@ -60,7 +58,7 @@ def normal(dtype, shape, rng, scale=1.0) -> np.ndarray:
 
 def ulp_steps(ref, rng, frac, max_step) -> np.ndarray:
     """Move a fraction of the elements of ``ref`` by a few bit steps (wrapping)."""
-    u = np.array(ref, copy=True).view(U(ref.dtype))
+    u = np.array(ref, copy=True).view(uint(ref.dtype))
     flat = u.reshape(-1)
     moved = rng.random(flat.size) < frac
     steps = rng.integers(-max_step, max_step + 1, size=flat.size)
@@ -82,7 +80,7 @@ def roundtrip(assert_bit_identical, target, reference=None, *, econd=True, backe
 
 
 def _all_patterns(dtype) -> np.ndarray:
-    return np.arange(1 << W(dtype), dtype=np.uint64).astype(U(dtype)).view(dtype)
+    return np.arange(1 << W(dtype), dtype=np.uint64).astype(uint(dtype)).view(dtype)
 
 
 @pytest.mark.parametrize("econd", [True, False], ids=["econd", "noecond"])
@@ -93,7 +91,7 @@ def test_all_patterns_as_target(name, econd, awkward_bits, random_floats, assert
     allp = _all_patterns(dt)
     n = allp.size
     rng = np.random.default_rng(1)
-    refs = {f"const {int(p):#x}": np.full(n, p, dtype=U(dt)).view(dt) for p in awkward_bits(dt)}
+    refs = {f"const {int(p):#x}": np.full(n, p, dtype=uint(dt)).view(dt) for p in awkward_bits(dt)}
     refs["identical"] = allp.copy()
     refs["reversed"] = allp[::-1].copy()
     refs["permuted"] = allp[rng.permutation(n)]
@@ -118,16 +116,16 @@ def test_all_patterns_as_reference(name, econd, awkward_bits, random_floats, ass
     dt = DTYPES[name]
     w = W(dt)
     allp = _all_patterns(dt)
-    words = allp.view(U(dt))
+    words = allp.view(uint(dt))
     n = allp.size
     rng = np.random.default_rng(3)
-    sign = U(dt).type(1 << (w - 1))
-    targets = {f"const {int(p):#x}": np.full(n, p, dtype=U(dt)).view(dt) for p in awkward_bits(dt)}
+    sign = uint(dt).type(1 << (w - 1))
+    targets = {f"const {int(p):#x}": np.full(n, p, dtype=uint(dt)).view(dt) for p in awkward_bits(dt)}
     targets.update({
-        "next pattern": (words + U(dt).type(1)).view(dt),  # wraps at the top
-        "previous pattern": (words - U(dt).type(1)).view(dt),
+        "next pattern": (words + uint(dt).type(1)).view(dt),  # wraps at the top
+        "previous pattern": (words - uint(dt).type(1)).view(dt),
         "sign flipped": (words ^ sign).view(dt),
-        "lsb flipped": (words ^ U(dt).type(1)).view(dt),
+        "lsb flipped": (words ^ uint(dt).type(1)).view(dt),
         "reversed": allp[::-1].copy(),
         "permuted": allp[rng.permutation(n)],
         "random": random_floats(dt, (n,), seed=4),
@@ -188,7 +186,7 @@ def test_small_property_roundtrip_multidim(name, data, assert_bit_identical):
     """8/16-bit: arbitrary bit patterns in arbitrary (>= 1-d) shapes, both backends agree."""
     dt = DTYPES[name]
     shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=7))
-    udt = U(dt)
+    udt = uint(dt)
     ref = data.draw(hnp.arrays(udt, shape)).view(dt)
     tgt = data.draw(hnp.arrays(udt, shape)).view(dt)
     for econd in (True, False):
@@ -365,20 +363,14 @@ def _torch_from_words(torch, words: np.ndarray, name: str):
     return t.view(getattr(torch, name))
 
 
-def _torch_words(torch, t) -> np.ndarray:
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    t = t.detach().contiguous()
-    return t.view(ints[t.element_size()]).numpy().view(f"<u{t.element_size()}")
-
-
 @pytest.mark.parametrize("name", ALL)
 def test_torch_tensors(name, awkward_bits, assert_bit_identical):
     torch = pytest.importorskip("torch")
     assert hasattr(torch, name), f"torch {torch.__version__} has no {name}: the test extra pins one that does"
     dt = DTYPES[name]
     rng = np.random.default_rng(8)
-    rw = normal(dt, (24, 10), rng).view(U(dt))
-    tw = ulp_steps(rw.view(dt), rng, frac=0.5, max_step=4).view(U(dt)).copy()
+    rw = normal(dt, (24, 10), rng).view(uint(dt))
+    tw = ulp_steps(rw.view(dt), rng, frac=0.5, max_step=4).view(uint(dt)).copy()
     tw.reshape(-1)[: len(awkward_bits(dt))] = awkward_bits(dt)[:240]
     tt, rt = _torch_from_words(torch, tw, name), _torch_from_words(torch, rw, name)
     tnp, rnp = tw.view(dt), rw.view(dt)
@@ -388,7 +380,7 @@ def test_torch_tensors(name, awkward_bits, assert_bit_identical):
         for ref in (rt, rnp):
             out = ulstore.decode(blob, ref)
             assert_bit_identical(out, tnp)
-            assert np.array_equal(_torch_words(torch, tt), out.view(U(dt)))
+            assert np.array_equal(bits_of(tt), out.view(uint(dt)))
         assert ulstore.encode(tt, rnp, econd=econd) == blob  # mixed torch / numpy
         assert ulstore.encode(tt, None, econd=econd) == ulstore.encode(tnp, None, econd=econd)
     # non-contiguous tensors
@@ -634,7 +626,7 @@ def _blobs_of_every_mode(dt):
 @pytest.mark.parametrize("name", ALL)
 def test_wrong_reference_raises(name, assert_bit_identical):
     dt = DTYPES[name]
-    u = U(dt)
+    u = uint(dt)
     for label, (blob, t, r) in _blobs_of_every_mode(dt).items():
         if r is None:
             # intra blob: passing any reference is an error
@@ -657,7 +649,7 @@ def test_wrong_reference_raises(name, assert_bit_identical):
             other_dt = {1: np.dtype(ml_dtypes.float8_e4m3fn), 2: np.dtype(np.float16),
                         4: np.dtype(np.float16), 8: np.dtype(np.float32)}[dt.itemsize]
         with pytest.raises(ReferenceMismatchError):
-            ulstore.decode(blob, np.ascontiguousarray(r).view(u).astype(U(other_dt)).view(other_dt))
+            ulstore.decode(blob, np.ascontiguousarray(r).view(u).astype(uint(other_dt)).view(other_dt))
         if r.size == 0:
             continue
         rw = np.array(r, copy=True).view(u)
@@ -701,16 +693,16 @@ def test_reference_checksum_catches_paired_sign_flips(name):
     rng = np.random.default_rng(12)
     r = normal(dt, (n,), rng)
     tops = list(range(per - 1, n, 2 * per))  # last element of every other word
-    r.view(U(dt))[tops] = 0  # +0.0
+    r.view(uint(dt))[tops] = 0  # +0.0
     t = ulp_steps(r, rng, frac=0.3, max_step=2)
-    t.view(U(dt))[tops] = 0
+    t.view(uint(dt))[tops] = 0
     blob = ulstore.encode(t, r)
     assert ulstore.inspect_blob(blob)["mode"] == "rans"
-    neg0 = U(dt).type(1 << (W(dt) - 1))
+    neg0 = uint(dt).type(1 << (W(dt) - 1))
     accepted = []
     for i, j in itertools.combinations(tops, 2):
         r2 = r.copy()
-        r2.view(U(dt))[[i, j]] = neg0
+        r2.view(uint(dt))[[i, j]] = neg0
         try:
             ulstore.decode(blob, r2)
         except ReferenceMismatchError:
@@ -751,15 +743,11 @@ def test_every_single_byte_corruption(name):
                 ulstore.decode(blob + extra, r)
 
 
-def _reseal(body: bytes) -> bytes:
-    return bytes(body) + zlib.crc32(body).to_bytes(4, "little")
-
-
 @pytest.mark.parametrize("version", [0, 3, 255])
 def test_unknown_version(version):
     blob = ulstore.encode(np.linspace(0, 1, 50, dtype=np.float32))
     assert blob[:4] == b"ULPK" and blob[4] == 1
-    for candidate in (blob[:4] + bytes([version]) + blob[5:], _reseal(blob[:4] + bytes([version]) + blob[5:-4])):
+    for candidate in (blob[:4] + bytes([version]) + blob[5:], reseal(blob[:4] + bytes([version]) + blob[5:-4])):
         with pytest.raises(UnsupportedVersionError):
             ulstore.decode(candidate)
         with pytest.raises(UnsupportedVersionError):
@@ -1003,7 +991,7 @@ def _crafted(name, rng, scale=8):
     order = rng.permutation(len(rw))
     rw = np.array(rw, dtype=np.uint64)[order]
     xw = np.array([_spec_target(int(r), z, w) for r, z in zip(rw, np.array(zs)[order])], dtype=np.uint64)
-    return xw.astype(U(dt)), rw.astype(U(dt))
+    return xw.astype(uint(dt)), rw.astype(uint(dt))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -1028,16 +1016,16 @@ def test_model_entropy_bits_exact(name):
     assert ulstore.model_entropy_bits(x, r, econd=False) == expect_pooled
     # intra: +0.0 reference, one context whatever econd says
     xi = np.array([_spec_target(0, int(z), W(dt)) for z in np.repeat([0, 2, 4, 6], 16)], dtype=np.uint64)
-    intra = _spec_entropy_bits(xi.astype(U(dt)), None, name, True)
+    intra = _spec_entropy_bits(xi.astype(uint(dt)), None, name, True)
     assert intra == 128.0
     for econd in (True, False):
-        assert ulstore.model_entropy_bits(xi.astype(U(dt)).view(dt), econd=econd) == intra
+        assert ulstore.model_entropy_bits(xi.astype(uint(dt)).view(dt), econd=econd) == intra
     # one token per context, random tails: the entropy is exactly the tail bit count
     b = min(W(dt), 8)
     zt = (0b101 << (b - 3)) | rng.integers(0, 1 << (b - 3), size=40)
     xt = np.array([_spec_target(int(r0), int(z), W(dt)) for r0, z in zip(rs[:40], zt)], dtype=np.uint64)
-    assert _spec_entropy_bits(xt.astype(U(dt)), rs[:40], name, True) == 40.0 * (b - 3)
-    assert ulstore.model_entropy_bits(xt.astype(U(dt)).view(dt), rs[:40].view(dt)) == 40.0 * (b - 3)
+    assert _spec_entropy_bits(xt.astype(uint(dt)), rs[:40], name, True) == 40.0 * (b - 3)
+    assert ulstore.model_entropy_bits(xt.astype(uint(dt)).view(dt), rs[:40].view(dt)) == 40.0 * (b - 3)
     # blobs of these round-trip, and every residual zero costs nothing
     assert ulstore.model_entropy_bits(r, r) == 0.0
     assert ulstore.model_entropy_bits(np.zeros(0, dt)) == 0.0

@@ -31,6 +31,9 @@ import pytest
 import ulstore
 from ulstore import CorruptBlobError, IntegrityError
 
+from tests.helpers.bits import uint
+from tests.helpers.blobs import reseal
+
 pytestmark = pytest.mark.skipif("cython" not in ulstore.available_backends(), reason="compiled kernels not built")
 #: the compiled build ``auto`` selects on this CPU: the one users run
 FUZZED = "cython-v3" if "cython-v3" in ulstore.available_backends() else "cython"
@@ -40,12 +43,8 @@ N_RESEALED = 3_000  # per blob kind
 NUMPY_EVERY = 25  # every n-th resealed mutation also goes through the numpy backend
 
 
-def _u(dt):
-    return np.dtype(f"<u{np.dtype(dt).itemsize}")
-
-
 def _steps(ref, rng, frac, max_step):
-    u = ref.view(_u(ref.dtype)).copy()
+    u = ref.view(uint(ref.dtype)).copy()
     moved = rng.random(u.size) < frac
     steps = rng.integers(-max_step, max_step + 1, size=u.size)
     u[moved] = (u[moved].astype(np.int64) + steps[moved]).astype(u.dtype)
@@ -151,10 +150,6 @@ def header_end(blob: bytes) -> int:
     return _format.open_blob(blob)[1].pos
 
 
-def _reseal(body: bytes) -> bytes:
-    return bytes(body) + zlib.crc32(body).to_bytes(4, "little")
-
-
 _IGNORED: dict[str, dict[int, int]] = {}
 
 
@@ -172,7 +167,7 @@ def ignored_bits(kind: str, blobs) -> dict[int, int]:
         for pos in range(start, end):
             for bit in range(8):
                 body[pos] ^= 1 << bit
-                bad = _reseal(body)
+                bad = reseal(body)
                 body[pos] ^= 1 << bit
                 what = f"{kind}: resealed flip of bit {bit} at byte {pos}"
                 res = _decode(bad, ref, FUZZED)
@@ -253,7 +248,7 @@ def _check(decoded_or_exc, target, what: str) -> str:
         isinstance(out, np.ndarray)
         and out.dtype == target.dtype
         and out.shape == target.shape
-        and np.array_equal(out.view(_u(out.dtype)), np.ascontiguousarray(target).view(_u(target.dtype)))
+        and np.array_equal(out.view(uint(out.dtype)), np.ascontiguousarray(target).view(uint(target.dtype)))
     )
     assert exact, f"{what}: a corrupted blob decoded to WRONG values"
     return "returned"
@@ -306,7 +301,7 @@ def test_fuzz_resealed_payload_mutations(kind, blobs):
     crc_errors = 0
     for i in range(N_RESEALED):
         new_payload = _mutate(rng, payload, donors)
-        bad = _reseal(header + new_payload)
+        bad = reseal(header + new_payload)
         res = _decode(bad, ref, FUZZED)
         what = f"{kind} resealed #{i}"
         outcome = _check(res, target, what)
@@ -354,15 +349,15 @@ def _crafted():
         blob = ulstore.encode(tt, rr)
         hdr, scale, tables, rest = _split_rans(blob)
         # an empty table: the reference's contexts have no rows
-        out[f"{label}-zero-contexts"] = (_reseal(hdr + scale + b"\x00" + rest), rr)
+        out[f"{label}-zero-contexts"] = (reseal(hdr + scale + b"\x00" + rest), rr)
         # one row holding only token 0 (bits 1, gamma(1)): the whole scale to one symbol
-        out[f"{label}-one-symbol"] = (_reseal(hdr + scale + b"\x01\xc0" + rest), rr)
+        out[f"{label}-one-symbol"] = (reseal(hdr + scale + b"\x01\xc0" + rest), rr)
         for s in (0, 16, 255):
-            out[f"{label}-scale-{s}"] = (_reseal(hdr + bytes([s]) + tables + rest), rr)
-        out[f"{label}-states-zero"] = (_reseal(hdr + scale + tables + bytes(16) + rest[16:]), rr)
-        out[f"{label}-states-max"] = (_reseal(hdr + scale + tables + b"\xff\xff\xff\x7f" * 4 + rest[16:]), rr)
-        out[f"{label}-no-payload"] = (_reseal(hdr), rr)
-        out[f"{label}-scale-only"] = (_reseal(hdr + scale), rr)
+            out[f"{label}-scale-{s}"] = (reseal(hdr + bytes([s]) + tables + rest), rr)
+        out[f"{label}-states-zero"] = (reseal(hdr + scale + tables + bytes(16) + rest[16:]), rr)
+        out[f"{label}-states-max"] = (reseal(hdr + scale + tables + b"\xff\xff\xff\x7f" * 4 + rest[16:]), rr)
+        out[f"{label}-no-payload"] = (reseal(hdr), rr)
+        out[f"{label}-scale-only"] = (reseal(hdr + scale), rr)
     return out
 
 
@@ -415,7 +410,7 @@ def test_target_checksum_catches_paired_top_bit_flips(name):
         body[i] ^= 0x80
         body[j] ^= 0x80
         try:
-            ulstore.decode(_reseal(body))
+            ulstore.decode(reseal(body))
         except IntegrityError:
             pass
         else:

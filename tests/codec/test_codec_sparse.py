@@ -7,7 +7,6 @@ returns, and its returned sum to ``content_sum`` of the true target.
 """
 from __future__ import annotations
 
-import zlib
 
 import ml_dtypes
 import numpy as np
@@ -18,21 +17,16 @@ from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, de
 from ulstore.codec._dtypes import FORMATS
 from ulstore.codec._sparse import SPARSE_MAX_FRACTION
 
+from tests.helpers.bits import flat_bits, words_view
+from tests.helpers.blobs import reseal
+
 DTYPES = {f.name: f.dtype for f in FORMATS}
 BACKENDS = ulstore.available_backends()
 
 
-def U(dtype) -> np.dtype:
-    return np.dtype(f"<u{np.dtype(dtype).itemsize}")
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1).view(U(a.dtype))
-
-
 def changed_at(ref: np.ndarray, positions, rng) -> np.ndarray:
     """``ref`` with the elements at ``positions`` moved by a non-zero bit step (awkward values included)."""
-    u = bits(ref).copy()
+    u = flat_bits(ref).copy()
     steps = rng.integers(1, 4, size=len(positions)) * rng.choice([-1, 1], size=len(positions))
     u[positions] = (u[positions].astype(np.int64) + steps).astype(u.dtype)
     return u.view(ref.dtype).reshape(ref.shape)
@@ -48,16 +42,16 @@ def reference(dtype, n, rng) -> np.ndarray:
 def check(blob, ref, target, backend=None):
     """decode and decode_changes (with and without the sum) give the target bits and its sum."""
     out = ulstore.decode(blob, ref, backend=backend)
-    assert np.array_equal(bits(out), bits(target))
+    assert np.array_equal(flat_bits(out), flat_bits(target))
     want_sum = content_sum(target)
     for ref_sum in (None, content_sum(ref)):
         ch = decode_changes(blob, ref, reference_sum=ref_sum, backend=backend)
         assert ch.positions.dtype == np.int64 and np.all(np.diff(ch.positions) > 0)
         assert ch.values.dtype == target.dtype
-        assert np.array_equal(ch.positions, np.flatnonzero(bits(ref) != bits(target)))
-        applied = bits(ref).copy()
-        applied[ch.positions] = bits(ch.values)
-        assert np.array_equal(applied, bits(target))
+        assert np.array_equal(ch.positions, np.flatnonzero(flat_bits(ref) != flat_bits(target)))
+        applied = flat_bits(ref).copy()
+        applied[ch.positions] = flat_bits(ch.values)
+        assert np.array_equal(applied, flat_bits(target))
         assert ch.content_sum == want_sum
 
 
@@ -120,7 +114,7 @@ def test_backend_parity_and_versions(econd):
     t2, r2 = target.reshape(250, 200), ref.reshape(250, 200)
     b2 = ulstore.encode(t2, r2, econd=econd, sparse=True)
     ch = decode_changes(b2, r2)
-    assert np.array_equal(ch.positions, np.flatnonzero(bits(r2) != bits(t2)))
+    assert np.array_equal(ch.positions, np.flatnonzero(flat_bits(r2) != flat_bits(t2)))
     assert ulstore.decode(b2, r2).shape == (250, 200)
 
 
@@ -134,10 +128,10 @@ def test_chained_deltas_keep_sums():
         nxt = changed_at(truth, np.sort(rng.choice(truth.size, int(rng.integers(1, 900)), replace=False)), rng)
         blob = ulstore.encode(nxt, truth, sparse=True)
         ch = decode_changes(blob, state, reference_sum=held_sum)
-        bits(state)[ch.positions] = bits(ch.values)
+        words_view(state)[ch.positions] = flat_bits(ch.values)
         held_sum = ch.content_sum
         truth = nxt
-        assert np.array_equal(bits(state), bits(truth)), step
+        assert np.array_equal(flat_bits(state), flat_bits(truth)), step
         assert held_sum == content_sum(state), step
 
 
@@ -169,13 +163,9 @@ def test_changed_old_value_with_right_sum_is_caught():
     target = changed_at(ref, pos, rng)
     blob = ulstore.encode(target, ref, sparse=True)
     tampered = ref.copy()
-    bits(tampered)[pos[3]] ^= 1
+    words_view(tampered)[pos[3]] ^= 1
     with pytest.raises(CorruptBlobError, match="target checksum"):
         decode_changes(blob, tampered, reference_sum=content_sum(ref))
-
-
-def _reseal(body) -> bytes:
-    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
 
 
 def test_every_payload_byte_corruption_resealed():
@@ -192,18 +182,18 @@ def test_every_payload_byte_corruption_resealed():
         for flip in (0x01, 0x80, 0xFF):
             body = bytearray(blob[:-4])
             body[i] ^= flip
-            bad = _reseal(body)
+            bad = reseal(body)
             for decode in (lambda: ulstore.decode(bad, ref),
                            lambda: decode_changes(bad, ref, reference_sum=ref_sum)):
                 try:
                     out = decode()
                 except IntegrityError:
                     continue
-                got = bits(out) if isinstance(out, np.ndarray) else None
+                got = flat_bits(out) if isinstance(out, np.ndarray) else None
                 if got is None:
-                    got = bits(ref).copy()
-                    got[out.positions] = bits(out.values)
-                assert np.array_equal(got, bits(target)), f"byte {i} ^ {flip:#x} decoded to WRONG values"
+                    got = flat_bits(ref).copy()
+                    got[out.positions] = flat_bits(out.values)
+                assert np.array_equal(got, flat_bits(target)), f"byte {i} ^ {flip:#x} decoded to WRONG values"
                 accepted += 1
     assert accepted <= 8 * 3  # only padding bits of the two raw tails can be ignored
 
@@ -221,11 +211,11 @@ def test_backends_agree_on_corrupt_sparse_blobs():
     for i in range(start, len(blob) - 4):
         body = bytearray(blob[:-4])
         body[i] ^= 0x10
-        bad = _reseal(body)
+        bad = reseal(body)
         outcomes = []
         for b in BACKENDS:
             try:
-                outcomes.append(bits(ulstore.decode(bad, ref, backend=b)).tobytes())
+                outcomes.append(flat_bits(ulstore.decode(bad, ref, backend=b)).tobytes())
             except IntegrityError as e:
                 outcomes.append(str(e))
         assert len(set(outcomes)) == 1, (i, outcomes)
@@ -238,15 +228,15 @@ def test_version_mode_pairing_is_strict():
     ref = reference(np.float32, 2000, rng)
     target = changed_at(ref, [5, 900, 1999], rng)
     sparse, dense = ulstore.encode(target, ref, sparse=True), ulstore.encode(target, ref)
-    as_v1 = _reseal(sparse[:4] + b"\x01" + sparse[5:-4])
-    as_v2 = _reseal(dense[:4] + b"\x02" + dense[5:-4])
+    as_v1 = reseal(sparse[:4] + b"\x01" + sparse[5:-4])
+    as_v2 = reseal(dense[:4] + b"\x02" + dense[5:-4])
     for bad in (as_v1, as_v2):
         with pytest.raises(CorruptBlobError, match="unknown mode"):
             ulstore.decode(bad, ref)
     intra_flagged = bytearray(sparse[:-4])
     intra_flagged[7] &= ~1  # clear the delta flag
     with pytest.raises(CorruptBlobError, match="not a delta"):
-        ulstore.decode(_reseal(intra_flagged))
+        ulstore.decode(reseal(intra_flagged))
 
 
 def test_numcodecs_sparse_config():
@@ -261,7 +251,7 @@ def test_numcodecs_sparse_config():
     target = changed_at(ref, np.arange(0, 4000, 97), rng)
     blob = codec.encode(target, reference=ref)
     assert ulstore.inspect_blob(blob)["mode"] == "sparse"
-    assert np.array_equal(bits(codec.decode(blob, reference=ref)), bits(target))
+    assert np.array_equal(flat_bits(codec.decode(blob, reference=ref)), flat_bits(target))
 
 
 @pytest.mark.parametrize("width", [8, 16, 32, 64])
@@ -323,7 +313,7 @@ def test_changes_apply_to_checks_its_target():
     ch = decode_changes(ulstore.encode(target, ref, sparse=True), ref)
     out = ref.copy()
     ch.apply_to(out)
-    assert np.array_equal(bits(out), bits(target))
+    assert np.array_equal(flat_bits(out), flat_bits(target))
     from ulstore import InvalidInputError
 
     for bad in (ref.astype(np.float32), ref[:500].copy(), ref[::2], np.frombuffer(ref.tobytes(), ref.dtype), [1, 2]):

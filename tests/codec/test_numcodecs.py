@@ -32,27 +32,20 @@ import ulstore
 from ulstore.codec._dtypes import FORMATS
 from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from tests.helpers.bits import bits_of, uint
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / "ulpack_v1"
 NUMCODECS_FIXTURES = FIXTURES / "numcodecs"
 DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 CODECS = [ULPack(), ULPack(econd=False)]
 
 
-def _u(dt) -> np.dtype:
-    return np.dtype(f"<u{np.dtype(dt).itemsize}")
-
-
-def _bits(a) -> np.ndarray:
-    a = np.asarray(a)
-    return np.array(a, copy=True, order="C").view(_u(a.dtype))
-
-
 def _assert_same_bits(got, want):
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.array_equal(_bits(got), _bits(want))
+    assert np.array_equal(bits_of(got), bits_of(want))
 
 
 def _codec_arrays() -> list[np.ndarray]:
@@ -96,7 +89,7 @@ def test_get_codec_in_fresh_interpreter():
         "print(type(c).__module__, type(c).__name__, repr(c), repr(c2), c2.get_config()['econd'])\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).resolve().parent.parent.parent))  # outside the source tree
+                         cwd=str(Path(__file__).resolve().parents[3]))  # outside the source tree
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ulstore.codec", "ULPack", "ULPack(econd=True)", "ULPack(econd=False)", "False"]
 
@@ -225,7 +218,7 @@ def test_decode_into_non_c_contiguous_out(layout):
         return  # refusing (InvalidInputError is a ValueError) is fine
     assert res is out
     assert expected is not None, "numcodecs refuses this layout, ULPack silently accepted it"
-    assert np.array_equal(_bits(out), _bits(expected)), f"out was not written:\n{out}"
+    assert np.array_equal(bits_of(out), bits_of(expected)), f"out was not written:\n{out}"
 
 
 def test_numcodecs_buffer_order_f_contiguous(tmp_path, monkeypatch):
@@ -253,7 +246,7 @@ def _load(case, role):
     dt = DTYPES[case["dtype"]]
     raw = (GOLDEN / case[role]).read_bytes()
     assert hashlib.sha256(raw).hexdigest().startswith(Path(case[role]).stem), f"{case[role]} was modified"
-    return np.frombuffer(raw, dtype=_u(dt)).view(dt).reshape(case["shape"]).copy()
+    return np.frombuffer(raw, dtype=uint(dt)).view(dt).reshape(case["shape"]).copy()
 
 
 def test_golden_fixture_inventory():

@@ -1,18 +1,19 @@
-"""Shared helpers for the ULPack codec tests: exact bit views and awkward floats.
+"""Exact bit views and awkward floats: the one place tests look at the bits of a value.
 
 Nothing here compares floats as floats: every check goes through the unsigned
 integer view of the bits, so NaN payloads, signed zeros and subnormals count.
+Torch tensors are viewed with torch's own integer views, not through
+ulstore's bridge, so the code under test is not its own oracle.
 
-The helpers are plain functions (importable nowhere else under
-``--import-mode=importlib``), so each one is also exposed as a session-scoped
-fixture of the same purpose: ``awkward_bits``, ``awkward_floats``, ``bits_of``,
-``assert_bit_identical``, ``float_formats``.
+``tests/codec/conftest.py`` also hands these out as fixtures.
 """
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
+
+__all__ = ["FLOAT_FORMATS", "uint", "bits_of", "flat_bits", "from_bits", "awkward_bits", "awkward_floats",
+           "random_floats", "assert_bit_identical", "words_view"]
 
 #: name -> (dtype, width in bits, exponent bits, mantissa bits)
 FLOAT_FORMATS: dict[str, tuple[np.dtype, int, int, int]] = {
@@ -25,8 +26,13 @@ FLOAT_FORMATS: dict[str, tuple[np.dtype, int, int, int]] = {
 }
 
 
-def _uint(itemsize: int) -> np.dtype:
-    return np.dtype(f"<u{itemsize}")
+def uint(dtype_or_itemsize) -> np.dtype:
+    """The unsigned little-endian integer dtype as wide as a dtype (or of ``itemsize`` bytes)."""
+    n = dtype_or_itemsize if isinstance(dtype_or_itemsize, int) else np.dtype(dtype_or_itemsize).itemsize
+    return np.dtype(f"<u{n}")
+
+
+_uint = uint
 
 
 def _layout(dtype) -> tuple[np.dtype, int, int, int]:
@@ -35,16 +41,37 @@ def _layout(dtype) -> tuple[np.dtype, int, int, int]:
 
 
 def bits_of(array) -> np.ndarray:
-    """The values of ``array`` as native little-endian unsigned words, same shape (0-d kept).
+    """The values of ``array`` (numpy or torch) as native little-endian unsigned words, same shape (0-d kept).
 
     Byte order is normalised first, so a big-endian input and its little-endian
-    copy give the same words.
+    copy give the same words.  A copy: never a view of the input.
     """
+    if type(array).__module__.startswith("torch"):
+        return _torch_bits(array)
     a = np.asarray(array)
     if not a.dtype.isnative and a.dtype.itemsize > 1:
         a = a.astype(a.dtype.newbyteorder("="))
     a = np.array(a, copy=True, order="C")  # keeps 0-d, unlike ascontiguousarray
     return a.view(_uint(a.dtype.itemsize))
+
+
+def flat_bits(array) -> np.ndarray:
+    """:func:`bits_of`, flattened (C order)."""
+    return bits_of(array).reshape(-1)
+
+
+def words_view(array: np.ndarray) -> np.ndarray:
+    """A flat unsigned-word *view* of a C-contiguous numpy array: writing to it writes the array's bits."""
+    assert array.flags.c_contiguous
+    return array.reshape(-1).view(uint(array.dtype))
+
+
+def _torch_bits(t) -> np.ndarray:
+    import torch
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    t = t.detach().cpu().contiguous()
+    return t.view(ints[t.element_size()]).numpy().view(uint(t.element_size())).copy()
 
 
 def from_bits(words: np.ndarray, dtype) -> np.ndarray:
@@ -123,48 +150,3 @@ def assert_bit_identical(out, expected, *, dtype=None) -> None:
             f"{len(bad)} of {want.size} elements differ; first at flat index {i}: "
             f"got {int(got.reshape(-1)[i]):#x}, want {int(want.reshape(-1)[i]):#x}"
         )
-
-
-# -- fixtures: the same helpers, for test modules (importlib mode cannot import this file) --
-
-
-@pytest.fixture(scope="session")
-def float_formats():
-    """name -> (dtype, width, exponent bits, mantissa bits) of the six ULPack formats."""
-    return FLOAT_FORMATS
-
-
-@pytest.fixture(name="awkward_bits", scope="session")
-def _awkward_bits_fixture():
-    """Function ``awkward_bits(dtype, n_random=16, seed=0)`` -> unsigned words."""
-    return awkward_bits
-
-
-@pytest.fixture(name="awkward_floats", scope="session")
-def _awkward_floats_fixture():
-    """Function ``awkward_floats(dtype, n_random=16, seed=0)`` -> array of ``dtype``."""
-    return awkward_floats
-
-
-@pytest.fixture(name="random_floats", scope="session")
-def _random_floats_fixture():
-    """Function ``random_floats(dtype, shape, seed=0)`` -> uniformly random bit patterns."""
-    return random_floats
-
-
-@pytest.fixture(name="bits_of", scope="session")
-def _bits_of_fixture():
-    """Function ``bits_of(array)`` -> native unsigned-word copy."""
-    return bits_of
-
-
-@pytest.fixture(name="from_bits", scope="session")
-def _from_bits_fixture():
-    """Function ``from_bits(words, dtype)`` -> float view."""
-    return from_bits
-
-
-@pytest.fixture(name="assert_bit_identical", scope="session")
-def _assert_bit_identical_fixture():
-    """Function ``assert_bit_identical(out, expected, dtype=None)``."""
-    return assert_bit_identical

@@ -1,115 +1,23 @@
-"""Shared helpers for the ulstore.sync tests, and the trainer/follower processes of the end-to-end tests.
+"""The trainer and follower processes of the sync end-to-end tests.
 
-Imported by the ``test_sync_*`` modules (``sys.path`` trick, as ``--import-mode=importlib``
-gives test modules no package) and run as a script for the subprocesses::
+Run from the repository root (:func:`tests.helpers.sync.run_role` does)::
 
-    python tests/test_sync_support.py trainer  --url URL --opts JSON --log FILE [--kill-at V:KEYPREFIX] ...
-    python tests/test_sync_support.py follower --url URL --opts JSON --out FILE --until V [--join-after V] ...
-
-Nothing here compares floats: digests and bit views only.
+    python -m tests.helpers.sync_roles trainer  --url URL --opts JSON --log FILE [--kill-at V:KEYPREFIX] ...
+    python -m tests.helpers.sync_roles follower --url URL --opts JSON --out FILE --until V [--join-after V] ...
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
-import sys
 import time
 
 import numpy as np
-import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ulstore import toytrain
 
-from ulstore import toytrain  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest_store import MotoS3  # noqa: E402
-
-#: The end-to-end model: a real toytrain MLP LM (~250K params, ~40 ms/step on one core).
-E2E_CONFIG = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2)
-E2E_WARMUP = 40
-E2E_LR = 3e-6
-
-
-def e2e_config() -> toytrain.ToyConfig:
-    return toytrain.ToyConfig.preset("tiny", **E2E_CONFIG)
-
-
-def host_bits(value) -> np.ndarray:
-    """Flat unsigned view of the bits of a numpy array or torch tensor."""
-    if type(value).__module__.startswith("torch"):
-        from ulstore.core.torch import from_tensor as tensor_to_numpy
-
-        value = tensor_to_numpy(value)
-    a = np.ascontiguousarray(value)
-    return a.reshape(-1).view(f"<u{a.dtype.itemsize}")
-
-
-def state_digest(state) -> str:
-    """sha256 over sorted names of (name, dtype width, shape, bits)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        v = state[name]
-        bits = host_bits(v)
-        h.update(name.encode() + b"\0" + str(tuple(v.shape)).encode() + str(bits.dtype).encode())
-        h.update(bits.tobytes())
-    return h.hexdigest()
-
-
-def assert_same_bits(got, want) -> None:
-    assert set(got) == set(want)
-    for k in want:
-        assert tuple(got[k].shape) == tuple(want[k].shape), k
-        np.testing.assert_array_equal(host_bits(got[k]), host_bits(want[k]), err_msg=k)
-
-
-def rl_states(steps: int, preset: str = "tiny", warmup: int = 20, **overrides) -> list[dict]:
-    """A real RL-regime bf16 trajectory of ``steps + 1`` checkpoints."""
-    cfg = toytrain.ToyConfig.preset(preset, **overrides)
-    return [s for _, s, _ in toytrain.train(cfg, steps, lr=E2E_LR, warmup_steps=warmup, dtype="bfloat16")]
-
-
-# -- moto ----------------------------------------------------------------------------
-
-
-def delta_modes(follower, version: int) -> set[str]:
-    """ULPack modes ("sparse", "rans", ...) of the delta chunks of ``version``, read through ``follower``."""
-    from ulstore import inspect_blob
-
-    m = follower._reader.manifest(version)
-    packs = follower._reader.fetch_packs(m)
-    return {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
-
-
-@pytest.fixture(scope="module")
-def moto_s3():
-    s3 = MotoS3()
-    yield s3
-    s3.stop()
-
-
-def run_role(role: str, *args, wait: bool = True, timeout: float = 120):
-    """Start ``python tests/test_sync_support.py <role> ...``; return the CompletedProcess or Popen."""
-    import subprocess
-
-    cmd = [sys.executable, os.path.abspath(__file__), role, *map(str, args)]
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    if wait:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def read_jsonl(path) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-# -- the processes --------------------------------------------------------------------
+from .sync import E2E_LR, E2E_WARMUP, e2e_config, flat_bits, state_digest
 
 
 def _append(path, record: dict) -> None:
@@ -139,7 +47,7 @@ def trainer_main(a) -> None:
         pub._bucket.put = put
     prev = None
     for step, state, loss in toytrain.train(e2e_config(), a.steps, lr=E2E_LR, warmup_steps=E2E_WARMUP):
-        changed = None if prev is None else sum(int((host_bits(state[k]) != host_bits(prev[k])).sum()) for k in state)
+        changed = None if prev is None else sum(int((flat_bits(state[k]) != flat_bits(prev[k])).sum()) for k in state)
         prev = state
         if step < start:
             continue

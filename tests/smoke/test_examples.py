@@ -15,10 +15,9 @@ import pytest
 import ulstore
 from ulstore.io import to_torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from conftest_store import MotoS3  # noqa: E402
+from tests.helpers.moto import MotoS3
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name, *args, env=None, cwd=None):
@@ -38,7 +37,7 @@ def load_example(name):
 def test_every_example_is_run_by_a_test():
     """Each script in examples/ is named by some test module (here, or the one its author added)."""
     mine = {"pytorch_training_loop.py", "hf_trainer_callback.py", "finetune_branch.py", "s3_lazy_slice.py"}
-    tests_text = "\n".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    tests_text = "\n".join(p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py"))
     names = {p.name for p in EXAMPLES.glob("*.py")}
     assert mine <= names
     assert [n for n in sorted(names) if n not in tests_text] == []

@@ -13,22 +13,11 @@ import numpy as np
 import pytest
 import zarr
 
-sys.path.insert(0, os.path.dirname(__file__))
-from conftest_store import (  # noqa: E402
-    CHUNK,
-    CountingFS,
-    assert_state_equal,
-    backend_url,  # noqa: F401  (fixture)
-    bits,
-    moto_s3,  # noqa: F401  (fixture)
-    states_bf16,
-    states_fp32,
-)
 
-import ulstore  # noqa: E402
-from ulstore import toytrain  # noqa: E402
-from ulstore import store as ustore  # noqa: E402
-from ulstore.errors import (  # noqa: E402
+import ulstore
+from ulstore import toytrain
+from ulstore import store as ustore
+from ulstore.errors import (
     ConflictError,
     CorruptBlobError,
     CorruptManifestError,
@@ -40,8 +29,11 @@ from ulstore.errors import (  # noqa: E402
     StepExistsError,
     StepNotFoundError,
 )
-from ulstore.store._layout import blob_key, step_key  # noqa: E402
-from ulstore.store._manifest import Manifest  # noqa: E402
+from ulstore.store._layout import blob_key, step_key
+from ulstore.store._manifest import Manifest
+
+from tests.helpers.bits import bits_of as bits
+from tests.helpers.store import CHUNK, CountingFS, assert_state_equal, states_bf16, states_fp32
 
 
 def _mem():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import uuid
 
@@ -14,13 +13,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_sync_support import assert_same_bits, delta_modes, moto_s3, rl_states, state_digest  # noqa: E402,F401
 
-from ulstore.errors import CorruptManifestError, InvalidInputError, NotFoundError  # noqa: E402
-from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher  # noqa: E402
-from ulstore.sync._arrays import Binding  # noqa: E402
-from ulstore.sync._layout import Latest, Manifest  # noqa: E402
+from ulstore.errors import CorruptManifestError, InvalidInputError, NotFoundError
+from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher
+from ulstore.sync._arrays import Binding
+from ulstore.sync._layout import Latest, Manifest
+
+from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_digest
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CHUNK = 1 << 12  # small chunks: every tensor of the tiny model spans several

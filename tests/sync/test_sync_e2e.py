@@ -4,15 +4,13 @@ every step; followers track it bit for bit; a publisher killed mid-publish never
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_sync_support import delta_modes, moto_s3, read_jsonl, run_role, state_digest  # noqa: E402,F401  (fixture)
 
-from ulstore.sync import Follower  # noqa: E402
+from ulstore.sync import Follower
+
+from tests.helpers.sync import delta_modes, read_jsonl, run_role, state_digest
 
 STEPS = 32
 ANCHOR_EVERY = 8

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "weight_sync_http.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "weight_sync_http.py"
 
 
 def test_weight_sync_http_example(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import json
 
 import ml_dtypes
@@ -14,12 +13,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_sync_support import assert_same_bits, host_bits, rl_states  # noqa: E402
 
-from ulstore.errors import InvalidInputError  # noqa: E402
-from ulstore.sync import Follower, export_trl, gap_decode, gap_encode, import_trl  # noqa: E402
-from ulstore.sync.trl import read_trl_file  # noqa: E402
+from ulstore.errors import InvalidInputError
+from ulstore.sync import Follower, export_trl, gap_decode, gap_encode, import_trl
+from ulstore.sync.trl import read_trl_file
+
+from tests.helpers.sync import assert_same_bits, flat_bits, rl_states
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 STEPS = 9
@@ -66,7 +65,7 @@ def write_trl_bucket(root, states):
         f.write(st_save(dict(states[0]), metadata=_meta(0, len(states[0]), total, total, sparse="False")))
     for step in range(1, len(states)):
         prev, cur = states[step - 1], states[step]
-        changed = {k: np.flatnonzero(host_bits(cur[k]) != host_bits(prev[k])) for k in cur}
+        changed = {k: np.flatnonzero(flat_bits(cur[k]) != flat_bits(prev[k])) for k in cur}
         changed = {k: i for k, i in changed.items() if i.size}
         n = sum(i.size for i in changed.values())
         if step == 5:  # an early-style anchor that omits the unchanged parameters
@@ -180,12 +179,12 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
         assert metas[4]["sparse"] == "False"  # 4 is an anchor of the store: a full TRL anchor too...
         m = _st(dest / "deltas/step_000004.safetensors")[1]  # ...and a delta, for replicas in step
         assert m["format"] == "sparse_weight_patch" and m["model_version"] == "4" and m["sparse"] == "True"
-        changed = sum(int((host_bits(trajectory[4][k]) != host_bits(trajectory[3][k])).sum()) for k in trajectory[4])
+        changed = sum(int((flat_bits(trajectory[4][k]) != flat_bits(trajectory[3][k])).sum()) for k in trajectory[4])
         total = sum(v.size for v in trajectory[4].values())
         assert int(m["total_changed_elements"]) == changed and int(m["total_elements"]) == total
         assert float(m["sparsity"]) == pytest.approx(1 - changed / total)
         assert int(m["num_changed_params"]) == sum(
-            1 for k in trajectory[4] if (host_bits(trajectory[4][k]) != host_bits(trajectory[3][k])).any())
+            1 for k in trajectory[4] if (flat_bits(trajectory[4][k]) != flat_bits(trajectory[3][k])).any())
         if fmt == "gap_delta":
             tensors, _ = _st(dest / "deltas/step_000004.safetensors")
             assert tensors["big.weight.idx"] == "U32" and tensors["lm_head.weight.idx"] == "U16"
