@@ -524,12 +524,30 @@ def test_delete_middle_steps_and_gc(backend_url):
 # -- parallel commits ----------------------------------------------------------
 
 
+class CountingExecutor(cf.Executor):
+    """Hands every task to ``inner`` and records it: a commit that ignored ``executor=`` records nothing."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.submitted: list[str] = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.submitted.append(fn.__name__)
+        return self.inner.submit(fn, *args, **kwargs)
+
+
 def test_commit_with_external_thread_executor():
     states = states_bf16(20)
     with cf.ThreadPoolExecutor(2) as pool:
-        traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, executor=pool)
-        for i in range(3):
+        on_open, on_commit = CountingExecutor(pool), CountingExecutor(pool)
+        traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, executor=on_open)
+        for i in range(2):
             traj.commit(i, states[i])
+        encoded = len(on_open.submitted)
+        traj.commit(2, states[2], executor=on_commit)  # the commit's own executor wins
+    assert encoded > 0 and set(on_open.submitted) == {"encode_chunk"}
+    assert len(on_open.submitted) == encoded and len(on_commit.submitted) > 0
+    assert set(on_commit.submitted) == {"encode_chunk"}
     assert_state_equal(ulstore.open(traj.url, mode="r").read(2), states[2])
 
 
@@ -539,9 +557,11 @@ def test_commit_with_dask_distributed(tmp_path, processes):
     states = states_fp32(20)
     with distributed.LocalCluster(processes=processes, n_workers=1, threads_per_worker=2,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=CHUNK, executor=client.get_executor())
+        executor = CountingExecutor(client.get_executor())
+        traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=CHUNK, executor=executor)
         for i in range(3):
             traj.commit(i, states[i])
+    assert executor.submitted and set(executor.submitted) == {"encode_chunk"}  # the chunks went to dask
     assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(2), states[2])
 
 

@@ -113,7 +113,8 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     ptrs = {k: t.data_ptr() for k, t in state.items()}
     f = Follower(url, state=state)
     assert f.bootstrap() == 2
-    assert_same_bits(state, states[2]) and all(t.data_ptr() == ptrs[k] for k, t in state.items())
+    assert_same_bits(state, states[2])
+    assert all(t.data_ptr() == ptrs[k] for k, t in state.items()), "the state was not written in place"
 
     nxt = copy(states[2])
     nxt["lm_head.weight"].view(np.uint16)[0, 0] ^= 1  # one element of one chunk

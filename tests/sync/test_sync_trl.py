@@ -1,6 +1,7 @@
 """Interop with TRL's sparse_weight_patch layout: a TRL bucket written here independently (every index
 variant, a partial anchor, a uint32 gap fallback) -> ulstore sync store -> TRL bucket again, exact at
-every step, and readable the way TRL's vLLM-side loader reads it (safetensors.torch + torch indexing).
+every step (replayed with numpy), and readable the way TRL's vLLM-side loader reads it (safetensors.torch
++ torch indexing, where torch is installed).
 """
 from __future__ import annotations
 
@@ -88,6 +89,46 @@ def write_trl_bucket(root, states):
             f.write(st_save(tensors, metadata=_meta(step, len(changed), n, total, **extra)))
 
 
+_NUMPY_DTYPES = {"BF16": BF16, "U8": np.dtype(np.uint8), "U16": np.dtype("<u2"), "U32": np.dtype("<u4"),
+                 "I32": np.dtype("<i4"), "I64": np.dtype("<i8")}
+
+
+def _read_numpy(path):
+    """A safetensors file as numpy arrays, read here (not by the code under test; numpy's reader rejects bf16)."""
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    data = raw[8 + n :]
+    return {k: np.frombuffer(data[v["data_offsets"][0] : v["data_offsets"][1]], dtype=_NUMPY_DTYPES[v["dtype"]])
+            .reshape(v["shape"]) for k, v in header.items()}, meta
+
+
+def numpy_replay(root):
+    """Rebuild every step of a TRL bucket with numpy: the loader's logic, no torch needed."""
+    steps = sorted({int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}")
+                    for n in os.listdir(f"{root}/{d}")})
+    state, out, metas = {}, {}, {}
+    for step in steps:
+        a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
+        if os.path.exists(a):
+            tensors, meta = _read_numpy(a)
+            state.update({k: v.copy() for k, v in tensors.items()})
+        else:
+            tensors, meta = _read_numpy(d)
+            enc = meta.get("encoding")
+            for name in sorted({k.rsplit(".", 1)[0] for k in tensors}):
+                if name + ".val" in tensors:
+                    raw_idx, vals = tensors[name + ".idx"], tensors[name + ".val"]
+                    idx = np.cumsum(raw_idx.astype(np.int64) + 1) - 1 if enc == "gap_delta" else raw_idx
+                else:
+                    idx, vals = tensors[name + ".indices"], tensors[name + ".values"]
+                state[name].reshape(-1)[idx.astype(np.int64)] = vals
+        metas[step] = meta
+        out[step] = {k: v.copy() for k, v in state.items()}
+    return out, metas
+
+
 def torch_replay(root):
     """Rebuild every step the way TRL's vLLM-side loader does: safetensors.torch + torch indexing."""
     torch = pytest.importorskip("torch")
@@ -150,7 +191,7 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
     """Acceptance 4: every step reproduces the same weights, in each index format."""
     src = tmp_path / "trl"
     write_trl_bucket(src, trajectory)
-    reference, _ = torch_replay(src)
+    reference, _ = numpy_replay(src)
     assert sorted(reference) == list(range(STEPS + 1))
     for step, state in reference.items():  # the TRL bucket itself encodes the trajectory
         assert_same_bits(state, trajectory[step])
@@ -162,8 +203,12 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
     report = import_trl(str(src), store, anchor_every=4)
     assert report["versions"] == list(range(STEPS + 1)) and report["mismatches"] == []
     f = Follower(store)
+    followed = []
     for v in f.follow(until=STEPS, timeout=1):
-        pass
+        assert f.version == v
+        assert_same_bits(f.state, trajectory[v])  # the follower holds each imported version, exactly
+        followed.append(v)
+    assert followed and followed[-1] == STEPS
     f2 = Follower(store)
     f2.bootstrap()
     assert_same_bits(f2.state, trajectory[STEPS])
@@ -173,7 +218,7 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
         dest = tmp_path / f"out-{fmt}"
         out = export_trl(store, str(dest), index_format=fmt)
         assert out["versions"] == list(range(STEPS + 1)) and out["anchors"][0] == 0
-        replayed, metas = torch_replay(dest)
+        replayed, metas = numpy_replay(dest)
         for step in range(STEPS + 1):
             assert_same_bits(replayed[step], reference[step])
         assert metas[4]["sparse"] == "False"  # 4 is an anchor of the store: a full TRL anchor too...
@@ -195,6 +240,23 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
     # anchors of the store become full TRL anchors (every parameter, never a partial one)
     tensors, meta = _st(tmp_path / "out-raw" / "anchors/step_000004.safetensors")
     assert set(tensors) == set(trajectory[0]) and meta["sparse"] == "False"
+
+
+def test_trl_loader_reads_what_export_writes(trajectory, tmp_path):
+    """TRL's own (torch) loader rebuilds the exported bucket exactly as the numpy replay does."""
+    pytest.importorskip("torch")
+    src = tmp_path / "trl"
+    write_trl_bucket(src, trajectory)
+    store = str(tmp_path / "store")
+    import_trl(str(src), store, anchor_every=4)
+    for bucket in (src, tmp_path / "out"):
+        if bucket != src:
+            export_trl(store, str(bucket), index_format="gap_delta")
+        by_torch, by_numpy = torch_replay(bucket)[0], numpy_replay(bucket)[0]
+        assert sorted(by_torch) == sorted(by_numpy) == list(range(STEPS + 1))
+        for step in by_numpy:
+            assert_same_bits(by_torch[step], by_numpy[step])
+            assert_same_bits(by_numpy[step], trajectory[step])
 
 
 def _st(path):
