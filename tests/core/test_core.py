@@ -1,0 +1,123 @@
+"""The shared lower layer: object client, sealed JSON, safetensors parser, dtype table, torch bridge."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ulstore.core import dtypes, formatting, safetensors, sealed
+from ulstore.core.objects import ObjectStore
+from ulstore.errors import DtypeError, InvalidInputError
+
+from tests.helpers.bits import awkward_floats, bits_of
+
+
+class AccessError(Exception):
+    def __init__(self, message, key=None):
+        super().__init__(message)
+        self.key = key
+
+
+@pytest.fixture(params=["local", "memory"])
+def objects(request, tmp_path):
+    url = str(tmp_path / "objs") if request.param == "local" else f"memory://core-{uuid.uuid4().hex}"
+    return ObjectStore.from_url(url)
+
+
+def test_objects_get_put_create_list_delete(objects):
+    assert objects.get("a/b") is None and objects.list("a") == [] and objects.find("a") == []
+    objects.put("a/b", b"1")
+    objects.put("a/b", b"2")  # put replaces
+    objects.create("a/c", b"3")
+    with pytest.raises(FileExistsError):  # create does not
+        objects.create("a/c", b"4")
+    objects.put("a/d/e", b"5")
+    assert objects.get("a/b") == b"2" and objects.get("a/c") == b"3"
+    assert objects.list("a") == ["a/b", "a/c", "a/d"]
+    assert sorted(objects.find("a")) == ["a/b", "a/c", "a/d/e"]
+    assert objects.get("a/b/x") is None  # a key below an object is missing, not an error
+    objects.delete("a/b")
+    objects.delete("a/b")  # missing: ignored
+    objects.delete_many(["a/c", "a/nothing"])
+    assert sorted(objects.find("a")) == ["a/d/e"]
+    assert objects.sweep_tmp() == 0
+
+
+def test_objects_map_backend_failures_only_when_asked(tmp_path):
+    root = tmp_path / "file"
+    root.write_bytes(b"not a directory")
+    plain = ObjectStore.from_url(str(root))
+    with pytest.raises(OSError):
+        plain.put("k", b"x")
+    mapped = ObjectStore.from_url(str(root), access_error=AccessError)
+    with pytest.raises(AccessError, match="PUT failed") as e:
+        mapped.put("k", b"x")
+    assert e.value.key == "k" and isinstance(e.value.__cause__, OSError)
+    with pytest.raises(AccessError, match="is a file"):
+        mapped.probe()
+    with pytest.raises(AccessError, match="cannot open"):
+        ObjectStore.from_url("nosuchprotocol://x", access_error=AccessError)
+
+
+def test_sealed_documents_refuse_any_change():
+    raw = sealed.seal({"format": "f", "n": 1})
+    doc = json.loads(raw)
+    assert sealed.canonical_json(doc) == raw and doc["checksum"] == sealed.address(sealed.canonical_json({"format": "f", "n": 1}))
+    assert sealed.open_sealed(raw, ValueError) == doc
+    for bad in (raw.replace(b'"n":1', b'"n":2'), raw.replace(b":", b": ", 1), raw[:-1], b"[]"):
+        with pytest.raises(ValueError):
+            sealed.open_sealed(bad, ValueError)
+    assert len(sealed.address(b"")) == 64 and len(sealed.digest128(b"")) == 32
+
+
+def test_safetensors_roundtrip_and_strict_header():
+    tensors = {"w": np.linspace(-1, 1, 6).astype(ml_dtypes.bfloat16).reshape(2, 3), "i": np.arange(3, dtype=np.int64)}
+    raw = safetensors.dumps(tensors, {"step": 7})
+    back, meta = safetensors.loads(raw, ValueError)
+    assert meta == {"step": "7"}
+    for k in tensors:
+        assert back[k].dtype == tensors[k].dtype and np.array_equal(bits_of(back[k]), bits_of(tensors[k]))
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header["w"]["extra"] = 1
+    body = json.dumps(header).encode()
+    with pytest.raises(ValueError, match="exactly dtype, shape and data_offsets"):
+        safetensors.loads(len(body).to_bytes(8, "little") + body + raw[8 + n :], ValueError)
+    with pytest.raises(ValueError, match="8-byte header"):
+        safetensors.loads(b"\x01", ValueError)
+
+
+def test_dtype_table():
+    for name in ("bfloat16", "float8_e4m3fn", "float32", "int64", "uint8", "bool"):
+        assert dtypes.dtype_name(dtypes.dtype_from_name(name)) == name
+    assert dtypes.dtype_from_name("int16").byteorder in "<|="
+    with pytest.raises(DtypeError, match="complex"):
+        dtypes.dtype_name(np.complex64)
+    with pytest.raises(DtypeError):
+        dtypes.dtype_from_name("complex64")
+    assert dtypes.numpy_dtype("float8_e5m2") == np.dtype(ml_dtypes.float8_e5m2)
+    assert set(dtypes.RAW_BITS) <= dtypes.STORABLE and len(dtypes.SAFETENSORS_CODES) == len(dtypes.STORABLE)
+    assert isinstance(DtypeError("x"), InvalidInputError)
+
+
+def test_formatting():
+    assert formatting.human_bytes(45_170_000) == "45.2 MB" and formatting.binary_bytes(4 << 20) == "4 MiB"
+    assert formatting.plural(2, "step") == "2 steps"
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"])
+def test_torch_bridge_is_bit_exact(name):
+    pytest.importorskip("torch")
+    from ulstore.core.torch import as_numpy, from_tensor, to_tensor
+
+    x = awkward_floats(np.dtype(getattr(ml_dtypes, name, None) or name))
+    t = to_tensor(x)
+    assert str(t.dtype) == f"torch.{name}" and np.array_equal(bits_of(t), bits_of(x))
+    back = from_tensor(t)
+    assert back.dtype == x.dtype and np.array_equal(bits_of(back), bits_of(x))
+    zero_d = to_tensor(x[0].reshape(()))
+    assert tuple(zero_d.shape) == () and np.array_equal(bits_of(as_numpy(zero_d)), bits_of(x[0].reshape(())))
+    assert as_numpy([1.0]) is None and as_numpy(x) is x
