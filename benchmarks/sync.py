@@ -49,9 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ulstore import toytrain  # noqa: E402
+from ulstore.core.safetensors import dumps, loads  # noqa: E402
 from ulstore.sync import Follower, Publisher, gap_encode  # noqa: E402
 from ulstore.sync._layout import version_key  # noqa: E402
-from ulstore.core.safetensors import dumps, loads  # noqa: E402
 
 GB = 1e9
 
@@ -239,7 +239,8 @@ def main(argv=None) -> None:
     changed_mean = mean("changed") * n_params
     print(f"     why: ULPack codes a change in {8 * mean('ulp') / changed_mean:.1f} bits, {mean('ulp') / changed_mean:.2f} ns "
           f"of download at 1 GB/s; writing it in place alone takes {mean('floor') / changed_mean * 1e9:.1f} ns here "
-          f"(TRL int32: {mean('i32') / changed_mean:.1f} ns of download, {mean('trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)")
+          f"(TRL int32: {mean('i32') / changed_mean:.1f} ns of download, "
+          f"{mean('trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)")
     full_dl = 2 * n_params / GB
     print(f"     context: full bf16 weights at 1 GB/s: {seconds(full_dl)}; download+apply at 1 GB/s: "
           f"ULPack {seconds(mean('dl') + mean('trusted'))} trusted, {seconds(mean('dl') + mean('apply'))} default; "

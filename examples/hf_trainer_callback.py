@@ -38,7 +38,7 @@ import ulstore
 __all__ = ["UlstoreCallback"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trainer_callback_base():
     """``transformers.TrainerCallback``, or None when transformers is not installed."""
     try:
@@ -48,7 +48,7 @@ def _trainer_callback_base():
     return TrainerCallback
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _with_base(cls, base):
     return type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__doc__": cls.__doc__})
 

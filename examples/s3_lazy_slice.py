@@ -66,7 +66,8 @@ def main(argv=None) -> int:
         if not fs.exists(bucket):
             fs.mkdir(bucket)
 
-    traj = ulstore.open(args.url, mode="a", storage_options=options, chunk_bytes=4096)  # small chunks: a slice touches one of several
+    # small chunks: a slice touches one of several
+    traj = ulstore.open(args.url, mode="a", storage_options=options, chunk_bytes=4096)
     if not traj.steps:
         cfg = toytrain.ToyConfig.preset(args.preset)
         for step, state, loss in toytrain.train(cfg, args.steps, lr=1e-4, warmup_steps=20):

@@ -59,9 +59,9 @@ from __future__ import annotations
 import math
 import os
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -136,7 +136,7 @@ class ToyConfig:
                 raise InvalidInputError(f"ToyConfig.{f.name} must be an int >= {low}, got {value!r}")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ToyConfig":
+    def preset(cls, name: str, **overrides) -> ToyConfig:
         """Return a named configuration.
 
         Parameters

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore.io import checkpoints as ckpt
 from ulstore import cli
-
+from ulstore.io import checkpoints as ckpt
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ulstore
-from ulstore.codec._dtypes import FORMATS
+from tests.helpers.bits import bits_of, uint
+from tests.helpers.blobs import reseal
 from ulstore import (
     CorruptBlobError,
     DtypeError,
@@ -31,9 +32,7 @@ from ulstore import (
     UlstoreError,
     UnsupportedVersionError,
 )
-
-from tests.helpers.bits import bits_of, uint
-from tests.helpers.blobs import reseal
+from ulstore.codec._dtypes import FORMATS
 
 DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 SMALL = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]  # exhaustively enumerable

@@ -29,10 +29,9 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore import CorruptBlobError, IntegrityError
-
 from tests.helpers.bits import uint
 from tests.helpers.blobs import reseal
+from ulstore import CorruptBlobError, IntegrityError
 
 pytestmark = pytest.mark.skipif("cython" not in ulstore.available_backends(), reason="compiled kernels not built")
 #: the compiled build ``auto`` selects on this CPU: the one users run

@@ -7,18 +7,16 @@ returns, and its returned sum to ``content_sum`` of the true target.
 """
 from __future__ import annotations
 
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import ulstore
-from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, decode_changes, content_sum
-from ulstore.codec._dtypes import FORMATS
-from ulstore.codec._sparse import SPARSE_MAX_FRACTION
-
 from tests.helpers.bits import flat_bits, words_view
 from tests.helpers.blobs import reseal
+from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, content_sum, decode_changes
+from ulstore.codec._dtypes import FORMATS
+from ulstore.codec._sparse import SPARSE_MAX_FRACTION
 
 DTYPES = {f.name: f.dtype for f in FORMATS}
 BACKENDS = ulstore.available_backends()

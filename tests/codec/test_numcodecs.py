@@ -29,10 +29,9 @@ from numcodecs.tests.common import (
 )
 
 import ulstore
-from ulstore.codec._dtypes import FORMATS
-from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
-
 from tests.helpers.bits import bits_of, uint
+from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
+from ulstore.codec._dtypes import FORMATS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / "ulpack_v1"

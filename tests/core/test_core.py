@@ -8,11 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.helpers.bits import awkward_floats, bits_of
 from ulstore.core import dtypes, formatting, safetensors, sealed
 from ulstore.core.objects import ObjectStore
 from ulstore.errors import DtypeError, InvalidInputError
-
-from tests.helpers.bits import awkward_floats, bits_of
 
 
 class AccessError(Exception):

@@ -15,7 +15,7 @@ __all__ = ["states_bf16", "states_fp32", "assert_state_equal", "CountingFS", "en
 CHUNK = 4096  # small chunks: multi-chunk tensors from the tiny model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trajectory(kind, steps, dtype):
     return toytrain.trajectory(kind, steps, preset="tiny", dtype=dtype)
 

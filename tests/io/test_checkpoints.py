@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors import numpy as st_numpy
 
+from ulstore.errors import DtypeError, InvalidInputError, NotFoundError
 from ulstore.io import _safetensors as _st_files
 from ulstore.io import checkpoints as ckpt
-from ulstore.errors import DtypeError, InvalidInputError, NotFoundError
 
 DTYPES = [
     np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2),

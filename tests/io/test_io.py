@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore.io import _export
-from ulstore.io import _safetensors as _st_files
-from ulstore.io import checkpoints as ckpt
 from ulstore import io as uio
 from ulstore.errors import (
     DtypeError,
@@ -21,6 +18,9 @@ from ulstore.errors import (
     StepExistsError,
     StepNotFoundError,
 )
+from ulstore.io import _export
+from ulstore.io import _safetensors as _st_files
+from ulstore.io import checkpoints as ckpt
 
 
 def rand(dtype, shape, seed=0):

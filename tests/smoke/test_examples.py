@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import ulstore
-from ulstore.io import to_torch
-
 from tests.helpers.moto import MotoS3
+from ulstore.io import to_torch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import zarr
 
-
 import ulstore
-from ulstore import toytrain
+from tests.helpers.bits import bits_of as bits
+from tests.helpers.store import CHUNK, CountingFS, assert_state_equal, states_bf16, states_fp32
 from ulstore import store as ustore
+from ulstore import toytrain
 from ulstore.errors import (
     ConflictError,
     CorruptBlobError,
@@ -31,9 +32,6 @@ from ulstore.errors import (
 )
 from ulstore.store._layout import blob_key, step_key
 from ulstore.store._manifest import Manifest
-
-from tests.helpers.bits import bits_of as bits
-from tests.helpers.store import CHUNK, CountingFS, assert_state_equal, states_bf16, states_fp32
 
 
 def _mem():

@@ -7,10 +7,8 @@ import json
 import signal
 import time
 
-
-from ulstore.sync import Follower
-
 from tests.helpers.sync import delta_modes, read_jsonl, run_role, state_digest
+from ulstore.sync import Follower
 
 STEPS = 32
 ANCHOR_EVERY = 8

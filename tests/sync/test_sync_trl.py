@@ -5,21 +5,19 @@ every step (replayed with numpy), and readable the way TRL's vLLM-side loader re
 """
 from __future__ import annotations
 
+import json
 import os
 import struct
-import json
 
 import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-
+from tests.helpers.sync import assert_same_bits, flat_bits, rl_states
 from ulstore.errors import InvalidInputError
 from ulstore.sync import Follower, export_trl, gap_decode, gap_encode, import_trl
 from ulstore.sync.trl import read_trl_file
-
-from tests.helpers.sync import assert_same_bits, flat_bits, rl_states
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 STEPS = 9

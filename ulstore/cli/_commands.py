@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..core.formatting import binary_bytes, human_bytes, plural
-from ._plot import check_matplotlib, plot_report
 from ..errors import InvalidInputError
+from ._plot import check_matplotlib, plot_report
 from ._ui import PROG, table
 
 __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "UsageError"]

@@ -197,7 +197,8 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     all_steps = sorted(raw)
     sizes = {"raw": raw_of(all_steps), "zstd": sum(zst.values()), "ulstore": sum(stored.values())}
     echo(f"  {f'{n_ckpt} checkpoints of {n_params:,} weights':<40}{'size':>10}{'smaller':>9}{'bits/weight':>13}")
-    echo(f"  {'raw safetensors files':<40}{human_bytes(sizes['raw']):>10}{'1.0x':>9}{8 * sizes['raw'] / (n_params * n_ckpt):>13.2f}")
+    raw_bpw = 8 * sizes["raw"] / (n_params * n_ckpt)
+    echo(f"  {'raw safetensors files':<40}{human_bytes(sizes['raw']):>10}{'1.0x':>9}{raw_bpw:>13.2f}")
     echo(row("zstd -3 of each file", sizes["zstd"], all_steps))
     echo(row("ulstore trajectory", sizes["ulstore"], all_steps))
     phases = [

@@ -31,15 +31,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 from . import _format as F
 from ._backend import kernels
-from ._checksum import finish_sum, fold32 as _fold32
+from ._checksum import finish_sum
+from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
 from ._section import decode_section, encode_section
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 from ._tables import sum_rows
-from ..errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
 
 __all__ = [
     "encode",

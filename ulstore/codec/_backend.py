@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from . import _reference
 from ..errors import InvalidInputError
+from . import _reference
 
 __all__ = ["kernels", "backend", "set_backend", "available_backends"]
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-
-from ._dtypes import FloatFormat, format_by_code
 from ..errors import CorruptBlobError, UnsupportedVersionError
+from ._dtypes import FloatFormat, format_by_code
 
 __all__ = [
     "MAGIC",

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _tables
 from ._checksum import GOLDEN, MASK64, finish_sum
 from ._format import LANES
-from . import _tables
 from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
 
 __all__ = [

@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat
 from ._scratch import scratch
 from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
-from ..errors import CorruptBlobError
 
 __all__ = ["encode_section", "decode_section", "read_fields", "Fields", "STATUS", "TABLE_STATUS"]
 

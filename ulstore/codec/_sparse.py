@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat, format_of
 from ._section import encode_section, read_fields, status_error
 from ._tables import POOL_BELOW
-from ..errors import CorruptBlobError
 
 __all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse"]
 

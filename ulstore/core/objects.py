@@ -91,7 +91,7 @@ class ObjectStore:
 
     @classmethod
     def from_url(cls, url, storage_options: dict | None = None, *,
-                 access_error: AccessError | None = None) -> "ObjectStore":
+                 access_error: AccessError | None = None) -> ObjectStore:
         """Open the objects under an fsspec URL (``s3://bucket/run-7``, ``memory://x``, a local path...).
 
         ``storage_options`` go to the filesystem (credentials, ``client_kwargs``...).

@@ -50,7 +50,7 @@ Examples
 >>> ck.metadata, ck.tensors["w"].tobytes() == np.arange(6, dtype=np.float32).tobytes()
 ({'format': 'pt'}, True)
 """
-from . import checkpoints
+from . import checkpoints as checkpoints  # the file formats: ulstore.io.checkpoints
 from ._export import export_checkpoint, read_checkpoint, to_numpy, to_torch
 from ._import import import_checkpoint
 from ._names import CHECKPOINT_KEY, FORMATS, checkpoint_format, output_format, step_from_path

@@ -51,7 +51,7 @@ def load_safetensors(path) -> Checkpoint:
         entries, metadata = parse_header(f.read(n), size - 8 - n, lambda why: _bad(p, why))
         tensors = {}
         # Read in file order so the disk access is sequential.
-        for name, (dtype, shape, begin, end) in sorted(entries.items(), key=lambda e: e[1][2]):
+        for name, (dtype, shape, begin, _end) in sorted(entries.items(), key=lambda e: e[1][2]):
             try:  # fresh, aligned and owned; its size is bounded by the file's
                 arr = np.empty(shape, dtype)
             except (ValueError, MemoryError) as e:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-
 from ..core.safetensors import first_line
 from ..core.torch import dtype_table, from_tensor, import_torch, to_tensor
 from ..errors import DtypeError, InvalidInputError, NotFoundError

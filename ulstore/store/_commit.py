@@ -159,7 +159,7 @@ class CommitMixin(TrajectoryBase):
             anchor_distance=0 if is_anchor else pm.anchor_distance + 1,
             tensors=tensors,
             metadata=metadata,
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         )
         try:
             # the commit point: conditional create, so of two writers exactly one wins
@@ -191,7 +191,7 @@ class CommitMixin(TrajectoryBase):
         """Encode and write every changed chunk; returns the new tensor manifests."""
         entries: dict[str, list] = {}
         jobs = []
-        for name, (arr, codec, chunks, pt) in plan.items():
+        for name, (arr, codec, chunks, _pt) in plan.items():
             tm = TensorManifest(arr.shape, arr.dtype, chunks, codec, ())
             entries[name] = [None] * math.prod(tm.grid)
             jobs += [(name, i, coord) for i, coord in enumerate(tm.coords())]

@@ -1,4 +1,4 @@
-"""Integrity and sizes: :meth:`verify` re-reads and checks everything; :meth:`inventory` and :meth:`stats` list and add up bytes."""
+"""Integrity and sizes: :meth:`verify` re-reads and checks everything; :meth:`inventory` and :meth:`stats` add up bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

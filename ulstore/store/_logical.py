@@ -27,8 +27,8 @@ import json
 from collections.abc import AsyncIterator, Iterable
 
 import numpy as np
-from zarr.core.dtype.common import HasEndianness
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.core.dtype.common import HasEndianness
 
 from ..errors import NotFoundError, ReadOnlyError
 from ._manifest import Manifest, TensorManifest

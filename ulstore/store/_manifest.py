@@ -127,7 +127,7 @@ class Manifest:
         return canonical_json(doc)
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, key: str, step: int | None = None) -> "Manifest":
+    def from_bytes(cls, data: bytes, *, key: str, step: int | None = None) -> Manifest:
         """Parse and check a manifest object.
 
         Raises

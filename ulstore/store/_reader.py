@@ -27,8 +27,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
 from ..core.objects import ObjectStore
+from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
 from ._chunkcodec import blob_digest, content_digest, decode_chunk
 from ._layout import blob_key, step_key
 from ._manifest import Entry, Manifest, TensorManifest

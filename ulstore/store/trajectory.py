@@ -71,7 +71,7 @@ def open(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     executor: cf.Executor | None = None,
     threads: int | None = None,
-) -> "Trajectory":
+) -> Trajectory:
     """Open (or create) the trajectory at ``url``.
 
     Parameters

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.dtypes import dtype_from_name
+from ..core.dtypes import dtype_name as _dtype_name
 from ..core.sealed import address as blob_address
 from ..core.sealed import open_sealed, seal
-from ..core.dtypes import dtype_name as _dtype_name
 from ..errors import CorruptManifestError, DtypeError, InvalidInputError
 
 __all__ = [
@@ -124,7 +124,7 @@ def is_sync_meta(raw) -> bool:
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 def check_version(version) -> int:
@@ -231,7 +231,7 @@ class Layout:
         return sum(t.size for t in self.tensors)
 
     @classmethod
-    def from_bytes(cls, raw, key: str) -> "Layout":
+    def from_bytes(cls, raw, key: str) -> Layout:
         doc = _open_sealed(raw, key, "layout")
         what = "layout"
         _need(_is_uint(doc.get("chunk_elems")) and doc["chunk_elems"] > 0, key, what, "chunk_elems")
@@ -313,14 +313,14 @@ class Manifest:
     def to_bytes(self) -> bytes:
         return _sealed(self.body())
 
-    def sealed(self) -> tuple["Manifest", bytes]:
+    def sealed(self) -> tuple[Manifest, bytes]:
         """This manifest with its checksum filled in, and its bytes."""
         raw = self.to_bytes()
         checksum = json.loads(raw)["checksum"]
         return Manifest(**{**self.__dict__, "checksum": checksum}), raw
 
     @classmethod
-    def from_bytes(cls, raw, key: str, *, version: int, kind: str | None = None) -> "Manifest":
+    def from_bytes(cls, raw, key: str, *, version: int, kind: str | None = None) -> Manifest:
         """Parse and validate; ``version`` (and ``kind``) must be what ``key`` promises."""
         doc = _open_sealed(raw, key, "manifest")
         what = "manifest"
@@ -379,7 +379,7 @@ class Latest:
         })
 
     @classmethod
-    def from_bytes(cls, raw, key: str) -> "Latest":
+    def from_bytes(cls, raw, key: str) -> Latest:
         doc = _open_sealed(raw, key, "latest pointer")
         what = "latest pointer"
         _need(_is_uint(doc.get("version")) and _is_uint(doc.get("anchor")) and doc["anchor"] <= doc["version"],

@@ -445,7 +445,7 @@ class Publisher(WorkerOwner):
             else:
                 ref[spec.name] = hosts[spec.name].reshape(-1).copy()
         if delta is not None:
-            for i, c, codec, blob, h, start, x in delta:
+            for i, _c, _codec, _blob, _h, start, x in delta:
                 name = layout.tensors[i].name
                 if old.get(name) == layout.tensors[i]:
                     ref[name][start : start + x.size] = x

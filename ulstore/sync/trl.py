@@ -35,14 +35,14 @@ import re
 
 import numpy as np
 
+from ..core.objects import ObjectStore
+from ..core.safetensors import dumps, loads
 from ..errors import InvalidInputError, NotFoundError
 from ._arrays import words
-from ..core.objects import ObjectStore
 from ._bucket import open_bucket as _open_bucket
 from ._reader import BucketReader
 from ._replica import Replica
 from ._workers import Workers
-from ..core.safetensors import dumps, loads
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
 __all__ = ["import_trl", "export_trl", "gap_encode", "gap_decode", "read_trl_file", "INDEX_FORMATS"]
