@@ -6,6 +6,7 @@ vectorises the element-wise passes twice as wide and shifts without penalties.
 ``ulstore.codec._backend`` picks the v3 build at import when the CPU has it.  Both give
 byte-identical blobs (the tests hold them to it).
 """
+
 import platform
 import sysconfig
 

@@ -25,6 +25,7 @@ Example
 >>> len(states)
 6
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,7 +79,9 @@ class TrajectorySpec:
 TRAJECTORIES = {
     spec.name: spec
     for spec in (
-        TrajectorySpec("rl-bf16", "rl", "bfloat16", "RL-like, lr 3e-6 after warm-up: sparse (~99% of weights unchanged)"),
+        TrajectorySpec(
+            "rl-bf16", "rl", "bfloat16", "RL-like, lr 3e-6 after warm-up: sparse (~99% of weights unchanged)"
+        ),
         TrajectorySpec("pretrain-bf16", "pretrain", "bfloat16", "pretraining from init, lr 1e-3: dense"),
         TrajectorySpec("finetune-fp32", "finetune", "float32", "fine-tuning, lr 1e-4 after warm-up, weight decay 0.01"),
         TrajectorySpec("finetune-fp16", "finetune", "float16", "the same fine-tuning run saved in float16"),
@@ -166,7 +169,11 @@ def ensure_cached(kind: str, dtypes, preset: str = "bench", steps: int = 5) -> N
     renamed, so a concurrent reader never sees a half-written trajectory.
     """
     dtypes = [_dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
-    missing = [d for d in dict.fromkeys(dtypes) if _cached_steps(_run_dir(kind, preset) / d, _meta(kind, d, preset)) < steps + 1]
+    missing = [
+        d
+        for d in dict.fromkeys(dtypes)
+        if _cached_steps(_run_dir(kind, preset) / d, _meta(kind, d, preset)) < steps + 1
+    ]
     if not missing:
         return
     config = toytrain.ToyConfig.preset(preset)
@@ -229,7 +236,9 @@ def _mark_ignored(root: Path) -> None:
             pass
 
 
-def load_trajectory(kind: str, dtype: str = "bfloat16", preset: str = "bench", steps: int = 5) -> list[dict[str, np.ndarray]]:
+def load_trajectory(
+    kind: str, dtype: str = "bfloat16", preset: str = "bench", steps: int = 5
+) -> list[dict[str, np.ndarray]]:
     """``steps + 1`` consecutive checkpoints of a toy training run, read from safetensors files.
 
     Parameters

@@ -17,6 +17,7 @@ Instances are not thread-safe (zstd contexts and ZipNN objects carry state);
 use one instance per thread.  :func:`available_peers` lists the peers whose
 packages are installed.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -106,7 +107,9 @@ class ZipNNXor:
     def _codec(self, dtype: str):
         codec = self._by_dtype.get(dtype)
         if codec is None:
-            codec = self._zipnn.ZipNN(method="HUFFMAN", input_format="byte", bytearray_dtype=dtype, threads=self.threads)
+            codec = self._zipnn.ZipNN(
+                method="HUFFMAN", input_format="byte", bytearray_dtype=dtype, threads=self.threads
+            )
             self._by_dtype[dtype] = codec
         return codec
 

@@ -21,6 +21,7 @@ Usage::
 moto is a single-process Python server on localhost: its S3 timings measure
 request counts and the store's concurrency, not real S3 latency.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,15 +69,21 @@ def run_backend(label, url, so, states, args, reference_sizes):
         times.append(time.perf_counter() - t)
     total_commit = time.perf_counter() - t0
     st = traj.stats()
-    print(f"\n== {label}: {len(states)} steps, {args.preset} ({sum(v.size for v in states[0].values()):,} params), "
-          f"{args.dtype}, chunk_bytes={args.chunk_bytes}, anchor_every={args.anchor_every}")
+    print(
+        f"\n== {label}: {len(states)} steps, {args.preset} ({sum(v.size for v in states[0].values()):,} params), "
+        f"{args.dtype}, chunk_bytes={args.chunk_bytes}, anchor_every={args.anchor_every}"
+    )
     print(f"raw                         {_mb(raw)}")
-    print(f"store (blobs + manifests)   {_mb(st['stored_bytes'])}   ratio {raw / st['stored_bytes']:.2f}x"
-          f"   (blobs {_mb(st['blob_bytes'])}, manifests {_mb(st['manifest_bytes'])})")
+    print(
+        f"store (blobs + manifests)   {_mb(st['stored_bytes'])}   ratio {raw / st['stored_bytes']:.2f}x"
+        f"   (blobs {_mb(st['blob_bytes'])}, manifests {_mb(st['manifest_bytes'])})"
+    )
     for name, size in reference_sizes.items():
         print(f"{name:27s} {_mb(size)}   ratio {raw / size:.2f}x   store/this = {st['stored_bytes'] / size:.3f}")
-    print(f"commit: {np.mean(times) * 1e3:.1f} ms/step mean, {np.median(times) * 1e3:.1f} ms median "
-          f"({raw / len(states) / np.mean(times) / 1e6:.1f} MB/s of raw state); total {total_commit:.2f} s")
+    print(
+        f"commit: {np.mean(times) * 1e3:.1f} ms/step mean, {np.median(times) * 1e3:.1f} ms median "
+        f"({raw / len(states) / np.mean(times) / 1e6:.1f} MB/s of raw state); total {total_commit:.2f} s"
+    )
 
     # one-chunk slice at each depth along the first anchor segment
     name = max(states[0], key=lambda k: states[0][k].size)
@@ -111,12 +118,16 @@ def run_backend(label, url, so, states, args, reference_sizes):
     t = time.perf_counter()
     ro.read(last)
     warm = time.perf_counter() - t
-    print(f"full-step read (step {last}, depth {ro.info(last).anchor_distance}): cold {step_bytes / cold / 1e6:.1f} MB/s, "
-          f"warm {step_bytes / warm / 1e6:.1f} MB/s ({step_bytes / 1e6:.1f} MB)")
+    print(
+        f"full-step read (step {last}, depth {ro.info(last).anchor_distance}): cold {step_bytes / cold / 1e6:.1f} MB/s, "
+        f"warm {step_bytes / warm / 1e6:.1f} MB/s ({step_bytes / 1e6:.1f} MB)"
+    )
     per_chunk = st["manifest_bytes_per_chunk"]
     chunks_1t = 1e12 * 2 / (4 << 20)
-    print(f"manifest: {per_chunk:.0f} bytes/chunk -> 1T-param bf16 model at 4 MiB chunks: "
-          f"{chunks_1t:,.0f} chunks, ~{chunks_1t * per_chunk / 1e6:.0f} MB of manifest per step")
+    print(
+        f"manifest: {per_chunk:.0f} bytes/chunk -> 1T-param bf16 model at 4 MiB chunks: "
+        f"{chunks_1t:,.0f} chunks, ~{chunks_1t * per_chunk / 1e6:.0f} MB of manifest per step"
+    )
 
 
 def main(argv=None):
@@ -132,8 +143,9 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     t = time.perf_counter()
-    states = toytrain.trajectory(args.kind, args.steps, preset=args.preset, dtype=args.dtype,
-                                 warmup_steps=args.warmup_steps)
+    states = toytrain.trajectory(
+        args.kind, args.steps, preset=args.preset, dtype=args.dtype, warmup_steps=args.warmup_steps
+    )
     print(f"trained {len(states)} checkpoints in {time.perf_counter() - t:.1f} s")
     refs = {
         "safetensors + zstd-3": _safetensors_zstd(states, 3),
@@ -153,10 +165,18 @@ def main(argv=None):
         try:
             host, port = server.get_host_and_port()
             endpoint = f"http://{host}:{port}"
-            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                         aws_secret_access_key="testing").create_bucket(Bucket="bench")
-            so = {"key": "testing", "secret": "testing",
-                  "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+            boto3.client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name="us-east-1",
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+            ).create_bucket(Bucket="bench")
+            so = {
+                "key": "testing",
+                "secret": "testing",
+                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            }
             run_backend("moto S3", f"s3://bench/{uuid.uuid4().hex}", so, states, args, refs)
         finally:
             server.stop()

@@ -33,6 +33,7 @@ Usage::
     python benchmarks/sync.py --preset tiny --steps 4
     python benchmarks/sync.py --hidden 2048 --intermediate 8192 --steps 8   # 204M params, ~4 min here
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,14 @@ def trl_file(cur: dict, changed: dict, gap: bool) -> bytes:
             tensors[k + ".indices"], tensors[k + ".values"] = idx.astype(np.int32), vals
     n = sum(i.size for i in changed.values())
     total = sum(v.size for v in cur.values())
-    meta = {"format": "sparse_weight_patch", "version": "1", "num_changed_params": str(len(changed)),
-            "total_changed_elements": str(n), "total_elements": str(total), "sparsity": str(1 - n / total)}
+    meta = {
+        "format": "sparse_weight_patch",
+        "version": "1",
+        "num_changed_params": str(len(changed)),
+        "total_changed_elements": str(n),
+        "total_elements": str(total),
+        "sparsity": str(1 - n / total),
+    }
     if gap:
         meta.update(sparse="True", encoding="gap_delta")
     return dumps(tensors, meta)
@@ -118,11 +125,23 @@ def zstd19(raw: bytes) -> int:
 
 def load_states(args) -> tuple[list[dict], str]:
     if args.hidden or args.intermediate or args.layers:
-        cfg = toytrain.ToyConfig.preset("bench", **{k: v for k, v in (
-            ("hidden_size", args.hidden), ("intermediate_size", args.intermediate),
-            ("num_hidden_layers", args.layers)) if v})
-        print(f"training {cfg.num_params / 1e6:.1f}M params: {args.warmup} warm-up + {args.steps} RL steps ...",
-              file=sys.stderr, flush=True)
+        cfg = toytrain.ToyConfig.preset(
+            "bench",
+            **{
+                k: v
+                for k, v in (
+                    ("hidden_size", args.hidden),
+                    ("intermediate_size", args.intermediate),
+                    ("num_hidden_layers", args.layers),
+                )
+                if v
+            },
+        )
+        print(
+            f"training {cfg.num_params / 1e6:.1f}M params: {args.warmup} warm-up + {args.steps} RL steps ...",
+            file=sys.stderr,
+            flush=True,
+        )
         t0 = time.perf_counter()
         states = [s for _, s, _ in toytrain.train(cfg, args.steps, lr=3e-6, warmup_steps=args.warmup)]
         print(f"trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -159,9 +178,11 @@ def main(argv=None) -> None:
     states, desc = load_states(args)
     n_params = sum(v.size for v in states[0].values())
     threads = args.threads or os.cpu_count() or 1
-    print(f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
-          f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
-          f"{threads} thread(s), {os.cpu_count()} CPU(s)\n")
+    print(
+        f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
+        f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
+        f"{threads} thread(s), {os.cpu_count()} CPU(s)\n"
+    )
 
     store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
     dense_store = tempfile.mkdtemp(prefix="ulstore-sync-bench-dense-")
@@ -175,12 +196,16 @@ def main(argv=None) -> None:
     follower.bootstrap()
     boot = time.perf_counter() - t1
     trusted.bootstrap()
-    print(f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
-          f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n")
+    print(
+        f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
+        f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n"
+    )
 
-    head = (f"{'ver':>3} {'changed':>8} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
-            f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
-            f"{'trusted':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}")
+    head = (
+        f"{'ver':>3} {'changed':>8} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
+        f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
+        f"{'trusted':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}"
+    )
     print(head)
     print("-" * len(head))
     rows = []
@@ -202,18 +227,30 @@ def main(argv=None) -> None:
         ch = changes(prev, cur)
         i32, gap = trl_file(cur, ch, gap=False), trl_file(cur, ch, gap=True)
         r = dict(
-            v=v, changed=sum(i.size for i in ch.values()) / n_params, ulp=info.delta_bytes + manifest, dense=dense,
-            i32=len(i32), gap=len(gap), z_ulp=zstd19(packs) + manifest, z_i32=zstd19(i32), z_gap=zstd19(gap),
-            publish=info.seconds, apply=apply, trusted=apply_trusted, floor=floor_seconds(prev, cur, ch),
+            v=v,
+            changed=sum(i.size for i in ch.values()) / n_params,
+            ulp=info.delta_bytes + manifest,
+            dense=dense,
+            i32=len(i32),
+            gap=len(gap),
+            z_ulp=zstd19(packs) + manifest,
+            z_i32=zstd19(i32),
+            z_gap=zstd19(gap),
+            publish=info.seconds,
+            apply=apply,
+            trusted=apply_trusted,
+            floor=floor_seconds(prev, cur, ch),
             trl_apply=trl_apply_seconds(prev, i32),
         )
         r["dl"] = r["ulp"] / GB
         rows.append(r)
-        print(f"{v:>3} {r['changed']:>8.2%} {human(r['ulp']):>9} {human(r['dense']):>9} {human(r['i32']):>9} "
-              f"{human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
-              f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
-              f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['floor']):>9} "
-              f"{seconds(r['dl']):>9} {seconds(r['trl_apply']):>9}")
+        print(
+            f"{v:>3} {r['changed']:>8.2%} {human(r['ulp']):>9} {human(r['dense']):>9} {human(r['i32']):>9} "
+            f"{human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
+            f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
+            f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['floor']):>9} "
+            f"{seconds(r['dl']):>9} {seconds(r['trl_apply']):>9}"
+        )
     dense_pub.close()
     trusted.close()
     pub.close()
@@ -226,47 +263,67 @@ def main(argv=None) -> None:
     for label, key in (("ULPack (sparse, the default)", "ulp"), ("ULPack dense", "dense")):
         size_i32 = all(r[key] <= r["i32"] / 4 for r in rows)
         size_gap = all(r[key] <= r["gap"] / 2 for r in rows)
-        print(f"  {label}: <= 1/4 of TRL int32 {'HOLDS' if size_i32 else 'FAILS'} "
-              f"(worst {max(r[key] / r['i32'] for r in rows):.3f}, mean {mean(key) / mean('i32'):.3f}); "
-              f"<= 1/2 of TRL gap-coded {'HOLDS' if size_gap else 'FAILS'} "
-              f"(worst {max(r[key] / r['gap'] for r in rows):.3f}, mean {mean(key) / mean('gap'):.3f})")
-    print(f"  (vs zstd-19 of each file: /int32 {mean('ulp') / mean('z_i32'):.3f}, /gap {mean('ulp') / mean('z_gap'):.3f}; "
-          f"zstd-19 of the ULPack packs gains {1 - mean('z_ulp') / mean('ulp'):.1%})")
+        print(
+            f"  {label}: <= 1/4 of TRL int32 {'HOLDS' if size_i32 else 'FAILS'} "
+            f"(worst {max(r[key] / r['i32'] for r in rows):.3f}, mean {mean(key) / mean('i32'):.3f}); "
+            f"<= 1/2 of TRL gap-coded {'HOLDS' if size_gap else 'FAILS'} "
+            f"(worst {max(r[key] / r['gap'] for r in rows):.3f}, mean {mean(key) / mean('gap'):.3f})"
+        )
+    print(
+        f"  (vs zstd-19 of each file: /int32 {mean('ulp') / mean('z_i32'):.3f}, /gap {mean('ulp') / mean('z_gap'):.3f}; "
+        f"zstd-19 of the ULPack packs gains {1 - mean('z_ulp') / mean('ulp'):.1%})"
+    )
     for label, key in (("default", "apply"), ("trusted", "trusted"), ("floor: any format's scatter", "floor")):
         fast = all(r[key] < r["dl"] for r in rows)
-        print(f"  apply < download of the ULPack delta at 1 GB/s, {label}: {'HOLDS' if fast else 'FAILS'} "
-              f"({seconds(mean(key))} vs {seconds(mean('dl'))} mean)")
+        print(
+            f"  apply < download of the ULPack delta at 1 GB/s, {label}: {'HOLDS' if fast else 'FAILS'} "
+            f"({seconds(mean(key))} vs {seconds(mean('dl'))} mean)"
+        )
     changed_mean = mean("changed") * n_params
-    print(f"     why: ULPack codes a change in {8 * mean('ulp') / changed_mean:.1f} bits, {mean('ulp') / changed_mean:.2f} ns "
-          f"of download at 1 GB/s; writing it in place alone takes {mean('floor') / changed_mean * 1e9:.1f} ns here "
-          f"(TRL int32: {mean('i32') / changed_mean:.1f} ns of download, "
-          f"{mean('trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)")
+    print(
+        f"     why: ULPack codes a change in {8 * mean('ulp') / changed_mean:.1f} bits, {mean('ulp') / changed_mean:.2f} ns "
+        f"of download at 1 GB/s; writing it in place alone takes {mean('floor') / changed_mean * 1e9:.1f} ns here "
+        f"(TRL int32: {mean('i32') / changed_mean:.1f} ns of download, "
+        f"{mean('trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)"
+    )
     full_dl = 2 * n_params / GB
-    print(f"     context: full bf16 weights at 1 GB/s: {seconds(full_dl)}; download+apply at 1 GB/s: "
-          f"ULPack {seconds(mean('dl') + mean('trusted'))} trusted, {seconds(mean('dl') + mean('apply'))} default; "
-          f"TRL int32 {seconds(mean('i32') / GB + mean('trl_apply'))}")
+    print(
+        f"     context: full bf16 weights at 1 GB/s: {seconds(full_dl)}; download+apply at 1 GB/s: "
+        f"ULPack {seconds(mean('dl') + mean('trusted'))} trusted, {seconds(mean('dl') + mean('apply'))} default; "
+        f"TRL int32 {seconds(mean('i32') / GB + mean('trl_apply'))}"
+    )
     gain = mean("i32") - mean("ulp")
     extra = mean("trusted") - mean("trl_apply")
     if extra > 0:
-        print(f"     ULPack's download+apply (trusted) beats TRL int32's below {gain / extra / 1e6:.0f} MB/s of link "
-              "bandwidth per replica (cross-region links, NAT'd replicas, shared egress), loses above it")
+        print(
+            f"     ULPack's download+apply (trusted) beats TRL int32's below {gain / extra / 1e6:.0f} MB/s of link "
+            "bandwidth per replica (cross-region links, NAT'd replicas, shared egress), loses above it"
+        )
 
     # -- extrapolation ------------------------------------------------------------
     per_param = {k: mean(k) / n_params for k in ("ulp", "i32", "gap", "z_i32", "z_gap")}
     apply_rate = n_params / mean("trusted")  # params/s on `threads` threads, this machine
     publish_rate = n_params / mean("publish")
-    print(f"\nextrapolation on paper (same change density, {mean('changed'):.2%} of elements per step; "
-          f"bytes scale with parameters; apply/publish at this machine's measured "
-          f"{apply_rate / 1e6:.0f}M / {publish_rate / 1e6:.0f}M params/s on {threads} thread(s), scaling with cores):")
-    print(f"  {'model':>6} {'full bf16':>10} {'ULPack':>10} {'TRL i32':>10} {'TRL gap':>10} {'zstd i32':>10} "
-          f"{'dl ULPack@1GB/s':>16} {'dl i32@1GB/s':>13} {'trusted (here)':>15} {'trusted /64 cores':>18}")
+    print(
+        f"\nextrapolation on paper (same change density, {mean('changed'):.2%} of elements per step; "
+        f"bytes scale with parameters; apply/publish at this machine's measured "
+        f"{apply_rate / 1e6:.0f}M / {publish_rate / 1e6:.0f}M params/s on {threads} thread(s), scaling with cores):"
+    )
+    print(
+        f"  {'model':>6} {'full bf16':>10} {'ULPack':>10} {'TRL i32':>10} {'TRL gap':>10} {'zstd i32':>10} "
+        f"{'dl ULPack@1GB/s':>16} {'dl i32@1GB/s':>13} {'trusted (here)':>15} {'trusted /64 cores':>18}"
+    )
     for name, n in (("7B", 7e9), ("1T", 1e12)):
         b = {k: per_param[k] * n for k in per_param}
-        print(f"  {name:>6} {human(2 * n):>10} {human(b['ulp']):>10} {human(b['i32']):>10} {human(b['gap']):>10} "
-              f"{human(b['z_i32']):>10} {seconds(b['ulp'] / GB):>16} {seconds(b['i32'] / GB):>13} "
-              f"{seconds(n / apply_rate):>15} {seconds(n / apply_rate * threads / 64):>18}")
-    print("  (a 1T model is sharded: each inference host applies only its shard's chunks, so per-host "
-          "apply time divides by the number of hosts; ULPack chunks are independent)")
+        print(
+            f"  {name:>6} {human(2 * n):>10} {human(b['ulp']):>10} {human(b['i32']):>10} {human(b['gap']):>10} "
+            f"{human(b['z_i32']):>10} {seconds(b['ulp'] / GB):>16} {seconds(b['i32'] / GB):>13} "
+            f"{seconds(n / apply_rate):>15} {seconds(n / apply_rate * threads / 64):>18}"
+        )
+    print(
+        "  (a 1T model is sharded: each inference host applies only its shard's chunks, so per-host "
+        "apply time divides by the number of hosts; ULPack chunks are independent)"
+    )
 
 
 def _pack_keys(store: str, version: int) -> list[str]:

@@ -8,6 +8,7 @@ Usage::
 The pages are generated, never edited by hand: change the docstring or the
 parser, then rerun this script and commit its output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,26 +25,67 @@ HELP_COLUMNS = 88
 
 # (module, title, names or None for the module's __all__, intro)
 SECTIONS = [
-    ("ulstore", "Trajectories", ["open", "Trajectory", "store.StepInfo", "store.VerifyReport", "store.Inventory", "store.HEAD"],
-     "Open a trajectory, commit checkpoints as steps, read any step back exactly."),
-    ("ulstore.io", "Checkpoint import and export", None,
-     "Checkpoint files to steps and back (`ulstore add` / `ulstore export`)."),
-    ("ulstore.io.checkpoints", "Checkpoint files", None,
-     "Exact reading and writing of safetensors, sharded Hugging Face directories, torch state dicts and npz."),
-    ("ulstore", "The ULPack codec",
-     ["encode", "decode", "encode_many", "decode_many", "inspect_blob", "model_entropy_bits", "header_bound",
-      "ULPack", "backend", "set_backend", "available_backends"],
-     "Code one tensor against a reference; the store uses these per chunk."),
+    (
+        "ulstore",
+        "Trajectories",
+        ["open", "Trajectory", "store.StepInfo", "store.VerifyReport", "store.Inventory", "store.HEAD"],
+        "Open a trajectory, commit checkpoints as steps, read any step back exactly.",
+    ),
+    (
+        "ulstore.io",
+        "Checkpoint import and export",
+        None,
+        "Checkpoint files to steps and back (`ulstore add` / `ulstore export`).",
+    ),
+    (
+        "ulstore.io.checkpoints",
+        "Checkpoint files",
+        None,
+        "Exact reading and writing of safetensors, sharded Hugging Face directories, torch state dicts and npz.",
+    ),
+    (
+        "ulstore",
+        "The ULPack codec",
+        [
+            "encode",
+            "decode",
+            "encode_many",
+            "decode_many",
+            "inspect_blob",
+            "model_entropy_bits",
+            "header_bound",
+            "ULPack",
+            "backend",
+            "set_backend",
+            "available_backends",
+        ],
+        "Code one tensor against a reference; the store uses these per chunk.",
+    ),
     ("ulstore.sync", "Weight sync", None, "Trainer -> replica weight sync over a bucket; see [sync.md](sync.md)."),
     ("ulstore.errors", "Errors", None, None),
-    ("ulstore.toytrain", "Toy training runs", None,
-     "Real checkpoint trajectories from a small numpy language model (tests, benchmarks, the demo)."),
+    (
+        "ulstore.toytrain",
+        "Toy training runs",
+        None,
+        "Real checkpoint trajectories from a small numpy language model (tests, benchmarks, the demo).",
+    ),
     ("ulstore.cli.demo", "The demo", ["run"], None),
     ("ulstore.cli", "Command line", ["main", "build_parser"], "See also [cli.md](cli.md)."),
 ]
 
-_SECTION_NAMES = {"Parameters", "Returns", "Yields", "Raises", "Attributes", "Examples", "Example", "Notes",
-                  "See Also", "Warns", "Other Parameters"}
+_SECTION_NAMES = {
+    "Parameters",
+    "Returns",
+    "Yields",
+    "Raises",
+    "Attributes",
+    "Examples",
+    "Example",
+    "Notes",
+    "See Also",
+    "Warns",
+    "Other Parameters",
+}
 _LIST_SECTIONS = {"Parameters", "Returns", "Yields", "Raises", "Attributes", "Other Parameters", "Warns"}
 
 
@@ -97,7 +139,7 @@ def docstring_to_markdown(doc: str) -> str:
             desc = []
             i += 1
             while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
-                if lines[i + 1:i + 2] and re.fullmatch(r"-{3,}", lines[i + 1].strip()) and lines[i].strip():
+                if lines[i + 1 : i + 2] and re.fullmatch(r"-{3,}", lines[i + 1].strip()) and lines[i].strip():
                     break
                 desc.append(lines[i].strip())
                 i += 1
@@ -105,14 +147,20 @@ def docstring_to_markdown(doc: str) -> str:
             item = f"- **{_md_escape(name)}**" + (f" : {_md_escape(kind)}" if sep else "")
             out.append(item + (f" — {text}" if text else ""))
             continue
-        if (section not in _LIST_SECTIONS and line.strip() and not line.startswith((" ", "\t"))
-                and nxt.startswith(("    ", "\t")) and nxt.strip() and not line.lstrip().startswith(("*", "-"))):
+        if (
+            section not in _LIST_SECTIONS
+            and line.strip()
+            and not line.startswith((" ", "\t"))
+            and nxt.startswith(("    ", "\t"))
+            and nxt.strip()
+            and not line.lstrip().startswith(("*", "-"))
+        ):
             # an RST definition list item: the term in bold, its body as a paragraph
             _blank(out)
             out += [f"**{_rst_roles(line.strip())}**", ""]
             i += 1
             while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
-                if not lines[i].strip() and not (lines[i + 1:i + 2] and lines[i + 1].startswith((" ", "\t"))):
+                if not lines[i].strip() and not (lines[i + 1 : i + 2] and lines[i + 1].startswith((" ", "\t"))):
                     break
                 out.append(_rst_roles(lines[i].strip()))
                 i += 1
@@ -204,8 +252,12 @@ def render_object(qualname: str, obj, level: int = 3) -> list[str]:
         out.append("")
         bases = [b.__name__ for b in obj.__bases__ if b is not object]
         sig = _signature(qualname, obj) if kind == "class" and "__init__" in vars(obj) else qualname
-        if kind == "class" and not inspect.isabstract(obj) and obj.__module__.startswith("ulstore.store") and \
-                qualname.endswith("Trajectory"):
+        if (
+            kind == "class"
+            and not inspect.isabstract(obj)
+            and obj.__module__.startswith("ulstore.store")
+            and qualname.endswith("Trajectory")
+        ):
             sig = qualname  # created by ulstore.open, not by hand
         out += ["```python", f"{kind} {sig}" + (f"({', '.join(bases)})" if kind == "exception" else ""), "```", ""]
         doc = inspect.getdoc(obj)
@@ -336,8 +388,14 @@ def main(argv=None) -> int:
             continue
         if args.check:
             stale.append(path)
-            diff = difflib.unified_diff(old.splitlines(), text.splitlines(), f"{path.name} (committed)",
-                                        f"{path.name} (from the code)", lineterm="", n=1)
+            diff = difflib.unified_diff(
+                old.splitlines(),
+                text.splitlines(),
+                f"{path.name} (committed)",
+                f"{path.name} (from the code)",
+                lineterm="",
+                n=1,
+            )
             print("\n".join(list(diff)[:40]))
         else:
             path.write_text(text, encoding="utf-8")

@@ -14,6 +14,7 @@ branch costs with what the same fine-tune costs stored on its own.
 
     python examples/finetune_branch.py --out runs/branches --base-steps 30 --ft-steps 10
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,9 @@ def main(argv=None) -> int:
         run = toytrain.train(cfg, args.ft_steps, lr=lr, warmup_steps=args.base_steps)
         for k, state, loss in run:
             if k == 0:
-                assert all(np.array_equal(state[n].view(np.uint16), v.view(np.uint16))
-                           for n, v in traj.read(base).items())
+                assert all(
+                    np.array_equal(state[n].view(np.uint16), v.view(np.uint16)) for n, v in traj.read(base).items()
+                )
                 continue
             step = 1000 * (i + 1) + k  # any numbering works; steps are unique across branches
             # --- the integration: the first step of a branch names the base as its parent; ----
@@ -58,8 +60,9 @@ def main(argv=None) -> int:
             parent = base if k == 1 else ulstore.store.HEAD
             traj.commit(step, state, parent=parent, branch=branch, metadata={"loss": round(loss, 4), "lr": lr})
             finetuned.setdefault(branch, []).append(state)
-        print(f"{branch}: {args.ft_steps} steps at lr {lr:g} from step {base}, head {traj.head(branch)}, "
-              f"loss {loss:.3f}")
+        print(
+            f"{branch}: {args.ft_steps} steps at lr {lr:g} from step {base}, head {traj.head(branch)}, loss {loss:.3f}"
+        )
 
     report = {r["step"]: r for r in storage_report(traj)["steps"]}
     print(f"\nrefs: {traj.refs}")

@@ -27,6 +27,7 @@ events in the order the Trainer does.
 
     python examples/hf_trainer_callback.py --out runs/hf --steps 20 --every 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,9 @@ class UlstoreCallback:
             cls = _with_base(cls, base)
         return super().__new__(cls)
 
-    def __init__(self, url, every: int | None = 100, *, storage_options=None, branch=None,
-                 include_initial: bool = True):
+    def __init__(
+        self, url, every: int | None = 100, *, storage_options=None, branch=None, include_initial: bool = True
+    ):
         self.url = url
         self.every = every
         self.storage_options = storage_options
@@ -158,8 +160,15 @@ def _train_with_transformers(transformers, args) -> UlstoreCallback:
         row["labels"] = row["input_ids"].clone()
     callback = UlstoreCallback(args.out, every=args.every)
     training_args = transformers.TrainingArguments(
-        output_dir=args.workdir, max_steps=args.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        output_dir=args.workdir,
+        max_steps=args.steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=training_args, train_dataset=data, callbacks=[callback])
     trainer.train()
@@ -175,10 +184,17 @@ def _simulate_trainer(args) -> UlstoreCallback:
     model = nn.Sequential(nn.Embedding(64, 32), nn.Flatten(), nn.Linear(32 * 8, 64))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     training_args = types.SimpleNamespace(output_dir=args.workdir, max_steps=args.steps)
-    state = types.SimpleNamespace(global_step=0, epoch=0.0, log_history=[], is_world_process_zero=True,
-                                  is_local_process_zero=True, max_steps=args.steps)
-    control = types.SimpleNamespace(should_save=False, should_log=False, should_evaluate=False,
-                                    should_training_stop=False, should_epoch_stop=False)
+    state = types.SimpleNamespace(
+        global_step=0,
+        epoch=0.0,
+        log_history=[],
+        is_world_process_zero=True,
+        is_local_process_zero=True,
+        max_steps=args.steps,
+    )
+    control = types.SimpleNamespace(
+        should_save=False, should_log=False, should_evaluate=False, should_training_stop=False, should_epoch_stop=False
+    )
     callback = UlstoreCallback(args.out, every=args.every)
     events = dict(model=model, optimizer=opt)
     callback.on_init_end(training_args, state, control, **events)
@@ -192,8 +208,9 @@ def _simulate_trainer(args) -> UlstoreCallback:
         opt.step()
         state.global_step += 1
         state.epoch = state.global_step / args.steps
-        state.log_history.append({"loss": round(loss.item(), 4), "learning_rate": 1e-3, "epoch": state.epoch,
-                                  "step": state.global_step})
+        state.log_history.append(
+            {"loss": round(loss.item(), 4), "learning_rate": 1e-3, "epoch": state.epoch, "step": state.global_step}
+        )
         callback.on_log(training_args, state, control, logs=state.log_history[-1], **events)
         callback.on_step_end(training_args, state, control, **events)
     callback.on_train_end(training_args, state, control, **events)
@@ -219,8 +236,10 @@ def main(argv=None) -> int:
             print(f"training a tiny GPT-2 with transformers {transformers.__version__} Trainer")
             callback = _train_with_transformers(transformers, args)
         else:
-            print("transformers is not installed (or --simulate): driving the callback from a plain "
-                  "PyTorch loop with TrainerState/TrainerControl stand-ins")
+            print(
+                "transformers is not installed (or --simulate): driving the callback from a plain "
+                "PyTorch loop with TrainerState/TrainerControl stand-ins"
+            )
             callback = _simulate_trainer(args)
     traj = ulstore.open(args.out, mode="r")
     print(f"committed steps {callback.committed} to {args.out}")

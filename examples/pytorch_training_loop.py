@@ -17,6 +17,7 @@ original did at that step.
 
     python examples/pytorch_training_loop.py --steps 200 --every 20 --out runs/loop
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ class ByteMLP(nn.Module):
         super().__init__()
         self.context = context
         self.embed = nn.Embedding(256, 32)
-        self.body = nn.Sequential(nn.Linear(32 * context, width), nn.GELU(), nn.LayerNorm(width),
-                                  nn.Linear(width, width), nn.GELU())
+        self.body = nn.Sequential(
+            nn.Linear(32 * context, width), nn.GELU(), nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()
+        )
         self.head = nn.Linear(width, 256)
 
     def forward(self, x):
@@ -61,8 +63,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=20, help="save every N steps")
     ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="dtype the model trains in (bf16 halves the checkpoints)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32"],
+        help="dtype the model trains in (bf16 halves the checkpoints)",
+    )
     args = ap.parse_args(argv)
 
     torch.manual_seed(0)
@@ -97,10 +103,14 @@ def main(argv=None) -> int:
     with torch.no_grad():
         same = torch.equal(fresh(probe), saved_outputs[old])
     report = storage_report(traj)["total"]
-    print(f"\n{len(saved_outputs)} checkpoints of {sum(p.numel() for p in model.parameters()):,} parameters "
-          f"({args.dtype}) in {elapsed:.1f} s")
-    print(f"raw {human_bytes(report['raw_bytes'])}, stored {human_bytes(report['stored_bytes'])} "
-          f"({report['bits_per_weight']:.2f} bits/weight) at {args.out}")
+    print(
+        f"\n{len(saved_outputs)} checkpoints of {sum(p.numel() for p in model.parameters()):,} parameters "
+        f"({args.dtype}) in {elapsed:.1f} s"
+    )
+    print(
+        f"raw {human_bytes(report['raw_bytes'])}, stored {human_bytes(report['stored_bytes'])} "
+        f"({report['bits_per_weight']:.2f} bits/weight) at {args.out}"
+    )
     print(f"restored step {old} into a fresh model: outputs identical: {same}")
     return 0 if same else 1
 

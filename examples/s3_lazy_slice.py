@@ -20,6 +20,7 @@ Any S3-compatible endpoint works (AWS, MinIO, a local moto server)::
 Credentials come from the usual places (environment, ~/.aws); ``--endpoint-url``
 is passed to s3fs as ``endpoint_url``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,11 +98,15 @@ def main(argv=None) -> int:
     print(f"traj[{step}][{TENSOR!r}][0:4, 0:8] from {args.url} in {1e3 * elapsed:.0f} ms:")
     for line in np.array2string(values.astype(np.float32), precision=4).splitlines():
         print("  " + line)
-    print(f"the tensor is {arr.dtype} {arr.shape} in {arr.nchunks} chunks; the trajectory holds "
-          f"{stats['steps']} steps, {stats['blobs']} blobs, {human_bytes(stats['stored_bytes'])}")
-    print(f"GET requests: {len(counter.keys)} ({len(blobs)} blobs, {len(fetched) - len(blobs)} metadata objects), "
-          f"the blobs of one chunk and its reference chain back to an anchor "
-          f"({reader.info(step).anchor_distance} steps)")
+    print(
+        f"the tensor is {arr.dtype} {arr.shape} in {arr.nchunks} chunks; the trajectory holds "
+        f"{stats['steps']} steps, {stats['blobs']} blobs, {human_bytes(stats['stored_bytes'])}"
+    )
+    print(
+        f"GET requests: {len(counter.keys)} ({len(blobs)} blobs, {len(fetched) - len(blobs)} metadata objects), "
+        f"the blobs of one chunk and its reference chain back to an anchor "
+        f"({reader.info(step).anchor_distance} steps)"
+    )
     print(f"equal to the same slice of the fully decoded tensor: {exact}")
     lazy = 0 < len(blobs) <= reader.info(step).anchor_distance + 1 < stats["blobs"]
     print(f"fetched only what the slice needs: {lazy}")

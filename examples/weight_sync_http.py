@@ -21,6 +21,7 @@ Run::
 
 Only the standard library (http.server, urllib) carries the control messages.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,13 @@ class Replica(BaseHTTPRequestHandler):
         # with everything published since the last message (one version or several).
         while f.version is None or f.version < body["version"]:
             f.poll()
-        self._reply({"version": f.version, "sha256": digest(f.state),
-                     "events": [e.kind for e in f.events if e.kind not in ("apply",)][-3:]})
+        self._reply(
+            {
+                "version": f.version,
+                "sha256": digest(f.state),
+                "events": [e.kind for e in f.events if e.kind not in ("apply",)][-3:],
+            }
+        )
 
     def _reply(self, obj):
         data = json.dumps(obj).encode()
@@ -96,8 +102,11 @@ def run_replica(port: int) -> None:
 
 
 def post(port: int, path: str, message: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(message).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(message).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
@@ -113,9 +122,11 @@ def run_trainer(url: str, steps: int, anchor_every: int, port: int) -> bool:
             exact = answer["version"] == step and answer["sha256"] == digest(state)
             all_exact &= exact
             what = info.kind + (" + anchor" if info.anchor else "")
-            print(f"  step {step:3d}  loss {loss:.3f}  {what:<15} {info.delta_bytes:>7,} B delta  "
-                  f"publish {info.seconds * 1e3:5.1f} ms  replica at {answer['version']}: "
-                  f"{'exact' if exact else 'DIFFERENT'}")
+            print(
+                f"  step {step:3d}  loss {loss:.3f}  {what:<15} {info.delta_bytes:>7,} B delta  "
+                f"publish {info.seconds * 1e3:5.1f} ms  replica at {answer['version']}: "
+                f"{'exact' if exact else 'DIFFERENT'}"
+            )
     print(f"all versions exact: {all_exact}")
     return all_exact
 
@@ -132,8 +143,9 @@ def main(argv=None) -> int:
         run_replica(args.port)
         return 0
     url = args.url or tempfile.mkdtemp(prefix="weight-sync-") + "/store"
-    replica = subprocess.Popen([sys.executable, __file__, "--role", "replica", "--port", "0"],
-                               stdout=subprocess.PIPE, text=True)
+    replica = subprocess.Popen(
+        [sys.executable, __file__, "--role", "replica", "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(replica.stdout.readline())
         print(f"replica: listening on http://127.0.0.1:{port}/update")

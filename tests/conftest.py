@@ -1,4 +1,5 @@
 """Fixtures every test package shares: one moto S3 server per session."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ at module level or inside a function, is checked against the layer order.
 ulstore but errors) that every layer may use; ``ulstore/__init__.py`` is the
 facade above everything.
 """
+
 from __future__ import annotations
 
 import ast
@@ -66,8 +67,11 @@ def violations(path: Path, root: Path = PACKAGE) -> list[str]:
         dest = _part(target)
         if dest == source or (dest == "errors" and source != "errors"):
             continue
-        if LAYERS[dest] >= LAYERS[source] if LAYERS[source] == 0 else (
-                LAYERS[dest] > LAYERS[source] or frozenset({source, dest}) in SIBLINGS):
+        if (
+            LAYERS[dest] >= LAYERS[source]
+            if LAYERS[source] == 0
+            else (LAYERS[dest] > LAYERS[source] or frozenset({source, dest}) in SIBLINGS)
+        ):
             bad.append(f"{path.relative_to(root.parent)}:{line}: {source or 'ulstore'} imports {target}")
     return bad
 
@@ -96,4 +100,6 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
         "ulstore/codec/_bad.py:2: codec imports ulstore.store",
         "ulstore/codec/_bad.py:3: codec imports ulstore.cli",
     ]
-    assert violations(root / "sync" / "_bad.py", root) == ["ulstore/sync/_bad.py:1: sync imports ulstore.io.checkpoints"]
+    assert violations(root / "sync" / "_bad.py", root) == [
+        "ulstore/sync/_bad.py:1: sync imports ulstore.io.checkpoints"
+    ]

@@ -4,6 +4,7 @@ Tests use ``pytest.importorskip`` for torch and a few others so that a plain
 ``pip install -e .`` can still run the rest; this test makes sure that in the
 README's (and CI's) ``pip install -e ".[test]"`` none of those skips can happen.
 """
+
 from __future__ import annotations
 
 import importlib

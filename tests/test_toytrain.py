@@ -1,4 +1,5 @@
 """Tests of the numpy toy trainer that produces real checkpoint trajectories."""
+
 import re
 
 import ml_dtypes
@@ -23,8 +24,14 @@ def _identical_fractions(states):
     """Per step: fraction of all elements whose bits equal the previous checkpoint's."""
     fracs = []
     for a, b in zip(states, states[1:]):
-        same = sum(int((a[k].view(np.uint8).reshape(a[k].size, -1) ==
-                        b[k].view(np.uint8).reshape(b[k].size, -1)).all(axis=1).sum()) for k in a)
+        same = sum(
+            int(
+                (a[k].view(np.uint8).reshape(a[k].size, -1) == b[k].view(np.uint8).reshape(b[k].size, -1))
+                .all(axis=1)
+                .sum()
+            )
+            for k in a
+        )
         fracs.append(same / sum(v.size for v in a.values()))
     return np.array(fracs)
 
@@ -38,8 +45,9 @@ def test_loss_decreases():
 
 
 def test_gradients_match_finite_differences():
-    cfg = ToyConfig(context=3, embed_dim=4, hidden_size=6, intermediate_size=10,
-                    num_hidden_layers=2, batch_size=5, seed=3)
+    cfg = ToyConfig(
+        context=3, embed_dim=4, hidden_size=6, intermediate_size=10, num_hidden_layers=2, batch_size=5, seed=3
+    )
     rng = np.random.default_rng(0)
     # perturb the init so biases and LayerNorm parameters are not at 0 / 1
     params = {k: v + rng.normal(0, 0.3, v.shape) for k, v in init_params(cfg, np.float64).items()}
@@ -98,8 +106,10 @@ def test_dtypes_names_and_layout(dtype):
     state = states[-1][1]
     assert list(state) == list(TINY.shapes())
     assert sum(v.size for v in state.values()) == TINY.num_params
-    name_re = re.compile(r"(lm_head|model\.(embed_tokens|in_proj|norm"
-                         r"|layers\.\d+\.(norm|mlp\.(up|down)_proj)))\.(weight|bias)")
+    name_re = re.compile(
+        r"(lm_head|model\.(embed_tokens|in_proj|norm"
+        r"|layers\.\d+\.(norm|mlp\.(up|down)_proj)))\.(weight|bias)"
+    )
     for name, arr in state.items():
         assert name_re.fullmatch(name), name
         assert arr.dtype == CHECKPOINT_DTYPES[dtype] and arr.flags.c_contiguous

@@ -7,6 +7,7 @@
 - Checkpoint files in and out: :mod:`ulstore.io` (files: :mod:`ulstore.io.checkpoints`).
 - Weight sync for asynchronous RL: :mod:`ulstore.sync`.
 """
+
 import importlib as _importlib
 
 from .codec import (

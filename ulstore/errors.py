@@ -19,6 +19,7 @@ Errors are grouped by what a handler would do about them::
 
 Errors carry the ``step``, ``tensor`` and ``key`` they are about when known.
 """
+
 from __future__ import annotations
 
 __all__ = [

@@ -54,6 +54,7 @@ Examples
 >>> len(states), states[0]["lm_head.weight"].dtype.name
 (4, 'bfloat16')
 """
+
 from __future__ import annotations
 
 import math
@@ -153,12 +154,15 @@ class ToyConfig:
         ToyConfig
         """
         presets = {
-            "tiny": dict(context=8, embed_dim=16, hidden_size=64, intermediate_size=96,
-                         num_hidden_layers=2, batch_size=32),
-            "small": dict(context=16, embed_dim=32, hidden_size=256, intermediate_size=768,
-                          num_hidden_layers=4, batch_size=64),
-            "bench": dict(context=16, embed_dim=64, hidden_size=512, intermediate_size=2048,
-                          num_hidden_layers=6, batch_size=64),
+            "tiny": dict(
+                context=8, embed_dim=16, hidden_size=64, intermediate_size=96, num_hidden_layers=2, batch_size=32
+            ),
+            "small": dict(
+                context=16, embed_dim=32, hidden_size=256, intermediate_size=768, num_hidden_layers=4, batch_size=64
+            ),
+            "bench": dict(
+                context=16, embed_dim=64, hidden_size=512, intermediate_size=2048, num_hidden_layers=6, batch_size=64
+            ),
         }
         if name not in presets:
             raise InvalidInputError(f"unknown preset {name!r}; expected one of {sorted(presets)}")
@@ -277,13 +281,13 @@ def _layernorm(x, w, b):
 def _layernorm_backward(dy, w, cache):
     xhat, rstd = cache
     dxhat = dy * w
-    dx = rstd * (dxhat - dxhat.mean(axis=1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=1, keepdims=True))
+    dx = rstd * (dxhat - dxhat.mean(axis=1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=1, keepdims=True))
     return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
 
 
-def loss_and_grads(params: dict[str, np.ndarray], tokens: np.ndarray, config: ToyConfig,
-                   *, need_grads: bool = True) -> tuple[float, dict[str, np.ndarray] | None]:
+def loss_and_grads(
+    params: dict[str, np.ndarray], tokens: np.ndarray, config: ToyConfig, *, need_grads: bool = True
+) -> tuple[float, dict[str, np.ndarray] | None]:
     """Mean next-byte cross-entropy and its gradient, by hand.
 
     Computation runs in the dtype of ``params`` (float32 for training,
@@ -336,7 +340,8 @@ def loss_and_grads(params: dict[str, np.ndarray], tokens: np.ndarray, config: To
     dlogits /= n_batch
     G["lm_head.weight"] = dlogits.T @ hf
     dx, G["model.norm.weight"], G["model.norm.bias"] = _layernorm_backward(
-        dlogits @ P["lm_head.weight"], P["model.norm.weight"], lnf)
+        dlogits @ P["lm_head.weight"], P["model.norm.weight"], lnf
+    )
     for i in reversed(range(L)):
         p = f"model.layers.{i}."
         h, ln, u, a, t = caches[i]
@@ -347,7 +352,8 @@ def loss_and_grads(params: dict[str, np.ndarray], tokens: np.ndarray, config: To
         G[p + "mlp.up_proj.weight"] = du.T @ h
         G[p + "mlp.up_proj.bias"] = du.sum(axis=0)
         dh, G[p + "norm.weight"], G[p + "norm.bias"] = _layernorm_backward(
-            du @ P[p + "mlp.up_proj.weight"], P[p + "norm.weight"], ln)
+            du @ P[p + "mlp.up_proj.weight"], P[p + "norm.weight"], ln
+        )
         dx = dx + dh
     G["model.in_proj.weight"] = dx.T @ x_in
     G["model.in_proj.bias"] = dx.sum(axis=0)
@@ -402,9 +408,16 @@ def _check_dtype(dtype) -> np.dtype:
     raise DtypeError(f"dtype must be one of {list(CHECKPOINT_DTYPES)}, got {dtype!r}")
 
 
-def train(config: ToyConfig, steps: int, *, lr: float = 1e-3, warmup_steps: int = 0,
-          warmup_lr: float = 1e-3, dtype="bfloat16",
-          weight_decay: float = 0.0) -> Iterator[tuple[int, dict[str, np.ndarray], float]]:
+def train(
+    config: ToyConfig,
+    steps: int,
+    *,
+    lr: float = 1e-3,
+    warmup_steps: int = 0,
+    warmup_lr: float = 1e-3,
+    dtype="bfloat16",
+    weight_decay: float = 0.0,
+) -> Iterator[tuple[int, dict[str, np.ndarray], float]]:
     """Train the toy model and yield a checkpoint after every optimizer step.
 
     First ``warmup_steps`` AdamW steps at ``warmup_lr`` are taken silently
@@ -476,8 +489,9 @@ _REGIMES = {
 }
 
 
-def trajectory(kind: str, steps: int, *, preset: str | ToyConfig = "tiny", dtype="bfloat16",
-               warmup_steps: int | None = None) -> list[dict[str, np.ndarray]]:
+def trajectory(
+    kind: str, steps: int, *, preset: str | ToyConfig = "tiny", dtype="bfloat16", warmup_steps: int | None = None
+) -> list[dict[str, np.ndarray]]:
     """Ready-made trajectory of ``steps + 1`` checkpoints.
 
     Parameters
@@ -504,8 +518,12 @@ def trajectory(kind: str, steps: int, *, preset: str | ToyConfig = "tiny", dtype
     n_warm, warm_lr, lr, wd = _REGIMES[kind]
     if warmup_steps is not None:
         n_warm = warmup_steps
-    return [state for _, state, _ in train(config, steps, lr=lr, warmup_steps=n_warm,
-                                           warmup_lr=warm_lr, dtype=dtype, weight_decay=wd)]
+    return [
+        state
+        for _, state, _ in train(
+            config, steps, lr=lr, warmup_steps=n_warm, warmup_lr=warm_lr, dtype=dtype, weight_decay=wd
+        )
+    ]
 
 
 def save_safetensors(state: dict[str, np.ndarray], path) -> None:

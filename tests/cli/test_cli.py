@@ -1,4 +1,5 @@
 """Tests for the ``ulstore`` command line: every command as a subprocess, errors, exit codes, docs."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,16 @@ def run(*args, cwd=None, env=None, check=None, stdin=subprocess.DEVNULL, **kw) -
     """``python -m ulstore.cli ARGS`` in a subprocess (stderr is not a TTY: no progress bars)."""
     full_env = {k: v for k, v in os.environ.items() if k != "ULSTORE_STORAGE_OPTIONS"}
     full_env.update({"COLUMNS": "100", **(env or {})})
-    p = subprocess.run([sys.executable, "-m", "ulstore.cli", *map(str, args)], cwd=cwd, env=full_env,
-                       capture_output=True, text=True, stdin=stdin, timeout=300, **kw)
+    p = subprocess.run(
+        [sys.executable, "-m", "ulstore.cli", *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        stdin=stdin,
+        timeout=300,
+        **kw,
+    )
     if check is not None:
         assert p.returncode == check, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p
@@ -78,8 +87,7 @@ def store(tmp_path):
 # ----------------------------------------------------------------------- help
 
 
-@pytest.mark.parametrize("command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm",
-                                     "demo"])
+@pytest.mark.parametrize("command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm", "demo"])
 def test_help_for_every_command(command, capsys):
     argv = [command, "--help"] if command else ["--help"]
     assert cli.main(argv) == 0
@@ -95,8 +103,13 @@ def test_console_script_and_version():
 
 
 def test_usage_errors_exit_2(tmp_path):
-    for argv in (["bogus"], [], ["add", str(tmp_path)], ["export", "x", "notastep?", "o.safetensors", "--nope"],
-                 ["demo", "--steps", "0"]):
+    for argv in (
+        ["bogus"],
+        [],
+        ["add", str(tmp_path)],
+        ["export", "x", "notastep?", "o.safetensors", "--nope"],
+        ["demo", "--steps", "0"],
+    ):
         p = run(*argv)
         assert p.returncode == 2, (argv, p.stderr)
         assert "usage: ulstore" in p.stderr and "Traceback" not in p.stderr
@@ -236,18 +249,29 @@ def test_rm_and_gc(store):
 def test_demo_tiny(tmp_path):
     p = run("demo", "--preset", "tiny", "--steps", 4, cwd=tmp_path, check=0)
     out = p.stdout
-    for fragment in ("raw safetensors files", "zstd -3 of each file", "ulstore trajectory", "bits/weight",
-                     "Lazy read of an old step", "bit-exact", "Verify:", "OK", "The data lives in"):
+    for fragment in (
+        "raw safetensors files",
+        "zstd -3 of each file",
+        "ulstore trajectory",
+        "bits/weight",
+        "Lazy read of an old step",
+        "bit-exact",
+        "Verify:",
+        "OK",
+        "The data lives in",
+    ):
         assert fragment in out, fragment
     assert ulstore.open(tmp_path / "ulstore-demo", mode="r").steps == [0, 1, 2, 3, 4]
     # runs again over its own earlier demo; refuses anything else
-    doc = json.loads(run("demo", "ulstore-demo", "--preset", "tiny", "--steps", 2, "--json", cwd=tmp_path,
-                         check=0).stdout)
+    doc = json.loads(
+        run("demo", "ulstore-demo", "--preset", "tiny", "--steps", 2, "--json", cwd=tmp_path, check=0).stdout
+    )
     assert doc["steps"] == 3 and doc["slice_equal"] and doc["verified"]
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "thesis.tex").write_text("x")
-    assert_one_line_error(run("demo", tmp_path / "precious", "--preset", "tiny", "--steps", 2),
-                          "not an earlier ulstore demo")
+    assert_one_line_error(
+        run("demo", tmp_path / "precious", "--preset", "tiny", "--steps", 2), "not an earlier ulstore demo"
+    )
     assert (tmp_path / "precious" / "thesis.tex").read_text() == "x"
 
 
@@ -270,13 +294,16 @@ def bad_checkpoints(d: Path) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("kind, fragment", [
-    ("missing", "no such checkpoint"),
-    ("truncated", "truncated"),
-    ("malformed", "not valid JSON"),
-    ("dtype", "unknown dtype 'Q4'"),
-    ("exists", "step already exists"),
-])
+@pytest.mark.parametrize(
+    "kind, fragment",
+    [
+        ("missing", "no such checkpoint"),
+        ("truncated", "truncated"),
+        ("malformed", "not valid JSON"),
+        ("dtype", "unknown dtype 'Q4'"),
+        ("exists", "step already exists"),
+    ],
+)
 def test_bad_input_one_line_and_nothing_written(tmp_path, store, kind, fragment):
     before = objects(store)
     path = tmp_path / "step_000200.safetensors" if kind == "exists" else bad_checkpoints(tmp_path)[kind]
@@ -316,8 +343,18 @@ def test_unexpected_errors_and_interrupts_are_one_line(tmp_path, monkeypatch, ca
 def test_missing_trajectory_and_unreachable_url(tmp_path):
     assert_one_line_error(run("log", tmp_path / "nowhere"), "no trajectory", "ulstore init")
     assert not (tmp_path / "nowhere").exists()
-    p = run("log", "s3://ulstore-test/unreachable", "-o", "endpoint_url=http://127.0.0.1:9", "-o", "key=k",
-            "-o", "secret=s", "-o", 'config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2}')
+    p = run(
+        "log",
+        "s3://ulstore-test/unreachable",
+        "-o",
+        "endpoint_url=http://127.0.0.1:9",
+        "-o",
+        "key=k",
+        "-o",
+        "secret=s",
+        "-o",
+        'config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 2}',
+    )
     assert_one_line_error(p, "127.0.0.1:9")
     assert_one_line_error(run("init", "nosuchprotocol://x/y"), "nosuchprotocol")
     p = run("log", "memory://x", env={"ULSTORE_STORAGE_OPTIONS": "{not json"})
@@ -332,8 +369,10 @@ def test_s3_store_through_cli(tmp_path, moto_s3):
     run("add", url, *paths, env=env, check=0)
     assert "step_000002" in run("log", url, env=env, check=0).stdout
     run("export", url, 2, tmp_path / "back.safetensors", env=env, check=0)
-    assert ckpt.load(tmp_path / "back.safetensors").tensors["model.w"].tobytes() == \
-        ckpt.load(paths[1]).tensors["model.w"].tobytes()
+    assert (
+        ckpt.load(tmp_path / "back.safetensors").tensors["model.w"].tobytes()
+        == ckpt.load(paths[1]).tensors["model.w"].tobytes()
+    )
     endpoint = moto_s3.endpoint
     opts = ["-o", "key=testing", "-o", "secret=testing", "-o", f'client_kwargs={{"endpoint_url": "{endpoint}"}}']
     assert json.loads(run("stats", url, "--json", *opts, check=0).stdout)["total"]["steps"] == 2
@@ -352,8 +391,14 @@ def test_progress_bar_only_on_a_terminal(tmp_path, store):
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal has a size
         try:
-            p = subprocess.run([sys.executable, "-m", "ulstore.cli", *map(str, args)], stdout=subprocess.PIPE,
-                               stderr=slave, stdin=subprocess.DEVNULL, timeout=120, env={**os.environ})
+            p = subprocess.run(
+                [sys.executable, "-m", "ulstore.cli", *map(str, args)],
+                stdout=subprocess.PIPE,
+                stderr=slave,
+                stdin=subprocess.DEVNULL,
+                timeout=120,
+                env={**os.environ},
+            )
             os.close(slave)
             chunks = []
             while True:
@@ -380,8 +425,13 @@ def test_progress_bar_only_on_a_terminal(tmp_path, store):
 
 def test_docs_are_generated_from_the_code():
     """docs/cli.md and docs/api.md match what docs/_gen_api.py renders now."""
-    p = subprocess.run([sys.executable, str(REPO / "docs" / "_gen_api.py"), "--check"], capture_output=True,
-                       text=True, timeout=120, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, str(REPO / "docs" / "_gen_api.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
 
 

@@ -1,4 +1,5 @@
 """The shared lower layer: object client, sealed JSON, safetensors parser, dtype table, torch bridge."""
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,9 @@ def test_objects_map_backend_failures_only_when_asked(tmp_path):
 def test_sealed_documents_refuse_any_change():
     raw = sealed.seal({"format": "f", "n": 1})
     doc = json.loads(raw)
-    assert sealed.canonical_json(doc) == raw and doc["checksum"] == sealed.address(sealed.canonical_json({"format": "f", "n": 1}))
+    assert sealed.canonical_json(doc) == raw and doc["checksum"] == sealed.address(
+        sealed.canonical_json({"format": "f", "n": 1})
+    )
     assert sealed.open_sealed(raw, ValueError) == doc
     for bad in (raw.replace(b'"n":1', b'"n":2'), raw.replace(b":", b": ", 1), raw[:-1], b"[]"):
         with pytest.raises(ValueError):

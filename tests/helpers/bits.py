@@ -7,13 +7,24 @@ ulstore's bridge, so the code under test is not its own oracle.
 
 ``tests/codec/conftest.py`` also hands these out as fixtures.
 """
+
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["FLOAT_FORMATS", "uint", "bits_of", "flat_bits", "from_bits", "awkward_bits", "awkward_floats",
-           "random_floats", "assert_bit_identical", "words_view"]
+__all__ = [
+    "FLOAT_FORMATS",
+    "uint",
+    "bits_of",
+    "flat_bits",
+    "from_bits",
+    "awkward_bits",
+    "awkward_floats",
+    "random_floats",
+    "assert_bit_identical",
+    "words_view",
+]
 
 #: name -> (dtype, width in bits, exponent bits, mantissa bits)
 FLOAT_FORMATS: dict[str, tuple[np.dtype, int, int, int]] = {

@@ -1,4 +1,5 @@
 """Hand-edited ULPack blobs: the one helper that makes an edit pass the CRC."""
+
 from __future__ import annotations
 
 import zlib

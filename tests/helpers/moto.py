@@ -1,4 +1,5 @@
 """A moto S3 server on 127.0.0.1, for the tests that need a real S3 API (``moto_s3`` in tests/conftest.py)."""
+
 from __future__ import annotations
 
 import logging
@@ -18,16 +19,24 @@ class MotoS3:
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
-        self.options = {"key": "testing", "secret": "testing",
-                        "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+        self.options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+        }
 
     def bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh name unless given) and return its name."""
         import boto3
 
         name = name or f"sync-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket=name)
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=name)
         return name
 
     def stop(self):

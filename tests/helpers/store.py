@@ -1,4 +1,5 @@
 """Helpers for the store and io tests: real toytrain trajectories, exact state comparison, read counting."""
+
 from __future__ import annotations
 
 import functools

@@ -2,6 +2,7 @@
 
 Nothing here compares floats: digests and bit views only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,18 @@ from ulstore import toytrain
 
 from .bits import flat_bits
 
-__all__ = ["E2E_LR", "E2E_WARMUP", "e2e_config", "state_digest", "assert_same_bits", "rl_states", "delta_modes",
-           "run_role", "read_jsonl", "flat_bits"]
+__all__ = [
+    "E2E_LR",
+    "E2E_WARMUP",
+    "e2e_config",
+    "state_digest",
+    "assert_same_bits",
+    "rl_states",
+    "delta_modes",
+    "run_role",
+    "read_jsonl",
+    "flat_bits",
+]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: where `python -m tests.helpers.sync_roles` runs
 

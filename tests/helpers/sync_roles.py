@@ -5,6 +5,7 @@ Run from the repository root (:func:`tests.helpers.sync.run_role` does)::
     python -m tests.helpers.sync_roles trainer  --url URL --opts JSON --log FILE [--kill-at V:KEYPREFIX] ...
     python -m tests.helpers.sync_roles follower --url URL --opts JSON --out FILE --until V [--join-after V] ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,15 @@ def trainer_main(a) -> None:
         prev = state
         if step < start:
             continue
-        _append(a.log, {"version": step, "digest": state_digest(state), "changed": changed,
-                        "total": int(sum(v.size for v in state.values()))})
+        _append(
+            a.log,
+            {
+                "version": step,
+                "digest": state_digest(state),
+                "changed": changed,
+                "total": int(sum(v.size for v in state.values())),
+            },
+        )
         current["version"] = step
         pub.publish(step, state, metadata={"model_version": step, "loss": loss})
         time.sleep(a.delay)
@@ -82,8 +90,16 @@ def follower_main(a) -> None:
     for v in f.follow(until=a.until, timeout=60):
         assert f.version == v
         _append(a.out, {"version": v, "digest": state_digest(state)})
-    _append(a.out, {"done": True, "joined_at": joined_at, "verified": f.verify(), "stats": vars(f.stats),
-                    "events": [[e.kind, e.version, e.detail] for e in f.events]})
+    _append(
+        a.out,
+        {
+            "done": True,
+            "joined_at": joined_at,
+            "verified": f.verify(),
+            "stats": vars(f.stats),
+            "events": [[e.kind, e.version, e.detail] for e in f.events],
+        },
+    )
     f.close()
 
 

@@ -1,4 +1,5 @@
 """Tests for ulstore.io.checkpoints: exact round trips and hostile inputs."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,18 @@ from ulstore.io import _safetensors as _st_files
 from ulstore.io import checkpoints as ckpt
 
 DTYPES = [
-    np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2),
-    np.dtype("<f2"), np.dtype("<f4"), np.dtype("<f8"),
-    np.dtype("i1"), np.dtype("<i2"), np.dtype("<i4"), np.dtype("<i8"), np.dtype("u1"), np.dtype("?"),
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2),
+    np.dtype("<f2"),
+    np.dtype("<f4"),
+    np.dtype("<f8"),
+    np.dtype("i1"),
+    np.dtype("<i2"),
+    np.dtype("<i4"),
+    np.dtype("<i8"),
+    np.dtype("u1"),
+    np.dtype("?"),
 ]
 SHAPES = [(3, 5), (), (0, 4)]
 
@@ -32,8 +42,10 @@ def random_array(dtype, shape, seed=0):
 
 
 def all_dtypes_tensors():
-    return {f"t{i}_{dt.name}_{len(s)}d": random_array(dt, s, seed=i)
-            for i, (dt, s) in enumerate((dt, s) for dt in DTYPES for s in SHAPES)}
+    return {
+        f"t{i}_{dt.name}_{len(s)}d": random_array(dt, s, seed=i)
+        for i, (dt, s) in enumerate((dt, s) for dt in DTYPES for s in SHAPES)
+    }
 
 
 def assert_exact(got: dict, want: dict):
@@ -48,12 +60,12 @@ def assert_exact(got: dict, want: dict):
 def data_region(path):
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    return raw[8 + n:]
+    return raw[8 + n :]
 
 
 def header_of(path):
     raw = path.read_bytes()
-    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    return json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
 
 
 def raw_safetensors(path, header, data=b"", header_len=None):
@@ -103,6 +115,7 @@ def test_safetensors_all_dtypes_one_file_with_metadata(tmp_path):
 def test_safetensors_written_by_torch_bf16(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
+
     t = torch.randn(4, 6).to(torch.bfloat16)
     f8 = torch.randn(8).to(torch.float8_e4m3fn)
     src = tmp_path / "t.safetensors"
@@ -120,8 +133,10 @@ def test_safetensors_foreign_tensor_order(tmp_path):
     # A file whose data is not in the library's order still loads exactly.
     a = np.arange(3, dtype="<i2")
     b = np.arange(2, dtype="<f8")
-    header = {"a": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]},
-              "b": {"dtype": "F64", "shape": [2], "data_offsets": [6, 22]}}
+    header = {
+        "a": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]},
+        "b": {"dtype": "F64", "shape": [2], "data_offsets": [6, 22]},
+    }
     src = raw_safetensors(tmp_path / "f.safetensors", header, a.tobytes() + b.tobytes())
     ck = ckpt.load(src)
     assert_exact(ck.tensors, {"a": a, "b": b})
@@ -138,8 +153,12 @@ def test_empty_checkpoint(tmp_path):
 def test_big_endian_and_noncontiguous_input(tmp_path):
     base = random_array(np.dtype("<f4"), (4, 6))
     wants = {"be": base, "strided": base[:, ::2], "transposed": base.T, "be_i8": np.arange(5, dtype="<i8")}
-    given = {"be": base.astype(">f4"), "strided": base[:, ::2], "transposed": base.T,
-             "be_i8": np.arange(5, dtype=">i8")}
+    given = {
+        "be": base.astype(">f4"),
+        "strided": base[:, ::2],
+        "transposed": base.T,
+        "be_i8": np.arange(5, dtype=">i8"),
+    }
     ckpt.save_safetensors(given, tmp_path / "x.safetensors")
     ckpt.save_npz(given, tmp_path / "x.npz")
     for path in (tmp_path / "x.safetensors", tmp_path / "x.npz"):
@@ -183,8 +202,12 @@ def test_shard_size_greedy_and_oversize(tmp_path):
     t = {"a": np.zeros(10, "u1"), "b": np.zeros(10, "u1"), "big": np.zeros(100, "u1"), "c": np.zeros(5, "u1")}
     ckpt.save_safetensors(t, tmp_path, max_shard_size="0.02kB")  # 20 bytes
     wmap = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
-    assert wmap == {"a": "model-00001-of-00003.safetensors", "b": "model-00001-of-00003.safetensors",
-                    "big": "model-00002-of-00003.safetensors", "c": "model-00003-of-00003.safetensors"}
+    assert wmap == {
+        "a": "model-00001-of-00003.safetensors",
+        "b": "model-00001-of-00003.safetensors",
+        "big": "model-00002-of-00003.safetensors",
+        "c": "model-00003-of-00003.safetensors",
+    }
 
 
 @pytest.mark.parametrize("size", [0, -1, "lots", True])
@@ -238,8 +261,9 @@ def test_index_missing_a_tensor_is_refused(tmp_path):
         ckpt.load(index)
 
 
-@pytest.mark.parametrize("text", ["{not json", "[]", '{"weight_map": {"a": 3}}',
-                                  '{"weight_map": {"a": "../evil.safetensors"}}'])
+@pytest.mark.parametrize(
+    "text", ["{not json", "[]", '{"weight_map": {"a": 3}}', '{"weight_map": {"a": "../evil.safetensors"}}']
+)
 def test_bad_index(tmp_path, text):
     (tmp_path / "model.safetensors.index.json").write_text(text)
     with pytest.raises(InvalidInputError, match="model.safetensors.index.json"):
@@ -314,9 +338,15 @@ def test_torch_roundtrip_all_dtypes(tmp_path, shape):
 def test_torch_native_state_dict(tmp_path):
     torch = pytest.importorskip("torch")
     emb = torch.randn(5, 4).to(torch.bfloat16)
-    sd = {"embed_tokens.weight": emb, "norm": torch.randn(4, 3).t(),  # non-contiguous
-          "lm_head.weight": emb, "step": torch.tensor(7), "empty": torch.zeros(0, 3),
-          "empty2": torch.zeros(0, 3), "half_view": torch.arange(10.0)[5:]}
+    sd = {
+        "embed_tokens.weight": emb,
+        "norm": torch.randn(4, 3).t(),  # non-contiguous
+        "lm_head.weight": emb,
+        "step": torch.tensor(7),
+        "empty": torch.zeros(0, 3),
+        "empty2": torch.zeros(0, 3),
+        "half_view": torch.arange(10.0)[5:],
+    }
     p = tmp_path / "m.pt"
     torch.save(sd, p)
     ck = ckpt.load(p)
@@ -381,34 +411,75 @@ def _one_line(excinfo, name):
 GOOD = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda p: p.write_bytes(b"\x05\x00\x00"), "shorter than the 8-byte"),
-    (lambda p: raw_safetensors(p, GOOD, bytes(8), header_len=10**6), "runs past the end"),
-    (lambda p: raw_safetensors(p, b'{"a": {"dtype": "F32",', bytes(8)), "not valid JSON"),
-    (lambda p: raw_safetensors(p, b"\xff\xfe{}"), "not valid JSON"),
-    (lambda p: raw_safetensors(p, b"[1, 2]"), "not an object"),
-    (lambda p: raw_safetensors(p, GOOD, bytes(5)), "truncated"),
-    (lambda p: raw_safetensors(p, GOOD, bytes(9)), "belong to no tensor"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F31", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
-     "unknown dtype 'F31'"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                                   "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8)),
-     "overlap"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8)),
-     "hole"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)),
-     "needs 12"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, bytes(8)),
-     "begin <= end"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8)),
-     "non-negative"),
-    (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [2]}}, bytes(8)), "exactly dtype"),
-    (lambda p: raw_safetensors(p, {**GOOD, "__metadata__": {"k": 1}}, bytes(8)), "__metadata__"),
-    (lambda p: raw_safetensors(p, b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},'
-                                  b' "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', bytes(8)),
-     "duplicate key"),
-], ids=["tiny", "header_len", "json", "utf8", "not_object", "truncated", "trailing", "dtype", "overlap",
-        "hole", "size_mismatch", "reversed", "negative_dim", "missing_field", "metadata", "duplicate"])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: p.write_bytes(b"\x05\x00\x00"), "shorter than the 8-byte"),
+        (lambda p: raw_safetensors(p, GOOD, bytes(8), header_len=10**6), "runs past the end"),
+        (lambda p: raw_safetensors(p, b'{"a": {"dtype": "F32",', bytes(8)), "not valid JSON"),
+        (lambda p: raw_safetensors(p, b"\xff\xfe{}"), "not valid JSON"),
+        (lambda p: raw_safetensors(p, b"[1, 2]"), "not an object"),
+        (lambda p: raw_safetensors(p, GOOD, bytes(5)), "truncated"),
+        (lambda p: raw_safetensors(p, GOOD, bytes(9)), "belong to no tensor"),
+        (
+            lambda p: raw_safetensors(p, {"a": {"dtype": "F31", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+            "unknown dtype 'F31'",
+        ),
+        (
+            lambda p: raw_safetensors(
+                p,
+                {
+                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+                },
+                bytes(8),
+            ),
+            "overlap",
+        ),
+        (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8)), "hole"),
+        (
+            lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)),
+            "needs 12",
+        ),
+        (
+            lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, bytes(8)),
+            "begin <= end",
+        ),
+        (
+            lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8)),
+            "non-negative",
+        ),
+        (lambda p: raw_safetensors(p, {"a": {"dtype": "F32", "shape": [2]}}, bytes(8)), "exactly dtype"),
+        (lambda p: raw_safetensors(p, {**GOOD, "__metadata__": {"k": 1}}, bytes(8)), "__metadata__"),
+        (
+            lambda p: raw_safetensors(
+                p,
+                b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},'
+                b' "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+                bytes(8),
+            ),
+            "duplicate key",
+        ),
+    ],
+    ids=[
+        "tiny",
+        "header_len",
+        "json",
+        "utf8",
+        "not_object",
+        "truncated",
+        "trailing",
+        "dtype",
+        "overlap",
+        "hole",
+        "size_mismatch",
+        "reversed",
+        "negative_dim",
+        "missing_field",
+        "metadata",
+        "duplicate",
+    ],
+)
 def test_bad_safetensors(tmp_path, make, match):
     p = tmp_path / "bad.safetensors"
     make(p)
@@ -467,7 +538,7 @@ def test_save_rejects_bad_input(tmp_path):
 
 def _crash_mid_write(arrays, path, metadata):
     with open(path, "wb") as f:
-        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"half")
+        f.write(b'\x10\x00\x00\x00\x00\x00\x00\x00{"half')
     raise OSError("disk full")
 
 

@@ -1,4 +1,5 @@
 """Tests for ulstore.io: checkpoint file -> trajectory step -> checkpoint file, byte for byte."""
+
 from __future__ import annotations
 
 import json
@@ -143,7 +144,8 @@ def test_sharded_round_trip(tmp_path, traj):
     # shards as the source was sharded, same index, same tensor bytes, same file metadata
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in src.iterdir())
     assert json.loads((out / "model.safetensors.index.json").read_text()) == json.loads(
-        (src / "model.safetensors.index.json").read_text())
+        (src / "model.safetensors.index.json").read_text()
+    )
     for shard in src.glob("model-*.safetensors"):
         assert tensor_bytes(out / shard.name) == tensor_bytes(shard)
         assert file_metadata(out / shard.name) == {"format": "pt"}
@@ -277,29 +279,40 @@ def test_directly_committed_steps_export_too(tmp_path, traj):
 # ---------------------------------------------------------------------- names
 
 
-@pytest.mark.parametrize("path, step", [
-    ("step_001200.safetensors", 1200),
-    ("runs/a/step-7.pt", 7),
-    ("out/checkpoint-1200", 1200),
-    ("out/checkpoint-1200/", 1200),
-    ("out/checkpoint-1200/model.safetensors", 1200),
-    ("out/checkpoint-1200/model.safetensors.index.json", 1200),
-    ("out/checkpoint-1200/pytorch_model.bin", 1200),
-    ("global_step500/consolidated.pt", 500),
-    ("llama3-8b-ckpt3000.npz", 3000),
-    ("model_40.npz", 40),
-    ("epoch3-step900.safetensors", 900),
-    ("model.safetensors", None),
-    ("llama3-8b.safetensors", None),
-])
+@pytest.mark.parametrize(
+    "path, step",
+    [
+        ("step_001200.safetensors", 1200),
+        ("runs/a/step-7.pt", 7),
+        ("out/checkpoint-1200", 1200),
+        ("out/checkpoint-1200/", 1200),
+        ("out/checkpoint-1200/model.safetensors", 1200),
+        ("out/checkpoint-1200/model.safetensors.index.json", 1200),
+        ("out/checkpoint-1200/pytorch_model.bin", 1200),
+        ("global_step500/consolidated.pt", 500),
+        ("llama3-8b-ckpt3000.npz", 3000),
+        ("model_40.npz", 40),
+        ("epoch3-step900.safetensors", 900),
+        ("model.safetensors", None),
+        ("llama3-8b.safetensors", None),
+    ],
+)
 def test_step_from_path(path, step):
     assert uio.step_from_path(path) == step
 
 
-@pytest.mark.parametrize("out, fmt", [
-    ("m.safetensors", "safetensors"), ("m.pt", "torch"), ("m.PTH", "torch"), ("pytorch_model.bin", "torch"),
-    ("m.npz", "npz"), ("dir/", "sharded"), ("checkpoint-5", "sharded"),
-])
+@pytest.mark.parametrize(
+    "out, fmt",
+    [
+        ("m.safetensors", "safetensors"),
+        ("m.pt", "torch"),
+        ("m.PTH", "torch"),
+        ("pytorch_model.bin", "torch"),
+        ("m.npz", "npz"),
+        ("dir/", "sharded"),
+        ("checkpoint-5", "sharded"),
+    ],
+)
 def test_output_format(out, fmt):
     assert uio.output_format(out) == fmt
 
@@ -339,10 +352,16 @@ def bad_files(tmp_path) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("kind, match", [
-    ("truncated", "truncated"), ("short", "shorter than"), ("malformed", "not valid JSON"),
-    ("dtype", "unknown dtype 'F7'"), ("npz", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "kind, match",
+    [
+        ("truncated", "truncated"),
+        ("short", "shorter than"),
+        ("malformed", "not valid JSON"),
+        ("dtype", "unknown dtype 'F7'"),
+        ("npz", "cannot read"),
+    ],
+)
 def test_bad_files_leave_nothing(tmp_path, kind, match):
     root = tmp_path / "traj"
     traj = ulstore.open(root, mode="w")

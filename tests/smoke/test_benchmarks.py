@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at their smallest settings (their numbers are not checked:
 tests never assert speed or size targets, the scripts print them)."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_benchmark(script: str, *args, cache: Path) -> str:
     env = dict(os.environ, ULSTORE_BENCH_CACHE=str(cache))
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)], capture_output=True,
-                       text=True, timeout=600, env=env, cwd=cache)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=cache,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
 
@@ -27,15 +34,22 @@ def cache(tmp_path_factory):
 
 def test_sync_benchmark_smoke(cache):
     out = run_benchmark("sync.py", "--preset", "tiny", "--steps", 2, cache=cache)
-    for needle in ("ULPack (sparse, the default): <= 1/4 of TRL int32", "ULPack dense:", "floor: any format's scatter",
-                   "extrapolation on paper", "7B", "1T"):
+    for needle in (
+        "ULPack (sparse, the default): <= 1/4 of TRL int32",
+        "ULPack dense:",
+        "floor: any format's scatter",
+        "extrapolation on paper",
+        "7B",
+        "1T",
+    ):
         assert needle in out, needle
     assert len([line for line in out.splitlines() if line.lstrip().startswith(("1 ", "2 "))]) == 2  # one row a version
 
 
 def test_codec_benchmark_smoke(cache):
-    out = run_benchmark("codec.py", "--preset", "tiny", "--steps", 1, "--only", "rl-bf16", "--reps", 1,
-                        "--time-budget", 0, cache=cache)
+    out = run_benchmark(
+        "codec.py", "--preset", "tiny", "--steps", 1, "--only", "rl-bf16", "--reps", 1, "--time-budget", 0, cache=cache
+    )
     assert "rl-bf16" in out and "ZipNN" in out
 
 

@@ -1,4 +1,5 @@
 """Run every script in examples/ on tiny models, as CI does; nothing is downloaded."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name, *args, env=None, cwd=None):
-    p = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args)], capture_output=True, text=True,
-                       timeout=300, cwd=cwd, env={**os.environ, **(env or {})})
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
     assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p.stdout
 
@@ -44,8 +51,7 @@ def test_every_example_is_run_by_a_test():
 
 def test_pytorch_training_loop(tmp_path):
     pytest.importorskip("torch")
-    out = run_example("pytorch_training_loop.py", "--steps", 12, "--every", 4, "--width", 32,
-                      "--out", tmp_path / "run")
+    out = run_example("pytorch_training_loop.py", "--steps", 12, "--every", 4, "--width", 32, "--out", tmp_path / "run")
     assert "outputs identical: True" in out
     traj = ulstore.open(tmp_path / "run", mode="r")
     assert traj.steps == [0, 4, 8, 12] and "loss" in traj.info(8).metadata
@@ -70,8 +76,15 @@ def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
     if example._trainer_callback_base() is not None:  # transformers installed: a real TrainerCallback
         assert isinstance(cb, example._trainer_callback_base())
     # the Trainer calls every event by name; unknown ones are no-ops
-    for event in ("on_init_end", "on_epoch_begin", "on_log", "on_evaluate", "on_prediction_step",
-                  "on_optimizer_step", "on_some_future_event"):
+    for event in (
+        "on_init_end",
+        "on_epoch_begin",
+        "on_log",
+        "on_evaluate",
+        "on_prediction_step",
+        "on_optimizer_step",
+        "on_some_future_event",
+    ):
         assert getattr(cb, event)(args, state, control, model=model) is None
     with pytest.raises(AttributeError):
         cb.not_an_event  # noqa: B018
@@ -109,8 +122,9 @@ def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
 
 
 def test_finetune_branch(tmp_path):
-    out = run_example("finetune_branch.py", "--preset", "tiny", "--base-steps", 6, "--ft-steps", 3,
-                      "--out", tmp_path / "br")
+    out = run_example(
+        "finetune_branch.py", "--preset", "tiny", "--base-steps", 6, "--ft-steps", 3, "--out", tmp_path / "br"
+    )
     assert "branches cheaper than standalone, heads exact: True" in out
     traj = ulstore.open(tmp_path / "br", mode="r")
     assert traj.refs == {"main": 6, "ft-a": 1003, "ft-b": 2003}
@@ -127,15 +141,15 @@ def s3_endpoint():
 def test_s3_lazy_slice(tmp_path, s3_endpoint):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     url = f"s3://examples/{uuid.uuid4().hex}"
-    out = run_example("s3_lazy_slice.py", url, "--endpoint-url", s3_endpoint, "--create-bucket", "--steps", 5,
-                      env=env)
+    out = run_example("s3_lazy_slice.py", url, "--endpoint-url", s3_endpoint, "--create-bucket", "--steps", 5, env=env)
     assert "equal to the same slice of the fully decoded tensor: True" in out
     assert "fetched only what the slice needs: True" in out
     # a second run reads the existing trajectory without writing
     out = run_example("s3_lazy_slice.py", url, "--endpoint-url", s3_endpoint, env=env)
     assert "wrote" not in out and "True" in out
-    traj = ulstore.open(url, mode="r", storage_options={"endpoint_url": s3_endpoint, "key": "testing",
-                                                       "secret": "testing"})
+    traj = ulstore.open(
+        url, mode="r", storage_options={"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    )
     assert traj.steps == list(range(6))
     assert np.asarray(traj[3]["lm_head.weight"][0:2, 0:2]).shape == (2, 2)
 

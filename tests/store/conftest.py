@@ -1,4 +1,5 @@
 """Fixtures of the store tests: a fresh trajectory location on every backend."""
+
 from __future__ import annotations
 
 import uuid

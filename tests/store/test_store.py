@@ -1,4 +1,5 @@
 """Tests of the trajectory store: exactness, laziness, dedup, errors, integrity, retention."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -101,8 +102,9 @@ def test_odd_dtypes_and_edge_chunks():
     got = ro.read(1)
     for k, v in state.items():
         assert got[k].dtype == v.dtype.newbyteorder("=") or got[k].dtype.name == v.dtype.name
-        np.testing.assert_array_equal(bits(got[k].astype(got[k].dtype.newbyteorder("<"))),
-                                      bits(v.astype(v.dtype.newbyteorder("<"))), err_msg=k)
+        np.testing.assert_array_equal(
+            bits(got[k].astype(got[k].dtype.newbyteorder("<"))), bits(v.astype(v.dtype.newbyteorder("<"))), err_msg=k
+        )
     g = ro[0]
     np.testing.assert_array_equal(bits(g["f16"][6, :]), bits(state["f16"][6, :]))  # last, padded chunk
     assert g["e4m3"].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
@@ -134,7 +136,9 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     assert bits(np.asarray(value)) == bits(np.asarray(states[step][name][17, 5]))
     assert len(counter.blobs()) <= depth + 1
     assert len(set(counter.manifests())) <= depth + 1
-    assert len(counter.reads) == len(counter.blobs()) + len(counter.manifests())  # nothing else (root meta is read at open)
+    assert len(counter.reads) == len(counter.blobs()) + len(
+        counter.manifests()
+    )  # nothing else (root meta is read at open)
     counter.reset()
     ro[step][name][17, 6]  # same chunk: cache hit, no backend read at all
     assert counter.reads == []
@@ -184,10 +188,11 @@ def test_unchanged_tensors_add_no_blob_bytes():
     n0 = traj.stats()["blobs"]
     traj.commit(1, mixed)
     m0, m1 = traj._reader.manifest(0), traj._reader.manifest(1)
-    new = {e.blob for t in m1.tensors.values() for e in t.entries} - {e.blob for t in m0.tensors.values() for e in t.entries}
+    new = {e.blob for t in m1.tensors.values() for e in t.entries} - {
+        e.blob for t in m0.tensors.values() for e in t.entries
+    }
     changed_chunks = sum(
-        e1.content != e0.content
-        for k in changed for e0, e1 in zip(m0.tensors[k].entries, m1.tensors[k].entries)
+        e1.content != e0.content for k in changed for e0, e1 in zip(m0.tensors[k].entries, m1.tensors[k].entries)
     )
     assert traj.stats()["blobs"] - n0 == len(new) <= changed_chunks
     for k in a:
@@ -360,8 +365,12 @@ def test_flipped_byte_in_any_blob_is_named():
         traj.commit(i, states[i])
     fs = traj._io.fs
     rng = np.random.default_rng(1)
-    entries = [(s, name, coord, t.entry(coord)) for s in traj.steps
-               for name, t in traj._reader.manifest(s).tensors.items() for coord in t.coords()]
+    entries = [
+        (s, name, coord, t.entry(coord))
+        for s in traj.steps
+        for name, t in traj._reader.manifest(s).tensors.items()
+        for coord in t.coords()
+    ]
     blobs = {e.blob: (s, name, coord) for s, name, coord, e in entries}
     for digest, (s, name, coord) in blobs.items():
         path = traj._io.path(blob_key(digest))
@@ -553,8 +562,12 @@ def test_commit_with_external_thread_executor():
 def test_commit_with_dask_distributed(tmp_path, processes):
     distributed = pytest.importorskip("distributed")
     states = states_fp32(20)
-    with distributed.LocalCluster(processes=processes, n_workers=1, threads_per_worker=2,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            processes=processes, n_workers=1, threads_per_worker=2, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         executor = CountingExecutor(client.get_executor())
         traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=CHUNK, executor=executor)
         for i in range(3):

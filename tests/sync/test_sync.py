@@ -2,6 +2,7 @@
 state, the change detector, fault injection at every write of a publish, corrupt and missing objects,
 and clear errors for misconfigured buckets.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,13 @@ def test_follow_yields_each_version_and_late_join_uses_nearest_anchor(states, ur
 
 def test_awkward_values_and_integer_tensors_roundtrip(url):
     words = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x7F80, 0xFF80, 0x7FC1, 0xFFC5, 0x7F81, 0x3F80], np.uint16)
-    a = {"w": words.view(BF16).copy(), "step": np.array([3], np.int64), "mask": np.array([True, False]),
-         "f32": np.array([-0.0, np.nan, 1e-45], np.float32), "empty": np.zeros((0, 3), BF16)}
+    a = {
+        "w": words.view(BF16).copy(),
+        "step": np.array([3], np.int64),
+        "mask": np.array([True, False]),
+        "f32": np.array([-0.0, np.nan, 1e-45], np.float32),
+        "empty": np.zeros((0, 3), BF16),
+    }
     b = copy(a)
     b["w"].view(np.uint16)[:2] = [0x8000, 0x0000]  # +0 <-> -0 is a change
     b["step"][0] = 4
@@ -121,10 +127,14 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
     orig_write, orig_apply = Binding.write, Binding.apply
-    Binding.write = lambda self, start, values: (writes.append(("write", self.name, start, values.size)),
-                                                 orig_write(self, start, values))[1]
-    Binding.apply = lambda self, start, stop, ch: (writes.append(("apply", self.name, start, ch.positions.tolist())),
-                                                   orig_apply(self, start, stop, ch))[1]
+    Binding.write = lambda self, start, values: (
+        writes.append(("write", self.name, start, values.size)),
+        orig_write(self, start, values),
+    )[1]
+    Binding.apply = lambda self, start, stop, ch: (
+        writes.append(("apply", self.name, start, ch.positions.tolist())),
+        orig_apply(self, start, stop, ch),
+    )[1]
     try:
         assert f.poll() == 3
     finally:
@@ -201,10 +211,12 @@ def test_change_detector_skips_unchanged_tensors(tmp_path):
     model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
     model = model.to(torch.bfloat16)
     model[1].weight.requires_grad_(False)  # frozen: not in the optimizer, so never vouched for
-    opt = torch.optim.AdamW([
-        {"params": [model[0].weight, model[2].weight, model[2].bias], "lr": 1e-2},  # these change
-        {"params": [model[1].bias], "lr": 1e-9},  # far below half a bf16 ULP: never changes
-    ])
+    opt = torch.optim.AdamW(
+        [
+            {"params": [model[0].weight, model[2].weight, model[2].bias], "lr": 1e-2},  # these change
+            {"params": [model[1].bias], "lr": 1e-9},  # far below half a bf16 ULP: never changes
+        ]
+    )
     det = ChangeDetector(opt, model)
     assert det.watched == {"0.weight", "2.weight", "2.bias", "1.bias"}
     url = str(tmp_path / "det")
@@ -296,8 +308,11 @@ def test_corrupt_or_missing_delta_rebootstraps_from_anchor(states, url, damage, 
     for v in range(4, 8):  # anchor at 5
         publish_all_from.publish(v, states[v])
     publish_all_from.close()
-    target = os.path.join(url, _pack_keys(url, 4)[0]) if "pack" in damage else \
-        os.path.join(url, "versions/000000000004.json")
+    target = (
+        os.path.join(url, _pack_keys(url, 4)[0])
+        if "pack" in damage
+        else os.path.join(url, "versions/000000000004.json")
+    )
     if damage.startswith("flip"):
         _flip(target)
     else:
@@ -381,7 +396,9 @@ def test_verify_finds_foreign_writes_and_the_next_poll_repairs_them(states, url,
     f.bootstrap()
     assert f.verify() and f.version == 2
     name = "lm_head.weight"
-    unchanged = np.flatnonzero(states[3][name].view(np.uint16).reshape(-1) == states[2][name].view(np.uint16).reshape(-1))
+    unchanged = np.flatnonzero(
+        states[3][name].view(np.uint16).reshape(-1) == states[2][name].view(np.uint16).reshape(-1)
+    )
     f.state[name].reshape(-1).view(np.uint16)[unchanged[7]] ^= 1  # an element no delta will touch
     assert not f.verify()
     assert f.version is None and f.events[-1].kind == "corrupt" and name in f.events[-1].detail
@@ -439,8 +456,12 @@ def test_missing_bucket_is_a_clear_error_at_construction(moto_s3):
 
 
 def test_unreachable_endpoint_is_a_clear_error_at_construction():
-    opts = {"key": "k", "secret": "s", "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
-            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}}
+    opts = {
+        "key": "k",
+        "secret": "s",
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"},
+    }
     t0 = time.monotonic()
     with pytest.raises(BucketAccessError, match="127.0.0.1:9"):
         Publisher("s3://bucket/run", storage_options=opts)
@@ -485,7 +506,9 @@ def test_prune_keeps_what_followers_need(states, url):
         out = pub.prune(keep_anchors=2)
     assert out["cutoff"] == 8 and out["objects"] > 0
     left = sorted(os.listdir(os.path.join(url, "versions")))
-    assert left[0] == "000000000008.json" and sorted(os.listdir(os.path.join(url, "anchors")))[0].startswith("000000000008")
+    assert left[0] == "000000000008.json" and sorted(os.listdir(os.path.join(url, "anchors")))[0].startswith(
+        "000000000008"
+    )
     fresh = Follower(url)
     assert fresh.bootstrap() == 12
     assert_same_bits(fresh.state, states[12])
@@ -521,7 +544,7 @@ def test_unreachable_bucket_mid_run(states, url):
 def test_cuda_tensors_publish_and_follow(states, url):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():  # the device code path itself is also run on CPU: see
-        pytest.skip("no CUDA device")    # test_device_binding_writes_through_a_cpu_stand_in
+        pytest.skip("no CUDA device")  # test_device_binding_writes_through_a_cpu_stand_in
     from ulstore.core.torch import to_tensor as numpy_to_tensor
 
     def on_gpu(state):

@@ -1,6 +1,7 @@
 """End to end, in separate processes on a moto S3 bucket: a trainer trains for real and publishes
 every step; followers track it bit for bit; a publisher killed mid-publish never exposes a partial version.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,42 @@ def test_trainer_and_two_followers_bit_exact(moto_s3, tmp_path):
     url = f"s3://{moto_s3.bucket()}/rl-run"
     opts = json.dumps(moto_s3.options)
     early_out, late_out, log = tmp_path / "early.jsonl", tmp_path / "late.jsonl", tmp_path / "trainer.jsonl"
-    early = run_role("follower", "--url", url, "--opts", opts, "--out", early_out, "--until", STEPS,
-                     "--state", "numpy", wait=False)
-    trainer = run_role("trainer", "--url", url, "--opts", opts, "--log", log, "--steps", STEPS,
-                       "--anchor-every", ANCHOR_EVERY, "--delay", 0.05, wait=False)
-    late = run_role("follower", "--url", url, "--opts", opts, "--out", late_out, "--until", STEPS,
-                    "--join-after", 17, "--state", "torch", "--trust-state", wait=False)  # applies by position only
+    early = run_role(
+        "follower", "--url", url, "--opts", opts, "--out", early_out, "--until", STEPS, "--state", "numpy", wait=False
+    )
+    trainer = run_role(
+        "trainer",
+        "--url",
+        url,
+        "--opts",
+        opts,
+        "--log",
+        log,
+        "--steps",
+        STEPS,
+        "--anchor-every",
+        ANCHOR_EVERY,
+        "--delay",
+        0.05,
+        wait=False,
+    )
+    late = run_role(
+        "follower",
+        "--url",
+        url,
+        "--opts",
+        opts,
+        "--out",
+        late_out,
+        "--until",
+        STEPS,
+        "--join-after",
+        17,
+        "--state",
+        "torch",
+        "--trust-state",
+        wait=False,
+    )  # applies by position only
     procs = {"trainer": trainer, "early": early, "late": late}
     for name, p in procs.items():
         out, err = p.communicate(timeout=150)

@@ -3,6 +3,7 @@ variant, a partial anchor, a uint32 gap fallback) -> ulstore sync store -> TRL b
 every step (replayed with numpy), and readable the way TRL's vLLM-side loader reads it (safetensors.torch
 + torch indexing, where torch is installed).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,16 @@ def trajectory():
 
 
 def _meta(step, n_params, changed, total, **extra):
-    return {"format": "sparse_weight_patch", "version": "1", "model_version": str(step),
-            "num_changed_params": str(n_params), "total_changed_elements": str(changed),
-            "total_elements": str(total), "sparsity": str(1 - changed / total), **extra}
+    return {
+        "format": "sparse_weight_patch",
+        "version": "1",
+        "model_version": str(step),
+        "num_changed_params": str(n_params),
+        "total_changed_elements": str(changed),
+        "total_elements": str(total),
+        "sparsity": str(1 - changed / total),
+        **extra,
+    }
 
 
 def _trl_gaps(idx):
@@ -87,8 +95,14 @@ def write_trl_bucket(root, states):
             f.write(st_save(tensors, metadata=_meta(step, len(changed), n, total, **extra)))
 
 
-_NUMPY_DTYPES = {"BF16": BF16, "U8": np.dtype(np.uint8), "U16": np.dtype("<u2"), "U32": np.dtype("<u4"),
-                 "I32": np.dtype("<i4"), "I64": np.dtype("<i8")}
+_NUMPY_DTYPES = {
+    "BF16": BF16,
+    "U8": np.dtype(np.uint8),
+    "U16": np.dtype("<u2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "I64": np.dtype("<i8"),
+}
 
 
 def _read_numpy(path):
@@ -98,14 +112,19 @@ def _read_numpy(path):
     header = json.loads(raw[8 : 8 + n])
     meta = header.pop("__metadata__", {})
     data = raw[8 + n :]
-    return {k: np.frombuffer(data[v["data_offsets"][0] : v["data_offsets"][1]], dtype=_NUMPY_DTYPES[v["dtype"]])
-            .reshape(v["shape"]) for k, v in header.items()}, meta
+    return {
+        k: np.frombuffer(data[v["data_offsets"][0] : v["data_offsets"][1]], dtype=_NUMPY_DTYPES[v["dtype"]]).reshape(
+            v["shape"]
+        )
+        for k, v in header.items()
+    }, meta
 
 
 def numpy_replay(root):
     """Rebuild every step of a TRL bucket with numpy: the loader's logic, no torch needed."""
-    steps = sorted({int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}")
-                    for n in os.listdir(f"{root}/{d}")})
+    steps = sorted(
+        {int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}") for n in os.listdir(f"{root}/{d}")}
+    )
     state, out, metas = {}, {}, {}
     for step in steps:
         a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
@@ -137,8 +156,9 @@ def torch_replay(root):
         (n,) = struct.unpack("<Q", raw[:8])
         return load(raw), json.loads(raw[8 : 8 + n]).get("__metadata__", {})
 
-    steps = sorted({int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}")
-                    for n in os.listdir(f"{root}/{d}")})
+    steps = sorted(
+        {int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}") for n in os.listdir(f"{root}/{d}")}
+    )
     state, out, metas = {}, {}, {}
     for step in steps:
         a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
@@ -227,7 +247,8 @@ def test_trl_to_ulstore_to_trl_is_exact(trajectory, tmp_path):
         assert int(m["total_changed_elements"]) == changed and int(m["total_elements"]) == total
         assert float(m["sparsity"]) == pytest.approx(1 - changed / total)
         assert int(m["num_changed_params"]) == sum(
-            1 for k in trajectory[4] if (flat_bits(trajectory[4][k]) != flat_bits(trajectory[3][k])).any())
+            1 for k in trajectory[4] if (flat_bits(trajectory[4][k]) != flat_bits(trajectory[3][k])).any()
+        )
         if fmt == "gap_delta":
             tensors, _ = _st(dest / "deltas/step_000004.safetensors")
             assert tensors["big.weight.idx"] == "U32" and tensors["lm_head.weight.idx"] == "U16"
@@ -269,8 +290,12 @@ def test_malformed_trl_buckets_are_clear_errors(trajectory, tmp_path):
     src = tmp_path / "bad"
     os.makedirs(src / "deltas")
     with open(src / "deltas/step_000001.safetensors", "wb") as f:
-        f.write(st_save({"w.idx": np.array([0], np.int32), "w.val": np.ones(1, BF16)},
-                        metadata={"format": "sparse_weight_patch"}))
+        f.write(
+            st_save(
+                {"w.idx": np.array([0], np.int32), "w.val": np.ones(1, BF16)},
+                metadata={"format": "sparse_weight_patch"},
+            )
+        )
     with pytest.raises(InvalidInputError, match="no anchor precedes"):
         import_trl(str(src), str(tmp_path / "s1"))
     raw = st_save({"w.idx": np.array([1], np.uint8)}, metadata={"encoding": "nvcomp_cascaded"})

@@ -22,6 +22,7 @@ Examples
 >>> status, json.loads(out.getvalue())["steps"]
 (0, 0)
 """
+
 from __future__ import annotations
 
 import sys

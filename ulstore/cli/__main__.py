@@ -1,4 +1,5 @@
 """``python -m ulstore.cli``: the ``ulstore`` command."""
+
 import sys
 
 from . import main

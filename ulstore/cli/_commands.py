@@ -1,4 +1,5 @@
 """What each ``ulstore`` command does: ``_cmd_<name>(args, ui) -> exit status``."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ def _cmd_init(args, ui) -> int:
     traj = _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
     doc = {"url": args.url, "anchor_every": traj.anchor_every, "chunk_bytes": traj.chunk_bytes, "steps": 0}
     ui.emit(doc)
-    ui.out(f"initialized an empty trajectory at {args.url} "
-           f"(an anchor every {traj.anchor_every} steps, {binary_bytes(traj.chunk_bytes)} chunks)")
+    ui.out(
+        f"initialized an empty trajectory at {args.url} "
+        f"(an anchor every {traj.anchor_every} steps, {binary_bytes(traj.chunk_bytes)} chunks)"
+    )
     return EXIT_OK
 
 
@@ -80,8 +83,9 @@ def _cmd_add(args, ui) -> int:
         try:
             traj = _open(args, "r+")
         except NotFoundError:
-            raise NotFoundError(f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` "
-                                "or pass --init)") from None
+            raise NotFoundError(
+                f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"
+            ) from None
     # Check everything that can be checked cheaply before the first commit.
     jobs = []
     for path in args.checkpoints:
@@ -98,8 +102,9 @@ def _cmd_add(args, ui) -> int:
     existing = set(traj.steps)
     for step, path in jobs:
         if step in existing:
-            raise StepExistsError(f"{path}: step already exists; steps are immutable (`ulstore rm` it first)",
-                                  step=step)
+            raise StepExistsError(
+                f"{path}: step already exists; steps are immutable (`ulstore rm` it first)", step=step
+            )
     jobs.sort()
     parent = None if args.root else (args.parent if args.parent is not None else HEAD)
     rows = []
@@ -107,17 +112,23 @@ def _cmd_add(args, ui) -> int:
         for step, path in jobs:
             bar.set_postfix_str(Path(path).name)
             # the first derives from --parent (or the branch head), each next one from the one before
-            uio.import_checkpoint(traj, path, step, parent=parent if not rows else rows[-1]["step"],
-                                  branch=args.branch)
+            uio.import_checkpoint(traj, path, step, parent=parent if not rows else rows[-1]["step"], branch=args.branch)
             shapes = traj.tensors(step)
             info = traj.info(step)
-            row = {"step": step, "source": str(path), "parent": info.parent, "tensors": len(shapes),
-                   "raw_bytes": sum(_nbytes(shape, dtype) for shape, dtype in shapes.values()),
-                   "format": info.metadata["checkpoint"]["format"]}
+            row = {
+                "step": step,
+                "source": str(path),
+                "parent": info.parent,
+                "tensors": len(shapes),
+                "raw_bytes": sum(_nbytes(shape, dtype) for shape, dtype in shapes.values()),
+                "format": info.metadata["checkpoint"]["format"],
+            }
             rows.append(row)
             bar.update(1)
-            ui.out(f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {human_bytes(row['raw_bytes'])}, "
-                   f"parent {'-' if info.parent is None else info.parent})")
+            ui.out(
+                f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {human_bytes(row['raw_bytes'])}, "
+                f"parent {'-' if info.parent is None else info.parent})"
+            )
     ui.emit({"url": args.url, "added": rows})
     return EXIT_OK
 
@@ -144,20 +155,35 @@ def _cmd_log(args, ui) -> int:
         raw = sum(_nbytes(shape, dtype) for shape, dtype in shapes.values())
         meta = dict(info.metadata)
         ck = meta.pop("checkpoint", None) or {}
-        doc = {"step": info.step, "parent": info.parent, "anchor_distance": info.anchor_distance,
-               "tensors": len(shapes), "raw_bytes": raw, "created": info.created,
-               "refs": refs_by_step.get(info.step, []), "source": ck.get("source"), "metadata": meta}
+        doc = {
+            "step": info.step,
+            "parent": info.parent,
+            "anchor_distance": info.anchor_distance,
+            "tensors": len(shapes),
+            "raw_bytes": raw,
+            "created": info.created,
+            "refs": refs_by_step.get(info.step, []),
+            "source": ck.get("source"),
+            "metadata": meta,
+        }
         docs.append(doc)
-        rows.append([info.step, "-" if info.parent is None else info.parent,
-                     "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}", len(shapes),
-                     human_bytes(raw), info.created.replace("+00:00", "Z"), ",".join(doc["refs"]),
-                     ck.get("source") or _short_meta(meta)])
+        rows.append(
+            [
+                info.step,
+                "-" if info.parent is None else info.parent,
+                "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}",
+                len(shapes),
+                human_bytes(raw),
+                info.created.replace("+00:00", "Z"),
+                ",".join(doc["refs"]),
+                ck.get("source") or _short_meta(meta),
+            ]
+        )
     ui.emit({"url": args.url, "steps": docs})
     if not rows:
         ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
         return EXIT_OK
-    for line in table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"],
-                       ">>>>><<<<"):
+    for line in table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"], ">>>>><<<<"):
         ui.out(line)
     return EXIT_OK
 
@@ -186,8 +212,10 @@ def _cmd_ls(args, ui) -> int:
     ui.emit({"url": args.url, "step": info.step, "tensors": docs, "raw_bytes": total, "elements": elements})
     for line in table(rows, ["name", "dtype", "shape", "size"], "<<>>"):
         ui.out(line)
-    ui.out(f"{len(shapes)} tensors{f' (+{len(aliases)} tied)' if aliases else ''}, {elements:,} elements, "
-           f"{human_bytes(total)} (step {info.step})")
+    ui.out(
+        f"{len(shapes)} tensors{f' (+{len(aliases)} tied)' if aliases else ''}, {elements:,} elements, "
+        f"{human_bytes(total)} (step {info.step})"
+    )
     return EXIT_OK
 
 
@@ -198,14 +226,23 @@ def _cmd_export(args, ui) -> int:
     step = traj.info(args.step).step
     raw = sum(_nbytes(shape, dtype) for shape, dtype in traj.tensors(step).values())
     with ui.bar(total=raw, desc=f"reading step {step}", unit="B", unit_scale=True) as bar:
-        result = uio.export_checkpoint(traj, step, args.out, format=args.format, max_shard_size=args.shard_size,
-                                       overwrite=args.force, progress=bar.update if ui.progress else None)
+        result = uio.export_checkpoint(
+            traj,
+            step,
+            args.out,
+            format=args.format,
+            max_shard_size=args.shard_size,
+            overwrite=args.force,
+            progress=bar.update if ui.progress else None,
+        )
     result = {"url": args.url, "step": step, **result}
     result["tensors"] = len(result["tensors"])
     ui.emit(result)
     n_files = len(result["files"])
-    ui.out(f"wrote step {step} to {args.out} ({result['format']}, {result['tensors']} tensors, "
-           f"{human_bytes(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})")
+    ui.out(
+        f"wrote step {step} to {args.out} ({result['format']}, {result['tensors']} tensors, "
+        f"{human_bytes(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})"
+    )
     return EXIT_OK
 
 
@@ -214,14 +251,26 @@ def _cmd_verify(args, ui) -> int:
     if ui.progress:
         ui.note(f"verifying {'step ' + str(args.step) if args.step is not None else f'{len(traj.steps)} steps'} ...")
     report = traj.verify(args.step, raise_on_error=False)
-    ui.emit({"url": args.url, "ok": report.ok, "steps": report.steps, "chunks": report.chunks,
-             "blobs": report.blobs, "errors": report.errors})
+    ui.emit(
+        {
+            "url": args.url,
+            "ok": report.ok,
+            "steps": report.steps,
+            "chunks": report.chunks,
+            "blobs": report.blobs,
+            "errors": report.errors,
+        }
+    )
     if report.ok:
-        ui.out(f"OK: {plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} "
-               "re-read and checked")
+        ui.out(
+            f"OK: {plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} "
+            "re-read and checked"
+        )
         return EXIT_OK
-    ui.out(f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
-           f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)")
+    ui.out(
+        f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
+        f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)"
+    )
     for e in report.errors:
         where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
         ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
@@ -245,23 +294,47 @@ def _cmd_stats(args, ui) -> int:
         ui.out(f"{args.url}: no steps yet")
         return EXIT_OK
     ui.out(f"{args.url}: {total['steps']} steps, {total['elements']:,} weights in all")
-    ui.out(f"  raw {human_bytes(total['raw_bytes'])}, stored {human_bytes(total['stored_bytes'])} "
-           f"(ratio {_ratio(total)}, {total['bits_per_weight']:.2f} bits/weight; manifests "
-           f"{human_bytes(total['manifest_bytes'])})" + (f"; unreferenced blobs {human_bytes(total['unreferenced_bytes'])}"
-                                                    f" (`ulstore gc`)" if total["unreferenced_bytes"] else ""))
+    ui.out(
+        f"  raw {human_bytes(total['raw_bytes'])}, stored {human_bytes(total['stored_bytes'])} "
+        f"(ratio {_ratio(total)}, {total['bits_per_weight']:.2f} bits/weight; manifests "
+        f"{human_bytes(total['manifest_bytes'])})"
+        + (
+            f"; unreferenced blobs {human_bytes(total['unreferenced_bytes'])} (`ulstore gc`)"
+            if total["unreferenced_bytes"]
+            else ""
+        )
+    )
     ui.out("")
     ui.out("per step:")
-    rows = [[r["step"], "-" if r["parent"] is None else r["parent"], human_bytes(r["raw_bytes"]),
-             human_bytes(r["stored_bytes"]), _ratio(r), f"{r['bits_per_weight']:.2f}", r["new_blobs"], r["chunks"]]
-            for r in report["steps"]]
-    for line in table(rows, ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"],
-                       ">>>>>>>>"):
+    rows = [
+        [
+            r["step"],
+            "-" if r["parent"] is None else r["parent"],
+            human_bytes(r["raw_bytes"]),
+            human_bytes(r["stored_bytes"]),
+            _ratio(r),
+            f"{r['bits_per_weight']:.2f}",
+            r["new_blobs"],
+            r["chunks"],
+        ]
+        for r in report["steps"]
+    ]
+    for line in table(rows, ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"], ">>>>>>>>"):
         ui.out("  " + line)
     ui.out("")
     tensors = report["tensors"] if not args.top else report["tensors"][: args.top]
     ui.out("per tensor (all steps, largest stored first):")
-    rows = [[r["name"], r["dtype"], human_bytes(r["raw_bytes"]), human_bytes(r["stored_bytes"]), _ratio(r),
-             f"{r['bits_per_weight']:.2f}"] for r in tensors]
+    rows = [
+        [
+            r["name"],
+            r["dtype"],
+            human_bytes(r["raw_bytes"]),
+            human_bytes(r["stored_bytes"]),
+            _ratio(r),
+            f"{r['bits_per_weight']:.2f}",
+        ]
+        for r in tensors
+    ]
     for line in table(rows, ["tensor", "dtype", "raw", "stored", "ratio", "bits/w"], "<<>>>>"):
         ui.out("  " + line)
     if len(tensors) < len(report["tensors"]):
@@ -290,9 +363,11 @@ def _cmd_rm(args, ui) -> int:
     moved = [name for name, step in traj.refs.items() if step == info.step]
     traj.delete(info.step)
     ui.emit({"url": args.url, "deleted": info.step, "parent": info.parent, "refs_moved": moved})
-    ui.out(f"deleted step {info.step}" + (f"; moved {', '.join(moved)} to {info.parent}" if moved and
-                                         info.parent is not None else "")
-           + f"; run `ulstore gc {args.url}` to free its blobs")
+    ui.out(
+        f"deleted step {info.step}"
+        + (f"; moved {', '.join(moved)} to {info.parent}" if moved and info.parent is not None else "")
+        + f"; run `ulstore gc {args.url}` to free its blobs"
+    )
     return EXIT_OK
 
 

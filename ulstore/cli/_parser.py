@@ -1,4 +1,5 @@
 """The ``ulstore`` argument parser: every command, option, help text and example."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,17 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
     # what was given before it (`ulstore --json log X` and `ulstore log X --json`).
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("output")
-    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print one JSON document on stdout instead of text")
-    g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="no progress bars, no messages on stderr")
-    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the full traceback of an error")
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print one JSON document on stdout instead of text",
+    )
+    g.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars, no messages on stderr"
+    )
+    g.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+    )
     store = argparse.ArgumentParser(add_help=False)
-    store.add_argument("-o", "--storage-option", metavar="KEY=VALUE", action="append", default=[],
-                       dest="storage_options",
-                       help="fsspec filesystem option for remote URLs, e.g. -o endpoint_url=http://host:9000 "
-                            "(repeatable; VALUE is parsed as JSON if it can be)")
+    store.add_argument(
+        "-o",
+        "--storage-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="storage_options",
+        help="fsspec filesystem option for remote URLs, e.g. -o endpoint_url=http://host:9000 "
+        "(repeatable; VALUE is parsed as JSON if it can be)",
+    )
 
     parser = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -57,127 +70,191 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def command(name, help, description, examples, parents=(common, store)):
-        p = sub.add_parser(name, help=help, description=f"{description}\n\nexamples:\n{examples}",
-                           parents=list(parents), formatter_class=_Formatter)
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=f"{description}\n\nexamples:\n{examples}",
+            parents=list(parents),
+            formatter_class=_Formatter,
+        )
         p.set_defaults(func=getattr(C, f"_cmd_{name}"))
         return p
 
-    p = command("init", "create an empty trajectory",
-                "Create an empty trajectory at URL (fails if one exists).",
-                "  ulstore init runs/llama-ft\n  ulstore init s3://bucket/runs/llama-ft --anchor-every 32")
+    p = command(
+        "init",
+        "create an empty trajectory",
+        "Create an empty trajectory at URL (fails if one exists).",
+        "  ulstore init runs/llama-ft\n  ulstore init s3://bucket/runs/llama-ft --anchor-every 32",
+    )
     p.add_argument("url", metavar="URL", help="where to create it: a local path or an fsspec URL")
     _settings_args(p)
 
-    p = command("add", "import checkpoint files as new steps",
-                "Import checkpoints as new steps, oldest step first.\n\n"
-                "A CHECKPOINT is a .safetensors file, a Hugging Face model directory (sharded with\n"
-                "model.safetensors.index.json, or one model.safetensors), a torch state dict\n"
-                "(.pt/.pth/.bin, needs PyTorch) or an .npz.  The step comes from the name unless\n"
-                "--step is given: step_001200.safetensors and checkpoint-1200/ are step 1200.\n"
-                "Each step is committed atomically; file metadata and tied tensors are kept so\n"
-                "that `ulstore export` gives the same tensors back.",
-                "  ulstore add runs/a ckpts/step_*.safetensors\n"
-                "  ulstore add runs/a out/checkpoint-1200/\n"
-                "  ulstore add runs/a sft.pt --step 5000 --parent 1200 --branch sft")
+    p = command(
+        "add",
+        "import checkpoint files as new steps",
+        "Import checkpoints as new steps, oldest step first.\n\n"
+        "A CHECKPOINT is a .safetensors file, a Hugging Face model directory (sharded with\n"
+        "model.safetensors.index.json, or one model.safetensors), a torch state dict\n"
+        "(.pt/.pth/.bin, needs PyTorch) or an .npz.  The step comes from the name unless\n"
+        "--step is given: step_001200.safetensors and checkpoint-1200/ are step 1200.\n"
+        "Each step is committed atomically; file metadata and tied tensors are kept so\n"
+        "that `ulstore export` gives the same tensors back.",
+        "  ulstore add runs/a ckpts/step_*.safetensors\n"
+        "  ulstore add runs/a out/checkpoint-1200/\n"
+        "  ulstore add runs/a sft.pt --step 5000 --parent 1200 --branch sft",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("checkpoints", metavar="CHECKPOINT", nargs="+", help="checkpoint files or directories")
     p.add_argument("--step", type=_nonneg_int, metavar="N", help="step number (only with one CHECKPOINT)")
     parent = p.add_mutually_exclusive_group()
-    parent.add_argument("--parent", metavar="S", type=_step_or_ref,
-                        help="step or ref the first checkpoint derives from (default: the head of --branch)")
+    parent.add_argument(
+        "--parent",
+        metavar="S",
+        type=_step_or_ref,
+        help="step or ref the first checkpoint derives from (default: the head of --branch)",
+    )
     parent.add_argument("--root", action="store_true", help="start a new chain: the first checkpoint has no parent")
     p.add_argument("--branch", metavar="B", help="branch to advance (default: main)")
     p.add_argument("--init", action="store_true", help="create the trajectory if it does not exist")
     _settings_args(p)
 
-    p = command("log", "list steps, newest first",
-                "List steps, newest first: parent, anchor distance, tensors, raw size, refs\n"
-                "and the file each step was imported from.  With STEP (a step or a ref),\n"
-                "only that step's ancestry.",
-                "  ulstore log runs/a\n  ulstore log runs/a sft --json")
+    p = command(
+        "log",
+        "list steps, newest first",
+        "List steps, newest first: parent, anchor distance, tensors, raw size, refs\n"
+        "and the file each step was imported from.  With STEP (a step or a ref),\n"
+        "only that step's ancestry.",
+        "  ulstore log runs/a\n  ulstore log runs/a sft --json",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("start", metavar="STEP", nargs="?", type=_step_or_ref, help="show the ancestry of this step or ref")
 
-    p = command("ls", "list the tensors of a step",
-                "List the tensors of a step: name, dtype, shape, size (nothing is decoded).",
-                "  ulstore ls runs/a 1200\n  ulstore ls runs/a main --json")
+    p = command(
+        "ls",
+        "list the tensors of a step",
+        "List the tensors of a step: name, dtype, shape, size (nothing is decoded).",
+        "  ulstore ls runs/a 1200\n  ulstore ls runs/a main --json",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("step", metavar="STEP", type=_step_or_ref, help="a step or a ref (branch) name")
 
-    p = command("export", "write a step as a checkpoint",
-                "Write a step as a checkpoint; the format follows from OUT:\n"
-                "  *.safetensors      one safetensors file (file metadata kept)\n"
-                "  DIR/ or no suffix  a Hugging Face directory; sharded with --shard-size, or as\n"
-                "                     the imported checkpoint was; else one model.safetensors\n"
-                "  *.pt *.pth *.bin   a torch state dict (tied tensors share storage again)\n"
-                "  *.npz              a numpy archive\n"
-                "Tensor bytes are exactly the imported ones.  The output appears atomically.",
-                "  ulstore export runs/a 1200 model.safetensors\n"
-                "  ulstore export runs/a main out/checkpoint-1200 --shard-size 5GB\n"
-                "  ulstore export runs/a 1200 state.pt")
+    p = command(
+        "export",
+        "write a step as a checkpoint",
+        "Write a step as a checkpoint; the format follows from OUT:\n"
+        "  *.safetensors      one safetensors file (file metadata kept)\n"
+        "  DIR/ or no suffix  a Hugging Face directory; sharded with --shard-size, or as\n"
+        "                     the imported checkpoint was; else one model.safetensors\n"
+        "  *.pt *.pth *.bin   a torch state dict (tied tensors share storage again)\n"
+        "  *.npz              a numpy archive\n"
+        "Tensor bytes are exactly the imported ones.  The output appears atomically.",
+        "  ulstore export runs/a 1200 model.safetensors\n"
+        "  ulstore export runs/a main out/checkpoint-1200 --shard-size 5GB\n"
+        "  ulstore export runs/a 1200 state.pt",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("step", metavar="STEP", type=_step_or_ref, help="a step or a ref name")
     p.add_argument("out", metavar="OUT", help="output file or directory")
     p.add_argument("--shard-size", metavar="SIZE", help="shard limit, e.g. 5GB, 500MiB or a byte count")
-    p.add_argument("--format", choices=["safetensors", "sharded", "torch", "npz"],
-                   help="override the format chosen from OUT")
+    p.add_argument(
+        "--format", choices=["safetensors", "sharded", "torch", "npz"], help="override the format chosen from OUT"
+    )
     p.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
 
-    p = command("verify", "re-read and check every blob and manifest",
-                "Re-read every blob and manifest reachable from STEP (default: all steps and refs),\n"
-                "check each against its hash, decode it and check the result.  Exit status 1 if\n"
-                "anything is damaged.",
-                "  ulstore verify runs/a\n  ulstore verify runs/a 1200")
+    p = command(
+        "verify",
+        "re-read and check every blob and manifest",
+        "Re-read every blob and manifest reachable from STEP (default: all steps and refs),\n"
+        "check each against its hash, decode it and check the result.  Exit status 1 if\n"
+        "anything is damaged.",
+        "  ulstore verify runs/a\n  ulstore verify runs/a 1200",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("step", metavar="STEP", nargs="?", type=_step_or_ref, help="only this step (and its references)")
 
-    p = command("stats", "raw vs stored size, per step and per tensor",
-                "Raw size (the tensors as stored in a checkpoint) against stored size (new blobs +\n"
-                "manifest), per step and per tensor, in bytes and bits per weight.  A blob is\n"
-                "charged to the first step that uses it.  --plot draws the per-step sizes\n"
-                "(needs matplotlib: pip install 'ulstore[plot]').",
-                "  ulstore stats runs/a\n  ulstore stats runs/a --plot sizes.png --top 5")
+    p = command(
+        "stats",
+        "raw vs stored size, per step and per tensor",
+        "Raw size (the tensors as stored in a checkpoint) against stored size (new blobs +\n"
+        "manifest), per step and per tensor, in bytes and bits per weight.  A blob is\n"
+        "charged to the first step that uses it.  --plot draws the per-step sizes\n"
+        "(needs matplotlib: pip install 'ulstore[plot]').",
+        "  ulstore stats runs/a\n  ulstore stats runs/a --plot sizes.png --top 5",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("--plot", metavar="FILE.png", help="also draw stored vs raw size per step to this PNG")
-    p.add_argument("--top", metavar="N", type=_nonneg_int, default=15,
-                   help="tensors to list, largest stored first (default 15; 0: all)")
+    p.add_argument(
+        "--top",
+        metavar="N",
+        type=_nonneg_int,
+        default=15,
+        help="tensors to list, largest stored first (default 15; 0: all)",
+    )
 
-    p = command("gc", "remove blobs no step uses",
-                "Remove blobs that no step manifest references (left by `ulstore rm` or by a\n"
-                "crashed commit).  While another process may be committing, pass\n"
-                "--older-than a bound on how long a commit takes.",
-                "  ulstore gc runs/a\n  ulstore gc s3://bucket/runs/a --older-than 3600")
+    p = command(
+        "gc",
+        "remove blobs no step uses",
+        "Remove blobs that no step manifest references (left by `ulstore rm` or by a\n"
+        "crashed commit).  While another process may be committing, pass\n"
+        "--older-than a bound on how long a commit takes.",
+        "  ulstore gc runs/a\n  ulstore gc s3://bucket/runs/a --older-than 3600",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
-    p.add_argument("--older-than", metavar="SECONDS", type=float, default=0.0,
-                   help="only remove blobs at least this old (default 0)")
+    p.add_argument(
+        "--older-than",
+        metavar="SECONDS",
+        type=float,
+        default=0.0,
+        help="only remove blobs at least this old (default 0)",
+    )
 
-    p = command("rm", "delete a step",
-                "Delete a step; every other step stays readable, exactly (chunks coded against it\n"
-                "are re-encoded, its children re-parented, refs on it moved to its parent).\n"
-                "Then run `ulstore gc URL` to free its blobs.",
-                "  ulstore rm runs/a 1200")
+    p = command(
+        "rm",
+        "delete a step",
+        "Delete a step; every other step stays readable, exactly (chunks coded against it\n"
+        "are re-encoded, its children re-parented, refs on it moved to its parent).\n"
+        "Then run `ulstore gc URL` to free its blobs.",
+        "  ulstore rm runs/a 1200",
+    )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("step", metavar="STEP", type=_step_or_ref, help="the step to delete")
 
-    p = command("demo", "train a small model on this CPU, store every step, show sizes",
-                "Train a small language model for real on the CPU (under a minute), store a bf16\n"
-                "checkpoint after every step, print the size against raw safetensors and zstd,\n"
-                "read a slice of an old step back lazily, verify, and say where the data lives.\n"
-                "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",
-                "  ulstore demo\n  ulstore demo /tmp/demo --steps 20 --preset tiny", parents=(common,))
+    p = command(
+        "demo",
+        "train a small model on this CPU, store every step, show sizes",
+        "Train a small language model for real on the CPU (under a minute), store a bf16\n"
+        "checkpoint after every step, print the size against raw safetensors and zstd,\n"
+        "read a slice of an old step back lazily, verify, and say where the data lives.\n"
+        "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",
+        "  ulstore demo\n  ulstore demo /tmp/demo --steps 20 --preset tiny",
+        parents=(common,),
+    )
     p.add_argument("dir", metavar="DIR", nargs="?", default=None, help="where to store the trajectory")
-    p.add_argument("--steps", type=_positive_int, default=None, metavar="N",
-                   help="optimizer steps to train and store (default 60)")
-    p.add_argument("--preset", choices=["tiny", "small", "bench"], default=None,
-                   help="model size: tiny ~54K, small ~1.8M (default), bench ~13M parameters")
+    p.add_argument(
+        "--steps", type=_positive_int, default=None, metavar="N", help="optimizer steps to train and store (default 60)"
+    )
+    p.add_argument(
+        "--preset",
+        choices=["tiny", "small", "bench"],
+        default=None,
+        help="model size: tiny ~54K, small ~1.8M (default), bench ~13M parameters",
+    )
     return parser
 
 
 def _settings_args(p) -> None:
-    p.add_argument("--anchor-every", metavar="N", type=_nonneg_int,
-                   help="a full anchor every N steps along a chain (new trajectories; default 16)")
-    p.add_argument("--chunk-bytes", metavar="N", type=_positive_int,
-                   help="target chunk size in bytes for new tensors (new trajectories; default 4 MiB)")
+    p.add_argument(
+        "--anchor-every",
+        metavar="N",
+        type=_nonneg_int,
+        help="a full anchor every N steps along a chain (new trajectories; default 16)",
+    )
+    p.add_argument(
+        "--chunk-bytes",
+        metavar="N",
+        type=_positive_int,
+        help="target chunk size in bytes for new tensors (new trajectories; default 4 MiB)",
+    )
 
 
 def _version() -> str:

@@ -1,4 +1,5 @@
 """``ulstore stats --plot``: raw vs stored bytes and bits per weight, per step, as a PNG (matplotlib)."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,9 @@ def check_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InvalidInputError("--plot needs matplotlib, which is not installed: pip install 'ulstore[plot]'") from None
+        raise InvalidInputError(
+            "--plot needs matplotlib, which is not installed: pip install 'ulstore[plot]'"
+        ) from None
 
 
 def plot_report(report: dict, out: str, url: str) -> None:
@@ -25,7 +28,9 @@ def plot_report(report: dict, out: str, url: str) -> None:
     steps = [r["step"] for r in report["steps"]]
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     ax.plot(steps, [r["raw_bytes"] / 1e6 for r in report["steps"]], "o-", ms=3, label="raw (checkpoint)")
-    ax.plot(steps, [r["stored_bytes"] / 1e6 for r in report["steps"]], "o-", ms=3, label="stored (new blobs + manifest)")
+    ax.plot(
+        steps, [r["stored_bytes"] / 1e6 for r in report["steps"]], "o-", ms=3, label="stored (new blobs + manifest)"
+    )
     ax.set_ylabel("MB per step")
     ax.set_ylim(bottom=0)
     ax.legend()

@@ -1,4 +1,5 @@
 """Where the CLI's output goes, and how an error becomes one line."""
+
 from __future__ import annotations
 
 import contextlib
@@ -60,13 +61,17 @@ def _json_default(obj):
     return obj.item() if hasattr(obj, "item") else str(obj)
 
 
-
-
 def expected(e: BaseException) -> bool:
     from ..errors import UlstoreError
 
     return isinstance(e, (UlstoreError, OSError, ValueError)) or type(e).__module__.split(".")[0] in (
-        "botocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "fsspec")
+        "botocore",
+        "aiohttp",
+        "s3fs",
+        "gcsfs",
+        "adlfs",
+        "fsspec",
+    )
 
 
 def describe(e: BaseException) -> str:

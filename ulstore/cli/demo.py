@@ -22,6 +22,7 @@ Examples
 >>> summary["steps"], summary["slice_equal"], summary["verified"]
 (5, True, True)
 """
+
 from __future__ import annotations
 
 import os
@@ -90,8 +91,14 @@ def _prepare_dir(path: Path) -> None:
         )
 
 
-def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFAULT_PRESET, echo=print,
-        progress: bool = False) -> dict:
+def run(
+    directory=DEFAULT_DIR,
+    *,
+    steps: int = DEFAULT_STEPS,
+    preset: str = DEFAULT_PRESET,
+    echo=print,
+    progress: bool = False,
+) -> dict:
     """Run the demo; print as it goes through ``echo``; return a summary dict.
 
     Parameters
@@ -132,10 +139,14 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
 
     size = f"{n_params / 1e6:.2f}M" if n_params >= 1e6 else f"{n_params / 1e3:.0f}K"
     echo(f"ulstore demo: train a {size}-parameter language model on this CPU and store every step")
-    echo(f"  model   toytrain {preset!r}: byte-level MLP LM, {len(cfg.shapes())} tensors, "
-         f"bf16 checkpoints of {human_bytes(2 * n_params)}")
-    echo(f"  run     steps 1-{n1} at lr {_LR_TEXT[LR_HIGH]}, then {n1 + 1}-{steps} at lr {_LR_TEXT[LR_LOW]} "
-         "(AdamW on a real next-byte loss)")
+    echo(
+        f"  model   toytrain {preset!r}: byte-level MLP LM, {len(cfg.shapes())} tensors, "
+        f"bf16 checkpoints of {human_bytes(2 * n_params)}"
+    )
+    echo(
+        f"  run     steps 1-{n1} at lr {_LR_TEXT[LR_HIGH]}, then {n1 + 1}-{steps} at lr {_LR_TEXT[LR_LOW]} "
+        "(AdamW on a real next-byte loss)"
+    )
     echo(f"  store   {path}")
     echo("")
 
@@ -178,8 +189,10 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     if bar is not None:
         bar.close()
     n_ckpt = len(raw)
-    echo(f"Trained {steps} steps in {t_train:.1f} s: loss {losses[0]:.3f} -> {losses[steps]:.3f}; "
-         f"committed {n_ckpt} checkpoints in {t_store:.1f} s ({1e3 * t_store / n_ckpt:.0f} ms each)")
+    echo(
+        f"Trained {steps} steps in {t_train:.1f} s: loss {losses[0]:.3f} -> {losses[steps]:.3f}; "
+        f"committed {n_ckpt} checkpoints in {t_store:.1f} s ({1e3 * t_store / n_ckpt:.0f} ms each)"
+    )
     echo("")
 
     # -- sizes ----------------------------------------------------------------
@@ -210,9 +223,18 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     for label, ss in phases:
         nbytes = sum(stored[s] for s in ss)
         echo(row("  " + label, nbytes, ss))
-        phase_rows.append({"label": label, "steps": ss, "raw_bytes": raw_of(ss),
-                           "zstd_bytes": sum(zst[s] for s in ss), "stored_bytes": nbytes})
-    which = f"Steps {', '.join(map(str, anchors))} are anchors" if len(anchors) > 1 else f"Step {anchors[0]} is an anchor"
+        phase_rows.append(
+            {
+                "label": label,
+                "steps": ss,
+                "raw_bytes": raw_of(ss),
+                "zstd_bytes": sum(zst[s] for s in ss),
+                "stored_bytes": nbytes,
+            }
+        )
+    which = (
+        f"Steps {', '.join(map(str, anchors))} are anchors" if len(anchors) > 1 else f"Step {anchors[0]} is an anchor"
+    )
     echo(f"  {which} (coded without a reference, so that no read")
     echo(f"  walks back more than {traj.anchor_every} steps); all others are deltas against their parent.")
     echo("")
@@ -228,8 +250,10 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     equal = got.dtype == want.dtype and np.array_equal(got.view(np.uint16), want.view(np.uint16))
     dist = reader.info(old_step).anchor_distance
     echo(f"Lazy read of an old step: traj[{old_step}][{name!r}][0:4, 0:4]")
-    echo(f"  {arr.dtype} {arr.shape}; touches 1 of its {arr.nchunks} chunk(s), decoded against "
-         f"{dist} earlier step(s) back to an anchor, in {1e3 * t_slice:.0f} ms")
+    echo(
+        f"  {arr.dtype} {arr.shape}; touches 1 of its {arr.nchunks} chunk(s), decoded against "
+        f"{dist} earlier step(s) back to an anchor, in {1e3 * t_slice:.0f} ms"
+    )
     for line in np.array2string(got.astype(np.float32), precision=5, suppress_small=False).splitlines():
         echo("    " + line)
     echo(f"  bit-exact against the step-{old_step} weights kept in memory: {'yes' if equal else 'NO'}")
@@ -238,8 +262,10 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     # -- verify ---------------------------------------------------------------
     t0 = time.perf_counter()
     vr = reader.verify(raise_on_error=False)
-    echo(f"Verify: re-read and checked {vr.steps} steps, {vr.chunks} chunks, {vr.blobs} blobs in "
-         f"{time.perf_counter() - t0:.1f} s: {'OK' if vr.ok else f'{len(vr.errors)} PROBLEM(S)'}")
+    echo(
+        f"Verify: re-read and checked {vr.steps} steps, {vr.chunks} chunks, {vr.blobs} blobs in "
+        f"{time.perf_counter() - t0:.1f} s: {'OK' if vr.ok else f'{len(vr.errors)} PROBLEM(S)'}"
+    )
     echo("")
 
     # -- where it lives -------------------------------------------------------
@@ -254,7 +280,7 @@ def run(directory=DEFAULT_DIR, *, steps: int = DEFAULT_STEPS, preset: str = DEFA
     echo(f"  ulstore ls {here} {steps}")
     echo(f"  ulstore export {here} {steps} model.safetensors")
     echo(f"  ulstore stats {here} --plot sizes.png")
-    echo(f"  python -c \"import ulstore; print(ulstore.open({here!r})[{steps}][{name!r}][:2, :4])\"")
+    echo(f'  python -c "import ulstore; print(ulstore.open({here!r})[{steps}][{name!r}][:2, :4])"')
     seconds = time.perf_counter() - t_start
     echo(f"Done in {seconds:.0f} s.")
     return {

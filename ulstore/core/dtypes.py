@@ -6,6 +6,7 @@ module adds the integer and boolean dtypes that travel uncompressed, the
 that carries the bits of each ``ml_dtypes`` dtype where npy or torch have no
 code for it.  Names are numpy's (``bfloat16``, ``float32``, ``int64``, ``bool``).
 """
+
 from __future__ import annotations
 
 import ml_dtypes

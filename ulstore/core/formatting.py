@@ -1,4 +1,5 @@
 """Human-readable sizes and counts, for reports, the CLI, the demo and the examples."""
+
 from __future__ import annotations
 
 __all__ = ["human_bytes", "binary_bytes", "plural"]

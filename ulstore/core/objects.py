@@ -27,6 +27,7 @@ URL and the key, with the backend's exception as ``__cause__`` (the sync
 layer's :class:`~ulstore.sync.BucketAccessError`).  ``FileExistsError`` from
 :meth:`ObjectStore.create` is an answer, not a failure, and is never wrapped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,15 @@ class ObjectStore:
     filesystems are safe to call from several threads.
     """
 
-    def __init__(self, fs, root: str, *, url: str | None = None, protocol: str | None = None,
-                 access_error: AccessError | None = None):
+    def __init__(
+        self,
+        fs,
+        root: str,
+        *,
+        url: str | None = None,
+        protocol: str | None = None,
+        access_error: AccessError | None = None,
+    ):
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = url if url is not None else self.root
@@ -90,8 +98,9 @@ class ObjectStore:
         self.s3 = _is_s3(fs)
 
     @classmethod
-    def from_url(cls, url, storage_options: dict | None = None, *,
-                 access_error: AccessError | None = None) -> ObjectStore:
+    def from_url(
+        cls, url, storage_options: dict | None = None, *, access_error: AccessError | None = None
+    ) -> ObjectStore:
         """Open the objects under an fsspec URL (``s3://bucket/run-7``, ``memory://x``, a local path...).
 
         ``storage_options`` go to the filesystem (credentials, ``client_kwargs``...).
@@ -146,12 +155,13 @@ class ObjectStore:
             except FileNotFoundError as e:
                 raise fail(
                     f"bucket {container!r} does not exist at {self.url!r} (create it first, "
-                    "or check the endpoint/region in storage_options)", key=container) from e
+                    "or check the endpoint/region in storage_options)",
+                    key=container,
+                ) from e
             except PermissionError as e:
                 raise fail(f"access to bucket {container!r} denied: check credentials", key=container) from e
             except Exception as e:
-                raise fail(f"listing the bucket failed on {self.url!r}: {type(e).__name__}: {e}",
-                           key=container) from e
+                raise fail(f"listing the bucket failed on {self.url!r}: {type(e).__name__}: {e}", key=container) from e
         elif self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise fail(f"{self.root!r} is a file, not a directory", key="")
 
@@ -199,7 +209,7 @@ class ObjectStore:
         head = self.root + "/"
         if not head.startswith("/"):
             path = path.lstrip("/")
-        return path[len(head):] if path.startswith(head) else None
+        return path[len(head) :] if path.startswith(head) else None
 
     # -- writes -----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ Callers name what is being read through ``bad``: a function from the reason
 to the exception to raise (a file path for :mod:`ulstore.io`, a bucket key for
 :mod:`ulstore.sync`).
 """
+
 from __future__ import annotations
 
 import json
@@ -75,14 +76,17 @@ def parse_header(raw: bytes, data_len: int, bad: Bad) -> tuple[Entries, dict[str
             raise bad(f"tensor {name!r}: unknown dtype {code!r}")
         if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
             raise bad(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))
-                and offsets[0] <= offsets[1]):
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets)) and offsets[0] <= offsets[1]
+        ):
             raise bad(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
         dtype = SAFETENSORS_CODES[code]
         nbytes = math.prod(shape) * dtype.itemsize
         if offsets[1] - offsets[0] != nbytes:
-            raise bad(f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
-                      f"but {code}{shape} needs {nbytes}")
+            raise bad(
+                f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
+                f"but {code}{shape} needs {nbytes}"
+            )
         entries[name] = (dtype, tuple(shape), offsets[0], offsets[1])
 
     # The spec asks that offsets tile the data region exactly: no overlap
@@ -117,7 +121,7 @@ def loads(raw, bad: Bad) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         raise bad(f"header length {n} runs past the end of the {len(raw)}-byte file (truncated?)")
     if n > MAX_HEADER:
         raise bad(f"header length {n} exceeds the {MAX_HEADER}-byte limit")
-    data = raw[8 + n:]
+    data = raw[8 + n :]
     entries, metadata = parse_header(raw[8 : 8 + n], len(data), bad)
     arrays = {name: np.frombuffer(data[b:e], dtype=dt).reshape(shape) for name, (dt, shape, b, e) in entries.items()}
     return arrays, metadata

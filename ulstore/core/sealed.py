@@ -10,6 +10,7 @@
   its own canonical form (without the checksum field) in a top-level field,
   checked byte for byte on read, so a flipped byte is always an error.
 """
+
 from __future__ import annotations
 
 import hashlib

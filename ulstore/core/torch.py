@@ -15,6 +15,7 @@ trajectory to torch:
 >>> from_tensor(t).dtype
 dtype(bfloat16)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,9 +86,18 @@ def dtype_table(torch) -> dict:
     from .dtypes import RAW_BITS
 
     pairs = {
-        "?": "bool", "u1": "uint8", "i1": "int8", "<i2": "int16", "<i4": "int32", "<i8": "int64",
-        "<u2": "uint16", "<u4": "uint32", "<u8": "uint64",  # torch >= 2.3
-        "<f2": "float16", "<f4": "float32", "<f8": "float64",
+        "?": "bool",
+        "u1": "uint8",
+        "i1": "int8",
+        "<i2": "int16",
+        "<i4": "int32",
+        "<i8": "int64",
+        "<u2": "uint16",
+        "<u4": "uint32",
+        "<u8": "uint64",  # torch >= 2.3
+        "<f2": "float16",
+        "<f4": "float32",
+        "<f8": "float64",
     }
     table = {np.dtype(n): getattr(torch, t) for n, t in pairs.items() if hasattr(torch, t)}
     for dt in RAW_BITS:

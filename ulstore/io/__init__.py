@@ -50,6 +50,7 @@ Examples
 >>> ck.metadata, ck.tensors["w"].tobytes() == np.arange(6, dtype=np.float32).tobytes()
 ({'format': 'pt'}, True)
 """
+
 from . import checkpoints as checkpoints  # the file formats: ulstore.io.checkpoints
 from ._export import export_checkpoint, read_checkpoint, to_numpy, to_torch
 from ._import import import_checkpoint

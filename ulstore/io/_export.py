@@ -1,4 +1,5 @@
 """Export: a step back as a checkpoint file or directory (atomically), or in memory as numpy or torch."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,13 +55,17 @@ def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np
     aliases = dict(meta.get("aliases") or {})
     for alias, canon in aliases.items():
         if canon not in tensors:
-            raise CorruptManifestError(f"alias {alias!r} names tensor {canon!r}, which the step does not hold",
-                                       step=info.step)
+            raise CorruptManifestError(
+                f"alias {alias!r} names tensor {canon!r}, which the step does not hold", step=info.step
+            )
     order = list(meta.get("order") or sorted(list(tensors) + list(aliases)))
     order += sorted(set(tensors).union(aliases) - set(order))  # anything the list misses, by name
     every = {n: tensors[aliases.get(n, n)] for n in order if n in tensors or n in aliases}
-    ck = _ck.Checkpoint({n: a for n, a in every.items() if n not in aliases},
-                        {str(k): str(v) for k, v in (meta.get("metadata") or {}).items()}, aliases)
+    ck = _ck.Checkpoint(
+        {n: a for n, a in every.items() if n not in aliases},
+        {str(k): str(v) for k, v in (meta.get("metadata") or {}).items()},
+        aliases,
+    )
     return ck, meta, every
 
 
@@ -116,8 +121,9 @@ def to_torch(traj, step) -> dict:
     return _ck.to_torch(every, ck.aliases)
 
 
-def export_checkpoint(traj, step, out, *, format: str | None = None, max_shard_size=None,
-                      overwrite: bool = False, progress=None) -> dict:
+def export_checkpoint(
+    traj, step, out, *, format: str | None = None, max_shard_size=None, overwrite: bool = False, progress=None
+) -> dict:
     """Write a step as a checkpoint file or directory, atomically.
 
     Parameters
@@ -174,8 +180,13 @@ def export_checkpoint(traj, step, out, *, format: str | None = None, max_shard_s
             else:
                 _ck.save_safetensors(tensors, tmp, file_meta, max_shard_size=shard)
     files = sorted(str(f) for f in out.iterdir()) if out.is_dir() else [str(out)]
-    return {"format": fmt, "path": str(out), "files": files, "bytes": sum(os.path.getsize(f) for f in files),
-            "tensors": list(tensors)}
+    return {
+        "format": fmt,
+        "path": str(out),
+        "files": files,
+        "bytes": sum(os.path.getsize(f) for f in files),
+        "tensors": list(tensors),
+    }
 
 
 def _replace_file(out: Path, write) -> None:

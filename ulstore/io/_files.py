@@ -3,6 +3,7 @@
 The formats themselves live in ``_safetensors.py``, ``_npz.py`` and
 ``_torch.py``; :mod:`ulstore.io.checkpoints` is their public face.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Import: a checkpoint file or directory committed as one step, with what the file held besides tensors."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Checkpoint names: the format of a path, the step a name carries, the format of an output path."""
+
 from __future__ import annotations
 
 import os
@@ -112,8 +113,9 @@ def step_from_path(path) -> int | None:
     name = p.name
     if _GENERIC_NAMES.match(name) or re.match(r"^model-\d+-of-\d+\.safetensors$", name):
         name = p.parent.name
-    stem = re.sub(r"(\.safetensors\.index\.json|\.index\.json|\.safetensors|\.pth?|\.bin|\.npz)$", "", name,
-                  flags=re.IGNORECASE)
+    stem = re.sub(
+        r"(\.safetensors\.index\.json|\.index\.json|\.safetensors|\.pth?|\.bin|\.npz)$", "", name, flags=re.IGNORECASE
+    )
     for pattern in (_STEP_WORD, _TRAILING_NUMBER):
         m = pattern.search(stem)
         if m:

@@ -1,4 +1,5 @@
 """``.npz`` archives, with ulstore's convention for bf16 and fp8 (see :mod:`ulstore.io.checkpoints`)."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ def load_npz(path) -> Checkpoint:
                 if name in special:
                     want = special.pop(name)
                     if arr.dtype != RAW_BITS[want]:
-                        raise _bad(p, f"member {name!r} is {arr.dtype}, but {want.name} needs {RAW_BITS[want]}",
-                                   kind="npz")
+                        raise _bad(
+                            p, f"member {name!r} is {arr.dtype}, but {want.name} needs {RAW_BITS[want]}", kind="npz"
+                        )
                     arr = arr.view(want)
                 tensors[name] = arr
         except InvalidInputError as e:

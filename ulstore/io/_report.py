@@ -1,4 +1,5 @@
 """The storage report: raw vs stored bytes of every step and every tensor."""
+
 from __future__ import annotations
 
 import math
@@ -48,12 +49,22 @@ def storage_report(traj) -> dict:
     charged: set[str] = set()
     per_step, per_tensor = [], {}
     for s, m in inv.manifests.items():
-        row = {"step": s, "parent": m.parent, "raw_bytes": 0, "blob_bytes": 0,
-               "manifest_bytes": inv.manifest_bytes[s], "new_blobs": 0, "chunks": 0, "elements": 0}
+        row = {
+            "step": s,
+            "parent": m.parent,
+            "raw_bytes": 0,
+            "blob_bytes": 0,
+            "manifest_bytes": inv.manifest_bytes[s],
+            "new_blobs": 0,
+            "chunks": 0,
+            "elements": 0,
+        }
         for name, t in m.tensors.items():
             n = math.prod(t.shape)
-            tr = per_tensor.setdefault(name, {"name": name, "dtype": t.dtype.name, "raw_bytes": 0, "stored_bytes": 0,
-                                              "elements": 0, "steps": 0})
+            tr = per_tensor.setdefault(
+                name,
+                {"name": name, "dtype": t.dtype.name, "raw_bytes": 0, "stored_bytes": 0, "elements": 0, "steps": 0},
+            )
             tr["raw_bytes"] += n * t.dtype.itemsize
             tr["elements"] += n
             tr["steps"] += 1
@@ -74,8 +85,10 @@ def storage_report(traj) -> dict:
     tensors = sorted(per_tensor.values(), key=lambda r: -r["stored_bytes"])
     for r in tensors:
         _rates(r)
-    total = {k: sum(r[k] for r in per_step) for k in ("raw_bytes", "stored_bytes", "blob_bytes", "manifest_bytes",
-                                                      "new_blobs", "chunks", "elements")}
+    total = {
+        k: sum(r[k] for r in per_step)
+        for k in ("raw_bytes", "stored_bytes", "blob_bytes", "manifest_bytes", "new_blobs", "chunks", "elements")
+    }
     total["steps"] = len(per_step)
     total["unreferenced_bytes"] = sum(size for b, size in inv.blob_bytes.items() if b not in charged)
     _rates(total)

@@ -3,6 +3,7 @@
 The header is parsed by :func:`ulstore.core.safetensors.parse_header`, the
 one strict parser ulstore has; this module reads and writes files.
 """
+
 from __future__ import annotations
 
 import json
@@ -121,8 +122,7 @@ def save_safetensors(tensors, path, metadata=None, *, max_shard_size=None) -> No
             _write_safetensors_file(shard, tmp, meta)
         weight_map.update(dict.fromkeys(shard, fname))
     # The index goes last: until it lands, the directory does not claim the new shards.
-    index = {"metadata": {**meta, "total_size": sum(a.nbytes for a in arrays.values())},
-             "weight_map": weight_map}
+    index = {"metadata": {**meta, "total_size": sum(a.nbytes for a in arrays.values())}, "weight_map": weight_map}
     with _atomic_path(p / _INDEX_NAME) as tmp:
         Path(tmp).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 

@@ -3,6 +3,7 @@
 Tensors cross over through the :mod:`ulstore.core.torch` bridge (bit-exact,
 zero-copy where the layout allows).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -48,6 +48,7 @@ Every writer is atomic: it writes a hidden temporary file in the target
 directory and ``os.replace``-s it, so a crash never leaves a partial file
 under the final name.
 """
+
 from __future__ import annotations
 
 import json
@@ -180,13 +181,18 @@ def _load_sharded(index_path: Path) -> Checkpoint:
                 raise _bad(index_path, f"tensor {name!r} is mapped to {shard} but is not in it", kind="index")
         for name in ck.tensors:
             if wmap.get(name) != shard:
-                raise _bad(index_path, f"{shard} holds tensor {name!r}, which weight_map does not map to it",
-                           kind="index")
+                raise _bad(
+                    index_path, f"{shard} holds tensor {name!r}, which weight_map does not map to it", kind="index"
+                )
         tensors.update(ck.tensors)
         _merge_metadata(metadata, ck.metadata, index_path, shard)
     # Index metadata is JSON of any type (HF's total_size is an int); keep it as JSON text.
-    _merge_metadata(metadata, {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()},
-                    index_path, "the index")
+    _merge_metadata(
+        metadata,
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()},
+        index_path,
+        "the index",
+    )
     return Checkpoint({name: tensors[name] for name in wmap}, metadata)
 
 
@@ -194,5 +200,4 @@ def _merge_metadata(into: dict, new: dict, index_path: Path, where: str) -> None
     # Dropping either value of a clash would lose information, so refuse.
     for k, v in new.items():
         if into.setdefault(k, v) != v:
-            raise _bad(index_path, f"metadata {k!r} is {into[k]!r} in one shard but {v!r} in {where}",
-                       kind="index")
+            raise _bad(index_path, f"metadata {k!r} is {into[k]!r} in one shard but {v!r} in {where}", kind="index")

@@ -19,6 +19,7 @@
 Objects go through :class:`ulstore.core.objects.ObjectStore`.  The store
 imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 """
+
 from ._integrity import Inventory
 from .trajectory import HEAD, StepInfo, Trajectory, VerifyReport, open
 

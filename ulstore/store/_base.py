@@ -5,6 +5,7 @@ the settings) and the naming: listing steps, resolving a step or ref name,
 reading and moving refs.  The jobs on top of it live in their own modules:
 ``_read.py``, ``_commit.py``, ``_integrity.py``, ``_retention.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,18 @@ MAIN = "main"
 class TrajectoryBase:
     """State, steps and refs of a trajectory (see :class:`~ulstore.store.Trajectory`)."""
 
-    def __init__(self, io: ObjectStore, *, url: str, read_only: bool, anchor_every: int, chunk_bytes: int,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, executor=None, threads=None):
+    def __init__(
+        self,
+        io: ObjectStore,
+        *,
+        url: str,
+        read_only: bool,
+        anchor_every: int,
+        chunk_bytes: int,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        executor=None,
+        threads=None,
+    ):
         _register_zarr_dtypes()
         self._io = io
         self.url = url
@@ -128,4 +139,3 @@ class TrajectoryBase:
     def _check_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyError(f"{self.url!r} was opened with mode='r'; open with mode='a' to write")
-

@@ -6,6 +6,7 @@ every other dtype (int, uint, bool, complex) is Zstd of the raw little-endian
 bytes, always intra.  These functions are module-level so that a process-based
 executor (dask distributed) can pickle them.
 """
+
 from __future__ import annotations
 
 import numcodecs
@@ -41,9 +42,7 @@ def codec_for(dtype: np.dtype) -> str:
         pass
     if dtype.kind in "biuc":
         return ZSTD
-    raise DtypeError(
-        f"ulstore stores floating-point, integer, boolean and complex tensors; got dtype {dtype}"
-    )
+    raise DtypeError(f"ulstore stores floating-point, integer, boolean and complex tensors; got dtype {dtype}")
 
 
 def blob_digest(blob) -> str:

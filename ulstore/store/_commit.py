@@ -3,6 +3,7 @@
 Where a chunk is *encoded*: :meth:`CommitMixin._encode` -> ``_chunkcodec.encode_chunk``
 -> :func:`ulstore.codec.encode`.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -40,7 +41,8 @@ def _as_array(name: str, value) -> np.ndarray:
     if arr is None:
         raise InvalidInputError(
             f"tensor values must be arrays (numpy, torch, ...), got {type(value).__name__}; "
-            "wrap Python numbers and lists with np.asarray and an explicit dtype", tensor=name,
+            "wrap Python numbers and lists with np.asarray and an explicit dtype",
+            tensor=name,
         )
     try:
         codec_for(arr.dtype)
@@ -60,7 +62,9 @@ def _check_metadata(metadata) -> dict:
     try:
         return json.loads(canonical_json(metadata))
     except (TypeError, ValueError) as e:
-        raise InvalidInputError(f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}") from None
+        raise InvalidInputError(
+            f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"
+        ) from None
 
 
 class CommitMixin(TrajectoryBase):
@@ -68,8 +72,17 @@ class CommitMixin(TrajectoryBase):
 
     # -- writing ------------------------------------------------------------------
 
-    def commit(self, step, state: Mapping, *, parent=HEAD, branch: str | None = None, metadata=None,
-               anchor: bool | None = None, executor: cf.Executor | None = None) -> int:
+    def commit(
+        self,
+        step,
+        state: Mapping,
+        *,
+        parent=HEAD,
+        branch: str | None = None,
+        metadata=None,
+        anchor: bool | None = None,
+        executor: cf.Executor | None = None,
+    ) -> int:
         """Store ``state`` as a new, immutable ``step``.
 
         Parameters
@@ -139,7 +152,9 @@ class CommitMixin(TrajectoryBase):
         if branch_given and head is not None and head != parent:
             raise ConflictError(
                 f"branch {branch!r} is at step {head}, not at parent {parent}; "
-                "pass parent=None/HEAD or another branch name", step=step, key=ref_key(branch),
+                "pass parent=None/HEAD or another branch name",
+                step=step,
+                key=ref_key(branch),
             )
         move_branch = head is None or head == parent
 
@@ -178,10 +193,16 @@ class CommitMixin(TrajectoryBase):
             pt = pm.tensors.get(name) if pm is not None else None
             same = pt is not None and pt.shape == arr.shape and pt.dtype == arr.dtype
             if strict and not same and codec == ULPACK:
-                why = "is new" if pt is None else f"changed from {pt.dtype}{list(pt.shape)} to {arr.dtype}{list(arr.shape)}"
+                why = (
+                    "is new"
+                    if pt is None
+                    else f"changed from {pt.dtype}{list(pt.shape)} to {arr.dtype}{list(arr.shape)}"
+                )
                 raise InvalidInputError(
                     f"tensor {why}, which needs an intra-coded chunk, but anchor=False forbids it; "
-                    "commit with anchor=None or anchor=True", step=step, tensor=name,
+                    "commit with anchor=None or anchor=True",
+                    step=step,
+                    tensor=name,
                 )
             chunks = pt.chunks if same else choose_chunks(arr.shape, arr.dtype.itemsize, self.chunk_bytes)
             plan[name] = (arr, codec, chunks, pt if same else None)
@@ -225,4 +246,3 @@ class CommitMixin(TrajectoryBase):
             name: TensorManifest(arr.shape, arr.dtype, chunks, codec, tuple(entries[name]))
             for name, (arr, codec, chunks, _) in plan.items()
         }
-

@@ -1,4 +1,5 @@
 """Integrity and sizes: :meth:`verify` re-reads and checks everything; :meth:`inventory` and :meth:`stats` add up bytes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -79,8 +80,13 @@ class IntegrityMixin(TrajectoryBase):
             if key not in bad:
                 bad[key] = e
                 report.errors.append(
-                    {"key": e.key, "step": e.step if e.step is not None else s, "tensor": e.tensor or tensor,
-                     "error": type(e).__name__, "message": str(e)}
+                    {
+                        "key": e.key,
+                        "step": e.step if e.step is not None else s,
+                        "tensor": e.tensor or tensor,
+                        "error": type(e).__name__,
+                        "message": str(e),
+                    }
                 )
 
         if step is None:
@@ -106,13 +112,19 @@ class IntegrityMixin(TrajectoryBase):
                     except IntegrityError as e:
                         note(e, s, name)
                     except NotFoundError as e:  # a reference step is gone
-                        note(CorruptManifestError(f"reference is missing: {e}", step=s, tensor=name, key=step_key(s)), s)
+                        note(
+                            CorruptManifestError(f"reference is missing: {e}", step=s, tensor=name, key=step_key(s)), s
+                        )
         report.blobs = len(seen_blobs)
         if bad and raise_on_error:
             first = next(iter(bad.values()))
             listing = "; ".join(f"{d['key']}: {d['error']}" for d in report.errors)
-            raise type(first)(f"verify found {len(bad)} damaged object(s): {listing}", step=first.step,
-                              tensor=first.tensor, key=first.key)
+            raise type(first)(
+                f"verify found {len(bad)} damaged object(s): {listing}",
+                step=first.step,
+                tensor=first.tensor,
+                key=first.key,
+            )
         return report
 
     def inventory(self) -> Inventory:

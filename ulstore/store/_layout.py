@@ -13,6 +13,7 @@ The physical layout (see ``docs/layout.md``)::
 Every key here is relative to the root and uses ``/``; :class:`~ulstore.core.objects.ObjectStore`
 joins it to the fsspec root path.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,7 +103,8 @@ def check_tensor_names(names) -> None:
             if part in ("", ".", "..") or part.startswith("__") or part == "zarr.json":
                 raise InvalidInputError(
                     f"tensor name {name!r} has an invalid path component {part!r} "
-                    "(empty, '.', '..', 'zarr.json' or starting with '__')", tensor=name,
+                    "(empty, '.', '..', 'zarr.json' or starting with '__')",
+                    tensor=name,
                 )
     prefixes = {}
     for name in names:

@@ -20,6 +20,7 @@ Store methods run on zarr's event loop; every manifest fetch and chunk decode
 is sent to a thread (``asyncio.to_thread``) so the loop keeps serving other
 chunks while the compiled kernels (which release the GIL) work.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -223,7 +224,7 @@ class LogicalStore(Store):
         if node in m.tensors:
             return ["zarr.json", "c"]
         head = node + "/" if node else ""
-        names = {n[len(head):].split("/")[0] for n in m.tensors if n.startswith(head)}
+        names = {n[len(head) :].split("/")[0] for n in m.tensors if n.startswith(head)}
         return ["zarr.json", *sorted(names)] if names or not node else []
 
     def _all_keys(self, prefix: str) -> list[str]:

@@ -20,6 +20,7 @@ and the object must be byte-for-byte the canonical JSON: a flipped byte
 breaks the JSON, the canonical form or the checksum, so a damaged manifest is
 always an error, never a wrong chunk table.
 """
+
 from __future__ import annotations
 
 import json
@@ -158,7 +159,9 @@ class Manifest:
                     entries=tuple(Entry(str(b), None if r is None else int(r), str(c)) for b, r, c in t["entries"]),
                 )
                 if len(tm.entries) != math.prod(tm.grid) or len(tm.chunks) != len(tm.shape):
-                    raise CorruptManifestError("chunk table does not match the chunk grid", step=step, tensor=name, key=key)
+                    raise CorruptManifestError(
+                        "chunk table does not match the chunk grid", step=step, tensor=name, key=key
+                    )
                 tensors[name] = tm
             m = cls(
                 step=int(body["step"]),
@@ -171,7 +174,9 @@ class Manifest:
         except CorruptManifestError:
             raise
         except Exception as e:  # JSON, missing fields, wrong types: all one thing to the caller
-            raise CorruptManifestError(f"step manifest is malformed: {type(e).__name__}: {e}", step=step, key=key) from e
+            raise CorruptManifestError(
+                f"step manifest is malformed: {type(e).__name__}: {e}", step=step, key=key
+            ) from e
         if step is not None and m.step != step:
             raise CorruptManifestError(f"manifest is for step {m.step}", step=step, key=key)
         return m

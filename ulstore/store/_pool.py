@@ -1,4 +1,5 @@
 """The bounded thread pool that commits, deletes and re-encodes chunks run on."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf

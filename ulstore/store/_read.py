@@ -3,6 +3,7 @@
 The chunk decoding itself happens in ``_reader.py`` (ChunkReader), below the
 zarr ``Store`` of ``_logical.py``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -77,4 +78,3 @@ class ReadMixin(TrajectoryBase):
             out.append(StepInfo(m.step, m.parent, m.anchor_distance, m.created, dict(m.metadata)))
             step = m.parent
         return out
-

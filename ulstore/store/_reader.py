@@ -18,6 +18,7 @@ waits on a computation that another thread is actively running, keyed by
 manifest entry (never by content, which can repeat along a chain), and waits
 go strictly down the (acyclic) ancestry, so waiting cannot deadlock.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -174,7 +175,9 @@ class ChunkReader:
             if rt.dtype != t.dtype or rt.shape != t.shape or rt.chunks != t.chunks:
                 raise CorruptManifestError(
                     f"reference step {e.ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, "
-                    f"not {t.dtype}{list(t.shape)}", step=step, tensor=name,
+                    f"not {t.dtype}{list(t.shape)}",
+                    step=step,
+                    tensor=name,
                 )
             ref = self._chunk(e.ref, name, coord, depth + 1)
         key = blob_key(e.blob)

@@ -1,4 +1,5 @@
 """Retention: :meth:`delete` a step (re-encoding what depended on it) and :meth:`gc` unreferenced blobs."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -39,8 +40,12 @@ class RetentionMixin(TrajectoryBase):
             if s == step:
                 continue
             m = reader.manifest(s)
-            stale = [(name, i, coord) for name, t in m.tensors.items()
-                     for i, coord in enumerate(t.coords()) if t.entries[i].ref == step]
+            stale = [
+                (name, i, coord)
+                for name, t in m.tensors.items()
+                for i, coord in enumerate(t.coords())
+                if t.entries[i].ref == step
+            ]
             if not stale and m.parent != step:
                 continue
             new_entries = {name: list(t.entries) for name, t in m.tensors.items()}
@@ -63,8 +68,10 @@ class RetentionMixin(TrajectoryBase):
                 step=m.step,
                 parent=dead.parent if m.parent == step else m.parent,
                 anchor_distance=m.anchor_distance,
-                tensors={name: TensorManifest(t.shape, t.dtype, t.chunks, t.codec, tuple(new_entries[name]))
-                         for name, t in m.tensors.items()},
+                tensors={
+                    name: TensorManifest(t.shape, t.dtype, t.chunks, t.codec, tuple(new_entries[name]))
+                    for name, t in m.tensors.items()
+                },
                 metadata=m.metadata,
                 created=m.created,
             )

@@ -11,6 +11,7 @@ These types only ever appear in metadata the *logical* store synthesizes; the
 physical manifests record dtypes by name.  A name zarr already registers (a
 future zarr with native bfloat16) is left alone.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import numpy as np
 from ..core.dtypes import ML_DTYPES
 
 __all__ = ["zarr_dtype", "register"]
+
 
 def _make_zdtype(name: str, native: np.dtype):
     from zarr.core.dtype.npy.float import BaseFloat

@@ -34,6 +34,7 @@ True
 >>> bool((traj.read(0)["layer.weight"] == w).all()), traj[0].attrs["loss"]
 (True, 2.3)
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -149,8 +150,14 @@ def open(
     if chunk_bytes is not None:
         settings["chunk_bytes"] = _check_positive("chunk_bytes", chunk_bytes)
     return Trajectory(
-        io, url=url, read_only=mode == "r", anchor_every=settings["anchor_every"],
-        chunk_bytes=settings["chunk_bytes"], cache_bytes=cache_bytes, executor=executor, threads=threads,
+        io,
+        url=url,
+        read_only=mode == "r",
+        anchor_every=settings["anchor_every"],
+        chunk_bytes=settings["chunk_bytes"],
+        cache_bytes=cache_bytes,
+        executor=executor,
+        threads=threads,
     )
 
 
@@ -167,7 +174,9 @@ def _check_positive(name, value, zero=False) -> int:
 def _new_settings(anchor_every, chunk_bytes) -> dict:
     return {
         "format": FORMAT,
-        "anchor_every": DEFAULT_ANCHOR_EVERY if anchor_every is None else _check_positive("anchor_every", anchor_every, True),
+        "anchor_every": DEFAULT_ANCHOR_EVERY
+        if anchor_every is None
+        else _check_positive("anchor_every", anchor_every, True),
         "chunk_bytes": DEFAULT_CHUNK_BYTES if chunk_bytes is None else _check_positive("chunk_bytes", chunk_bytes),
         "blob_hash": "blake2b-256",
         "content_hash": "blake2b-128",

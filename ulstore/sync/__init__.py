@@ -33,6 +33,7 @@ Examples
 >>> f.poll(), float(f.state["w"][3])
 (1, 7.0)
 """
+
 from ._errors import BucketAccessError
 from .detector import ChangeDetector
 from .follower import Follower, FollowerStats, SyncEvent

@@ -7,6 +7,7 @@ tensor lives on a device, pushes each changed chunk to it.  For numpy arrays
 and CPU torch tensors the mirror *is* the caller's memory (a zero-copy view),
 so nothing is stored twice.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -94,9 +95,13 @@ def bind(spec: TensorSpec, value) -> Binding:
     if is_tensor(value):
         t = value.detach()
         if tuple(t.shape) != spec.shape:
-            raise InvalidInputError(f"shape is {tuple(t.shape)} but the published tensor is {spec.shape}", tensor=spec.name)
+            raise InvalidInputError(
+                f"shape is {tuple(t.shape)} but the published tensor is {spec.shape}", tensor=spec.name
+            )
         if not t.is_contiguous():
-            raise InvalidInputError("tensor is not contiguous; pass a contiguous tensor (.contiguous())", tensor=spec.name)
+            raise InvalidInputError(
+                "tensor is not contiguous; pass a contiguous tensor (.contiguous())", tensor=spec.name
+            )
         if t.device.type == "cpu":
             mirror = from_tensor(t)
             if mirror.size and mirror.__array_interface__["data"][0] != t.data_ptr():
@@ -108,8 +113,9 @@ def bind(spec: TensorSpec, value) -> Binding:
         mirror = from_tensor(t).reshape(-1).copy()
         return Binding(spec.name, mirror, t.reshape(-1))
     if not isinstance(value, np.ndarray):
-        raise InvalidInputError(f"state values must be numpy arrays or torch tensors, got {type(value).__name__}",
-                                tensor=spec.name)
+        raise InvalidInputError(
+            f"state values must be numpy arrays or torch tensors, got {type(value).__name__}", tensor=spec.name
+        )
     if value.shape != spec.shape:
         raise InvalidInputError(f"shape is {value.shape} but the published tensor is {spec.shape}", tensor=spec.name)
     _check_dtype(spec, value.dtype)
@@ -126,4 +132,6 @@ def allocate(spec: TensorSpec) -> tuple[np.ndarray, Binding]:
 
 def _check_dtype(spec: TensorSpec, dtype: np.dtype) -> None:
     if np.dtype(dtype).newbyteorder("<") != spec.dtype:
-        raise InvalidInputError(f"dtype is {dtype} but the published tensor is {dtype_name(spec.dtype)}", tensor=spec.name)
+        raise InvalidInputError(
+            f"dtype is {dtype} but the published tensor is {dtype_name(spec.dtype)}", tensor=spec.name
+        )

@@ -4,6 +4,7 @@ Every backend failure (network, permission, throttling, a missing bucket)
 becomes :class:`~ulstore.sync.BucketAccessError` naming the URL and key, with
 the backend's exception as ``__cause__``; a missing object is still ``None``.
 """
+
 from __future__ import annotations
 
 from ..core.objects import ObjectStore

@@ -7,6 +7,7 @@ when nothing has been published yet, and the
 :class:`~ulstore.errors.IntegrityError` family (``CorruptManifestError``,
 ``CorruptBlobError``, ``ReferenceMismatchError``) for damaged objects.
 """
+
 from __future__ import annotations
 
 from ..errors import UlstoreError

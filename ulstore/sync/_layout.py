@@ -26,6 +26,7 @@ Keys (relative to the store root)::
 
 See ``docs/sync.md`` for the guarantees built on this.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -215,12 +216,14 @@ class Layout:
         object.__setattr__(self, "index", {t.name: i for i, t in enumerate(self.tensors)})
 
     def to_bytes(self) -> bytes:
-        return _sealed({
-            "format": FORMAT,
-            "chunk_elems": self.chunk_elems,
-            "chunk_hash": CHUNK_HASH,
-            "tensors": [[t.name, dtype_name(t.dtype), list(t.shape)] for t in self.tensors],
-        })
+        return _sealed(
+            {
+                "format": FORMAT,
+                "chunk_elems": self.chunk_elems,
+                "chunk_hash": CHUNK_HASH,
+                "tensors": [[t.name, dtype_name(t.dtype), list(t.shape)] for t in self.tensors],
+            }
+        )
 
     @property
     def digest(self) -> str:
@@ -327,7 +330,9 @@ class Manifest:
         _need(doc.get("kind") in _KINDS, key, what, f"kind {doc.get('kind')!r}")
         _need(doc.get("version") == version, key, what, f"it is for version {doc.get('version')!r}, not {version}")
         if kind is not None:
-            _need(doc["kind"] == kind if kind == "anchor" else doc["kind"] != "anchor", key, what, f"kind {doc['kind']!r}")
+            _need(
+                doc["kind"] == kind if kind == "anchor" else doc["kind"] != "anchor", key, what, f"kind {doc['kind']!r}"
+            )
         parent = doc.get("parent")
         _need(parent is None or (_is_uint(parent) and parent < version), key, what, "parent")
         _need(parent is None or isinstance(doc.get("parent_checksum"), str), key, what, "parent_checksum")
@@ -335,25 +340,46 @@ class Manifest:
         _need(isinstance(doc.get("layout"), str), key, what, "layout")
         _need(isinstance(doc.get("metadata"), dict) and isinstance(doc.get("created"), str), key, what, "metadata")
         packs = doc.get("packs")
-        _need(isinstance(packs, list) and all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_uint(p[1]) for p in packs
-        ), key, what, "packs")
+        _need(
+            isinstance(packs, list)
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and _is_uint(p[1]) for p in packs),
+            key,
+            what,
+            "packs",
+        )
         entries = []
         for row in doc.get("chunks") or []:
-            ok = (isinstance(row, list) and len(row) == 7 and all(_is_uint(row[i]) for i in (0, 1, 3, 4, 5))
-                  and row[2] in _CODECS and isinstance(row[6], str) and len(row[6]) == 8 and row[3] < len(packs)
-                  and row[4] + row[5] <= packs[row[3]][1])
+            ok = (
+                isinstance(row, list)
+                and len(row) == 7
+                and all(_is_uint(row[i]) for i in (0, 1, 3, 4, 5))
+                and row[2] in _CODECS
+                and isinstance(row[6], str)
+                and len(row[6]) == 8
+                and row[3] < len(packs)
+                and row[4] + row[5] <= packs[row[3]][1]
+            )
             _need(ok, key, what, f"chunk entry {row!r}")
             entries.append(Entry(*row))
         if doc["kind"] == "anchor":
-            _need(isinstance(doc.get("version_checksum"), str) and doc["anchor"] == version, key, what, "anchor binding")
+            _need(
+                isinstance(doc.get("version_checksum"), str) and doc["anchor"] == version, key, what, "anchor binding"
+            )
         if doc["kind"] == "reset":
             _need(not entries and doc["anchor"] == version, key, what, "a reset carries no chunks")
         return cls(
-            kind=doc["kind"], version=version, parent=parent, parent_checksum=doc.get("parent_checksum"),
-            anchor=doc["anchor"], layout=doc["layout"], packs=tuple((p[0], p[1]) for p in packs),
-            entries=tuple(entries), created=doc["created"], metadata=doc["metadata"],
-            version_checksum=doc.get("version_checksum"), checksum=doc["checksum"],
+            kind=doc["kind"],
+            version=version,
+            parent=parent,
+            parent_checksum=doc.get("parent_checksum"),
+            anchor=doc["anchor"],
+            layout=doc["layout"],
+            packs=tuple((p[0], p[1]) for p in packs),
+            entries=tuple(entries),
+            created=doc["created"],
+            metadata=doc["metadata"],
+            version_checksum=doc.get("version_checksum"),
+            checksum=doc["checksum"],
         )
 
 
@@ -373,18 +399,33 @@ class Latest:
     updated: str
 
     def to_bytes(self) -> bytes:
-        return _sealed({
-            "format": FORMAT, "version": self.version, "manifest_checksum": self.checksum,
-            "anchor": self.anchor, "anchor_checksum": self.anchor_checksum, "updated": self.updated,
-        })
+        return _sealed(
+            {
+                "format": FORMAT,
+                "version": self.version,
+                "manifest_checksum": self.checksum,
+                "anchor": self.anchor,
+                "anchor_checksum": self.anchor_checksum,
+                "updated": self.updated,
+            }
+        )
 
     @classmethod
     def from_bytes(cls, raw, key: str) -> Latest:
         doc = _open_sealed(raw, key, "latest pointer")
         what = "latest pointer"
-        _need(_is_uint(doc.get("version")) and _is_uint(doc.get("anchor")) and doc["anchor"] <= doc["version"],
-              key, what, "version/anchor")
-        _need(isinstance(doc.get("manifest_checksum"), str) and isinstance(doc.get("anchor_checksum"), str),
-              key, what, "checksums")
-        return cls(doc["version"], doc["manifest_checksum"], doc["anchor"], doc["anchor_checksum"],
-                   str(doc.get("updated", "")))
+        _need(
+            _is_uint(doc.get("version")) and _is_uint(doc.get("anchor")) and doc["anchor"] <= doc["version"],
+            key,
+            what,
+            "version/anchor",
+        )
+        _need(
+            isinstance(doc.get("manifest_checksum"), str) and isinstance(doc.get("anchor_checksum"), str),
+            key,
+            what,
+            "checksums",
+        )
+        return cls(
+            doc["version"], doc["manifest_checksum"], doc["anchor"], doc["anchor_checksum"], str(doc.get("updated", ""))
+        )

@@ -22,6 +22,7 @@ Read me first
 - :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
   decides what to do (re-bootstrap, wait, report).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -101,7 +102,9 @@ class BucketReader:
             raise NotFoundError("version manifest is missing", step=version, key=key)
         m = Manifest.from_bytes(raw, key, version=version)
         if checksum is not None and m.checksum != checksum:
-            raise CorruptManifestError("manifest is not the one its successor (or latest.json) names", step=version, key=key)
+            raise CorruptManifestError(
+                "manifest is not the one its successor (or latest.json) names", step=version, key=key
+            )
         return m
 
     def anchor(self, version: int, checksum: str | None = None) -> Manifest:
@@ -158,14 +161,16 @@ class BucketReader:
 
     def fetch_packs(self, manifest: Manifest) -> list[bytes]:
         """Download a manifest's packs in parallel and check each against its address and size."""
+
         def get(pack):
             key, size = pack
             raw = self.bucket.get(key)
             if raw is None:
                 raise NotFoundError("pack is missing", step=manifest.version, key=key)
             if len(raw) != size or blob_address(raw) != key.rsplit("/", 1)[-1].split(".")[0]:
-                raise CorruptBlobError("pack does not match its address (damaged or truncated)",
-                                       step=manifest.version, key=key)
+                raise CorruptBlobError(
+                    "pack does not match its address (damaged or truncated)", step=manifest.version, key=key
+                )
             return raw
 
         return list(self.workers.io.map(get, manifest.packs))
@@ -180,13 +185,20 @@ class BucketReader:
         seen = set()
         for e in manifest.entries:
             if e.tensor >= len(layout.tensors):
-                raise CorruptManifestError(f"chunk entry names tensor #{e.tensor} of {len(layout.tensors)}",
-                                           step=manifest.version, key=manifest_key(manifest))
+                raise CorruptManifestError(
+                    f"chunk entry names tensor #{e.tensor} of {len(layout.tensors)}",
+                    step=manifest.version,
+                    key=manifest_key(manifest),
+                )
             spec = layout.tensors[e.tensor]
-            if e.chunk >= spec.n_chunks(layout.chunk_elems) or (e.tensor, e.chunk) in seen or \
-                    (e.codec == RAW) == spec.is_float:
-                raise CorruptManifestError(f"bad chunk entry {e.row()}", step=manifest.version,
-                                           tensor=spec.name, key=manifest_key(manifest))
+            if (
+                e.chunk >= spec.n_chunks(layout.chunk_elems)
+                or (e.tensor, e.chunk) in seen
+                or (e.codec == RAW) == spec.is_float
+            ):
+                raise CorruptManifestError(
+                    f"bad chunk entry {e.row()}", step=manifest.version, tensor=spec.name, key=manifest_key(manifest)
+                )
             seen.add((e.tensor, e.chunk))
 
         def run(e: Entry):
@@ -209,12 +221,17 @@ class BucketReader:
                     arr = decode(blob).reshape(-1)
                     if arr.dtype != spec.dtype or arr.size != stop - start:
                         raise CorruptBlobError(
-                            f"blob decodes to {arr.dtype}[{arr.size}], expected {spec.dtype}[{stop - start}]")
+                            f"blob decodes to {arr.dtype}[{arr.size}], expected {spec.dtype}[{stop - start}]"
+                        )
                 if chunk_hash(arr) != e.hash:
                     raise CorruptBlobError("decoded chunk fails the manifest's chunk hash")
             except IntegrityError as err:
-                raise type(err)(f"{err.message} (chunk {e.chunk})", step=manifest.version, tensor=spec.name,
-                                key=manifest.packs[e.pack][0]) from err
+                raise type(err)(
+                    f"{err.message} (chunk {e.chunk})",
+                    step=manifest.version,
+                    tensor=spec.name,
+                    key=manifest.packs[e.pack][0],
+                ) from err
             return e, arr
 
         chunks = list(self.workers.compute.map(run, manifest.entries))

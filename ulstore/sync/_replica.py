@@ -5,6 +5,7 @@ job; this module writes what it decoded, only once all of a version checked.
 :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
 decides what to do (re-bootstrap, wait, report).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,10 +66,13 @@ class Replica:
             b = self._bindings.get(spec.name)
             cur = self.layout.tensors[self.layout.index[spec.name]] if b is not None else None
             if cur != spec:
-                raise CorruptManifestError("delta chunk for a tensor the parent version does not hold as "
-                                           f"{spec.dtype}{list(spec.shape)}", tensor=spec.name)
+                raise CorruptManifestError(
+                    f"delta chunk for a tensor the parent version does not hold as {spec.dtype}{list(spec.shape)}",
+                    tensor=spec.name,
+                )
             start, stop = spec.chunk_range(e.chunk, layout.chunk_elems)
             return b.mirror[start:stop], self._sums.get((spec.name, e.chunk)) if self.trust_state else None
+
         return ref
 
     # -- loading ----------------------------------------------------------------------
@@ -79,17 +83,22 @@ class Replica:
         Returns the number of pack bytes downloaded.
         """
         if anchor.version_checksum != version.checksum:
-            raise CorruptManifestError("anchor does not belong to this version's manifest",
-                                       step=anchor.version, key=anchor_key(anchor.version))
+            raise CorruptManifestError(
+                "anchor does not belong to this version's manifest", step=anchor.version, key=anchor_key(anchor.version)
+            )
         layout = self.reader.layout(anchor.layout)
         if version.layout != anchor.layout:
-            raise CorruptManifestError("anchor and version manifest name different layouts",
-                                       step=anchor.version, key=anchor_key(anchor.version))
+            raise CorruptManifestError(
+                "anchor and version manifest name different layouts",
+                step=anchor.version,
+                key=anchor_key(anchor.version),
+            )
         covered = {(e.tensor, e.chunk) for e in anchor.entries}
         expected = {(i, c) for i, t in enumerate(layout.tensors) for c in range(t.n_chunks(layout.chunk_elems))}
         if covered != expected:
-            raise CorruptManifestError("anchor does not cover every chunk of the state",
-                                       step=anchor.version, key=anchor_key(anchor.version))
+            raise CorruptManifestError(
+                "anchor does not cover every chunk of the state", step=anchor.version, key=anchor_key(anchor.version)
+            )
         decoded = self.reader.decode(anchor, layout, self.reader.fetch_packs(anchor), None)
         self._rebind(layout)
         self._write(decoded, version)
@@ -118,8 +127,12 @@ class Replica:
         for i, spec in enumerate(layout.tensors):
             old = self.layout.tensors[self.layout.index[spec.name]] if spec.name in self.layout.index else None
             if old != spec and any((i, c) not in have for c in range(spec.n_chunks(layout.chunk_elems))):
-                raise CorruptManifestError("new or reshaped tensor is not sent whole", step=decoded.manifest.version,
-                                           tensor=spec.name, key=manifest_key(decoded.manifest))
+                raise CorruptManifestError(
+                    "new or reshaped tensor is not sent whole",
+                    step=decoded.manifest.version,
+                    tensor=spec.name,
+                    key=manifest_key(decoded.manifest),
+                )
 
     def _rebind(self, layout: Layout) -> None:
         """Point bindings at ``layout``'s tensors (allocating or checking the caller's)."""
@@ -130,11 +143,15 @@ class Replica:
             if missing or extra:
                 raise InvalidInputError(
                     f"the state dict does not match the published tensors: missing {missing[:5]}"
-                    f"{'...' if len(missing) > 5 else ''}, not published {extra[:5]}{'...' if len(extra) > 5 else ''}")
+                    f"{'...' if len(missing) > 5 else ''}, not published {extra[:5]}{'...' if len(extra) > 5 else ''}"
+                )
         bindings = {}
         for spec in layout.tensors:
-            old = self.layout.tensors[self.layout.index[spec.name]] \
-                if self.layout is not None and spec.name in self.layout.index else None
+            old = (
+                self.layout.tensors[self.layout.index[spec.name]]
+                if self.layout is not None and spec.name in self.layout.index
+                else None
+            )
             if old == spec and spec.name in self._bindings:
                 bindings[spec.name] = self._bindings[spec.name]
             elif self.owned:
@@ -145,8 +162,11 @@ class Replica:
             for name in [n for n in self.state if n not in layout.index]:
                 del self.state[name]
         same_chunks = self.layout is not None and self.layout.chunk_elems == layout.chunk_elems
-        self._sums = {key: v for key, v in self._sums.items()
-                      if same_chunks and key[0] in bindings and bindings[key[0]] is self._bindings.get(key[0])}
+        self._sums = {
+            key: v
+            for key, v in self._sums.items()
+            if same_chunks and key[0] in bindings and bindings[key[0]] is self._bindings.get(key[0])
+        }
         self._bindings = bindings
         self.layout = layout
 
@@ -179,7 +199,9 @@ class Replica:
             start, stop = spec.chunk_range(c, layout.chunk_elems)
             return content_sum(self._bindings[spec.name].mirror[start:stop]) != self._sums.get((spec.name, c))
 
-        return [f"{spec.name}[{c}]" for (spec, c), bad in zip(jobs, self.reader.workers.compute.map(differs, jobs)) if bad]
+        return [
+            f"{spec.name}[{c}]" for (spec, c), bad in zip(jobs, self.reader.workers.compute.map(differs, jobs)) if bad
+        ]
 
     def invalidate(self) -> None:
         self.version = self.checksum = None

@@ -1,4 +1,5 @@
 """The thread pools of a publisher or follower, and the context-manager plumbing of their owners."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -25,7 +26,6 @@ class Workers:
     def close(self) -> None:
         for pool in (self.prefetch, self.io, self.compute):
             pool.shutdown(wait=True, cancel_futures=True)
-
 
 
 class WorkerOwner:

@@ -10,6 +10,7 @@ except for changes made *outside* ``optimizer.step()`` (loading weights,
 manual edits), which it cannot see.  Those are caught at the next anchor,
 where the publisher compares everything and counts ``detector_misses``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -67,7 +68,9 @@ class ChangeDetector:
         elif isinstance(params, Iterable):
             named = list(params)
         else:
-            raise InvalidInputError("params must be a module, a mapping of name to parameter, or (name, parameter) pairs")
+            raise InvalidInputError(
+                "params must be a module, a mapping of name to parameter, or (name, parameter) pairs"
+            )
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self._params = {name: p for name, p in named if id(p) in in_optimizer}
         #: Names this detector can vouch for (watched parameters the optimizer steps).
@@ -77,8 +80,10 @@ class ChangeDetector:
         self._changed: set[str] = set()
         #: Optimizer steps observed since the last :meth:`reset`.
         self.steps = 0
-        self._handles = [optimizer.register_step_pre_hook(self._pre_step),
-                         optimizer.register_step_post_hook(self._post_step)]
+        self._handles = [
+            optimizer.register_step_pre_hook(self._pre_step),
+            optimizer.register_step_post_hook(self._post_step),
+        ]
 
     def _bits(self, p):
         t = p.detach()
@@ -88,8 +93,11 @@ class ChangeDetector:
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
         # clone: when no cast happens, _bits is a view of the live parameter
-        self._snapshot = {name: self._bits(p).clone() for name, p in self._params.items()
-                          if p.grad is not None and name not in self._changed}
+        self._snapshot = {
+            name: self._bits(p).clone()
+            for name, p in self._params.items()
+            if p.grad is not None and name not in self._changed
+        }
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         torch = self._torch

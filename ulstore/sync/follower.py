@@ -17,6 +17,7 @@ Policy, in one place (the mechanics live in :mod:`._reader` and :mod:`._replica`
   propagates; the state is untouched (still a complete version) and the next
   poll retries.
 """
+
 from __future__ import annotations
 
 import logging
@@ -118,9 +119,18 @@ class Follower(WorkerOwner):
         ``url`` holds something that is not a sync store.
     """
 
-    def __init__(self, url, *, state: Mapping | None = None, storage_options: dict | None = None,
-                 threads: int | None = None, poll_interval: float = 1.0, max_replay: int = 64,
-                 on_event: Callable[[SyncEvent], None] | None = None, trust_state: bool = False):
+    def __init__(
+        self,
+        url,
+        *,
+        state: Mapping | None = None,
+        storage_options: dict | None = None,
+        threads: int | None = None,
+        poll_interval: float = 1.0,
+        max_replay: int = 64,
+        on_event: Callable[[SyncEvent], None] | None = None,
+        trust_state: bool = False,
+    ):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
         self._bucket = _open_bucket(url, storage_options)
@@ -141,7 +151,6 @@ class Follower(WorkerOwner):
 
     def __repr__(self) -> str:
         return f"<Follower {self.url!r} version={self.version}>"
-
 
     @property
     def version(self) -> int | None:
@@ -209,8 +218,12 @@ class Follower(WorkerOwner):
         if not bad:
             return True
         self.stats.corrupt += 1
-        self._event("corrupt", self.version, f"the state differs from version {self.version} in {len(bad)} chunk(s): "
-                    f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}")
+        self._event(
+            "corrupt",
+            self.version,
+            f"the state differs from version {self.version} in {len(bad)} chunk(s): "
+            f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}",
+        )
         self._replica.invalidate()
         return False
 
@@ -392,6 +405,7 @@ class Follower(WorkerOwner):
         an anchor (:meth:`_recover`); without (already inside a bootstrap),
         stall on the last good version.
         """
+
         def fetch(m):
             return self._workers.prefetch.submit(self._reader.fetch_packs, m) if m.kind == "delta" else None
 
@@ -412,8 +426,11 @@ class Follower(WorkerOwner):
                 self._problem(m.version, e)
                 if latest is None:
                     self._stalled_at = m.version
-                    self._event("stalled", self.version, f"version {m.version} cannot be applied; "
-                                "waiting for an anchor after it")
+                    self._event(
+                        "stalled",
+                        self.version,
+                        f"version {m.version} cannot be applied; waiting for an anchor after it",
+                    )
                 else:
                     yield from self._recover(latest, m.version, "rebootstrap")
                 return

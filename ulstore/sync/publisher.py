@@ -16,6 +16,7 @@ One ``publish(version, state)``:
 A publish that fails or is killed at any point leaves ``latest.json`` on the
 previous version; retrying the same version, or publishing a later one, is safe.
 """
+
 from __future__ import annotations
 
 import json
@@ -165,9 +166,19 @@ class Publisher(WorkerOwner):
     True
     """
 
-    def __init__(self, url, anchor_every: int = DEFAULT_ANCHOR_EVERY, storage_options: dict | None = None, *,
-                 chunk_elems: int = DEFAULT_CHUNK_ELEMS, pack_bytes: int = DEFAULT_PACK_BYTES,
-                 threads: int | None = None, detector=None, resume: bool = True, sparse: bool = True):
+    def __init__(
+        self,
+        url,
+        anchor_every: int = DEFAULT_ANCHOR_EVERY,
+        storage_options: dict | None = None,
+        *,
+        chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        pack_bytes: int = DEFAULT_PACK_BYTES,
+        threads: int | None = None,
+        detector=None,
+        resume: bool = True,
+        sparse: bool = True,
+    ):
         self.anchor_every = _check_int("anchor_every", anchor_every, 0)
         self.chunk_elems = _check_int("chunk_elems", chunk_elems, 1)
         if self.chunk_elems >= 1 << 32:
@@ -200,7 +211,9 @@ class Publisher(WorkerOwner):
         raw = self._bucket.get(SYNC_META)
         if raw is None:
             if self._bucket.get("zarr.json") is not None:
-                raise InvalidInputError(f"{self.url!r} holds a ulstore trajectory, not a sync store; use another prefix")
+                raise InvalidInputError(
+                    f"{self.url!r} holds a ulstore trajectory, not a sync store; use another prefix"
+                )
             self._bucket.put(SYNC_META, canonical_json({"format": FORMAT, "created": now()}))
             return
         if not is_sync_meta(raw):
@@ -208,7 +221,6 @@ class Publisher(WorkerOwner):
 
     def __repr__(self) -> str:
         return f"<Publisher {self.url!r} latest={self.latest}>"
-
 
     @property
     def latest(self) -> int | None:
@@ -249,8 +261,10 @@ class Publisher(WorkerOwner):
         t0 = time.perf_counter()
         version = check_version(version)
         if self._latest is not None and version <= self._latest.version:
-            raise InvalidInputError(f"version {version} is not greater than the latest published version "
-                                    f"{self._latest.version}; versions must increase")
+            raise InvalidInputError(
+                f"version {version} is not greater than the latest published version "
+                f"{self._latest.version}; versions must increase"
+            )
         if not isinstance(state, Mapping) or not state:
             raise InvalidInputError("state must be a non-empty mapping of tensor name to array")
         metadata = _check_metadata(metadata)
@@ -273,9 +287,16 @@ class Publisher(WorkerOwner):
         self._put_layout(layout)
         packs, entries, delta_bytes = self._put_packs(delta) if kind == "delta" else ([], [], 0)
         vm, vraw = Manifest(
-            kind=kind, version=version, parent=parent.version if parent else None,
-            parent_checksum=parent.checksum if parent else None, anchor=anchor_at, layout=layout.digest,
-            packs=tuple(packs), entries=tuple(entries), created=now(), metadata=metadata,
+            kind=kind,
+            version=version,
+            parent=parent.version if parent else None,
+            parent_checksum=parent.checksum if parent else None,
+            anchor=anchor_at,
+            layout=layout.digest,
+            packs=tuple(packs),
+            entries=tuple(entries),
+            created=now(),
+            metadata=metadata,
         ).sealed()
         self._bucket.put(version_key(version), vraw)
         # 2. the anchor: every chunk of the state, intra-coded
@@ -283,9 +304,17 @@ class Publisher(WorkerOwner):
         if is_anchor:
             apacks, aentries, anchor_bytes = self._put_packs(self._code_anchor(layout, hosts))
             am, araw = Manifest(
-                kind="anchor", version=version, parent=None, parent_checksum=None, anchor=version,
-                layout=layout.digest, packs=tuple(apacks), entries=tuple(aentries), created=vm.created,
-                metadata=metadata, version_checksum=vm.checksum,
+                kind="anchor",
+                version=version,
+                parent=None,
+                parent_checksum=None,
+                anchor=version,
+                layout=layout.digest,
+                packs=tuple(apacks),
+                entries=tuple(aentries),
+                created=vm.created,
+                metadata=metadata,
+                version_checksum=vm.checksum,
             ).sealed()
             self._bucket.put(anchor_key(version), araw)
             anchor_checksum = am.checksum
@@ -305,8 +334,17 @@ class Publisher(WorkerOwner):
         self.stats["anchors"] += int(is_anchor)
         self.stats["bytes"] += delta_bytes + anchor_bytes + len(vraw)
         total_chunks = sum(t.n_chunks(layout.chunk_elems) for t in layout.tensors)
-        return PublishInfo(version, kind, is_anchor, len(delta), total_chunks, skipped, delta_bytes, anchor_bytes,
-                           time.perf_counter() - t0)
+        return PublishInfo(
+            version,
+            kind,
+            is_anchor,
+            len(delta),
+            total_chunks,
+            skipped,
+            delta_bytes,
+            anchor_bytes,
+            time.perf_counter() - t0,
+        )
 
     # -- retention --------------------------------------------------------------------
 
@@ -413,8 +451,12 @@ class Publisher(WorkerOwner):
         missed = sorted({layout.tensors[i].name for i, *_ in delta} & claimed)
         if missed:
             self.stats["detector_misses"] += len(missed)
-            log.warning("version anchors found %d tensor(s) the change detector reported unchanged but which "
-                        "changed (modified outside optimizer.step()?): %s", len(missed), missed[:5])
+            log.warning(
+                "version anchors found %d tensor(s) the change detector reported unchanged but which "
+                "changed (modified outside optimizer.step()?): %s",
+                len(missed),
+                missed[:5],
+            )
 
     def _put_layout(self, layout: Layout) -> None:
         digest = layout.digest
@@ -468,8 +510,12 @@ class Publisher(WorkerOwner):
                     raise ChainBroken(f"reset at version {m.version} after anchor {latest.anchor}")
                 replica.apply(m)
         except (IntegrityError, NotFoundError, ChainBroken, InvalidInputError) as e:
-            log.warning("cannot resume from version %d of %s (%s); the next version will be a reset anchor",
-                        latest.version, self.url, e)
+            log.warning(
+                "cannot resume from version %d of %s (%s); the next version will be a reset anchor",
+                latest.version,
+                self.url,
+                e,
+            )
             return
         self._layout = replica.layout
         self._ref = {t.name: replica.flat(t.name) for t in replica.layout.tensors}
@@ -492,5 +538,6 @@ def _check_metadata(metadata) -> dict:
     try:
         return json.loads(canonical_json(dict(metadata)))
     except (TypeError, ValueError) as e:
-        raise InvalidInputError(f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}") from None
-
+        raise InvalidInputError(
+            f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"
+        ) from None

@@ -28,6 +28,7 @@ The gaps of one parameter are stored as ``uint16`` if all fit (<= 65535),
 else as ``uint32``: the tensor's dtype is the width.  Decoding is
 ``i_k = (sum_{j<=k} (gap_j + 1)) - 1``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -156,8 +157,15 @@ def _apply_patch(state: dict, patch: dict, key: str) -> None:
         words(dst)[pos] = words(val)  # bits, never float arithmetic
 
 
-def import_trl(src_url, dest_url, *, storage_options: dict | None = None, dest_storage_options: dict | None = None,
-               anchor_every: int = DEFAULT_ANCHOR_EVERY, threads: int | None = None) -> dict:
+def import_trl(
+    src_url,
+    dest_url,
+    *,
+    storage_options: dict | None = None,
+    dest_storage_options: dict | None = None,
+    anchor_every: int = DEFAULT_ANCHOR_EVERY,
+    threads: int | None = None,
+) -> dict:
     """Import a TRL ``anchors/`` + ``deltas/`` bucket into a sync store, one version per step.
 
     Steps are replayed in order: an anchor replaces the parameters it holds
@@ -241,9 +249,17 @@ def _int_or(value, default: int) -> int:
 # -- export -------------------------------------------------------------------------
 
 
-def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int | None = None,
-               stop: int | None = None, storage_options: dict | None = None,
-               dest_storage_options: dict | None = None, threads: int | None = None) -> dict:
+def export_trl(
+    src_url,
+    dest_url,
+    *,
+    index_format: str = "gap_delta",
+    start: int | None = None,
+    stop: int | None = None,
+    storage_options: dict | None = None,
+    dest_storage_options: dict | None = None,
+    threads: int | None = None,
+) -> dict:
     """Write versions of a sync store as a TRL ``anchors/`` + ``deltas/`` bucket.
 
     Every version in ``[start, stop]`` reachable from the store's oldest anchor
@@ -304,8 +320,9 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
             total = layout.total_elements
             for spec in layout.tensors:
                 if spec.size > _INT32_MAX + 1:
-                    raise InvalidInputError("TRL indices are int32: tensors above 2**31 elements cannot be exported",
-                                            tensor=spec.name)
+                    raise InvalidInputError(
+                        "TRL indices are int32: tensors above 2**31 elements cannot be exported", tensor=spec.name
+                    )
             if previous is None or v in anchor_set or m.kind == "reset":
                 tensors = {t.name: replica.flat(t.name).reshape(t.shape) for t in layout.tensors}
                 meta = _meta(mv, previous_mv, first, len(tensors), total, total, sparse=False)
@@ -313,8 +330,16 @@ def export_trl(src_url, dest_url, *, index_format: str = "gap_delta", start: int
                 report["anchors"].append(v)
             if previous is not None:
                 tensors, n_params, n_changed = _delta_tensors(replica, before, index_format)
-                meta = _meta(mv, previous_mv, first, n_params, n_changed, total, sparse=True,
-                             encoding=None if index_format == "indices" else index_format)
+                meta = _meta(
+                    mv,
+                    previous_mv,
+                    first,
+                    n_params,
+                    n_changed,
+                    total,
+                    sparse=True,
+                    encoding=None if index_format == "indices" else index_format,
+                )
                 report["bytes"] += _put(dest, f"deltas/step_{v:06d}.safetensors", tensors, meta)
             report["versions"].append(v)
             previous, previous_mv = v, mv
@@ -348,8 +373,10 @@ def _delta_tensors(replica: Replica, before: dict, index_format: str):
         if before[name] is None or sum(old.size for _, old in before[name]) > cur.size:
             pos = np.arange(cur.size, dtype=np.int64)  # new or reshaped: every element is "changed"
         else:
-            parts = [start + np.flatnonzero(words(cur[start : start + old.size]) != words(old))
-                     for start, old in before[name]]
+            parts = [
+                start + np.flatnonzero(words(cur[start : start + old.size]) != words(old))
+                for start, old in before[name]
+            ]
             pos = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         if not pos.size:
             continue
@@ -387,4 +414,3 @@ def _put(dest: ObjectStore, key: str, tensors: dict, meta: dict) -> int:
     raw = dumps(tensors, meta)
     dest.put(key, raw)
     return len(raw)
-
