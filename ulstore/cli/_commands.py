@@ -94,7 +94,7 @@ def _cmd_add(args, ui) -> int:
         if step is None:
             raise InvalidInputError(f"{path}: cannot tell the step from the name; pass --step N")
         jobs.append((step, path))
-    seen = {}
+    seen: dict[int, str] = {}
     for step, path in jobs:
         if step in seen:
             raise InvalidInputError(f"{seen[step]} and {path} are both step {step}")
@@ -107,7 +107,7 @@ def _cmd_add(args, ui) -> int:
             )
     jobs.sort()
     parent = None if args.root else (args.parent if args.parent is not None else HEAD)
-    rows = []
+    rows: list[dict] = []
     with ui.bar(total=len(jobs), desc="importing", unit="ckpt") as bar:
         for step, path in jobs:
             bar.set_postfix_str(Path(path).name)

@@ -158,7 +158,7 @@ def run(
     raw = {}  # step -> bytes of its safetensors file
     zst = {}  # step -> zstd bytes of that file
     losses = {}
-    kept = None
+    kept: dict = {}
     t_train = t_store = t_zstd = 0.0
 
     def runs():

@@ -206,6 +206,7 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     k = kernels(backend)
     n = header.size
     if header.mode == F.MODE_SPARSE:
+        assert rf is not None  # open_blob refuses SPARSE blobs that are not deltas
         pos, values, _ = _sparse_changes(k, header, rd, rf, k.hash_sum64(rf))
         out = rf.copy()
         out[pos] = values

@@ -12,6 +12,7 @@ CPU runs) picks one at import; :func:`set_backend` changes it later.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -22,26 +23,23 @@ __all__ = ["kernels", "backend", "set_backend", "available_backends"]
 
 _BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
 try:
-    from . import _kernels
-
-    _BACKENDS["cython"] = _kernels
+    _BACKENDS["cython"] = importlib.import_module("._kernels", __package__)
 except ImportError:  # a source tree that was never built: the reference still works
     pass
 
 
 def _cpu_has_x86_64_v3() -> bool:
     try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
+        umath = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:  # numpy 1.x
-        from numpy.core._multiarray_umath import __cpu_features__ as features
+        umath = importlib.import_module("numpy.core._multiarray_umath")
+    features = umath.__cpu_features__
     return all(features.get(f, False) for f in ("AVX", "AVX2", "BMI", "BMI2", "FMA3", "F16C", "LZCNT", "MOVBE"))
 
 
 if _cpu_has_x86_64_v3():
     try:
-        from . import _kernels_v3
-
-        _BACKENDS["cython-v3"] = _kernels_v3
+        _BACKENDS["cython-v3"] = importlib.import_module("._kernels_v3", __package__)
     except ImportError:  # not an x86-64 build
         pass
 

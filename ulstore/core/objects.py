@@ -30,6 +30,7 @@ layer's :class:`~ulstore.sync.BucketAccessError`).  ``FileExistsError`` from
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
@@ -184,7 +185,7 @@ class ObjectStore:
         with self._calling("HEAD", key):
             return bool(self.fs.isfile(self.path(key)))
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         """Keys of the objects directly under ``prefix`` (a directory key), sorted."""
         with self._calling("LIST", prefix):
             try:
@@ -266,7 +267,7 @@ class ObjectStore:
             except FileNotFoundError:
                 pass
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: builtins.list[str]) -> None:
         """Remove many objects, missing ones ignored (one batched request on S3)."""
         if not keys:
             return

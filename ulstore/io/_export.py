@@ -74,7 +74,9 @@ _PROGRESS_BYTES = 256 << 20  # decode this much between progress reports (big en
 
 def _groups(shapes: dict, budget: int) -> list[list[str]]:
     """Tensor names in groups of about ``budget`` raw bytes, in name order."""
-    groups, current, used = [], [], 0
+    groups: list[list[str]] = []
+    current: list[str] = []
+    used = 0
     for name, (shape, dtype) in shapes.items():
         n = math.prod(shape) * dtype.itemsize
         if current and used + n > budget:

@@ -157,7 +157,7 @@ def _parse_size(size) -> int:
 
 
 def _read_into(f, arr: np.ndarray, p: Path, name: str) -> None:
-    view = memoryview(arr.reshape(-1).view(np.uint8))  # arr is fresh and contiguous: a view, no copy
+    view = memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers  # arr is fresh and contiguous: a view, no copy
     got = 0
     while got < len(view):
         n = f.readinto(view[got:])

@@ -68,7 +68,12 @@ def import_checkpoint(traj, path, step=None, *, parent=HEAD, branch=None, metada
     if step in traj:  # before reading a possibly large file
         raise StepExistsError("step already exists; steps are immutable (rm it first to replace it)", step=step)
     ck = _ck.load(path)
-    info = {"format": fmt, "source": _source_name(path), "metadata": dict(ck.metadata), "aliases": dict(ck.aliases)}
+    info: dict[str, object] = {
+        "format": fmt,
+        "source": _source_name(path),
+        "metadata": dict(ck.metadata),
+        "aliases": dict(ck.aliases),
+    }
     names = list(ck.tensors) + list(ck.aliases)
     if ck.aliases and fmt == "torch":
         names = _torch_key_order(path, names)

@@ -47,7 +47,8 @@ def storage_report(traj) -> dict:
     """
     inv = traj.inventory()
     charged: set[str] = set()
-    per_step, per_tensor = [], {}
+    per_step: list[dict] = []
+    per_tensor: dict[str, dict] = {}
     for s, m in inv.manifests.items():
         row = {
             "step": s,

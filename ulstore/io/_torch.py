@@ -125,7 +125,9 @@ def from_torch(state_dict) -> Checkpoint:
     """
     torch = import_torch()
     table = {t: n for n, t in dtype_table(torch).items()}
-    tensors, aliases, seen = {}, {}, {}
+    tensors: dict = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
     for name, t in state_dict.items():
         if not isinstance(name, str):
             raise InvalidInputError(f"state dict key {name!r} is not a string")

@@ -63,7 +63,7 @@ def _le_bytes(chunk: np.ndarray) -> memoryview:
     a = np.ascontiguousarray(chunk)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
 def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str) -> tuple[bytes, str]:

@@ -171,7 +171,7 @@ class CommitMixin(TrajectoryBase):
         manifest = Manifest(
             step=step,
             parent=parent,
-            anchor_distance=0 if is_anchor else pm.anchor_distance + 1,
+            anchor_distance=0 if is_anchor or pm is None else pm.anchor_distance + 1,
             tensors=tensors,
             metadata=metadata,
             created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -204,7 +204,9 @@ class CommitMixin(TrajectoryBase):
                     step=step,
                     tensor=name,
                 )
-            chunks = pt.chunks if same else choose_chunks(arr.shape, arr.dtype.itemsize, self.chunk_bytes)
+            chunks = (
+                pt.chunks if same and pt is not None else choose_chunks(arr.shape, arr.dtype.itemsize, self.chunk_bytes)
+            )
             plan[name] = (arr, codec, chunks, pt if same else None)
         return plan
 

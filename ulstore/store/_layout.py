@@ -106,7 +106,7 @@ def check_tensor_names(names) -> None:
                     "(empty, '.', '..', 'zarr.json' or starting with '__')",
                     tensor=name,
                 )
-    prefixes = {}
+    prefixes: dict[str, str] = {}
     for name in names:
         parts = name.split("/")
         for i in range(1, len(parts)):

@@ -24,6 +24,7 @@ chunks while the compiled kernels (which release the GIL) work.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 from collections.abc import AsyncIterator, Iterable
 
@@ -208,13 +209,13 @@ class LogicalStore(Store):
 
     # -- listing ----------------------------------------------------------------
 
-    def _steps(self) -> list[str]:
+    def _steps(self) -> builtins.list[str]:
         from ._layout import STEPS_DIR
 
         keys = self.reader.io.find(STEPS_DIR)
         return sorted({k.split("/")[1] for k in keys if k.count("/") == 2 and k.endswith("/zarr.json")}, key=int)
 
-    def _children(self, prefix: str) -> list[str]:
+    def _children(self, prefix: str) -> builtins.list[str]:
         if prefix == "":
             return ["zarr.json", *self._steps()]
         step, _, node = prefix.partition("/")
@@ -227,7 +228,7 @@ class LogicalStore(Store):
         names = {n[len(head) :].split("/")[0] for n in m.tensors if n.startswith(head)}
         return ["zarr.json", *sorted(names)] if names or not node else []
 
-    def _all_keys(self, prefix: str) -> list[str]:
+    def _all_keys(self, prefix: str) -> builtins.list[str]:
         keys = ["zarr.json"]
         for step in self._steps():
             if not (step + "/").startswith(prefix[: len(step) + 1]) and not prefix.startswith(step):
@@ -236,7 +237,7 @@ class LogicalStore(Store):
             if m is None:
                 continue
             keys.append(f"{step}/zarr.json")
-            groups = set()
+            groups: set[str] = set()
             for name, t in m.tensors.items():
                 parts = name.split("/")
                 groups.update("/".join(parts[:i]) for i in range(1, len(parts)))

@@ -123,8 +123,9 @@ class Manifest:
             "metadata": self.metadata,
             "tensors": {k: t.to_json() for k, t in self.tensors.items()},
         }
-        doc = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": body}}
-        doc["attributes"]["ulstore_checksum"] = _checksum(canonical_json(doc))
+        attributes: dict = {"ulstore": body}
+        doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
+        attributes["ulstore_checksum"] = _checksum(canonical_json(doc))
         return canonical_json(doc)
 
     @classmethod

@@ -69,7 +69,7 @@ class ReadMixin(TrajectoryBase):
 
     def log(self, start=MAIN) -> list[StepInfo]:
         """The ancestry of a step or branch head, newest first, back to its root."""
-        step = self._resolve(start)
+        step: int | None = self._resolve(start)
         out = []
         seen = set()
         while step is not None and step not in seen:

@@ -102,7 +102,7 @@ class RetentionMixin(TrajectoryBase):
             ``{"blobs": removed count, "bytes": removed bytes}``.
         """
         self._check_writable()
-        live = set()
+        live: set[str] = set()
         for s in self.steps:
             m = self._reader.manifest(s)
             for t in m.tensors.values():

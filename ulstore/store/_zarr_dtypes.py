@@ -33,7 +33,7 @@ def _make_zdtype(name: str, native: np.dtype):
         _zarr_v2_names = ()
 
         @classmethod
-        def _check_native_dtype(cls, dtype) -> bool:
+        def _check_native_dtype(cls, dtype) -> bool:  # type: ignore[override]  # zarr: a TypeGuard
             return isinstance(dtype, np.dtype) and dtype == native
 
         def to_native_dtype(self) -> np.dtype:
@@ -43,7 +43,7 @@ def _make_zdtype(name: str, native: np.dtype):
         def item_size(self) -> int:
             return native.itemsize
 
-        def _check_scalar(self, data) -> bool:
+        def _check_scalar(self, data) -> bool:  # type: ignore[override]  # zarr: a TypeGuard
             return isinstance(data, (float, int, np.floating, np.integer, native.type))
 
         def _cast_scalar_unchecked(self, data):
