@@ -327,7 +327,7 @@ def main(argv=None) -> None:
 
 
 def _pack_keys(store: str, version: int) -> list[str]:
-    from ulstore.sync._layout import Manifest
+    from ulstore.sync._documents import Manifest
 
     raw = open(os.path.join(store, version_key(version)), "rb").read()
     return [key for key, _ in Manifest.from_bytes(raw, "bench", version=version).packs]

@@ -18,7 +18,7 @@ from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_d
 from ulstore.errors import CorruptManifestError, InvalidInputError, NotFoundError
 from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher
 from ulstore.sync._arrays import Binding
-from ulstore.sync._layout import Latest, Manifest
+from ulstore.sync._documents import Latest, Manifest
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CHUNK = 1 << 12  # small chunks: every tensor of the tiny model spans several

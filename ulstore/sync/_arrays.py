@@ -16,7 +16,8 @@ import numpy as np
 
 from ..core.torch import as_numpy, from_tensor, is_tensor, signed_int, to_tensor
 from ..errors import InvalidInputError
-from ._layout import TensorSpec, dtype_name
+from ._documents import TensorSpec
+from ._layout import dtype_name
 
 __all__ = ["host_array", "words", "chunk_hash", "Binding", "bind", "allocate"]
 

@@ -34,20 +34,8 @@ from ..core.objects import ObjectStore
 from ..core.sealed import address as blob_address
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError
 from ._arrays import chunk_hash
-from ._layout import (
-    ANCHORS_DIR,
-    DELTA,
-    LATEST,
-    RAW,
-    Entry,
-    Latest,
-    Layout,
-    Manifest,
-    anchor_key,
-    layout_key,
-    parse_version_key,
-    version_key,
-)
+from ._documents import Entry, Latest, Layout, Manifest
+from ._layout import ANCHORS_DIR, DELTA, LATEST, RAW, anchor_key, layout_key, parse_version_key, version_key
 from ._workers import Workers
 
 __all__ = ["BucketReader", "ChainBroken", "Decoded", "manifest_key"]

@@ -13,7 +13,8 @@ import numpy as np
 from ..codec import Changes, content_sum
 from ..errors import CorruptManifestError, InvalidInputError
 from ._arrays import Binding, allocate, bind
-from ._layout import INTRA, RAW, Entry, Layout, Manifest, anchor_key
+from ._documents import Entry, Layout, Manifest
+from ._layout import INTRA, RAW, anchor_key
 from ._reader import BucketReader, ChainBroken, Decoded, manifest_key
 
 __all__ = ["Replica"]

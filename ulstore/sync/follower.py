@@ -23,12 +23,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._bucket import open_bucket as _open_bucket
+from ._documents import Latest, Manifest
 from ._errors import BucketAccessError
-from ._layout import FORMAT, SYNC_META, Latest, Manifest, is_sync_meta
+from ._events import FollowerStats, SyncEvent
+from ._layout import FORMAT, SYNC_META, is_sync_meta
 from ._reader import BucketReader, ChainBroken
 from ._replica import Replica
 from ._workers import WorkerOwner, Workers
@@ -36,38 +37,6 @@ from ._workers import WorkerOwner, Workers
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 
 log = logging.getLogger("ulstore.sync")
-
-
-@dataclass(frozen=True)
-class SyncEvent:
-    """Something a follower did or ran into.
-
-    ``kind`` is one of ``"bootstrap"`` (loaded an anchor), ``"apply"`` (applied a
-    delta), ``"corrupt"`` / ``"missing"`` (an object failed its checks or is
-    gone), ``"rebootstrap"`` (recovered from an anchor after a problem),
-    ``"stalled"`` (waiting for a newer anchor), ``"reset"`` (the publisher
-    restarted the chain), ``"unreachable"`` (the bucket could not be read;
-    :meth:`Follower.follow` retries).  ``error`` is the exception, when there is one.
-    """
-
-    kind: str
-    version: int | None
-    detail: str = ""
-    error: BaseException | None = None
-    time: float = field(default_factory=time.time)
-
-
-@dataclass
-class FollowerStats:
-    """Counters of a :class:`Follower` (monotonic)."""
-
-    versions_applied: int = 0
-    bootstraps: int = 0
-    rebootstraps: int = 0
-    corrupt: int = 0
-    missing: int = 0
-    unreachable: int = 0
-    bytes_downloaded: int = 0
 
 
 class Follower(WorkerOwner):
