@@ -120,42 +120,12 @@ def _read_numpy(path):
     }, meta
 
 
-def numpy_replay(root):
-    """Rebuild every step of a TRL bucket with numpy: the loader's logic, no torch needed."""
-    steps = sorted(
-        {int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}") for n in os.listdir(f"{root}/{d}")}
-    )
-    state, out, metas = {}, {}, {}
-    for step in steps:
-        a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
-        if os.path.exists(a):
-            tensors, meta = _read_numpy(a)
-            state.update({k: v.copy() for k, v in tensors.items()})
-        else:
-            tensors, meta = _read_numpy(d)
-            enc = meta.get("encoding")
-            for name in sorted({k.rsplit(".", 1)[0] for k in tensors}):
-                if name + ".val" in tensors:
-                    raw_idx, vals = tensors[name + ".idx"], tensors[name + ".val"]
-                    idx = np.cumsum(raw_idx.astype(np.int64) + 1) - 1 if enc == "gap_delta" else raw_idx
-                else:
-                    idx, vals = tensors[name + ".indices"], tensors[name + ".values"]
-                state[name].reshape(-1)[idx.astype(np.int64)] = vals
-        metas[step] = meta
-        out[step] = {k: v.copy() for k, v in state.items()}
-    return out, metas
+def _replay(root, read, positions, scatter, copy, to_numpy):
+    """Rebuild every step of a TRL bucket: anchors replace tensors, deltas scatter values (the loader's logic).
 
-
-def torch_replay(root):
-    """Rebuild every step the way TRL's vLLM-side loader does: safetensors.torch + torch indexing."""
-    torch = pytest.importorskip("torch")
-    from safetensors.torch import load
-
-    def read(path):
-        raw = open(path, "rb").read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        return load(raw), json.loads(raw[8 : 8 + n]).get("__metadata__", {})
-
+    ``read(path) -> (tensors, metadata)``; ``positions(raw_idx, gap_coded)`` decodes an index array;
+    ``scatter(tensor, positions, values)`` writes in place; ``copy`` and ``to_numpy`` per tensor.
+    """
     steps = sorted(
         {int(n[5:11]) for d in ("anchors", "deltas") if os.path.isdir(f"{root}/{d}") for n in os.listdir(f"{root}/{d}")}
     )
@@ -164,24 +134,52 @@ def torch_replay(root):
         a, d = f"{root}/anchors/step_{step:06d}.safetensors", f"{root}/deltas/step_{step:06d}.safetensors"
         if os.path.exists(a):
             tensors, meta = read(a)
-            state.update({k: v.clone() for k, v in tensors.items()})
+            state.update({k: copy(v) for k, v in tensors.items()})
         else:
             tensors, meta = read(d)
-            enc = meta.get("encoding")
             for name in sorted({k.rsplit(".", 1)[0] for k in tensors}):
                 if name + ".val" in tensors:
-                    raw_idx, vals = tensors[name + ".idx"], tensors[name + ".val"]
-                    if enc == "gap_delta":  # TRL's gap_delta_decode
-                        idx = (torch.cumsum(raw_idx.long() + 1, dim=0) - 1).to(torch.int32)
-                    else:
-                        idx = raw_idx.to(torch.int32)
+                    idx = positions(tensors[name + ".idx"], meta.get("encoding") == "gap_delta")
+                    vals = tensors[name + ".val"]
                 else:
                     idx, vals = tensors[name + ".indices"], tensors[name + ".values"]
-                flat = state[name].view(-1)
-                flat[idx.long()] = vals
+                scatter(state[name], idx, vals)
         metas[step] = meta
-        out[step] = {k: v.view(torch.int16).numpy().view(BF16).copy() for k, v in state.items()}
+        out[step] = {k: to_numpy(v) for k, v in state.items()}
     return out, metas
+
+
+def numpy_replay(root):
+    """The replay with numpy: no torch needed."""
+
+    def positions(raw_idx, gap_coded):
+        return np.cumsum(raw_idx.astype(np.int64) + 1) - 1 if gap_coded else raw_idx
+
+    def scatter(t, idx, vals):
+        t.reshape(-1)[idx.astype(np.int64)] = vals
+
+    return _replay(root, _read_numpy, positions, scatter, np.copy, np.copy)
+
+
+def torch_replay(root):
+    """The replay the way TRL's vLLM-side loader does it: safetensors.torch + torch indexing."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load
+
+    def read(path):
+        raw = open(path, "rb").read()
+        (n,) = struct.unpack("<Q", raw[:8])
+        return load(raw), json.loads(raw[8 : 8 + n]).get("__metadata__", {})
+
+    def positions(raw_idx, gap_coded):
+        if gap_coded:  # TRL's gap_delta_decode
+            return (torch.cumsum(raw_idx.long() + 1, dim=0) - 1).to(torch.int32)
+        return raw_idx.to(torch.int32)
+
+    def scatter(t, idx, vals):
+        t.view(-1)[idx.long()] = vals
+
+    return _replay(root, read, positions, scatter, torch.clone, lambda v: v.view(torch.int16).numpy().view(BF16).copy())
 
 
 # -- tests ----------------------------------------------------------------------------
