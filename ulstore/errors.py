@@ -15,6 +15,7 @@ Errors are grouped by what a handler would do about them::
     │   └── TensorNotFoundError
     ├── ConflictError                          someone else already wrote that name
     │   └── StepExistsError
+    ├── FormatError                            an older on-storage format: convert it (``ulstore upgrade``)
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
 Errors carry the ``step``, ``tensor`` and ``key`` they are about when known.
@@ -36,6 +37,7 @@ __all__ = [
     "TensorNotFoundError",
     "ConflictError",
     "StepExistsError",
+    "FormatError",
     "ReadOnlyError",
 ]
 
@@ -117,6 +119,10 @@ class ConflictError(UlstoreError):
 
 class StepExistsError(ConflictError):
     """The step already exists; steps are immutable."""
+
+
+class FormatError(UlstoreError):
+    """The trajectory is stored in an older format; the message names the command that converts it."""
 
 
 class ReadOnlyError(UlstoreError, PermissionError):

@@ -353,7 +353,27 @@ def _cmd_gc(args, ui) -> int:
     traj = _open_existing(args, "r+")
     result = traj.gc(older_than=args.older_than)
     ui.emit({"url": args.url, **result})
-    ui.out(f"removed {plural(result['blobs'], 'unreferenced blob')}, {human_bytes(result['bytes'])}")
+    ui.out(
+        f"removed {plural(result['packs'], 'unreferenced pack')}, {human_bytes(result['bytes'])}"
+        + (f"; repacked {plural(result['repacked'], 'pack')}" if result["repacked"] else "")
+    )
+    return EXIT_OK
+
+
+def _cmd_upgrade(args, ui) -> int:
+    from ..store import upgrade
+
+    options = _storage_options(args)
+    with ui.bar(total=None, desc="upgrading", unit="step") as bar:
+
+        def progress(done, total):
+            bar.total = total
+            bar.update(1)
+
+        traj = upgrade(args.url, args.dest, storage_options=options, progress=progress)
+    doc = {"url": args.url, "dest": args.dest, "steps": len(traj.steps), "refs": traj.refs}
+    ui.emit(doc)
+    ui.out(f"upgraded {plural(doc['steps'], 'step')} of {args.url} to format 2 at {args.dest}")
     return EXIT_OK
 
 
@@ -366,7 +386,7 @@ def _cmd_rm(args, ui) -> int:
     ui.out(
         f"deleted step {info.step}"
         + (f"; moved {', '.join(moved)} to {info.parent}" if moved and info.parent is not None else "")
-        + f"; run `ulstore gc {args.url}` to free its blobs"
+        + f"; run `ulstore gc {args.url}` to free its packs"
     )
     return EXIT_OK
 

@@ -14,8 +14,10 @@ import os
 from ..core.objects import ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError, NotFoundError, ReadOnlyError, StepNotFoundError
+from ._kept import KeptStep
 from ._layout import REFS_DIR, STEPS_DIR, check_ref_name, check_step, ref_key
 from ._logical import LogicalStore
+from ._packs import DEFAULT_PACK_BYTES
 from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
 from ._zarr_dtypes import register as _register_zarr_dtypes
 
@@ -36,7 +38,9 @@ class TrajectoryBase:
         read_only: bool,
         anchor_every: int,
         chunk_bytes: int,
+        pack_bytes: int = DEFAULT_PACK_BYTES,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        keep_parent: bool | int = True,
         executor=None,
         threads=None,
     ):
@@ -46,10 +50,13 @@ class TrajectoryBase:
         self.read_only = read_only
         self.anchor_every = anchor_every
         self.chunk_bytes = chunk_bytes
+        self.pack_bytes = pack_bytes
         self._executor = executor
         self._threads = threads or max(4, os.cpu_count() or 1)
-        self._reader = ChunkReader(io, cache_bytes)
+        self._reader = ChunkReader(io, cache_bytes, self._threads)
         self._store = LogicalStore(self._reader)
+        budget = None if keep_parent is True else 0 if keep_parent is False else int(keep_parent)
+        self._kept = KeptStep(budget)
 
     def __repr__(self) -> str:
         return f"<Trajectory {self.url!r} ({'read-only' if self.read_only else 'read/write'})>"
@@ -61,9 +68,11 @@ class TrajectoryBase:
         self.close()
 
     def close(self) -> None:
-        """Drop caches (the trajectory holds no other resources)."""
+        """Drop caches and the kept step (the trajectory holds no other resources)."""
         self._reader.clear_cache()
         self._reader.forget()
+        with self._kept.lock:
+            self._kept.clear()
 
     # -- names --------------------------------------------------------------------
 
@@ -118,7 +127,15 @@ class TrajectoryBase:
         """Point branch or tag ``name`` at ``step`` (creating or moving it)."""
         self._check_writable()
         step = self._resolve(step)
-        self._io.put(ref_key(check_ref_name(name)), canonical_json({"step": step}))
+        self._move_ref(check_ref_name(name), self._get_ref(name), step)
+
+    def _move_ref(self, name: str, old: int | None, new: int) -> None:
+        """Move ref ``name`` from ``old`` (None: absent) to ``new``.
+
+        The one place refs are written.  Today a plain PUT (last writer wins);
+        compare-and-swap on ``old`` slots in here.
+        """
+        self._io.put(ref_key(name), canonical_json({"step": new}))
 
     def delete_ref(self, name: str) -> None:
         """Remove branch or tag ``name`` (its steps stay)."""
@@ -133,7 +150,7 @@ class TrajectoryBase:
                 raise StepNotFoundError(f"no step or ref named {step_or_ref!r}", key=ref_key(step_or_ref))
         else:
             step = check_step(step_or_ref)
-        self._reader.manifest(step)  # raises StepNotFoundError
+        self._reader.doc(step)  # raises StepNotFoundError
         return step
 
     def _check_writable(self) -> None:
