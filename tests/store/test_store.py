@@ -151,14 +151,15 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     assert len(blobs) == len(set(blobs)), "a blob was fetched twice"
 
 
-def test_full_read_after_lazy_read_shares_cache():
+def test_consecutive_full_reads_keep_the_step():
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
     for i in range(6):
         traj.commit(i, states[i])
     ro = ulstore.open(traj.url, mode="r")
     counter = CountingIO(ro._io)
-    assert_state_equal(ro.read(5), states[5])
+    assert_state_equal(ro.read(4), states[4])
+    assert_state_equal(ro.read(5), states[5])  # sequential: step 5 is kept from now on
     n = len(counter.packs())
     counter.reset()
     assert_state_equal(ro.read(5), states[5])  # the kept step: nothing fetched again

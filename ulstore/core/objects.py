@@ -23,7 +23,9 @@ Byte ranges (:meth:`ObjectStore.get_ranges`): one GET with a ``Range``
 header per range on S3 (no HEAD first; ranges of one call run
 concurrently), ``os.pread`` on one descriptor on local disk (opened without
 following a final symlink, and refused unless it is a regular file, so a
-FIFO or device planted in the root can neither hang nor flood a reader),
+FIFO or device planted in the root can neither hang nor flood a reader;
+reads of 1 MiB or more map the file read-only instead of copying, which
+assumes nobody truncates the file meanwhile: packs are never modified),
 slices of the object elsewhere.
 
 Streaming writes (:meth:`ObjectStore.open_writer`) hold a bounded buffer:
@@ -46,6 +48,7 @@ import builtins
 import contextlib
 import errno
 import io
+import mmap
 import os
 import stat
 import threading
@@ -64,6 +67,7 @@ __all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "TMP_DIR"]
 MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
+_MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 TMP_DIR = ".tmp"
 # Protocols whose first path component is a bucket/container that must exist.
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
@@ -195,11 +199,13 @@ class ObjectStore:
             except MISSING_ERRORS:
                 return None
 
-    def get_ranges(self, key: str, ranges) -> builtins.list[bytes] | None:
+    def get_ranges(self, key: str, ranges) -> builtins.list | None:
         """The bytes ``[start, end)`` of the object for each ``(start, end)`` in ``ranges``.
 
-        Returns None if there is no such object.  A range that runs past the end
-        of the object comes back short: the caller checks lengths.
+        Returns None if there is no such object; else one bytes-like object per
+        range (``bytes``, or on local disk for large reads a ``memoryview`` of a
+        read-only mapping of the file).  A range that runs past the end of the
+        object comes back short: the caller checks lengths.
         """
         ranges = [(int(a), int(b)) for a, b in ranges]
         if any(a < 0 or b < a for a, b in ranges):
@@ -228,7 +234,7 @@ class ObjectStore:
             got = iter(out)
             return [bytes(next(got)) if b > a else b"" for a, b in ranges]
 
-    def _local_ranges(self, key: str, ranges) -> builtins.list[bytes] | None:
+    def _local_ranges(self, key: str, ranges) -> builtins.list | None:
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(self.path(key), flags)
@@ -239,8 +245,14 @@ class ObjectStore:
                 return None
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would hang or never end
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
                 return None
+            if st.st_size and sum(b - a for a, b in ranges) >= _MMAP_BYTES:
+                # large reads: views of a read-only mapping, no copy (objects read this way are
+                # immutable packs; the views keep the mapping alive)
+                view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+                return [view[min(a, st.st_size) : min(b, st.st_size)] for a, b in ranges]
             return [os.pread(fd, b - a, a) if b > a else b"" for a, b in ranges]
         finally:
             os.close(fd)

@@ -52,11 +52,13 @@ class TrajectoryBase:
         self.chunk_bytes = chunk_bytes
         self.pack_bytes = pack_bytes
         self._executor = executor
-        self._threads = threads or max(4, os.cpu_count() or 1)
+        self._threads = threads or max(4, os.cpu_count() or 1)  # reads: I/O latency hides behind threads
+        self._encode_threads = threads or os.cpu_count() or 1  # commits: CPU-bound, scratch memory per thread
         self._reader = ChunkReader(io, cache_bytes, self._threads)
         self._store = LogicalStore(self._reader)
         budget = None if keep_parent is True else 0 if keep_parent is False else int(keep_parent)
         self._kept = KeptStep(budget)
+        self._last_read: int | None = None  # reads refresh the kept step once they look sequential
 
     def __repr__(self) -> str:
         return f"<Trajectory {self.url!r} ({'read-only' if self.read_only else 'read/write'})>"

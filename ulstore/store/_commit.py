@@ -302,7 +302,7 @@ class CommitMixin(TrajectoryBase):
             stream=PackStream(self._io, self.pack_bytes),
             kept=kept,
             chunk_bytes=self.chunk_bytes,
-            threads=self._threads,
+            threads=self._threads if executor is not None else self._encode_threads,
             executor=executor,
         )
 

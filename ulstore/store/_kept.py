@@ -8,11 +8,10 @@ new values.  Reads use the same mechanism, so reading consecutive steps
 decodes about one blob per chunk per step.
 
 The kept step is **content-addressed**, not step-addressed: each chunk
-region carries the content hash of the values it holds, and a lookup succeeds
-only for the same tensor, the same piece layout and the same content hash.
-A commit that fails half way therefore leaves nothing stale behind: a
-region is marked unknown (all-zero hash) before it is overwritten and
-labelled after.  The memory knob is ``keep_parent`` of
+carries the content hash of the values it holds, and a lookup succeeds only
+for the same tensor, the same piece layout and the same content hash.  A
+commit that fails half way therefore leaves nothing stale behind: a chunk is
+marked unknown (all-zero hash) before it is overwritten and labelled after.  The memory knob is ``keep_parent`` of
 :func:`ulstore.open` (True, False, or a byte budget).
 
 Thread rules: the owner of :attr:`KeptStep.lock` may use and change it (a
@@ -32,25 +31,45 @@ _UNKNOWN = bytes(16)
 
 
 class KeptPiece:
-    """One piece of one tensor: its values and, per chunk, the content hash of what the region holds."""
+    """One piece of one tensor: per chunk, its values and the content hash of those values.
 
-    __slots__ = ("layout", "array", "content")
+    One array per chunk, so a read adopts the arrays it decoded (no copy) and a
+    commit overwrites them in place (no allocation in a training loop).
+    """
 
-    def __init__(self, layout: tuple, array: np.ndarray, n_chunks: int):
+    __slots__ = ("layout", "arrays", "content", "dtype")
+
+    def __init__(self, layout: tuple, dtype: np.dtype, n_chunks: int):
         self.layout = layout
-        self.array = array
+        self.dtype = dtype
+        self.arrays: list[np.ndarray | None] = [None] * n_chunks
         self.content = np.zeros((n_chunks, 16), np.uint8)  # all zero = unknown
 
-    def get(self, i: int, region: tuple[slice, ...], content: bytes) -> np.ndarray | None:
-        """The region's values if they have content hash ``content``; else None."""
-        if content == _UNKNOWN or self.content[i].tobytes() != content:
-            return None
-        return self.array[region]
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays if a is not None)
 
-    def put(self, i: int, region: tuple[slice, ...], values: np.ndarray, content: bytes) -> None:
-        """Overwrite the region with ``values`` (whose content hash is ``content``)."""
+    def get(self, i: int, content: bytes) -> np.ndarray | None:
+        """Chunk ``i``'s values if they have content hash ``content``; else None."""
+        a = self.arrays[i]
+        if a is None or content == _UNKNOWN or self.content[i].tobytes() != content:
+            return None
+        return a
+
+    def put(self, i: int, values: np.ndarray, content: bytes) -> None:
+        """Copy ``values`` (content hash ``content``) into chunk ``i``, in place when the shape allows."""
         self.content[i] = 0
-        self.array[region] = values
+        a = self.arrays[i]
+        if a is not None and a.shape == values.shape and a.dtype == values.dtype:
+            np.copyto(a, values)
+        else:
+            self.arrays[i] = np.array(values, dtype=self.dtype, copy=True)
+        self.content[i] = np.frombuffer(content, np.uint8)
+
+    def adopt(self, i: int, values: np.ndarray, content: bytes) -> None:
+        """Keep ``values`` itself (a freshly decoded array nobody else will modify) as chunk ``i``."""
+        self.content[i] = 0
+        self.arrays[i] = values
         self.content[i] = np.frombuffer(content, np.uint8)
 
 
@@ -76,7 +95,7 @@ class KeptStep:
 
     @property
     def nbytes(self) -> int:
-        return sum(kp.array.nbytes for _, _, ps in self.tensors.values() for kp in ps.values())
+        return sum(kp.nbytes for _, _, ps in self.tensors.values() for kp in ps.values())
 
     def clear(self) -> None:
         self.tensors.clear()
@@ -98,11 +117,10 @@ class KeptStep:
         if t is None or t[0] != dtype.str or t[1] != shape:
             t = self.tensors[name] = (dtype.str, shape, {})
         old = t[2].pop(layout, None)
-        pshape = layout[1]
-        need = int(np.prod(pshape, dtype=np.int64)) * dtype.itemsize
-        if self.budget is not None and self.nbytes - (old.array.nbytes if old else 0) + need > self.budget:
+        need = int(np.prod(layout[1], dtype=np.int64)) * dtype.itemsize
+        if self.budget is not None and self.nbytes - (old.nbytes if old else 0) + need > self.budget:
             return None
-        kp = t[2][layout] = KeptPiece(layout, np.empty(pshape, dtype), n_chunks)
+        kp = t[2][layout] = KeptPiece(layout, dtype, n_chunks)
         return kp
 
     def retain(self, layouts: dict[str, set]) -> None:

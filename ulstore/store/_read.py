@@ -55,8 +55,10 @@ class ReadMixin(TrajectoryBase):
         """Decode whole tensors of a step (all by default) into fresh, writable arrays.
 
         Reading consecutive steps decodes about one blob per chunk per step:
-        the trajectory keeps the step read last (``keep_parent``) unless it
-        keeps the step it committed last.
+        once reads look sequential (this step's parent, or this step itself,
+        was read last), the trajectory keeps the step read (``keep_parent``),
+        unless it keeps the step it committed last.  A one-off read keeps
+        nothing (no second copy of the step in memory).
 
         Parameters
         ----------
@@ -70,9 +72,12 @@ class ReadMixin(TrajectoryBase):
         """
         step = self._resolve(step_or_ref)
         kept = self._kept
+        last, self._last_read = self._last_read, step
         if kept.enabled and kept.lock.acquire(blocking=False):
             try:
-                refresh = names is None and kept.origin != "commit"
+                parent = self._reader.doc(step).parent
+                sequential = kept.step is not None and kept.step == parent or last in (parent, step)
+                refresh = names is None and kept.origin != "commit" and sequential
                 return self._reader.read(step, names, kept=kept, refresh_kept=refresh)
             finally:
                 kept.lock.release()

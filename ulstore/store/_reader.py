@@ -340,7 +340,7 @@ class ChunkReader:
         return out
 
     def materialize(self, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
-        """Decode chunks into place: ``targets`` = ``(node, dest array, region, kept piece or None, chunk index)``.
+        """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
 
         Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
         plan, one coalesced fetch each) run on ``threads`` threads.
@@ -349,7 +349,9 @@ class ChunkReader:
         for tgt in targets:
             dest = tgt[1]
             cur.append(tgt)
-            size += math.prod(s.stop - s.start for s in tgt[2]) * dest.dtype.itemsize
+            size += (
+                math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3].dtype if dest is None else dest.dtype).itemsize
+            )
             if size >= _BATCH_BYTES:
                 batches.append(cur)
                 cur, size = [], 0
@@ -363,12 +365,16 @@ class ChunkReader:
             plan.run()
             for node, dest, region, kp, i in batch:
                 value = plan.values[node]
-                if region:
-                    dest[region] = value
-                else:
-                    dest[...] = value
-                if kp is not None:
-                    kp.put(i, region, value, plan.content(node))
+                if dest is not None:
+                    if region:
+                        dest[region] = value
+                    else:
+                        dest[...] = value
+                if kp is not None and kp.arrays[i] is not value:
+                    if plan.decoded(node):
+                        kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
+                    else:
+                        kp.put(i, value, plan.content(node))
 
         if self.threads == 1 or len(batches) <= 1:
             for b in batches:
@@ -440,6 +446,10 @@ class _Plan:
     def content(self, node: Node) -> bytes:
         return self.need[node].content
 
+    def decoded(self, node: Node) -> bool:
+        """Whether this plan decoded ``node``'s value itself (a fresh array no cache holds)."""
+        return self.need[node].loc is not None and not self.fill_lru
+
     def _have(self, node: Node, need: _Need, value) -> list[Node]:
         self.values[node] = value
         self.need[node] = need
@@ -458,7 +468,7 @@ class _Plan:
         need = _Need(p.content[i].tobytes(), t, p, i, p.region_shape(coord))
         if self.kept is not None:
             kp = self.kept.piece(name, t.dtype, t.shape, p.layout)
-            v = kp.get(i, p.region(coord), need.content) if kp is not None else None
+            v = kp.get(i, need.content) if kp is not None else None
             if v is not None:
                 return self._have(node, need, v)
         if self.lru:

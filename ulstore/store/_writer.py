@@ -263,7 +263,7 @@ class PieceWriter:
         if not len(stale):
             return
         coords = [tuple(int(x) for x in np.unravel_index(i, pp.grid)) if pp.grid else () for i in stale]
-        targets = [((self.parent, st.name, pj, c), kp.array, pp.region(c), kp, int(i)) for i, c in zip(stale, coords)]
+        targets = [((self.parent, st.name, pj, c), None, pp.region(c), kp, int(i)) for i, c in zip(stale, coords)]
         self.reader.materialize(targets, kept=self.kept)
 
     # -- the window -------------------------------------------------------------------
@@ -309,7 +309,7 @@ class PieceWriter:
         if st.mode == "colocated":
             assert pp is not None
             ref_content = pp.content[i].tobytes()
-            ref = st.kp.get(i, region, ref_content) if st.kp is not None else None
+            ref = st.kp.get(i, ref_content) if st.kp is not None else None
             if ref is None:
                 pj = st.pt.find_piece(st.layout)  # type: ignore[union-attr]
                 ref = self.reader.chunk(self.parent, st.name, coord, pj, cache=False)  # type: ignore[arg-type]
@@ -343,7 +343,7 @@ class PieceWriter:
 
     def _keep(self, st: _PieceState, i, region, chunk, content) -> None:
         if st.kp is not None:
-            st.kp.put(i, region, chunk, content)
+            st.kp.put(i, chunk, content)
 
     def _locate(self, key, got) -> Location:
         """Main thread: the location of the blob ``got`` stands for (appending it the first time)."""

@@ -114,7 +114,9 @@ def open(
         Where commits encode chunks (e.g. ``distributed.Client.get_executor()``);
         default: a thread pool.
     threads : int, optional
-        Threads for I/O and (without ``executor``) encoding; default: CPU count.
+        Threads of reads (default: at least 4, for I/O) and of encoding
+        (default: the CPU count; each encoding thread holds a few chunks of
+        scratch memory).
 
     Returns
     -------
