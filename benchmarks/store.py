@@ -158,12 +158,28 @@ def speed(states, args, workdir: Path) -> dict:
     _row("  floor: decode_many + a copy into user arrays", _mbs(raw, d + med(copies)), floor)
     _row(f"traj.read at depth {depth} (fresh process)", _mbs(raw, dp), d / dp, f"each chain once: {depth + 1} decodes")
     _row("traj.read of consecutive steps (per step)", _mbs(raw, med(seq)), d / med(seq), "kept step: 1 decode/chunk")
-    print(f"  (content hashing, BLAKE3-128: {_mbs(raw, med(hashes)):.0f} MB/s on one thread)")
+    print(f"  content hashes of a step (what a commit and a read add): {_hash_speeds(states[0], raw, med(hashes))}")
     print(
         f"full-step read and commit figures above; stored {stats['stored_bytes'] / 1e6:.1f} MB for "
         f"{len(states)} steps ({stats['raw_bytes'] / stats['stored_bytes']:.1f}x), {stats['packs']} packs"
     )
     return {"commit_ratio": e / c, "read_ratio": d / f, "raw": raw}
+
+
+def _hash_speeds(state: dict, raw: int, blake3_chunks: float) -> str:
+    """MB/s of candidate content hashes over a step's tensors, one thread (why BLAKE3: docs/performance.md)."""
+    import hashlib
+
+    bufs = [memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for v in state.values()]
+    out = {"BLAKE3-128": _mbs(raw, blake3_chunks)}
+    out["blake2b-128 (format 1)"] = _mbs(raw, _timed(lambda: [hashlib.blake2b(b, digest_size=16).digest() for b in bufs]))
+    try:
+        import xxhash
+
+        out["xxh3-128 (not cryptographic)"] = _mbs(raw, _timed(lambda: [xxhash.xxh3_128_digest(b) for b in bufs]))
+    except ImportError:
+        pass
+    return "; ".join(f"{k} {v:.0f} MB/s" for k, v in out.items())
 
 
 # -- 2. memory --------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ __all__ = [
     "entries",
     "flip_at",
     "rewrite_step",
+    "Crash",
+    "CrashAfter",
 ]
 
 CHUNK = 4096  # small chunks: multi-chunk tensors from the tiny model
@@ -179,3 +181,44 @@ def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False)
         raw = canonical_json(doc)
     io.put(step_key(step), raw)
     return raw
+
+
+class Crash(RuntimeError):
+    """The failure :class:`CrashAfter` injects."""
+
+
+class CrashAfter:
+    """Make ObjectStore ``io`` raise :class:`Crash` after ``k`` mutating calls.
+
+    Counted: every pack write and close, put, create, delete and delete_many.
+    ``crashed`` says whether it fired; ``restore()`` puts the real methods back.
+    """
+
+    def __init__(self, io, k: int):
+        self.io, self.k, self.n, self.crashed = io, k, 0, False
+        self.real = {n: getattr(io, n) for n in ("put", "create", "delete", "delete_many", "open_writer")}
+        for n in ("put", "create", "delete", "delete_many"):
+            setattr(io, n, self._wrap(self.real[n]))
+        io.open_writer = self._open_writer
+
+    def _tick(self):
+        if self.n >= self.k:
+            self.crashed = True
+            raise Crash(f"crash after {self.k} writes")
+        self.n += 1
+
+    def _wrap(self, fn):
+        def call(*a, **kw):
+            self._tick()
+            return fn(*a, **kw)
+
+        return call
+
+    def _open_writer(self, key, **kw):
+        w = self.real["open_writer"](key, **kw)
+        w.write, w.close = self._wrap(w.write), self._wrap(w.close)
+        return w
+
+    def restore(self):
+        for n, fn in self.real.items():
+            setattr(self.io, n, fn)

@@ -356,3 +356,25 @@ def test_a_commit_writes_one_pack_and_two_small_objects(tmp_path):
     traj.commit(1, states[1])
     assert counter == {"put": 1, "create": 1, "stream": 1}  # the ref, the step document, one pack
     assert len(traj._reader.doc(1).tables) == 1 and traj._reader.doc(1).packs[-1] in traj._reader.doc(1).packs
+
+
+def test_add_of_a_sharded_checkpoint_streams_it(tmp_path):
+    """``ulstore add`` of sharded safetensors memory-maps them: the commit holds a window, not the checkpoint."""
+    import tracemalloc
+
+    from ulstore.io import checkpoints, import_checkpoint
+
+    rng = np.random.default_rng(0)
+    state = {f"layer.{i}.weight": rng.normal(size=(512, 1024)).astype(ml_dtypes.bfloat16) for i in range(16)}
+    checkpoints.save_safetensors(state, tmp_path / "ckpt-1", max_shard_size="4MB")  # 16 MiB in 4 shards
+    loaded = checkpoints.load(tmp_path / "ckpt-1", mmap=True)
+    assert all(isinstance(v, np.memmap) for v in loaded.tensors.values())
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=256 << 10, keep_parent=False, threads=2)
+    tracemalloc.start()
+    try:
+        import_checkpoint(traj, tmp_path / "ckpt-1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.25 * sum(v.nbytes for v in state.values()), peak
+    assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(1), state)

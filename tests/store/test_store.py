@@ -16,7 +16,17 @@ import zarr
 
 import ulstore
 from tests.helpers.bits import bits_of as bits
-from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, flip_at, states_bf16, states_fp32
+from tests.helpers.store import (
+    CHUNK,
+    CountingIO,
+    Crash,
+    CrashAfter,
+    assert_state_equal,
+    entries,
+    flip_at,
+    states_bf16,
+    states_fp32,
+)
 from ulstore import store as ustore
 from ulstore import toytrain
 from ulstore.errors import (
@@ -222,46 +232,6 @@ def test_anchor_policy():
 # -- 4. crash safety and concurrent writers ------------------------------------
 
 
-class _Boom(RuntimeError):
-    pass
-
-
-class _FailingIO:
-    """Makes ``io`` raise after ``k`` writes of any kind (pack appends, pack closes, creates, puts)."""
-
-    def __init__(self, io, k):
-        self.io, self.k, self.n, self.failed = io, k, 0, False
-        self.real = {name: getattr(io, name) for name in ("put", "create", "open_writer")}
-        io.put = lambda key, data: self._tick() or self.real["put"](key, data)
-        io.create = lambda key, data: self._tick() or self.real["create"](key, data)
-        io.open_writer = self._open_writer
-
-    def _tick(self):
-        if self.n >= self.k:
-            self.failed = True
-            raise _Boom(f"injected after {self.k} writes")
-        self.n += 1
-
-    def _open_writer(self, key, **kw):
-        w = self.real["open_writer"](key, **kw)
-        real_write, real_close = w.write, w.close
-
-        def write(data):
-            self._tick()
-            return real_write(data)
-
-        def close():
-            self._tick()
-            return real_close()
-
-        w.write, w.close = write, close
-        return w
-
-    def restore(self):
-        for name, fn in self.real.items():
-            setattr(self.io, name, fn)
-
-
 @pytest.mark.parametrize("threads", [1, 4])
 def test_commit_failing_after_k_writes(threads):
     states = states_bf16(20)
@@ -270,14 +240,14 @@ def test_commit_failing_after_k_writes(threads):
     traj.commit(0, states[0])
     traj.commit(1, states[1])
     for k in range(10_000):  # fail after 0, 1, 2, ... writes until the commit needs fewer
-        inject = _FailingIO(traj._io, k)
+        inject = CrashAfter(traj._io, k)
         try:
             traj.commit(2, states[2])
-        except _Boom:
+        except Crash:
             pass
         finally:
             inject.restore()
-        if not inject.failed:
+        if not inject.crashed:
             break  # k >= the number of writes the commit makes: it went through
         ro = ulstore.open(url, mode="r")
         if ro.steps == [0, 1, 2]:  # failed moving the ref (the last write): main did not move (issue 14, D12)

@@ -261,9 +261,15 @@ class CommitMixin(TrajectoryBase):
         chunks: dict | None = None,
         created: str | None = None,
     ) -> int:
-        """One piece writer over ``arrays``, then the finalizer (holding the kept step meanwhile)."""
-        kept = self._kept if self._kept.enabled else None
-        with self._kept.lock:
+        """One piece writer over ``arrays``, then the finalizer (holding the kept step meanwhile).
+
+        The kept step is used only if no other writer or reader of this object
+        holds it now (never wait: an unclosed piece writer must not hang a commit).
+        """
+        lock = self._kept.lock
+        owned = self._kept.enabled and lock.acquire(blocking=False)
+        kept = self._kept if owned else None
+        try:
             w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor)
             try:
                 for name, arr in arrays.items():
@@ -288,6 +294,9 @@ class CommitMixin(TrajectoryBase):
             if kept is not None:
                 kept.retain({n: {r.layout for r in records if r.name == n} for n in arrays})
                 kept.step, kept.origin = step, "commit"
+        finally:
+            if owned:
+                lock.release()
         return step
 
     def _new_writer(self, step, parent, is_anchor, strict, snapshot, kept, executor) -> PieceWriter:

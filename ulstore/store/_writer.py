@@ -297,6 +297,8 @@ class PieceWriter:
         """Worker: hash, reuse or encode one chunk; returns what the main thread places."""
         region = st.region(coord)
         chunk = st.arr[region] if region else st.arr
+        if isinstance(chunk, np.memmap):  # a file that could change under us: hash and encode one private copy
+            chunk = np.array(chunk, copy=True, order="C")
         chunk = np.ascontiguousarray(chunk).reshape(tuple(s.stop - s.start for s in region))
         content = content_digest(chunk)
         pp = st.pp
