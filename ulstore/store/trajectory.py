@@ -72,6 +72,7 @@ def open(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     executor: cf.Executor | None = None,
     threads: int | None = None,
+    durable: bool = True,
 ) -> Trajectory:
     """Open (or create) the trajectory at ``url``.
 
@@ -100,6 +101,11 @@ def open(
         default: a thread pool.
     threads : int, optional
         Threads for I/O and (without ``executor``) encoding; default: CPU count.
+    durable : bool, default True
+        Local disk: fsync every blob, manifest and ref (and the directories
+        they enter) before a commit returns, so a power cut cannot lose an
+        acknowledged step.  False trades that for speed (see docs/concepts.md).
+        Object stores are durable when a PUT returns, whatever this says.
 
     Returns
     -------
@@ -127,7 +133,10 @@ def open(
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
     url = os.fspath(url)
-    io = ObjectStore.from_url(url, storage_options)
+    cache_bytes = _check_positive("cache_bytes", cache_bytes, zero=True)
+    if threads is not None:
+        threads = _check_positive("threads", threads)
+    io = ObjectStore.from_url(url, storage_options, durable=durable)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
