@@ -14,7 +14,7 @@ import os
 from ..core.objects import ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError, NotFoundError, ReadOnlyError, StepNotFoundError
-from ._layout import REFS_DIR, STEPS_DIR, check_ref_name, check_step, ref_key
+from ._layout import REFS_DIR, STEPS_DIR, check_ref_name, check_step, ref_key, step_of
 from ._logical import LogicalStore
 from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
 from ._zarr_dtypes import register as _register_zarr_dtypes
@@ -74,7 +74,7 @@ class TrajectoryBase:
         out = []
         for k in keys:
             parts = k.split("/")
-            if len(parts) == 3 and parts[2] == "zarr.json" and parts[1].isdigit():
+            if len(parts) == 3 and parts[2] == "zarr.json" and step_of(parts[1]) is not None:
                 out.append(int(parts[1]))
         return sorted(out)
 

@@ -37,7 +37,10 @@ HEAD = _Head()
 
 def _as_array(name: str, value) -> np.ndarray:
     """Accept numpy arrays/scalars, torch tensors and other ``__array__`` objects; never lists."""
-    arr = as_numpy(value, array_like=True)
+    try:
+        arr = as_numpy(value, array_like=True)
+    except InvalidInputError as e:  # a torch tensor with no plain data (meta, sparse)
+        raise type(e)(e.message, tensor=name) from None
     if arr is None:
         raise InvalidInputError(
             f"tensor values must be arrays (numpy, torch, ...), got {type(value).__name__}; "
@@ -61,6 +64,8 @@ def _check_metadata(metadata) -> dict:
         raise InvalidInputError("the metadata key 'ulstore' is reserved")
     try:
         return json.loads(canonical_json(metadata))
+    except RecursionError:
+        raise InvalidInputError("metadata is nested too deeply to store as JSON") from None
     except (TypeError, ValueError) as e:
         raise InvalidInputError(
             f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"

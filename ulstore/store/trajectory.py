@@ -47,7 +47,7 @@ from ..errors import ConflictError, CorruptManifestError, InvalidInputError, Not
 from ._commit import HEAD, CommitMixin
 from ._integrity import IntegrityMixin, VerifyReport
 from ._layout import ROOT_META, STEPS_META
-from ._manifest import FORMAT
+from ._manifest import FORMAT, MAX_CHUNK_BYTES
 from ._read import ReadMixin, StepInfo
 from ._reader import DEFAULT_CACHE_BYTES
 from ._retention import RetentionMixin
@@ -174,9 +174,16 @@ def _group(attributes: dict) -> dict:
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 
 
-def _check_positive(name, value, zero=False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise InvalidInputError(f"{name} must be an int >= {0 if zero else 1}, got {value!r}")
+def _check_positive(name, value, zero=False, error=InvalidInputError, key=None) -> int:
+    top = MAX_CHUNK_BYTES if name == "chunk_bytes" else None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < (0 if zero else 1)
+        or (top is not None and value > top)
+    ):
+        limit = f" and <= {top}" if top is not None else ""
+        raise error(f"{name} must be an int >= {0 if zero else 1}{limit}, got {value!r}", key=key)
     return value
 
 
@@ -197,11 +204,14 @@ def _parse_settings(raw: bytes) -> dict:
         doc = json.loads(raw)
     except ValueError as e:
         raise CorruptManifestError(f"root zarr.json is not JSON: {e}", key=ROOT_META) from e
-    settings = doc.get("attributes", {}).get("ulstore") if isinstance(doc, dict) else None
+    attributes = doc.get("attributes") if isinstance(doc, dict) else None
+    settings = attributes.get("ulstore") if isinstance(attributes, dict) else None
     if not isinstance(settings, dict):
         raise InvalidInputError("this Zarr hierarchy is not a ulstore trajectory", key=ROOT_META)
     if settings.get("format") != FORMAT:
         raise CorruptManifestError(f"unsupported trajectory format {settings.get('format')!r}", key=ROOT_META)
+    for name, zero in (("anchor_every", True), ("chunk_bytes", False)):
+        _check_positive(name, settings.get(name), zero, error=CorruptManifestError, key=ROOT_META)
     return dict(settings)
 
 
