@@ -12,8 +12,9 @@ Read me first
   the parent's manifest entry verbatim (no new blob).  Every ``anchor_every``
   steps along the chain, a step is a full anchor: all chunks intra-coded (or
   reused from an intra entry), so no read walks back further.
-- Refs (``main``, ``rl-run-2``) are small mutable JSON objects, last writer
-  wins.  Steps themselves are never overwritten, except by :meth:`delete`,
+- Refs (``main``, ``rl-run-2``) are append-only logs of sealed entries, moved
+  by compare-and-swap: of two writers that read the same head, one moves it and
+  the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never overwritten, except by :meth:`delete`,
   which rewrites the manifests of steps that referenced the deleted one (one
   PUT each, contents unchanged).
 
@@ -219,8 +220,8 @@ class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):
     """A trajectory of checkpoints: immutable steps, branches, lazy exact reads.
 
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
-    several threads or processes are safe (each step is created at most once)
-    but a branch moves to whichever commit wrote its ref last.
+    several threads or processes are safe: each step is created at most once,
+    and a branch moves by compare-and-swap (a loser gets ``RefMovedError``).
     """
 
     # the jobs live in their own modules; the reversed MRO (base, read, commit,
