@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.helpers.store import file_id, record_fsyncs
 from ulstore.core.objects import ObjectStore
-
-
-def _ident(path):
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino)
 
 
 @pytest.fixture
 def synced(monkeypatch):
-    seen: set = set()
-    real = os.fsync
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        seen.add((st.st_dev, st.st_ino))
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return seen
+    return record_fsyncs(monkeypatch)
 
 
 @pytest.mark.parametrize("how", ["put", "create"])
@@ -36,7 +21,7 @@ def test_write_fsyncs_the_file_and_every_directory_it_changed(tmp_path, synced, 
     # the object (same inode as the fsynced temp file: linked, not copied), its directory,
     # and the parent of each directory the write created
     for p in (path, path.parent, path.parent.parent, tmp_path / "root"):
-        assert _ident(p) in synced, p
+        assert file_id(p) in synced, p
 
 
 def test_not_durable_skips_fsync(tmp_path, synced):

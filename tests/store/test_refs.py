@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ulstore
-from tests.helpers.store import CHUNK, assert_state_equal, states_bf16
+from tests.helpers.store import CHUNK, assert_state_equal, file_id, record_fsyncs, states_bf16
 from ulstore.errors import (
     ConflictError,
     CorruptManifestError,
@@ -369,21 +369,8 @@ def test_manifests_and_refs_are_fsynced(tmp_path, monkeypatch):
     """On local disk the step manifest, the ref entry and their directories reach the disk before commit returns."""
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w", chunk_bytes=CHUNK)
-    synced = set()
-    real = os.fsync
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        synced.add((st.st_dev, st.st_ino))
-        return real(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = record_fsyncs(monkeypatch)
     traj.commit(0, states_bf16(2)[0])
-
-    def ident(p):
-        st = os.stat(p)
-        return (st.st_dev, st.st_ino)
-
     manifest = os.path.join(root, step_key(0))
     ref = _ref_files(root)[-1]
     for p in (
@@ -393,7 +380,7 @@ def test_manifests_and_refs_are_fsynced(tmp_path, monkeypatch):
         ref,
         os.path.dirname(ref),
     ):
-        assert ident(p) in synced, p
+        assert file_id(p) in synced, p
 
 
 def test_many_moves_keep_the_ref_log_short():
