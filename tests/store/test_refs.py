@@ -13,9 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ulstore
 from tests.helpers.store import CHUNK, assert_state_equal, file_id, record_fsyncs, states_bf16
+from ulstore.core.sealed import canonical_json, seal
 from ulstore.errors import (
     ConflictError,
     CorruptManifestError,
@@ -393,3 +396,71 @@ def test_many_moves_keep_the_ref_log_short():
     assert len(traj._io.find("refs/t")) <= 130
     assert traj.refs == {"main": 1, "t": 1}
     assert traj.verify().ok
+
+
+# -- fuzz: crafted refs ---------------------------------------------------------------
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=3),
+)
+
+
+@st.composite
+def _crafted_entry(draw):
+    body = {
+        "ref": draw(st.sampled_from(["main", "other", ""])),
+        "seq": draw(st.one_of(st.integers(0, 3), _VALUES)),
+        "step": draw(st.one_of(st.sampled_from([0, 1, 7]), _VALUES)),
+        "replaces": draw(st.one_of(st.none(), st.text(max_size=4))),
+        "created": "2026-01-01T00:00:00+00:00",
+    }
+    for k in draw(st.lists(st.sampled_from(sorted(body)), max_size=2)):
+        body.pop(k, None)
+    if draw(st.booleans()):
+        body[draw(st.sampled_from(["extra", "x"]))] = draw(_VALUES)
+    return seal(body)  # checksums recomputed: only the checks on the fields stand in the way
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.sampled_from(["00000000000000000000.json", "00000000000000000001.json", "7.json", "x"]), _crafted_entry()
+        ),
+        max_size=3,
+    ),
+    legacy=st.one_of(st.none(), st.binary(max_size=24), _VALUES.map(lambda v: canonical_json({"step": v}))),
+)
+def test_crafted_refs_give_a_step_or_a_named_error(entries, legacy):
+    url = _mem()
+    traj = ulstore.open(url, mode="w")
+    traj.commit(0, {"w": np.zeros(4, np.float32)})
+    traj.commit(1, {"w": np.ones(4, np.float32)})
+    io = traj._io
+    for k in io.find("refs"):
+        io.delete(k)
+    for name, data in entries:
+        io.put(f"refs/main/{name}", data)
+    if legacy is not None:
+        io.put("refs/main.json", legacy)
+    ro = ulstore.open(url, mode="r")
+    for op in (lambda: ro.head(), lambda: ro.refs, lambda: ro.read("main"), lambda: ro.log("main")):
+        try:
+            op()
+        except UlstoreError:
+            pass
+    head = None
+    try:
+        head = ro.head()
+    except CorruptManifestError:
+        pass
+    if head is not None:
+        assert isinstance(head, int) and not isinstance(head, bool) and head >= 0
+    report = ro.verify(raise_on_error=False)
+    if head is not None and head not in (0, 1):
+        assert not report.ok  # a ref to a missing step is reported

@@ -164,7 +164,7 @@ class CommitMixin(TrajectoryBase):
             if head is None and self.steps:
                 raise NotFoundError(
                     f"branch {branch!r} does not exist, so it has no head to commit on; pass parent=<step> "
-                    "to start it from a step, or parent=None for a new root",
+                    "(CLI: --parent) to start it from a step, or parent=None (CLI: --root) for a new root",
                     step=step,
                     key=ref.key,
                 )
