@@ -11,7 +11,16 @@ from ulstore import toytrain
 
 from .bits import bits_of
 
-__all__ = ["states_bf16", "states_fp32", "assert_state_equal", "CountingFS", "env_threads", "CHUNK"]
+__all__ = [
+    "states_bf16",
+    "states_fp32",
+    "assert_state_equal",
+    "CountingFS",
+    "env_threads",
+    "CHUNK",
+    "record_fsyncs",
+    "file_id",
+]
 
 CHUNK = 4096  # small chunks: multi-chunk tensors from the tiny model
 
@@ -65,3 +74,23 @@ class CountingFS:
 
 def env_threads():
     return int(os.environ.get("ULSTORE_TEST_THREADS", "2"))
+
+
+def file_id(path) -> tuple[int, int]:
+    """(device, inode) of a file or directory: what an fsync of any descriptor of it records."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def record_fsyncs(monkeypatch) -> set:
+    """Patch ``os.fsync`` to record the :func:`file_id` of everything synced; returns the (live) set."""
+    synced: set = set()
+    real = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced

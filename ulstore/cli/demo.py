@@ -274,7 +274,7 @@ def run(
     echo(f"The data lives in {path.resolve()} ({human_bytes(on_disk)} on disk):")
     echo("  steps/<n>/zarr.json   one manifest per step (written last: a step exists once it lands)")
     echo("  blobs/                ULPack chunks, named by their hash and shared between steps")
-    echo(f"  refs/main.json        the branch head (step {traj.head()})")
+    echo(f"  refs/main/            the branch head (step {traj.head()}), one sealed entry per move")
     echo("Next:")
     echo(f"  ulstore log {here}")
     echo(f"  ulstore ls {here} {steps}")

@@ -10,7 +10,10 @@ Atomicity, per backend (what a crashed or racing writer can leave behind):
   ``os.replace`` (overwrite) or ``os.link`` (create: fails if the key exists),
   so a reader never sees half an object and exactly one of two racing creators
   wins.  A killed writer leaves at most a file in ``.tmp/``, which
-  :meth:`ObjectStore.sweep_tmp` removes.
+  :meth:`ObjectStore.sweep_tmp` removes.  With ``durable=True`` (the default)
+  the file is fsynced before it is linked, and so is every directory whose
+  entries changed (the object's own, and the parent of each directory the
+  write created): when a write returns, a power cut cannot lose it.
 - **S3 (s3fs)**: a single PUT is atomic; create sends ``If-None-Match: *``.
   GCS and Azure PUTs are atomic too.
 - **memory://**: in-process, so a lock around exists-then-write is a real
@@ -73,6 +76,9 @@ class ObjectStore:
         The URL the root was opened from (for messages).
     access_error : callable, optional
         Exception type for backend failures (see the module docstring).
+    durable : bool, default True
+        Local disk only: fsync every written object and the directories it
+        changed before the write returns (object stores are durable on success).
 
     Notes
     -----
@@ -88,8 +94,10 @@ class ObjectStore:
         url: str | None = None,
         protocol: str | None = None,
         access_error: AccessError | None = None,
+        durable: bool = True,
     ):
         self.fs = fs
+        self.durable = bool(durable)
         self.root = root.rstrip("/")
         self.url = url if url is not None else self.root
         self.protocol = protocol or "file"
@@ -100,7 +108,12 @@ class ObjectStore:
 
     @classmethod
     def from_url(
-        cls, url, storage_options: dict | None = None, *, access_error: AccessError | None = None
+        cls,
+        url,
+        storage_options: dict | None = None,
+        *,
+        access_error: AccessError | None = None,
+        durable: bool = True,
     ) -> ObjectStore:
         """Open the objects under an fsspec URL (``s3://bucket/run-7``, ``memory://x``, a local path...).
 
@@ -113,13 +126,17 @@ class ObjectStore:
         protocol = fsspec.core.split_protocol(url)[0] or "file"
         if protocol in ("file", "local"):
             options.setdefault("auto_mkdir", True)  # fsspec's local fs refuses to create parents otherwise
+        elif protocol in _OBJECT_STORES:
+            # several writers share a root: a cached listing would hide their objects from
+            # LIST and from existence checks (s3fs answers HEAD from a cached listing)
+            options.setdefault("use_listings_cache", False)
         try:
             fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
         except Exception as e:  # unknown protocol, missing backend package, bad options
             if access_error is None:
                 raise
             raise access_error(f"cannot open {url!r}: {type(e).__name__}: {e}") from e
-        return cls(fs, root, url=url, protocol=protocol, access_error=access_error)
+        return cls(fs, root, url=url, protocol=protocol, access_error=access_error, durable=durable)
 
     def path(self, key: str) -> str:
         """Backend path of ``key``."""
@@ -220,8 +237,9 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._makedirs(os.path.dirname(path))
                 os.replace(tmp, path)
+                self._sync_dir(os.path.dirname(path))
             else:
                 self.fs.pipe_file(path, data)
 
@@ -237,11 +255,12 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._makedirs(os.path.dirname(path))
                 try:
                     os.link(tmp, path)  # atomic, and fails if path exists
                 finally:
                     os.unlink(tmp)
+                self._sync_dir(os.path.dirname(path))
             elif self.memory:
                 with _MEMORY_LOCK:
                     if self.fs.exists(path):
@@ -304,4 +323,29 @@ class ObjectStore:
         tmp = os.path.join(d, uuid.uuid4().hex)
         with open(tmp, "wb") as f:
             f.write(data)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
         return tmp
+
+    def _makedirs(self, d: str) -> None:
+        """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
+        missing = []
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        if not missing:
+            return
+        os.makedirs(missing[0], exist_ok=True)
+        for made in reversed(missing):
+            self._sync_dir(os.path.dirname(made))
+
+    def _sync_dir(self, d: str) -> None:
+        """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
+        if not self.durable:
+            return
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

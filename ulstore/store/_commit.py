@@ -16,12 +16,13 @@ import numpy as np
 
 from ..core.sealed import canonical_json
 from ..core.torch import as_numpy
-from ..errors import ConflictError, DtypeError, InvalidInputError, StepExistsError
+from ..errors import ConflictError, DtypeError, InvalidInputError, NotFoundError, StepExistsError
 from ._base import MAIN, TrajectoryBase
 from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
-from ._layout import blob_key, check_ref_name, check_step, check_tensor_names, choose_chunks, ref_key, step_key
+from ._layout import blob_key, check_ref_name, check_step, check_tensor_names, choose_chunks, step_key
 from ._manifest import Entry, Manifest, TensorManifest
 from ._pool import run_bounded
+from ._refs import RefState
 
 __all__ = ["CommitMixin", "HEAD"]
 
@@ -37,7 +38,10 @@ HEAD = _Head()
 
 def _as_array(name: str, value) -> np.ndarray:
     """Accept numpy arrays/scalars, torch tensors and other ``__array__`` objects; never lists."""
-    arr = as_numpy(value, array_like=True)
+    try:
+        arr = as_numpy(value, array_like=True)
+    except InvalidInputError as e:  # a torch tensor with no plain data (meta, sparse)
+        raise type(e)(e.message, tensor=name) from None
     if arr is None:
         raise InvalidInputError(
             f"tensor values must be arrays (numpy, torch, ...), got {type(value).__name__}; "
@@ -61,6 +65,8 @@ def _check_metadata(metadata) -> dict:
         raise InvalidInputError("the metadata key 'ulstore' is reserved")
     try:
         return json.loads(canonical_json(metadata))
+    except RecursionError:
+        raise InvalidInputError("metadata is nested too deeply to store as JSON") from None
     except (TypeError, ValueError) as e:
         raise InvalidInputError(
             f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"
@@ -121,13 +127,23 @@ class CommitMixin(TrajectoryBase):
         ------
         StepExistsError
             ``step`` exists, or another writer created it during this commit.
+            (Retrying a commit that was interrupted after its commit point,
+            with the same state, completes it instead: the branch moves.)
         StepNotFoundError
-            ``parent`` does not exist.
+            ``parent`` does not exist, or was deleted during the commit.
+        NotFoundError
+            ``parent`` is HEAD, the branch does not exist and the trajectory has
+            steps: pass ``parent=None`` for a new root, or a step.
         InvalidInputError, DtypeError
             A value is not an array, a name or metadata is invalid, or ``anchor=False``
             and a tensor cannot be delta-coded.
+        RefMovedError
+            The branch moved while committing (another writer won): re-read the
+            head and retry; the message says whether the step was created.
         ConflictError
-            ``branch`` was given and points at a step other than ``parent``.
+            ``branch`` was given and points at a step other than ``parent``; a
+            step this commit refers to is being deleted; or an earlier commit on
+            the same head created its step but never moved the branch.
         ReadOnlyError
             The trajectory was opened with mode="r".
         """
@@ -138,13 +154,20 @@ class CommitMixin(TrajectoryBase):
         check_tensor_names(state.keys())
         arrays = {name: _as_array(name, v) for name, v in state.items()}
         metadata = _check_metadata(metadata)
-        if self._io.exists(step_key(step)):
-            raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
-
         branch_given = branch is not None
         branch = check_ref_name(branch if branch_given else MAIN)
-        head = self._get_ref(branch)
+        ref = self._refs.read(branch)
+        head = ref.step
+        if self._io.exists(step_key(step)):
+            return self._commit_again(step, arrays, metadata, parent, ref)
         if parent is HEAD:
+            if head is None and self.steps:
+                raise NotFoundError(
+                    f"branch {branch!r} does not exist, so it has no head to commit on; pass parent=<step> "
+                    "(CLI: --parent) to start it from a step, or parent=None (CLI: --root) for a new root",
+                    step=step,
+                    key=ref.key,
+                )
             parent = head
         elif parent is not None:
             parent = self._resolve(parent)
@@ -154,7 +177,7 @@ class CommitMixin(TrajectoryBase):
                 f"branch {branch!r} is at step {head}, not at parent {parent}; "
                 "pass parent=None/HEAD or another branch name",
                 step=step,
-                key=ref_key(branch),
+                key=ref.key,
             )
         move_branch = head is None or head == parent
 
@@ -176,14 +199,59 @@ class CommitMixin(TrajectoryBase):
             metadata=metadata,
             created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         )
-        try:
-            # the commit point: conditional create, so of two writers exactly one wins
-            self._io.create(step_key(step), manifest.to_bytes())
-        except FileExistsError:
-            raise StepExistsError("another writer committed this step first", step=step, key=step_key(step)) from None
-        if move_branch:
-            self._io.put(ref_key(branch), canonical_json({"step": step}))
+
+        def create():  # the commit point: conditional create, so of two writers exactly one wins
+            try:
+                self._io.create(step_key(step), manifest.to_bytes())
+            except FileExistsError:
+                raise StepExistsError(
+                    "another writer committed this step first", step=step, key=step_key(step)
+                ) from None
+
+        refers = {e.ref for t in tensors.values() for e in t.entries if e.ref is not None}
+        branch_state = ref if move_branch else None
+        self._pending.publish(
+            step, parent, refers, create, refs=self._refs, branch=branch_state, steps=lambda: self.steps
+        )
         return step
+
+    def _commit_again(self, step: int, arrays: dict, metadata: dict, parent, ref: RefState) -> int:
+        """``step`` exists: finish a commit of the same state interrupted after its commit point, or refuse.
+
+        If ``step``'s parent is the branch head and it holds exactly ``arrays``
+        and ``metadata`` (every chunk's content hash), the earlier commit of this
+        state stopped before moving the branch: move it now (D12).
+        """
+        key = step_key(step)
+        m = self._reader.manifest(step)
+        wanted = ref.step if parent is HEAD else (None if parent is None else self._resolve(parent))
+        if ref.step == step or m.parent != wanted or m.parent != ref.step:
+            raise StepExistsError("step already exists; steps are immutable", step=step, key=key)
+        if not self._same_state(m, arrays, metadata):
+            raise StepExistsError(
+                f"step already exists with different contents (parent {m.parent}, not on branch "
+                f"{ref.name!r}); steps are immutable: delete({step}) first, or use a new step number",
+                step=step,
+                key=key,
+            )
+        self._refs.move(ref, step)
+        if m.parent is not None:
+            self._pending.clear(step, m.parent)
+        return step
+
+    def _same_state(self, m: Manifest, arrays: dict, metadata: dict) -> bool:
+        """Whether ``arrays`` and ``metadata`` are exactly what manifest ``m`` stores (hashing, no decode)."""
+        if m.metadata != metadata or set(m.tensors) != set(arrays):
+            return False
+        for name, t in m.tensors.items():
+            arr = arrays[name]
+            if arr.shape != t.shape or arr.dtype != t.dtype:
+                return False
+            for coord, e in zip(t.coords(), t.entries):
+                region = np.ascontiguousarray(arr[t.region(coord)]).reshape(t.region_shape(coord))
+                if content_digest(region) != e.content:
+                    return False
+        return True
 
     def _plan(self, step, arrays, pm: Manifest | None, strict: bool) -> dict:
         """Per tensor: (array, codec, chunks, parent tensor or None if it cannot be a reference)."""

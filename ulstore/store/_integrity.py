@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
-from ._layout import BLOBS_DIR, REFS_DIR, step_key
+from ._layout import BLOBS_DIR, step_key
 from ._manifest import Manifest
 from ._reader import ChunkReader
 
@@ -90,11 +90,7 @@ class IntegrityMixin(TrajectoryBase):
                 )
 
         if step is None:
-            for name in list(self._io.find(REFS_DIR)):
-                try:
-                    self._get_ref(name[len(REFS_DIR) + 1 : -len(".json")])
-                except IntegrityError as e:
-                    note(e, None)
+            self._verify_refs(note)
         seen_blobs = set()
         for s in steps:
             try:
@@ -103,6 +99,8 @@ class IntegrityMixin(TrajectoryBase):
                 note(e, s)
                 continue
             report.steps += 1
+            if m.parent is not None and not self._io.exists(step_key(m.parent)):
+                note(CorruptManifestError(f"parent step {m.parent} is missing", step=s, key=step_key(s)), s)
             for name, t in m.tensors.items():
                 for coord in t.coords():
                     report.chunks += 1
@@ -126,6 +124,21 @@ class IntegrityMixin(TrajectoryBase):
                 key=first.key,
             )
         return report
+
+    def _verify_refs(self, note) -> None:
+        """Every ref entry sealed and chained; every ref's head step present."""
+        for name, errors in self._refs.problems().items():
+            for e in errors:
+                note(e, None)
+            try:
+                head = self._refs.read(name)
+            except IntegrityError:
+                continue  # reported above
+            if head.step is not None and not self._io.exists(step_key(head.step)):
+                note(
+                    CorruptManifestError(f"ref {name!r} points at step {head.step}, which is missing", key=head.key),
+                    head.step,
+                )
 
     def inventory(self) -> Inventory:
         """Every step's manifest (parsed and checked, as for reading) and every blob's size; nothing decoded.

@@ -8,7 +8,9 @@ The physical layout (see ``docs/layout.md``)::
                                    Written LAST, by conditional create: a step exists
                                    iff this object exists.
     blobs/<h[:2]>/<h>              chunk blobs, named by the blake2b-256 of their bytes
-    refs/<name>.json               mutable {"step": n}: branch heads and tags
+    refs/<name>/<seq>.json         branch heads and tags: append-only logs of sealed entries,
+                                   the highest <seq> is the value (see _refs.py)
+    pending/                       commits and deletes in flight (see _pending.py)
 
 Every key here is relative to the root and uses ``/``; :class:`~ulstore.core.objects.ObjectStore`
 joins it to the fsspec root path.
@@ -32,6 +34,7 @@ __all__ = [
     "blob_key",
     "ref_key",
     "check_step",
+    "step_of",
     "check_ref_name",
     "check_tensor_names",
     "choose_chunks",
@@ -45,6 +48,7 @@ BLOBS_DIR = "blobs"
 REFS_DIR = "refs"
 
 _REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}$")
+_STEP_RE = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
 def step_key(step: int) -> str:
@@ -77,6 +81,11 @@ def check_step(step) -> int:
     if step < 0:
         raise InvalidInputError(f"a step is a non-negative integer, got {step}")
     return step
+
+
+def step_of(name: str) -> int | None:
+    """The step a directory name under ``steps/`` stands for, or None (only canonical ASCII decimals are steps)."""
+    return int(name) if _STEP_RE.match(name) else None
 
 
 def check_ref_name(name) -> str:

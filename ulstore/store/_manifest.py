@@ -34,13 +34,23 @@ from ..core.sealed import canonical_json, digest128
 from ..errors import CorruptManifestError
 from ._layout import chunk_grid
 
-__all__ = ["FORMAT", "Entry", "TensorManifest", "Manifest"]
+__all__ = ["FORMAT", "MAX_CHUNK_BYTES", "Entry", "TensorManifest", "Manifest"]
 
 FORMAT = 1
+#: Largest chunk a manifest may declare (and ``chunk_bytes`` may ask for): a bound
+#: on what one chunk read allocates, whatever a crafted manifest says.
+MAX_CHUNK_BYTES = 1 << 32
 
 
 def _checksum(body: bytes) -> str:
     return digest128(body)
+
+
+def _count(n, least: int) -> int:
+    """A shape (``least`` 0) or chunk (``least`` 1) extent read from a manifest."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < least or n >= 1 << 62:
+        raise ValueError(f"extent {n!r} is not an int in [{least}, 2**62)")
+    return n
 
 
 @dataclass(frozen=True)
@@ -153,12 +163,16 @@ class Manifest:
             tensors = {}
             for name, t in body["tensors"].items():
                 tm = TensorManifest(
-                    shape=tuple(int(n) for n in t["shape"]),
+                    shape=tuple(_count(n, 0) for n in t["shape"]),
                     dtype=numpy_dtype(t["dtype"]),
-                    chunks=tuple(int(n) for n in t["chunks"]),
+                    chunks=tuple(_count(n, 1) for n in t["chunks"]),
                     codec=str(t["codec"]),
                     entries=tuple(Entry(str(b), None if r is None else int(r), str(c)) for b, r, c in t["entries"]),
                 )
+                if math.prod(tm.chunks) * tm.dtype.itemsize > MAX_CHUNK_BYTES:
+                    raise CorruptManifestError(
+                        f"chunks {list(tm.chunks)} exceed {MAX_CHUNK_BYTES} bytes", step=step, tensor=name, key=key
+                    )
                 if len(tm.entries) != math.prod(tm.grid) or len(tm.chunks) != len(tm.shape):
                     raise CorruptManifestError(
                         "chunk table does not match the chunk grid", step=step, tensor=name, key=key

@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 import time
 
-from ..core.sealed import canonical_json
+from ..errors import RefMovedError
 from ._base import TrajectoryBase
 from ._chunkcodec import encode_chunk
-from ._layout import BLOBS_DIR, blob_key, ref_key, step_key
+from ._layout import BLOBS_DIR, blob_key, step_key
 from ._manifest import Entry, Manifest, TensorManifest
+from ._pending import PENDING_DIR
 from ._pool import run_bounded
 
 __all__ = ["RetentionMixin"]
@@ -30,11 +31,32 @@ class RetentionMixin(TrajectoryBase):
         to its parent (or are removed if it had none).  Blobs are not removed:
         run :meth:`gc`.
 
-        Not safe while another process commits a child of ``step``.
+        Safe against concurrent commits: if a commit on ``step`` or on a step
+        that depends on it is in flight, or another delete is, it refuses
+        (ConflictError) before changing anything; a commit that would refer to
+        a step being deleted refuses likewise (see ``_pending.py``).
+
+        Raises
+        ------
+        ConflictError
+            A commit depending on ``step``, or another delete, is in flight: retry later.
         """
         self._check_writable()
         step = self._resolve(step)
         dead = self._reader.manifest(step)
+        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps):
+            self._delete(step, dead)
+
+    def _dependants(self, step: int) -> set[int]:
+        """Steps whose parent is ``step`` or whose entries are coded against it."""
+        out = set()
+        for s in self.steps:
+            m = self._reader.manifest(s)
+            if m.parent == step or any(e.ref == step for t in m.tensors.values() for e in t.entries):
+                out.add(s)
+        return out
+
+    def _delete(self, step: int, dead: Manifest) -> None:
         io, reader = self._io, self._reader
         for s in self.steps:
             if s == step:
@@ -79,10 +101,10 @@ class RetentionMixin(TrajectoryBase):
             reader.forget([s])
         for name, target in self.refs.items():
             if target == step:
-                if dead.parent is None:
-                    io.delete(ref_key(name))
-                else:
-                    io.put(ref_key(name), canonical_json({"step": dead.parent}))
+                try:
+                    self._move_ref(name, dead.parent, step)
+                except RefMovedError:  # moved away from step meanwhile: nothing to do
+                    pass
         io.delete(step_key(step))
         reader.forget([step])
 
@@ -120,6 +142,11 @@ class RetentionMixin(TrajectoryBase):
             freed += int(info.get("size") or 0)
         self._io.delete_many(dead)
         self._io.sweep_tmp()
+        # markers of commits/deletes killed mid-way (see _pending.py): past the grace period only
+        pending = self._io.find(PENDING_DIR, detail=True)
+        self._io.delete_many(
+            [k for k, info in pending.items() if not older_than or (_age(info, now) or 0.0) >= older_than]
+        )
         return {"blobs": len(dead), "bytes": freed}
 
 

@@ -12,8 +12,9 @@ Read me first
   the parent's manifest entry verbatim (no new blob).  Every ``anchor_every``
   steps along the chain, a step is a full anchor: all chunks intra-coded (or
   reused from an intra entry), so no read walks back further.
-- Refs (``main``, ``rl-run-2``) are small mutable JSON objects, last writer
-  wins.  Steps themselves are never overwritten, except by :meth:`delete`,
+- Refs (``main``, ``rl-run-2``) are append-only logs of sealed entries, moved
+  by compare-and-swap: of two writers that read the same head, one moves it and
+  the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never overwritten, except by :meth:`delete`,
   which rewrites the manifests of steps that referenced the deleted one (one
   PUT each, contents unchanged).
 
@@ -47,7 +48,7 @@ from ..errors import ConflictError, CorruptManifestError, InvalidInputError, Not
 from ._commit import HEAD, CommitMixin
 from ._integrity import IntegrityMixin, VerifyReport
 from ._layout import ROOT_META, STEPS_META
-from ._manifest import FORMAT
+from ._manifest import FORMAT, MAX_CHUNK_BYTES
 from ._read import ReadMixin, StepInfo
 from ._reader import DEFAULT_CACHE_BYTES
 from ._retention import RetentionMixin
@@ -72,6 +73,7 @@ def open(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     executor: cf.Executor | None = None,
     threads: int | None = None,
+    durable: bool = True,
 ) -> Trajectory:
     """Open (or create) the trajectory at ``url``.
 
@@ -100,6 +102,11 @@ def open(
         default: a thread pool.
     threads : int, optional
         Threads for I/O and (without ``executor``) encoding; default: CPU count.
+    durable : bool, default True
+        Local disk: fsync every blob, manifest and ref (and the directories
+        they enter) before a commit returns, so a power cut cannot lose an
+        acknowledged step.  False trades that for speed (see docs/concepts.md).
+        Object stores are durable when a PUT returns, whatever this says.
 
     Returns
     -------
@@ -127,7 +134,10 @@ def open(
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
     url = os.fspath(url)
-    io = ObjectStore.from_url(url, storage_options)
+    cache_bytes = _check_positive("cache_bytes", cache_bytes, zero=True)
+    if threads is not None:
+        threads = _check_positive("threads", threads)
+    io = ObjectStore.from_url(url, storage_options, durable=durable)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
@@ -165,9 +175,16 @@ def _group(attributes: dict) -> dict:
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 
 
-def _check_positive(name, value, zero=False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise InvalidInputError(f"{name} must be an int >= {0 if zero else 1}, got {value!r}")
+def _check_positive(name, value, zero=False, error=InvalidInputError, key=None) -> int:
+    top = MAX_CHUNK_BYTES if name == "chunk_bytes" else None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < (0 if zero else 1)
+        or (top is not None and value > top)
+    ):
+        limit = f" and <= {top}" if top is not None else ""
+        raise error(f"{name} must be an int >= {0 if zero else 1}{limit}, got {value!r}", key=key)
     return value
 
 
@@ -188,11 +205,14 @@ def _parse_settings(raw: bytes) -> dict:
         doc = json.loads(raw)
     except ValueError as e:
         raise CorruptManifestError(f"root zarr.json is not JSON: {e}", key=ROOT_META) from e
-    settings = doc.get("attributes", {}).get("ulstore") if isinstance(doc, dict) else None
+    attributes = doc.get("attributes") if isinstance(doc, dict) else None
+    settings = attributes.get("ulstore") if isinstance(attributes, dict) else None
     if not isinstance(settings, dict):
         raise InvalidInputError("this Zarr hierarchy is not a ulstore trajectory", key=ROOT_META)
     if settings.get("format") != FORMAT:
         raise CorruptManifestError(f"unsupported trajectory format {settings.get('format')!r}", key=ROOT_META)
+    for name, zero in (("anchor_every", True), ("chunk_bytes", False)):
+        _check_positive(name, settings.get(name), zero, error=CorruptManifestError, key=ROOT_META)
     return dict(settings)
 
 
@@ -200,8 +220,8 @@ class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):
     """A trajectory of checkpoints: immutable steps, branches, lazy exact reads.
 
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
-    several threads or processes are safe (each step is created at most once)
-    but a branch moves to whichever commit wrote its ref last.
+    several threads or processes are safe: each step is created at most once,
+    and a branch moves by compare-and-swap (a loser gets ``RefMovedError``).
     """
 
     # the jobs live in their own modules; the reversed MRO (base, read, commit,
