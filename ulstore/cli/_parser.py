@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "demo",
         "train a small model on this CPU, store every step, show sizes",
-        "Train a small language model for real on the CPU (under a minute), store a bf16\n"
+        "Train a small language model for real on the CPU (about 30 s on 2 cores), store a bf16\n"
         "checkpoint after every step, print the size against raw safetensors and zstd,\n"
         "read a slice of an old step back lazily, verify, and say where the data lives.\n"
         "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",

@@ -26,7 +26,6 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from .. import toytrain
 from ..core.formatting import human_bytes
 from ..errors import InvalidInputError, UlstoreError
 from ..store import open as _open
+from ._plot import has_matplotlib
 
 __all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size"]
 
@@ -290,7 +290,7 @@ def run(
     echo(f"  ulstore log {here}")
     echo(f"  ulstore ls {here} {steps}")
     echo(f"  ulstore export {here} {steps} model.safetensors")
-    if importlib.util.find_spec("matplotlib") is not None:
+    if has_matplotlib():
         echo(f"  ulstore stats {here} --plot sizes.png")
     else:
         echo(f"  ulstore stats {here}                  (for a plot: pip install matplotlib, then add --plot sizes.png)")
