@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.terminal import on_a_terminal
 from ulstore import cli
 from ulstore.io import checkpoints as ckpt
 
@@ -382,43 +383,12 @@ def test_s3_store_through_cli(tmp_path, moto_s3):
 
 def test_progress_bar_only_on_a_terminal(tmp_path, store):
     """With a TTY on stderr `add` draws a bar there; --quiet turns it off."""
-    import fcntl
-    import pty
-    import termios
-
     ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000400.safetensors")
     ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000500.safetensors")
 
-    def stderr_of(*args):
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal has a size
-        try:
-            p = subprocess.run(
-                [sys.executable, "-m", "ulstore.cli", *map(str, args)],
-                stdout=subprocess.PIPE,
-                stderr=slave,
-                stdin=subprocess.DEVNULL,
-                timeout=120,
-                env={**os.environ},
-            )
-            os.close(slave)
-            chunks = []
-            while True:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            os.close(master)
-        assert p.returncode == 0, p
-        return b"".join(chunks).decode(errors="replace"), p.stdout.decode()
-
-    err, out = stderr_of("add", store, tmp_path / "step_000400.safetensors")
+    err, out = on_a_terminal("add", store, tmp_path / "step_000400.safetensors")
     assert "importing" in err and "step 400" in out and "step 400" not in err
-    err, out = stderr_of("add", store, tmp_path / "step_000500.safetensors", "--quiet")
+    err, out = on_a_terminal("add", store, tmp_path / "step_000500.safetensors", "--quiet")
     assert err == "" and "step 500" in out
 
 

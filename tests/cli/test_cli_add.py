@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
-import struct
-import subprocess
-import sys
-import termios
 
 import pytest
 
 import ulstore
 from tests.cli.test_cli import assert_one_line_error, objects, run, write_steps
+from tests.helpers.terminal import on_a_terminal
 
 
 def test_failed_add_init_leaves_no_trajectory(tmp_path):
@@ -66,36 +61,6 @@ def test_add_below_its_parent_warns_that_the_branch_moves_back(tmp_path):
     assert "warning" not in p.stderr and p.returncode == 1
 
 
-def stderr_on_a_terminal(*args, cwd=None, env=None):
-    """Run the CLI with stderr on a pseudo-terminal; return (stderr text, stdout text)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
-    try:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "ulstore.cli", *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=slave,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
-            env={**os.environ, **(env or {})},
-        )
-        os.close(slave)
-        chunks = []
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        out = p.stdout.read()
-        assert p.wait(timeout=300) == 0, b"".join(chunks)
-    finally:
-        os.close(master)
-    return b"".join(chunks).decode(errors="replace"), out.decode()
-
-
 def test_long_commands_show_what_they_are_doing_on_a_terminal(tmp_path):
     url = tmp_path / "traj"
     run("add", url, *write_steps(tmp_path), "--init", check=0)
@@ -106,15 +71,15 @@ def test_long_commands_show_what_they_are_doing_on_a_terminal(tmp_path):
         (("rm", url, 200), "deleting step 200"),
         (("gc", url), "removing blobs no step uses"),
     ):
-        err, _ = stderr_on_a_terminal(*args)
+        err, _ = on_a_terminal(*args)
         assert shown in err, (args, err)
-        err, _ = stderr_on_a_terminal(*args[:2], "--quiet") if args[0] != "rm" else ("", "")
+        err, _ = on_a_terminal(*args[:2], "--quiet") if args[0] != "rm" else ("", "")
         assert err == "", (args, err)
 
 
 def test_demo_shows_progress_from_start_to_end(tmp_path):
     run("demo", "d", "--preset", "tiny", "--steps", 2, cwd=tmp_path, check=0)  # so that the next run replaces one
-    err, out = stderr_on_a_terminal("demo", "d", "--preset", "tiny", "--steps", 4, cwd=tmp_path)
+    err, out = on_a_terminal("demo", "d", "--preset", "tiny", "--steps", 4, cwd=tmp_path)
     positions = [err.find(s) for s in ("preparing", "training", "adding up the sizes", "verifying 5 steps")]
     assert -1 not in positions and positions == sorted(positions), err
     assert "Verify:" in out

@@ -105,17 +105,10 @@ def load_torch_state(path, *, prefix: str | None = None) -> FlatState:
         The file holds objects a weights-only load refuses, or leaves
         :func:`~ulstore.io._nested.flatten_state` cannot keep.
     """
-    from ..core.torch import import_torch
-    from ._torch import _load_failure
+    from ._torch import safe_load
 
-    torch = import_torch()
     p = Path(path)
-    if not p.is_file():
-        raise NotFoundError(f"{p}: no such torch state file")
-    try:
-        obj = torch.load(p, weights_only=True, map_location="cpu")
-    except Exception as e:  # torch raises a zoo of types
-        raise InvalidInputError(f"{p}: {_load_failure(e)}") from e
+    obj = safe_load(p)
     try:
         return flatten_state(obj, prefix=p.stem if prefix is None else prefix)
     except InvalidInputError as e:

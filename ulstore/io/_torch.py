@@ -33,20 +33,28 @@ def load_torch(path) -> Checkpoint:
     >>> load_torch(p).aliases
     {'head': 'emb'}
     """
-    torch = import_torch()
     p = Path(path)
-    if not p.is_file():
-        raise NotFoundError(f"{p}: no such torch checkpoint file")
-    try:
-        obj = torch.load(p, weights_only=True, map_location="cpu")
-    except Exception as e:  # torch raises a zoo of types (UnpicklingError, RuntimeError, EOFError...)
-        raise _bad(p, _load_failure(e), kind="torch") from e
+    obj = safe_load(p)
     if not isinstance(obj, Mapping):
         raise _bad(p, f"holds a {type(obj).__name__}, not a state dict", kind="torch")
     try:
         return from_torch(obj)
     except InvalidInputError as e:
         raise type(e)(f"{p}: {e.message}") from e
+
+
+def safe_load(p: Path):
+    """``torch.load(p, weights_only=True)`` on the CPU: tensors and plain containers, never code from the file.
+
+    Raises NotFoundError for a missing file and InvalidInputError (one plain line) for anything torch refuses.
+    """
+    torch = import_torch()
+    if not p.is_file():
+        raise NotFoundError(f"{p}: no such torch checkpoint file")
+    try:
+        return torch.load(p, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch raises a zoo of types (UnpicklingError, RuntimeError, EOFError...)
+        raise _bad(p, _load_failure(e), kind="torch") from e
 
 
 _UNSAFE = re.compile(r"WeightsUnpickler error: (.*?)(?: was not an allowed global by default\b.*)?$", re.MULTILINE)

@@ -76,11 +76,17 @@ _HEX = re.compile(r"0x[0-9a-fA-F]+")
 class _MLFloat(BaseFloat):
     """An ``ml_dtypes`` float as a zarr v3 data type (v3 only: these types have no zarr v2 name)."""
 
-    _native: ClassVar[np.dtype]
-    _bits: ClassVar[np.dtype]  # the unsigned integer of the same width
+    _native: ClassVar[np.dtype]  # a subclass names these three; dtype_cls and _bits follow
     _nan_bits: ClassVar[int]  # what the fill value "NaN" means (zarr-extensions)
     _has_inf: ClassVar[bool]
+    _bits: ClassVar[np.dtype]  # the unsigned integer of the same width
     _zarr_v2_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_native" in cls.__dict__:
+            cls.dtype_cls = type(cls._native)
+            cls._bits = np.dtype(f"<u{cls._native.itemsize}")
 
     @classmethod
     def _check_native_dtype(cls, dtype) -> bool:  # type: ignore[override]  # zarr: a TypeGuard
@@ -156,10 +162,8 @@ class _MLFloat(BaseFloat):
 class Bfloat16(_MLFloat):
     """``bfloat16`` (zarr-extensions ``data-types/bfloat16``)."""
 
-    dtype_cls = type(np.dtype(ml_dtypes.bfloat16))
     _zarr_v3_name = "bfloat16"
     _native = np.dtype(ml_dtypes.bfloat16)
-    _bits = np.dtype("<u2")
     _nan_bits = 0x7FC0
     _has_inf = True
 
@@ -168,10 +172,8 @@ class Bfloat16(_MLFloat):
 class Float8E5M2(_MLFloat):
     """``float8_e5m2`` (zarr-extensions ``data-types/float8_e5m2``: IEEE-like, with infinities)."""
 
-    dtype_cls = type(np.dtype(ml_dtypes.float8_e5m2))
     _zarr_v3_name = "float8_e5m2"
     _native = np.dtype(ml_dtypes.float8_e5m2)
-    _bits = np.dtype("u1")
     _nan_bits = 0x7E
     _has_inf = True
 
@@ -180,10 +182,8 @@ class Float8E5M2(_MLFloat):
 class Float8E4M3FN(_MLFloat):
     """``float8_e4m3fn``: not in the zarr-extensions registry, hence a namespaced name (module docstring)."""
 
-    dtype_cls = type(np.dtype(ml_dtypes.float8_e4m3fn))
     _zarr_v3_name = "ulstore.float8_e4m3fn"
     _native = np.dtype(ml_dtypes.float8_e4m3fn)
-    _bits = np.dtype("u1")
     _nan_bits = 0x7F
     _has_inf = False
 
