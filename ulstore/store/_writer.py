@@ -211,6 +211,8 @@ class PieceWriter:
             raise InvalidInputError(
                 f"chunk shape {list(chunks)} does not fit a piece of rank {len(shape)}", tensor=name
             )
+        # a chunk longer than its piece holds the same elements as one of the piece's length
+        chunks = tuple(min(c, max(s, 1)) for c, s in zip(chunks, pshape))
         layout = (offset, pshape, chunks)
         if (name, offset) in self._written:
             raise InvalidInputError(f"piece at {list(offset)} was written twice", tensor=name)
