@@ -1162,3 +1162,6 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
         free(q)
         free(slots)
     return status
+
+
+include "_kernels3.pxi"  # format version 3: one-stream sections, band rows, intra symbols
