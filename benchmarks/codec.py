@@ -28,12 +28,22 @@ plus the ideal size under ULPack's own model (``ulstore.model_entropy_bits``)
 and ULPack's overhead over it.  Table 1 gives the size of all pairs together
 as % of the raw bytes and in bits per weight.
 
+Table 1b codes the last checkpoint of each trajectory *intra* (no reference: an
+anchor, a first step, a new tensor): ``ulstore.encode(x)`` against ZipNN and
+zstd-19 on the byte-grouped raw values (the same peers with an all-zero parent),
+beside the order-0 entropy of the exponent field (per tensor: what an ideal
+coder of the exponent alone, each value independent, would spend) and the ideal
+size under ULPack's intra model.
+
 Table 2 times encoding and decoding of all tensors of ONE step pair per
 trajectory (the last one), as raw MB/s (1 MB = 1e6 bytes) of wall time
 (``time.perf_counter``), best of ``--reps`` runs: ULPack via
 ``encode_many``/``decode_many`` with 1 thread and with all cores, each peer
 single-threaded and with its own threads option (zstd ``threads=``, ZipNN
-``threads=``).  A measurement stops repeating once it has used
+``threads=``), and intra coding of the child by ULPack and ZipNN.  The ratio
+rows divide ULPack's MB/s by ZipNN's, both single-threaded, measured in the same
+run.  These machines are shared: quote medians of several runs
+(``--from-json a.json b.json c.json`` prints the medians of every number).  A measurement stops repeating once it has used
 ``--time-budget`` seconds (zstd-19 encodes at a few MB/s), so slow ones may be
 best of fewer runs; the JSON records how many.  Peer times include their XOR
 and byte grouping.
@@ -44,6 +54,7 @@ Run
     python benchmarks/codec.py --preset tiny      # quick smoke run (seconds)
     python benchmarks/codec.py --only rl-bf16 --markdown --json out.json
     python benchmarks/codec.py --from-json out.json --markdown   # re-print saved results
+    python benchmarks/codec.py --from-json r1.json r2.json r3.json  # medians of several runs
 
 Progress goes to stderr, the tables to stdout.  Exit status 2 on a round-trip
 mismatch.
@@ -201,6 +212,34 @@ def measure_tensor(child: np.ndarray, parent: np.ndarray, dtype: str, where: str
     return out
 
 
+def _exponent_entropy_bits(x: np.ndarray) -> float:
+    """n * H0(exponent field) of one tensor: its exponents coded each on its own, ideally."""
+    from ulstore.codec._dtypes import format_of
+
+    fmt = format_of(x.dtype)
+    e = (_bits_view(x).astype(np.uint64) >> np.uint64(fmt.mant_bits)) & np.uint64((1 << fmt.exp_bits) - 1)
+    c = np.bincount(e.astype(np.int64)).astype(np.float64)
+    c = c[c > 0]
+    return float(-(c * np.log2(c / c.sum())).sum())
+
+
+def measure_intra(child: np.ndarray, dtype: str, where: str) -> dict:
+    """Code one tensor intra (no reference) with every method, check the round trips, return sizes."""
+    c_raw = _raw(child)
+    zeros = np.zeros_like(c_raw)  # the peers' XOR with an all-zero parent is the raw bytes
+    out = {"elements": int(child.size), "raw": int(child.nbytes)}
+    blob = ulstore.encode(child)
+    _check(ulstore.decode(blob), child, "ULPack intra", where)
+    out["ulpack"] = len(blob)
+    for key, peer in _thread_peers().items():
+        pblob = peer.encode(c_raw, zeros, dtype)
+        _check(peer.decode(pblob, zeros, dtype), child, f"{METHODS[key]} intra", where)
+        out[key] = len(pblob)
+    out["exp_entropy_bits"] = _exponent_entropy_bits(child)
+    out["entropy_bits"] = ulstore.model_entropy_bits(child)
+    return out
+
+
 def _sum(rows: list[dict]) -> dict:
     total: dict = {}
     for r in rows:
@@ -235,7 +274,12 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
     pairs = []
     for s in range(1, len(states)):
         pairs.append({"parent": s - 1, "child": s, **_sum([results[(s, k)] for k in names])})
-    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs])}
+    last = len(states) - 1  # the anchor a store would write: the last checkpoint, intra
+    with cf.ThreadPoolExecutor(threads) as pool:
+        intra = list(pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"),
+                              names))
+    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
+            "intra": {"step": last, **_sum(intra)}}
 
 
 # -- speed pass -----------------------------------------------------------------
@@ -267,6 +311,7 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
     plans = [("ulpack", 1), ("ulpack", threads)]
     for key in PEER_KEYS:
         plans += [(key, 1), (key, threads)]
+    plans += [("ulpack_intra", 1), ("zipnn_intra", 1)]
     out: dict = {"raw_bytes": raw, "threads": threads}
     bar = _data.progress(total=len(plans), desc=f"speed {name}", unit="run")
     try:
@@ -278,6 +323,17 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
             if key == "ulpack":
                 enc = lambda: ulstore.encode_many(pairs, threads=n_threads)  # noqa: E731
                 dec = lambda blobs: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=n_threads)  # noqa: E731
+            elif key == "ulpack_intra":
+                enc = lambda: ulstore.encode_many([c for c, _ in pairs], threads=1)  # noqa: E731
+                dec = lambda blobs: ulstore.decode_many(blobs, threads=1)  # noqa: E731
+            elif key == "zipnn_intra":
+                peer = make_peers(1).get("zipnn")
+                if peer is None:
+                    bar.update(1)
+                    continue
+                zero = [np.zeros_like(c) for c, _ in raw_pairs]
+                enc = lambda: [peer.encode(c, z, spec.dtype) for (c, _), z in zip(raw_pairs, zero)]  # noqa: E731
+                dec = lambda blobs: [peer.decode(b, z, spec.dtype) for b, z in zip(blobs, zero)]  # noqa: E731
             else:
                 peer = make_peers(n_threads).get(key)
                 if peer is None:
@@ -288,7 +344,7 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
             t_enc, runs_enc, blobs = best_time(enc, reps, budget)
             t_dec, runs_dec, decoded = best_time(lambda: dec(blobs), reps, budget)
             for k, d in zip(names, decoded):
-                _check(d, child[k], f"{METHODS[key]} x{n_threads}", f"{where} tensor {k!r}")
+                _check(d, child[k], f"{key} x{n_threads}", f"{where} tensor {k!r}")
             out[label] = {
                 "encode_MBps": raw / t_enc / 1e6,
                 "decode_MBps": raw / t_dec / 1e6,
@@ -364,6 +420,40 @@ def size_table(results: dict, markdown: bool, steps: int) -> str:
     return render("Table 1. Compressed size", groups, ["% raw", "bits/w"], rows, markdown, notes)
 
 
+INTRA_METHODS = {"ulpack": "ULPack intra", "zipnn": "ZipNN", "zstd": "zstd-19 byte-grouped"}
+
+
+def intra_table(results: dict, markdown: bool) -> str:
+    groups = [n for n, r in results.items() if "intra" in r["sizes"]]
+    rows = []
+
+    def add(label, values):
+        rows.append([label] + [v for pair in values for v in pair])
+
+    tot = {n: results[n]["sizes"]["intra"] for n in groups}
+    for key, label in INTRA_METHODS.items():
+        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                    for t in tot.values()])
+    add("exponent, order-0 entropy", [("", f"{t['exp_entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
+    add("ideal (ULPack intra model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+                                       for t in tot.values()])
+    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()])
+
+    def vs_best(t):
+        peers = [t[k] for k in ("zipnn", "zstd") if k in t]
+        return (f"{100 * (1 - t['ulpack'] / min(peers)):.2f}", "") if peers else ("n/a", "")
+
+    add("ULPack intra smaller than best peer (%)", [vs_best(t) for t in tot.values()])
+    first = results[groups[0]] if groups else None
+    notes = [
+        f"The last checkpoint of each trajectory coded without a reference ({first['tensors'] if first else 0} tensors); "
+        "% of raw bytes and bits per weight. Every round trip verified bit-exact.",
+        "exponent entropy: sum over tensors of n * H0(exponent field); the sign and mantissa bits come on top "
+        "(bf16 8, fp16 11, fp32 24 bits).",
+    ]
+    return render("Table 1b. Intra (anchor) size", groups, ["% raw", "bits/w"], rows, markdown, notes)
+
+
 def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
     groups = list(results)
     labels = [("ulpack", "ULPack")] + [(k, METHODS[k]) for k in PEER_KEYS]
@@ -375,6 +465,23 @@ def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
                 m = r["speed"].get(f"{key}_x{n}")
                 cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
             rows.append([f"{label} x{n}"] + cells)
+    for key, label in (("ulpack_intra", "ULPack intra"), ("zipnn_intra", "ZipNN intra")):
+        cells = []
+        for r in results.values():
+            m = r["speed"].get(f"{key}_x1")
+            cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
+        rows.append([f"{label} x1"] + cells)
+
+    def ratio(a: str, b: str) -> list:
+        cells = []
+        for r in results.values():
+            x, y = r["speed"].get(a), r["speed"].get(b)
+            cells += ([f"{x['encode_MBps'] / y['encode_MBps']:.2f}x", f"{x['decode_MBps'] / y['decode_MBps']:.2f}x"]
+                      if x and y else ["n/a", "n/a"])
+        return cells
+
+    rows.append(["ULPack / ZipNN x1 (delta)"] + ratio("ulpack_x1", "zipnn_x1"))
+    rows.append(["ULPack / ZipNN x1 (intra)"] + ratio("ulpack_intra_x1", "zipnn_intra_x1"))
     if threads > 1:
         cells = []
         for r in results.values():
@@ -411,7 +518,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=10.0,
                    help="stop repeating a timing once it has used this many seconds (0: always --reps)")
     p.add_argument("--no-speed", action="store_true", help="skip the speed table")
-    p.add_argument("--from-json", metavar="FILE", help="measure nothing: print the tables of an earlier --json FILE")
+    p.add_argument("--from-json", metavar="FILE", nargs="+",
+                   help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
@@ -487,6 +595,8 @@ def report(out: dict, markdown: bool) -> str:
     head += [f"  {n}: {r['regime']} (warm-up {r['warmup_steps']} steps)" for n, r in results.items()]
     sep = "\n" if markdown else ""
     parts = [("  \n" if markdown else "\n").join(head) + "\n", size_table(results, markdown, s["steps"])]
+    if any("intra" in r["sizes"] for r in results.values()):
+        parts.append(intra_table(results, markdown))
     if all("speed" in r for r in results.values()):
         parts.append(speed_table(results, markdown, s["threads"], s["reps"]))
     t = out["runtime_s"]
@@ -494,11 +604,29 @@ def report(out: dict, markdown: bool) -> str:
     return (sep + "\n").join(parts)
 
 
+def median_of(runs: list):
+    """The element-wise median of several runs' results (same structure); other values from the first."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {k: median_of([r[k] for r in runs if isinstance(r, dict) and k in r]) for k in first}
+    if isinstance(first, list):
+        return [median_of([r[i] for r in runs]) for i in range(len(first))]
+    if isinstance(first, float) and all(isinstance(r, (int, float)) for r in runs):
+        return float(np.median(runs))
+    return first
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as fh:
-            print(report(json.load(fh), args.markdown), end="")
+        runs = []
+        for path in args.from_json:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        out = median_of(runs)
+        if len(runs) > 1:
+            print(f"medians of {len(runs)} runs (sizes are the same in every run)")
+        print(report(out, args.markdown), end="")
         return 0
     try:
         out = run(args)

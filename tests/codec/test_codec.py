@@ -951,7 +951,8 @@ def _spec_token(z: int) -> tuple[tuple, int]:
 def _spec_entropy_bits(xw, rw, name, econd) -> float:
     """Ideal model size from a histogram computed here, independently of the codec.
 
-    As in the codec's model, contexts holding fewer than 256 elements share one row.
+    As in the codec's model (format version 3), the contexts from the lowest to the
+    highest that holds 256 elements or more have a row each; the others share one.
     """
     e, m = LAYOUT[name]
     w = np.dtype(xw.dtype).itemsize * 8
@@ -964,9 +965,10 @@ def _spec_entropy_bits(xw, rw, name, econd) -> float:
         hist.setdefault(ctx, {}).setdefault(tok, 0)
         hist[ctx][tok] += 1
         tail += nt
+    big = [ctx for ctx, row in hist.items() if sum(row.values()) >= 256]
     rows: dict = {}
     for ctx, row in hist.items():
-        key = ctx if sum(row.values()) >= 256 else "pooled"
+        key = ctx if big and min(big) <= ctx <= max(big) else "pooled"
         for tok, count in row.items():
             rows.setdefault(key, {}).setdefault(tok, 0)
             rows[key][tok] += count

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import tracemalloc
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -299,3 +300,18 @@ def test_flag_and_mode_combinations_refused():
     body[5] = (body[5] & 7) | 7 << 3  # mode 7
     with pytest.raises(CorruptBlobError, match="unknown mode"):
         ulstore.decode(reseal(body))
+
+
+def test_every_build_of_this_platform_imports():
+    """The portable and the x86-64-v3 builds come from the same source: if one imports and
+    the other does not (a symbol missing from one build), the tests would silently skip it."""
+    import importlib
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("one build only")
+    built = [m for m in ("_kernels", "_kernels_v3") if list((Path(ulstore.codec.__file__).parent).glob(f"{m}.*.so"))]
+    for name in built:
+        importlib.import_module(f"ulstore.codec.{name}")  # raises ImportError if it cannot load
+    if "cython-v3" in BACKENDS:
+        assert "cython" in BACKENDS

@@ -40,9 +40,9 @@ from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
 from ._section import decode_section, read_fields
-from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
+from ._section3 import band_of, decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
-from ._tables import SCALE_BITS, sum_rows
+from ._tables import SCALE_BITS
 
 __all__ = [
     "encode",
@@ -145,6 +145,16 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
 def _encode_intra(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
     """(mode, payload parts, hash64(x)) of an intra blob: INTRA, or RANS against +0.0 when that
     is smaller (many zeros) or INTRA cannot code it (more than 256 symbols), or SAME (all +0.0)."""
+    mode, plan, hash_x = _intra_mode(k, fmt, xf, econd)
+    if mode == F.MODE_INTRA:
+        sym, choice = plan
+        return mode, encode_intra(k, fmt, xf, sym, choice), hash_x
+    return mode, plan, hash_x
+
+
+def _intra_mode(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
+    """The intra model ``encode`` uses: (MODE_SAME, [], h), (MODE_RANS, payload parts, h) or
+    (MODE_INTRA, (symbols, intra_choice), h), with h = hash64(x)."""
     sym, hist, hash_x = intra_plan(k, fmt, xf)
     n = xf.size
     if hist[0] == n and not xf.any():
@@ -157,7 +167,7 @@ def _encode_intra(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
         parts, bits = encode_delta(k, fmt, z, rsym, rhist, emask)
         if choice is None or bits < choice[0]:
             return F.MODE_RANS, parts, hash_x
-    return F.MODE_INTRA, encode_intra(k, fmt, xf, sym, choice), hash_x
+    return F.MODE_INTRA, (sym, choice), hash_x
 
 
 def _hash32(k, words: np.ndarray) -> int:
@@ -486,22 +496,44 @@ def inspect_blob(blob) -> dict:
 def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     """Ideal size in bits of ``target`` under ULPack's own model (no tables, no coder loss).
 
-    ``sum over table rows and tokens of -count * log2(count / row total)`` plus the
-    raw tail bits: what a perfect entropy coder with free tables would reach.  Rows
-    are the reference-exponent contexts, with contexts of fewer than 256 elements
-    pooled into one row, exactly as the coder models them.
+    ``sum over table rows and symbols of -count * log2(count / row total)`` plus the
+    raw bits: what a perfect entropy coder with free tables would reach, for the
+    model :func:`encode` uses.  Deltas: residual tokens in rows of reference
+    exponents (the contexts from the first to the last holding 256 elements or
+    more have a row each, the others share one), plus their raw tails.  Intra:
+    the INTRA symbols (exponent and top mantissa bits) plus the sign and low
+    mantissa bits, or, where ``encode`` picks it, the residual model against +0.0.
     """
     fmt, x, r = _prepare(target, reference)
     xf = x.reshape(-1)
     if xf.size == 0:
         return 0.0
+    k = kernels()
     rf = None if r is None else r.reshape(-1)
-    counts, emask = _analyze(kernels(), fmt, xf, rf, econd)[2:4]
+    if rf is None:
+        mode, plan, _ = _intra_mode(k, fmt, xf, econd)
+        if mode == F.MODE_SAME:
+            return 0.0
+        if mode == F.MODE_INTRA:
+            _, (_, kk, _, _, _) = plan
+            k_max = min(3, fmt.mant_bits)
+            hist = intra_plan(k, fmt, xf)[1]
+            counts = hist.reshape(-1, 1 << (k_max - kk)).sum(axis=1, dtype=np.int64)[None, :]
+            return _entropy_bits(counts) + xf.size * (fmt.mant_bits - kk + 1)
+    counts, emask = _analyze(k, fmt, xf, rf, econd)[2:4]
     hist = counts.reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
-    h = sum_rows(hist, hist.sum(axis=1)).astype(np.float64)  # the model's own rows
+    count, lo = band_of(hist.sum(axis=1)) if emask else (0, 0)
+    rows = np.zeros((count + 1, fmt.alphabet), dtype=np.int64)  # the model's own rows
+    rows[1:] = hist[lo : lo + count]
+    rows[0] = hist.sum(axis=0) - rows[1:].sum(axis=0)
+    return _entropy_bits(rows) + tail_bits
+
+
+def _entropy_bits(rows: np.ndarray) -> float:
+    """``sum -count * log2(count / row total)`` over the rows of a count matrix."""
+    h = rows.astype(np.float64)
     totals = h.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()
-    return float(bits) + tail_bits
+        return float(-np.where(h > 0, h * np.log2(h / totals), 0.0).sum())

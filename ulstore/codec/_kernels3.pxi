@@ -34,9 +34,40 @@ cdef extern from "_simd3.h" nogil:
     int64_t ulp3_dec4_delta16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                               const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_gen8_encode(const uint8_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
+    int64_t ulp3_gen8_decode(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
+                             uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s,
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_gen16_encode(const uint16_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
+    int64_t ulp3_gen16_decode(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
+                             uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s,
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_gen32_encode(const uint32_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
+    int64_t ulp3_gen32_decode(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
+                             uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s,
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_gen64_encode(const uint64_t *v, const uint32_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
+    int64_t ulp3_gen64_decode(const uint64_t *r, uint64_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
+                             uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s,
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_gen64i_encode(const uint64_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
+    int64_t ulp3_gen64i_decode(const uint64_t *r, uint64_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
+                             uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s,
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
     int64_t ulp3_avx2_encode16(const uint16_t *v, const uint16_t *sym, int64_t hi, int mode, int tb, int s,
                                int width, const ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos)
+    int64_t ulp3_avx2_encode32(const uint32_t *v, const uint16_t *sym, int64_t hi, int mode, int tb, int s,
+                               const ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos)
     int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
+                               int mant_bits, int emask, int lo, int count, int s,
+                               const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                               int64_t n_words, int64_t *pos_io, uint32_t *states)
+    int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, int mode,
                                int mant_bits, int emask, int lo, int count, int s,
                                const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
                                int64_t n_words, int64_t *pos_io, uint32_t *states)
@@ -157,7 +188,8 @@ def rans_encode3(const word_t[::1] v, const sym_t[::1] sym, int mode, int p_a, i
     if (mode not in (0, 1) or lanes not in (4, 32) or phases < 1 or phases > 5 or cap < n * (1 + phases) + 8
             or states_out.shape[0] != lanes or sym.shape[0] != n):
         raise ValueError("rans_encode3: inconsistent arguments")
-    if ULP3_HAVE_AVX2 and word_t is uint16_t and sym_t is uint16_t and lanes == 32 and phases == 1 and n >= 64:
+    if ULP3_HAVE_AVX2 and sym_t is uint16_t and lanes == 32 and n >= 64 and (
+            (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)):
         vt = <ulp3_venc*>malloc((table.shape[0] // sizeof(EncEntry)) * sizeof(ulp3_venc))
         if vt == NULL:
             raise MemoryError()
@@ -172,12 +204,22 @@ def rans_encode3(const word_t[::1] v, const sym_t[::1] sym, int mode, int p_a, i
             pos = enc3_groups(pv, ps, simd_end, whole, mode, tb, s, width, tab, lanes, phases, x, words, pos,
                               mostly_zero)
             ulp3_venc_table(tab, table.shape[0] // sizeof(EncEntry), vt)
-            pos = ulp3_avx2_encode16(<const uint16_t*>pv, <const uint16_t*>ps, simd_end, mode, tb, s, width, vt, x,
-                                     words, pos)
+            if word_t is uint16_t:
+                pos = ulp3_avx2_encode16(<const uint16_t*>pv, <const uint16_t*>ps, simd_end, mode, tb, s, width, vt,
+                                         x, words, pos)
+            else:
+                pos = ulp3_avx2_encode32(<const uint32_t*>pv, <const uint16_t*>ps, simd_end, mode, tb, s, vt, x,
+                                         words, pos)
             whole = 0
         if phases == 1 and sizeof(word_t) <= 2 and sizeof(sym_t) == 2:
             pos = ulp3_encode_p1(pv, sizeof(word_t), <const uint16_t*>ps, whole, mode, tb, s, width, tab,
                                  lanes, x, words, pos, mostly_zero)
+        elif word_t is uint32_t and sym_t is uint16_t and phases == 2:
+            pos = ulp3_gen32_encode(pv, ps, whole, lanes, mode, tb, s, width, tab, x, words, pos, mostly_zero)
+        elif word_t is uint64_t and sym_t is uint32_t and phases == 5:
+            pos = ulp3_gen64_encode(pv, ps, whole, lanes, mode, tb, s, width, tab, x, words, pos, mostly_zero)
+        elif word_t is uint64_t and sym_t is uint16_t and phases == 4:
+            pos = ulp3_gen64i_encode(pv, ps, whole, lanes, mode, tb, s, width, tab, x, words, pos, mostly_zero)
         else:
             pos = enc3_groups(pv, ps, 0, whole, mode, tb, s, width, tab, lanes, phases, x, words, pos, mostly_zero)
         for j in range(lanes):
@@ -336,6 +378,10 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                 if lanes == 32 and phases == 1 and mode != 2:
                     lo = ulp3_avx2_decode16(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
                                             d.lut, d.words, d.n_words, &d.pos, d.x)
+            elif word_t is uint32_t:
+                if lanes == 32 and phases == 2:
+                    lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
+                                            d.lut, d.words, d.n_words, &d.pos, d.x)
             if lanes == 4 and mode == 0:
                 if word_t is uint16_t:
                     lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
@@ -343,7 +389,23 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                 elif word_t is uint8_t:
                     lo = ulp3_dec4_delta8(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
                                           d.n_words, &d.pos, d.x)
-            if lo < hi:
+            # then the unrolled scalar C loop for every layout, while words are plentiful
+            if word_t is uint8_t and phases == 1:
+                lo = ulp3_gen8_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                      d.words, d.n_words, &d.pos, d.x)
+            elif word_t is uint16_t and phases == 1:
+                lo = ulp3_gen16_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                       d.words, d.n_words, &d.pos, d.x)
+            elif word_t is uint32_t and phases == 2:
+                lo = ulp3_gen32_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                       d.words, d.n_words, &d.pos, d.x)
+            elif word_t is uint64_t and phases == 5:
+                lo = ulp3_gen64_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                       d.words, d.n_words, &d.pos, d.x)
+            elif word_t is uint64_t and phases == 4:
+                lo = ulp3_gen64i_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                        d.words, d.n_words, &d.pos, d.x)
+            if lo < hi:  # the end of the word stream: every read checked
                 status = dec3_groups(&d, pr, po, lo, hi)
             if mode == 0:
                 hash_pair_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
@@ -529,3 +591,123 @@ def slot_table3(const uint32_t[:, ::1] freqs, int rank_mode, uint32_t[::1] slots
                 for j in range(SCALE):
                     o[0] = ((SCALE - 1) << 12) | j
                     o += 1
+
+
+# -- choosing table scales (twin: _reference3.quantize_rows3) ------------------------------
+
+
+cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
+    return 2 * bitlen(v) - 1
+
+
+cdef void normalize_scaled_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, int64_t* f) noexcept nogil:
+    """One row of ``_reference3.normalize_scaled`` (n > 0)."""
+    cdef int64_t total = (<int64_t>1) << scale, used = 0, diff, deficit, take
+    cdef Py_ssize_t t, top = 0, j
+    for t in range(alphabet):
+        f[t] = (c[t] * total) // n
+        if c[t] > 0 and f[t] == 0:
+            f[t] = 1
+        used += f[t]
+        if c[t] > c[top]:
+            top = t  # first maximum
+    diff = total - used
+    if diff > 0:
+        f[top] += diff
+    deficit = -diff
+    while deficit > 0:
+        j = 0
+        for t in range(alphabet):
+            if f[t] > f[j]:
+                j = t
+        take = min(deficit, f[j] - 1)
+        f[j] -= take
+        deficit -= take
+
+
+cdef int64_t row_table_len(const int64_t* f, Py_ssize_t alphabet, int scale, int64_t* order) noexcept nogil:
+    """Bits ``pack_table3`` spends on one row at ``scale``, with its cheapest Exp-Golomb order."""
+    cdef int64_t k = 0, bits, eg[SCALE_BITS + 1], best
+    cdef Py_ssize_t t, prev = -1
+    cdef int g
+    cdef bint first = True
+    cdef uint64_t v
+    for g in range(SCALE_BITS + 1):
+        eg[g] = 0
+    bits = 0
+    for t in range(alphabet):
+        if f[t] == 0:
+            continue
+        k += 1
+        bits += gamma_len(<uint64_t>(t - prev))
+        prev = t
+        if not first:
+            v = <uint64_t>(f[t] - 1)
+            for g in range(scale + 1):
+                eg[g] += gamma_len((v >> g) + 1) + g
+        first = False
+    bits += gamma_len(<uint64_t>(k + 1))
+    order[0] = 0
+    if k >= 2:
+        bits += gamma_len(<uint64_t>(SCALE_BITS + 1 - scale))
+        best = eg[0] + gamma_len(1)
+        for g in range(1, scale + 1):
+            if eg[g] + gamma_len(<uint64_t>(g + 1)) < best:
+                best = eg[g] + gamma_len(<uint64_t>(g + 1))
+                order[0] = g
+        bits += best
+    return bits
+
+
+def quantize_rows3(const int64_t[:, ::1] counts, const int64_t[::1] cost_table, uint32_t[:, ::1] freqs_out,
+                   uint32_t[:, ::1] f12_out, int64_t[::1] scales_out, int64_t[::1] orders_out):
+    """Per row: frequencies at the scale that minimises table plus data bits (see the twin);
+    returns the total estimated cost in Q16 bits."""
+    cdef Py_ssize_t rows = counts.shape[0], alphabet = counts.shape[1], i, t
+    cdef int64_t n, k, lowest, middle, cost, best_cost, order, best_order, total = 0
+    cdef int d, scale, best_scale
+    cdef int64_t* f = NULL
+    cdef int64_t* fb = NULL
+    if cost_table.shape[0] < SCALE + 1 or freqs_out.shape[0] < rows or f12_out.shape[0] < rows:
+        raise ValueError("quantize_rows3: inconsistent arguments")
+    f = <int64_t*>malloc(max(alphabet, 1) * sizeof(int64_t))
+    fb = <int64_t*>malloc(max(alphabet, 1) * sizeof(int64_t))
+    if f == NULL or fb == NULL:
+        free(f)
+        free(fb)
+        raise MemoryError()
+    with nogil:
+        for i in range(rows):
+            n = 0
+            k = 0
+            for t in range(alphabet):
+                n += counts[i, t]
+                k += counts[i, t] > 0
+            lowest = bitlen(<uint64_t>(k - 1)) if k >= 2 else 0
+            middle = min(max(bitlen(<uint64_t>max(n, 1)) - 1, lowest), SCALE_BITS)
+            best_cost = -1
+            best_scale = 0
+            best_order = 0
+            for d in range(1, -2, -1):
+                scale = <int>min(max(middle + d, lowest), SCALE_BITS)
+                if n > 0:
+                    normalize_scaled_row(&counts[i, 0], alphabet, n, scale, f)
+                else:
+                    for t in range(alphabet):
+                        f[t] = 0
+                cost = row_table_len(f, alphabet, scale, &order) << 16
+                for t in range(alphabet):
+                    if f[t]:
+                        cost += counts[i, t] * cost_table[f[t] << (SCALE_BITS - scale)]
+                if best_cost < 0 or cost < best_cost:
+                    best_cost, best_scale, best_order = cost, scale, order
+                    memcpy(fb, f, alphabet * sizeof(int64_t))
+            for t in range(alphabet):
+                freqs_out[i, t] = <uint32_t>fb[t]
+                f12_out[i, t] = <uint32_t>(fb[t] << (SCALE_BITS - best_scale))
+            scales_out[i] = best_scale
+            orders_out[i] = best_order
+            total += best_cost
+    free(f)
+    free(fb)
+    return total

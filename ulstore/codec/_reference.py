@@ -56,6 +56,7 @@ __all__ = [
     "read_table3",
     "slot_table3",
     "hash_fill",
+    "quantize_rows3",
 ]
 
 BACKEND = "numpy"
@@ -518,6 +519,7 @@ from ._reference3 import (  # noqa: E402  (the twins of _kernels3.pxi)
     hash_fill,
     intra_symbols,
     pack_table3,
+    quantize_rows3,
     rans_decode3,
     rans_encode3,
     read_table3,

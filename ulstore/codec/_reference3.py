@@ -41,6 +41,7 @@ __all__ = [
     "read_table3",
     "slot_table3",
     "hash_fill",
+    "quantize_rows3",
 ]
 
 RAW_CHUNK = 15  # raw bits per rANS step: more could leave a refilled state below 2**15
@@ -386,3 +387,107 @@ def slot_table3(freqs, rank_mode, slots_out, lut_out) -> None:
             code = rank if rank_mode else t
             out.extend((code << 24) | ((f - 1) << 12) | j for j in range(f))
     slots_out[: len(out)] = np.array(out, dtype=np.uint32)
+
+# -- choosing table scales --------------------------------------------------------------
+
+
+def _bitlen(v) -> np.ndarray:
+    return np.frexp(np.asarray(v, dtype=np.float64))[1].astype(np.int64)  # exact below 2**53
+
+
+def _gamma_bits(v) -> np.ndarray:
+    return 2 * _bitlen(v) - 1
+
+
+def normalize_scaled(counts: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Scale row i of ``counts`` to sum exactly 2**scales[i], every seen symbol >= 1.
+
+    ``_tables.normalize`` with a scale per row: ``floor(c * 2**S / N)``, raised to 1 for
+    seen symbols; the remainder goes to (or comes from) the row's most frequent
+    symbols.  Integers only, and the same code for every backend.  Rows without
+    counts stay 0.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    total = np.left_shift(1, np.asarray(scales, dtype=np.int64))[:, None]
+    n = counts.sum(axis=1, keepdims=True)
+    freqs = (counts * total) // np.maximum(n, 1)
+    freqs[(counts > 0) & (freqs == 0)] = 1
+    diff = total[:, 0] - freqs.sum(axis=1)
+    rows = np.arange(len(freqs))
+    top = np.argmax(counts, axis=1)  # first maximum: deterministic tie-break
+    grow = (diff > 0) & (n[:, 0] > 0)
+    freqs[rows[grow], top[grow]] += diff[grow]
+    for i in np.flatnonzero((diff < 0) & (n[:, 0] > 0)):  # rare: many raised symbols in one row
+        deficit = -int(diff[i])
+        while deficit:
+            j = int(np.argmax(freqs[i]))
+            take = min(deficit, int(freqs[i, j]) - 1)
+            freqs[i, j] -= take
+            deficit -= take
+    freqs[n[:, 0] == 0] = 0
+    return freqs
+
+
+_GB = np.concatenate([[0], 2 * np.frexp(np.arange(1, 1 << 15, dtype=np.float64))[1].astype(np.int64) - 1])
+#: _EGB[g, v]: bits of the Exp-Golomb code of order g of v (0 <= v < 2**12).
+_EGB = np.stack([_GB[(np.arange(_M) >> g) + 1] + g for g in range(SCALE_BITS + 1)])
+
+
+def _row_table_bits(freqs: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bits ``pack_table3`` spends on each row of ``freqs`` (at the rows' own scales), with the
+    Exp-Golomb order that minimises them; returns (bits, orders)."""
+    rows = len(freqs)
+    row, tok = np.nonzero(freqs)  # row-major: tokens ascending within each row
+    k = np.bincount(row, minlength=rows)
+    first = np.ones(len(row), dtype=bool)
+    first[1:] = row[1:] != row[:-1]
+    prev = np.where(first, -1, np.concatenate([[0], tok[:-1]]))
+    bits = _GB[k + 1] + np.where(k >= 2, _GB[SCALE_BITS + 1 - scales], 0)
+    bits += np.bincount(row, weights=_GB[tok - prev], minlength=rows).astype(np.int64)
+    coded = ~first  # the first token's frequency is implied
+    v = freqs[row[coded], tok[coded]].astype(np.int64) - 1
+    per_order = np.stack(
+        [np.bincount(row[coded], weights=_EGB[g, v], minlength=rows) for g in range(SCALE_BITS + 1)]
+    ).astype(np.int64)
+    per_order += _GB[np.arange(SCALE_BITS + 1) + 1][:, None]
+    per_order[np.arange(SCALE_BITS + 1)[:, None] > scales[None, :]] = 1 << 40  # order <= scale
+    orders = np.argmin(per_order, axis=0)  # first minimum: the smallest order
+    bits += np.where(k >= 2, per_order[orders, np.arange(rows)], 0)
+    return bits, orders
+
+
+def quantize_rows3(counts, cost_table, freqs_out, f12_out, scales_out, orders_out) -> int:
+    """Per row of ``counts``: the frequencies at the scale 2**S (S <= 12) that minimise the
+    estimated table bits plus data bits (``cost_table[f]``: Q16 bits of a symbol of
+    frequency f out of 2**12), among S = bitlen(n) - 1 and its neighbours (clipped to
+    [ceil(log2 k), 12] for k symbols; ties keep the first, finer one), and the
+    Exp-Golomb order of its table code (the smallest of the cheapest).
+
+    Writes the frequencies at that scale and at 2**12, the scales and the orders;
+    returns the total estimated cost (Q16 bits).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = counts.sum(axis=1)
+    k = (counts > 0).sum(axis=1)
+    lowest = np.where(k >= 2, _bitlen(np.maximum(k - 1, 1)), 0)  # 2**S >= k
+    middle = np.clip(_bitlen(np.maximum(n, 1)) - 1, lowest, SCALE_BITS)
+    cost_table = np.asarray(cost_table, dtype=np.int64)
+    best: list = []
+    for d in (1, 0, -1):
+        scales = np.clip(middle + d, lowest, SCALE_BITS)
+        freqs = normalize_scaled(counts, scales)
+        f12 = freqs << (SCALE_BITS - scales)[:, None]
+        tbits, orders = _row_table_bits(freqs, scales)
+        cost = (counts * cost_table[f12]).sum(axis=1) + (tbits << 16)
+        if not best:
+            best = [freqs, scales, f12, cost, orders]
+            continue
+        better = cost < best[3]  # a repeated scale costs the same: never better
+        best = [np.where(better[:, None], freqs, best[0]), np.where(better, scales, best[1]),
+                np.where(better[:, None], f12, best[2]), np.where(better, cost, best[3]),
+                np.where(better, orders, best[4])]
+    freqs_out[:] = best[0]
+    f12_out[:] = best[2]
+    scales_out[:] = best[1]
+    orders_out[:] = best[4]
+    return int(best[3].sum())

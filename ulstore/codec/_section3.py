@@ -34,7 +34,8 @@ from ._dtypes import FloatFormat
 from ._scratch import scratch
 from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW
 
-__all__ = ["encode_delta", "encode_intra", "decode_section3", "intra_plan", "estimate_bits", "RAW_CHUNK", "LANE_COUNTS"]
+__all__ = ["encode_delta", "encode_intra", "decode_section3", "intra_plan", "intra_choice", "quantize_rows", "band_of",
+           "RAW_CHUNK", "LANE_COUNTS", "COST"]
 
 RAW_CHUNK = 15
 LANE_COUNTS = (4, 32)  # by params bits 0-1
@@ -85,121 +86,25 @@ def _ilog2_q16(v: int) -> int:
 COST = np.array([0] + [(SCALE_BITS << 16) - _ilog2_q16(f) for f in range(1, _M + 1)], dtype=np.int64)
 
 
-def _bitlen(v: np.ndarray) -> np.ndarray:
-    return np.frexp(np.asarray(v, dtype=np.float64))[1].astype(np.int64)  # exact below 2**53
-
-
-def _gamma_bits(v: np.ndarray) -> np.ndarray:
-    """Bit length of the Elias gamma code of each v >= 1."""
-    return 2 * _bitlen(v) - 1
-
-
-def normalize_scaled(counts: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """Scale row i of ``counts`` to sum exactly 2**scales[i], every seen symbol >= 1.
-
-    ``_tables.normalize`` with a scale per row: ``floor(c * 2**S / N)``, raised to 1 for
-    seen symbols; the remainder goes to (or comes from) the row's most frequent
-    symbols.  Integers only, and the same code for every backend.  Rows without
-    counts stay 0.
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = np.left_shift(1, np.asarray(scales, dtype=np.int64))[:, None]
-    n = counts.sum(axis=1, keepdims=True)
-    freqs = (counts * total) // np.maximum(n, 1)
-    freqs[(counts > 0) & (freqs == 0)] = 1
-    diff = total[:, 0] - freqs.sum(axis=1)
-    rows = np.arange(len(freqs))
-    top = np.argmax(counts, axis=1)  # first maximum: deterministic tie-break
-    grow = (diff > 0) & (n[:, 0] > 0)
-    freqs[rows[grow], top[grow]] += diff[grow]
-    for i in np.flatnonzero((diff < 0) & (n[:, 0] > 0)):  # rare: many raised symbols in one row
-        deficit = -int(diff[i])
-        while deficit:
-            j = int(np.argmax(freqs[i]))
-            take = min(deficit, int(freqs[i, j]) - 1)
-            freqs[i, j] -= take
-            deficit -= take
-    freqs[n[:, 0] == 0] = 0
-    return freqs
-
-
-_GAMMA_BITS = np.concatenate([[0], 2 * np.frexp(np.arange(1, 1 << 15, dtype=np.float64))[1].astype(np.int64) - 1])
-#: _EG_BITS[g, v]: bits of the Exp-Golomb code of order g of v (0 <= v < 2**12).
-_EG_BITS = np.stack([_GAMMA_BITS[(np.arange(_M) >> g) + 1] + g for g in range(SCALE_BITS + 1)])
-
-
-def _row_table_bits(freqs: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bits ``pack_table3`` spends on each row of ``freqs`` (at the rows' own scales), with the
-    Exp-Golomb order that minimises them; returns (bits, orders)."""
-    rows = len(freqs)
-    row, tok = np.nonzero(freqs)  # row-major: tokens ascending within each row
-    k = np.bincount(row, minlength=rows)
-    first = np.ones(len(row), dtype=bool)
-    first[1:] = row[1:] != row[:-1]
-    prev = np.where(first, -1, np.concatenate([[0], tok[:-1]]))
-    bits = _GAMMA_BITS[k + 1] + np.where(k >= 2, _GAMMA_BITS[SCALE_BITS + 1 - scales], 0)
-    bits += np.bincount(row, weights=_GAMMA_BITS[tok - prev], minlength=rows).astype(np.int64)
-    coded = ~first  # the first token's frequency is implied
-    v = freqs[row[coded], tok[coded]].astype(np.int64) - 1
-    per_order = np.stack(
-        [np.bincount(row[coded], weights=_EG_BITS[g, v], minlength=rows) for g in range(SCALE_BITS + 1)]
-    ).astype(np.int64)
-    per_order += _GAMMA_BITS[np.arange(SCALE_BITS + 1) + 1][:, None]
-    per_order[np.arange(SCALE_BITS + 1)[:, None] > scales[None, :]] = 1 << 40  # order <= scale
-    orders = np.argmin(per_order, axis=0)  # first minimum: the smallest order
-    bits += np.where(k >= 2, per_order[orders, np.arange(rows)], 0)
-    return bits, orders
-
-
-def quantize_rows(counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, int]:
+def quantize_rows(k, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, int]:
     """Each row's frequencies at the scale 2**S (S <= 12) that minimises its estimated
-    table plus data bits, among the three around ``bitlen(n) - 1``.
+    table plus data bits, among the three around ``bitlen(n) - 1`` (kernel
+    ``quantize_rows3``; see its twin in ``_reference3``).
 
     Returns (frequencies at the rows' scales, (scales, Exp-Golomb orders of their
     table codes), the same frequencies at scale 2**12, estimated bits of the rows
-    and the data).  A coarser scale costs fewer table
-    bits and a little coding precision: a row of 300 elements sends counts near its
-    own, a row of millions the full 12 bits.
+    and the data).  A coarser scale costs fewer table bits and a little coding
+    precision: a row of 300 elements sends counts near its own, a row of millions
+    the full 12 bits.
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    n = counts.sum(axis=1)
-    k = (counts > 0).sum(axis=1)
-    lowest = np.where(k >= 2, _bitlen(np.maximum(k - 1, 1)), 0)  # 2**S >= k
-    middle = np.clip(_bitlen(np.maximum(n, 1)) - 1, lowest, SCALE_BITS)
-    best: list = []
-    tried: list = []
-    for d in (1, 0, -1):  # ties keep the finer scale
-        scales = np.clip(middle + d, lowest, SCALE_BITS)
-        if any(np.array_equal(scales, t) for t in tried):
-            continue
-        tried.append(scales)
-        freqs = normalize_scaled(counts, scales)
-        f12 = freqs << (SCALE_BITS - scales)[:, None]
-        tbits, orders = _row_table_bits(freqs, scales)
-        cost = (counts * COST[f12]).sum(axis=1) + (tbits << 16)
-        if not best:
-            best = [freqs, scales, f12, cost, orders]
-            continue
-        better = cost < best[3]
-        best = [
-            np.where(better[:, None], freqs, best[0]),
-            np.where(better, scales, best[1]),
-            np.where(better[:, None], f12, best[2]),
-            np.where(better, cost, best[3]),
-            np.where(better, orders, best[4]),
-        ]
-    freqs, scales, f12, cost, orders = best
-    return freqs, (scales, orders), f12, int(cost.sum()) >> 16
-
-
-def table_bits(freqs: np.ndarray, scales: np.ndarray) -> int:
-    """Bits ``pack_table3`` spends on the rows of ``freqs`` (without the band)."""
-    return int(_row_table_bits(np.asarray(freqs), np.asarray(scales))[0].sum())
-
-
-def estimate_bits(counts: np.ndarray, freqs: np.ndarray) -> int:
-    """Coded bits of tokens with ``counts`` under ``freqs`` (same shape, scale 2**12), rounded down."""
-    return int((counts.astype(np.int64) * COST[freqs.astype(np.int64)]).sum()) >> 16
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    rows, alphabet = counts.shape
+    freqs = np.zeros((rows, alphabet), dtype=np.uint32)
+    f12 = np.zeros((rows, alphabet), dtype=np.uint32)
+    scales = np.zeros(rows, dtype=np.int64)
+    orders = np.zeros(rows, dtype=np.int64)
+    total = k.quantize_rows3(counts, COST, freqs, f12, scales, orders)
+    return freqs, (scales, orders), f12, int(total) >> 16
 
 
 def _lanes_code(bits: int) -> int:
@@ -250,7 +155,7 @@ def _section(
 # -- RANS: residual tokens --------------------------------------------------------
 
 
-def _band(n_c: np.ndarray) -> tuple[int, int]:
+def band_of(n_c: np.ndarray) -> tuple[int, int]:
     """(count, lo): the contexts from the first to the last with >= POOL_BELOW elements."""
     big = np.flatnonzero(n_c >= POOL_BELOW)
     if not len(big):
@@ -269,11 +174,11 @@ def encode_delta(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, hist: np.n
     h = hist.reshape(emask + 1, 1 << tb)[:, :alphabet].astype(np.int64)
     has_band = emask > 0
     n_c = h.sum(axis=1)
-    count, lo = _band(n_c) if has_band else (0, 0)
+    count, lo = band_of(n_c) if has_band else (0, 0)
     rows = np.zeros((count + 1, alphabet), dtype=np.int64)
     rows[1:] = h[lo : lo + count]
     rows[0] = h.sum(axis=0) - rows[1:].sum(axis=0)
-    freqs_s, scales, freqs, bits = quantize_rows(rows)
+    freqs_s, scales, freqs, bits = quantize_rows(k, rows)
     table = _pack(k, has_band, count, lo, freqs_s, scales)
     tails = (np.maximum((np.arange(alphabet) >> 2) - 1, 0) * rows.sum(axis=0)).sum()
     bits += int(tails)
@@ -326,7 +231,7 @@ def intra_choice(k, fmt: FloatFormat, hist: np.ndarray, n: int):
         counts = hist.reshape(-1, 1 << (k_max - kk)).sum(axis=1, dtype=np.int64)[None, :]
         if np.count_nonzero(counts) > MAX_SYMBOLS:
             continue
-        freqs_s, scales, freqs, bits = quantize_rows(counts)
+        freqs_s, scales, freqs, bits = quantize_rows(k, counts)
         bits += n * (fmt.mant_bits - kk + 1)
         if best is None or bits < best[0]:
             best = (bits, kk, freqs_s, scales, freqs)

@@ -37,6 +37,10 @@
 
 struct ulp3_enc_entry { uint64_t rcp; uint32_t xmax; uint16_t start; uint16_t shift; } __attribute__((packed));
 
+/* C ? A : B for C in {0, 1}, as masks: renormalisation is taken about half the time in
+ * dense data, and a mispredicted branch costs more than the whole step. */
+#define ULP3_SEL(C, A, B) ((((uint64_t)(A)) & (0 - (uint64_t)(C))) | (((uint64_t)(B)) & ((uint64_t)(C) - 1)))
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #define ULP3_HAVE_AVX2 1
@@ -110,7 +114,7 @@ static const int32_t ULP3_PERM[256][8] __attribute__((aligned(32))) = {
     {0,0,0,1,2,3,4,5}, {0,0,1,2,3,4,5,6}, {0,0,1,2,3,4,5,6}, {0,1,2,3,4,5,6,7},};
 
 struct ulp3_vec {
-    __m256i low, one, zero, m4095, m255, m_ffff, h16, lo_m1, lo_band, hi_band, emask, nb_intra, smask;
+    __m256i low, one, zero, m4095, m255, m_ffff, h16, lo_m1, lo_band, hi_band, emask, nb_intra, smask, c15, h32;
 };
 
 /* Token step of one register: returns the token, updates x (no refill yet) and
@@ -249,6 +253,122 @@ static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, u
                                 n_words, pos_io, states);
     return ulp3_avx2_loop16(out, out, i, end, 1, mant_bits, emask, lo, count, s, slots, lut, words,
                             n_words, pos_io, states);
+}
+
+/* ---- 32-bit words on 32 lanes: two raw steps (tails up to 29 bits, INTRA raw up to 24) ----
+ *
+ * As above, with words loaded as 32-bit lanes and a second raw step.  Whether the
+ * first raw step refills is known from the token step alone (the identity above);
+ * the second one's depends on the words the first two steps shifted in, so each
+ * register's word positions wait for its own loads: the chain is a load and a few
+ * vector operations per register, still far below the scalar loop's. */
+#define ULP3_STEP32(K)                                                                           \
+    {                                                                                            \
+        __m256i rv = mode == 0 ? _mm256_loadu_si256((const __m256i *)(r + i + 8 * K)) : v.zero; \
+        __m256i row = v.zero;                                                                    \
+        if (mode == 0) {                                                                         \
+            __m256i c = _mm256_and_si256(_mm256_srl_epi32(rv, mant), v.emask);                   \
+            __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(c, v.lo_m1), _mm256_cmpgt_epi32(v.hi_band, c)); \
+            row = _mm256_slli_epi32(_mm256_and_si256(_mm256_sub_epi32(c, v.lo_band), in), 12);   \
+        }                                                                                        \
+        __m256i e = _mm256_i32gather_epi32((const int *)slots,                                   \
+                                           _mm256_add_epi32(row, _mm256_and_si256(x##K, v.m4095)), 4); \
+        __m256i t = _mm256_srli_epi32(e, 24);                                                    \
+        __m256i f = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 12), v.m4095), v.one); \
+        x##K = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x##K, 12)), _mm256_and_si256(e, v.m4095)); \
+        __m256i nb = mode == 1 ? v.nb_intra                                                      \
+                               : _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(t, 2), v.one), v.zero); \
+        __m256i c0 = _mm256_min_epi32(nb, v.c15);                                                \
+        __m256i c1 = _mm256_sub_epi32(nb, c0);                                                   \
+        __m256i ma = _mm256_cmpgt_epi32(v.low, x##K);                                            \
+        __m256i m0 = _mm256_blendv_epi8(                                                         \
+            _mm256_cmpgt_epi32(v.low, _mm256_srlv_epi32(x##K, c0)),                              \
+            _mm256_cmpgt_epi32(_mm256_sllv_epi32(v.one, _mm256_sub_epi32(c0, v.one)), x##K), ma); \
+        int ka = _mm256_movemask_ps(_mm256_castsi256_ps(ma));                                    \
+        int k0 = _mm256_movemask_ps(_mm256_castsi256_ps(m0));                                    \
+        int64_t pa = pos;                                                                        \
+        pos += __builtin_popcount(ka);                                                           \
+        int64_t p0 = pos;                                                                        \
+        pos += __builtin_popcount(k0);                                                           \
+        ULP3_REFILL(x##K, pa, ka, ma)                                                            \
+        __m256i raw = _mm256_and_si256(x##K, _mm256_sub_epi32(_mm256_sllv_epi32(v.one, c0), v.one)); \
+        x##K = _mm256_srlv_epi32(x##K, c0);                                                      \
+        ULP3_REFILL(x##K, p0, k0, m0)                                                            \
+        __m256i m1 = _mm256_cmpgt_epi32(v.low, _mm256_srlv_epi32(x##K, c1));                     \
+        int k1 = _mm256_movemask_ps(_mm256_castsi256_ps(m1));                                    \
+        int64_t p1 = pos;                                                                        \
+        pos += __builtin_popcount(k1);                                                           \
+        raw = _mm256_or_si256(raw, _mm256_slli_epi32(                                            \
+            _mm256_and_si256(x##K, _mm256_sub_epi32(_mm256_sllv_epi32(v.one, c1), v.one)), 15)); \
+        x##K = _mm256_srlv_epi32(x##K, c1);                                                      \
+        ULP3_REFILL(x##K, p1, k1, m1)                                                            \
+        __m256i o;                                                                               \
+        if (mode != 1) {                                                                         \
+            __m256i z = _mm256_or_si256(_mm256_sllv_epi32(_mm256_sub_epi32(t, _mm256_slli_epi32(nb, 2)), nb), raw); \
+            __m256i kr = _mm256_xor_si256(rv, _mm256_or_si256(_mm256_sub_epi32(v.zero, _mm256_srli_epi32(rv, 31)), v.h32)); \
+            __m256i k = _mm256_add_epi32(kr, _mm256_xor_si256(_mm256_srli_epi32(z, 1),          \
+                                                               _mm256_sub_epi32(v.zero, _mm256_and_si256(z, v.one)))); \
+            o = _mm256_xor_si256(k, _mm256_or_si256(_mm256_sub_epi32(_mm256_srli_epi32(k, 31), v.one), v.h32)); \
+        } else {                                                                                 \
+            __m256i sym = _mm256_i32gather_epi32((const int *)lut, t, 4);                        \
+            o = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_srl_epi32(raw, sh), 31), \
+                                                _mm256_sll_epi32(sym, sh)),                      \
+                                _mm256_and_si256(raw, v.smask));                                 \
+        }                                                                                        \
+        _mm256_storeu_si256((__m256i *)(out + i + 8 * K), o);                                    \
+    }
+
+static inline __attribute__((always_inline)) int64_t
+ulp3_avx2_loop32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, const int mode, int mant_bits, int emask,
+                 int lo, int count, int s, const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                 int64_t n_words, int64_t *pos_io, uint32_t *states) {
+    struct ulp3_vec v;
+    v.low = _mm256_set1_epi32(1 << 15);
+    v.one = _mm256_set1_epi32(1);
+    v.zero = _mm256_setzero_si256();
+    v.m4095 = _mm256_set1_epi32(4095);
+    v.lo_m1 = _mm256_set1_epi32(lo - 1);
+    v.lo_band = _mm256_set1_epi32(lo - 1);
+    v.hi_band = _mm256_set1_epi32(lo + count);
+    v.emask = _mm256_set1_epi32(emask);
+    v.nb_intra = _mm256_set1_epi32(s + 1);
+    v.smask = _mm256_set1_epi32((int)((1u << s) - 1));
+    v.c15 = _mm256_set1_epi32(15);
+    v.h32 = _mm256_set1_epi32((int)0x80000000u);
+    const __m128i mant = _mm_cvtsi32_si128(mant_bits);
+    const __m128i sh = _mm_cvtsi32_si128(s);
+    int64_t pos = *pos_io;
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(states + 0));
+    __m256i x1 = _mm256_loadu_si256((const __m256i *)(states + 8));
+    __m256i x2 = _mm256_loadu_si256((const __m256i *)(states + 16));
+    __m256i x3 = _mm256_loadu_si256((const __m256i *)(states + 24));
+    for (; i + 32 <= end && pos + 96 <= n_words; i += 32) {
+        ULP3_STEP32(0)
+        ULP3_STEP32(1)
+        ULP3_STEP32(2)
+        ULP3_STEP32(3)
+    }
+    _mm256_storeu_si256((__m256i *)(states + 0), x0);
+    _mm256_storeu_si256((__m256i *)(states + 8), x1);
+    _mm256_storeu_si256((__m256i *)(states + 16), x2);
+    _mm256_storeu_si256((__m256i *)(states + 24), x3);
+    *pos_io = pos;
+    return i;
+}
+
+static __attribute__((noinline)) int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end,
+                                                          int mode, int mant_bits, int emask, int lo, int count, int s,
+                                                          const uint32_t *slots, const uint32_t *lut,
+                                                          const uint8_t *words, int64_t n_words, int64_t *pos_io,
+                                                          uint32_t *states) {
+    if (mode == 0)  /* one copy of the loop per mode, each with its mode a constant */
+        return ulp3_avx2_loop32(r, out, i, end, 0, mant_bits, emask, lo, count, s, slots, lut, words, n_words,
+                                pos_io, states);
+    if (mode == 1)
+        return ulp3_avx2_loop32(r, out, i, end, 1, mant_bits, emask, lo, count, s, slots, lut, words, n_words,
+                                pos_io, states);
+    return ulp3_avx2_loop32(r, out, i, end, 2, mant_bits, emask, lo, count, s, slots, lut, words, n_words, pos_io,
+                            states);
 }
 
 /* ---- AVX2 encoding of 16-bit words on 32 lanes, one raw phase -------------------
@@ -415,9 +535,85 @@ static int64_t ulp3_avx2_encode16(const uint16_t *v, const uint16_t *sym, int64_
     return ulp3_avx2_enc16(v, sym, hi, 1, tb, s, width, vt, x, words, pos);
 }
 
+/* 32-bit words, two raw steps (reversed: the second chunk first), the same otherwise. */
+static inline __attribute__((always_inline)) int64_t
+ulp3_avx2_enc32(const uint32_t *v, const uint16_t *sym, int64_t hi, const int mode, int tb, int s,
+                const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
+    const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
+    const __m256i tmask = _mm256_set1_epi32((1 << tb) - 1), m4095 = _mm256_set1_epi32(4095);
+    const __m256i m8191 = _mm256_set1_epi32(8191), m15 = _mm256_set1_epi32(15), c15 = _mm256_set1_epi32(15);
+    const __m256i c4096 = _mm256_set1_epi32(4096), smask = _mm256_set1_epi32((int)((1u << s) - 1));
+    const __m256i nbi = _mm256_set1_epi32(s + 1), c31 = _mm256_set1_epi32(31);
+    const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m128i shs = _mm_cvtsi32_si128(s);
+    uint32_t st[32];
+    for (int j = 0; j < 32; j++) st[j] = (uint32_t)x[j];
+    __m256i X[4];
+    for (int k = 0; k < 4; k++) X[k] = _mm256_loadu_si256((const __m256i *)(st + 8 * k));
+    for (int64_t b = hi - 32; b >= 0; b -= 32) {
+        for (int k = 3; k >= 0; k--) {
+            int64_t g = b + 8 * k;
+            __m256i sy = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sym + g)));
+            __m256i va = _mm256_loadu_si256((const __m256i *)(v + g));
+            __m256i nb, raw;
+            if (mode == 0) {
+                nb = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(_mm256_and_si256(sy, tmask), 2), one), zero);
+                raw = _mm256_and_si256(va, _mm256_sub_epi32(_mm256_sllv_epi32(one, nb), one));
+            } else {
+                nb = nbi;
+                raw = _mm256_or_si256(_mm256_sll_epi32(_mm256_srli_epi32(va, 31), shs), _mm256_and_si256(va, smask));
+            }
+            __m256i rcp = _mm256_i32gather_epi32((const int *)vt, sy, 8);
+            __m256i info = _mm256_i32gather_epi32((const int *)vt + 1, sy, 8);
+            __m256i c0 = _mm256_min_epi32(nb, c15), c1 = _mm256_sub_epi32(nb, c0);
+            /* second raw chunk: bits 15.. of the raw value */
+            __m256i thr = _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, c1)), one);
+            __m256i e1 = _mm256_cmpgt_epi32(X[k], thr);
+            ULP3_EMIT(X[k], e1)
+            X[k] = _mm256_or_si256(_mm256_sllv_epi32(X[k], c1), _mm256_srli_epi32(raw, 15));
+            /* first raw chunk: its low c0 bits */
+            thr = _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, c0)), one);
+            e1 = _mm256_cmpgt_epi32(X[k], thr);
+            ULP3_EMIT(X[k], e1)
+            X[k] = _mm256_or_si256(_mm256_sllv_epi32(X[k], c0),
+                                   _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, c0), one)));
+            /* token step: emit if x >= f << 19 */
+            __m256i f = _mm256_and_si256(_mm256_srli_epi32(info, 12), m8191);
+            __m256i e2 = _mm256_cmpgt_epi32(X[k], _mm256_sub_epi32(_mm256_slli_epi32(f, 19), one));
+            ULP3_EMIT(X[k], e2)
+            __m256i a2 = _mm256_add_epi32(X[k], X[k]);
+            __m256i pe = _mm256_mul_epu32(a2, rcp);
+            __m256i po = _mm256_mul_epu32(_mm256_srli_epi64(a2, 32), _mm256_srli_epi64(rcp, 32));
+            __m256i q = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
+            q = _mm256_srlv_epi32(q, _mm256_and_si256(_mm256_srli_epi32(info, 25), m15));
+            X[k] = _mm256_add_epi32(_mm256_add_epi32(X[k], _mm256_and_si256(info, m4095)),
+                                    _mm256_mullo_epi32(q, _mm256_sub_epi32(c4096, f)));
+        }
+    }
+    for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(st + 8 * k), X[k]);
+    for (int j = 0; j < 32; j++) x[j] = st[j];
+    return pos;
+}
+
+static int64_t ulp3_avx2_encode32(const uint32_t *v, const uint16_t *sym, int64_t hi, int mode, int tb, int s,
+                                  const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
+    if (mode == 0)
+        return ulp3_avx2_enc32(v, sym, hi, 0, tb, s, vt, x, words, pos);
+    return ulp3_avx2_enc32(v, sym, hi, 1, tb, s, vt, x, words, pos);
+}
+
 #else /* the portable build: no vector loop */
 #define ULP3_HAVE_AVX2 0
 static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
+                                  int mant_bits, int emask, int lo, int count, int s,
+                                  const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                                  int64_t n_words, int64_t *pos_io, uint32_t *states) {
+    (void)r; (void)out; (void)end; (void)mode; (void)mant_bits; (void)emask; (void)lo; (void)count;
+    (void)s; (void)slots; (void)lut; (void)words; (void)n_words; (void)pos_io; (void)states;
+    return i;
+}
+static int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, int mode,
                                   int mant_bits, int emask, int lo, int count, int s,
                                   const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
                                   int64_t n_words, int64_t *pos_io, uint32_t *states) {
@@ -433,6 +629,11 @@ static int64_t ulp3_avx2_encode16(const uint16_t *v, const uint16_t *sym, int64_
                                   int width, const struct ulp3_venc *vt, uint64_t *x, uint16_t *words,
                                   int64_t pos) {
     (void)v; (void)sym; (void)hi; (void)mode; (void)tb; (void)s; (void)width; (void)vt; (void)x; (void)words;
+    return pos;
+}
+static int64_t ulp3_avx2_encode32(const uint32_t *v, const uint16_t *sym, int64_t hi, int mode, int tb, int s,
+                                  const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
+    (void)v; (void)sym; (void)hi; (void)mode; (void)tb; (void)s; (void)vt; (void)x; (void)words;
     return pos;
 }
 #endif
@@ -454,7 +655,7 @@ ulp3_put_raw(uint64_t x, uint64_t bits, int c, uint16_t *words, int64_t *pos) {
     uint64_t emit = x >= ((uint64_t)1 << (31 - c));
     words[*pos - 1] = (uint16_t)x;
     *pos -= (int64_t)emit;
-    x = emit ? x >> 16 : x;
+    x = ULP3_SEL(emit, x >> 16, x);
     return (x << c) | bits;
 }
 
@@ -469,7 +670,7 @@ ulp3_put_token(uint64_t x, const struct ulp3_enc_entry *e, uint16_t *words, int6
         uint64_t emit = x >= e->xmax;
         words[*pos - 1] = (uint16_t)x;
         *pos -= (int64_t)emit;
-        x = emit ? x >> 16 : x;
+        x = ULP3_SEL(emit, x >> 16, x);
     }
     return x + e->start + ((x * e->rcp) >> e->shift) * (4096 - (e->xmax >> 19));
 }
@@ -600,7 +801,7 @@ static int64_t ulp3_encode_p1(const void *v, int word_bytes, const uint16_t *sym
         uint16_t w_;                                                                                   \
         memcpy(&w_, words + 2 * pos, 2);                                                               \
         int64_t need_ = y_ < 32768;                                                                    \
-        X = need_ ? (y_ << 16) | w_ : y_;                                                              \
+        X = (int64_t)ULP3_SEL(need_, (y_ << 16) | w_, y_);                                             \
         pos += need_;                                                                                  \
         T = e_ >> 24;                                                                                  \
     }
@@ -614,7 +815,7 @@ static int64_t ulp3_encode_p1(const void *v, int word_bytes, const uint16_t *sym
         uint16_t w_;                                                                                   \
         memcpy(&w_, words + 2 * pos, 2);                                                               \
         int64_t need_ = y_ < 32768;                                                                    \
-        X = need_ ? (y_ << 16) | w_ : y_;                                                              \
+        X = (int64_t)ULP3_SEL(need_, (y_ << 16) | w_, y_);                                             \
         pos += need_;                                                                                  \
         uint32_t z_ = ((T - 4 * (uint32_t)nb_) << nb_) | raw_;                                         \
         uint32_t v_ = r[I];                                                                            \
@@ -705,5 +906,153 @@ static __attribute__((noinline)) int64_t NAME(const WORD *r, WORD *out, int64_t 
 
 ULP3_DEC4(ulp3_dec4_delta8, uint8_t)
 ULP3_DEC4(ulp3_dec4_delta16, uint16_t)
+
+
+/* ---- scalar loops for any word width and raw-phase count (portable C: both builds) ----
+ *
+ * Groups of G = 4 (4 lanes) or 8 (32 lanes) elements; P raw phases of <= 15 bits each
+ * (1 for 8/16-bit deltas, 2 for 32-bit, 5 for 64-bit).  Same order and math as the
+ * Cython loops (enc3_groups, dec3_groups) and the twin, with the group size and the
+ * phase count compile-time constants so that the compiler unrolls and keeps states
+ * in registers.  The decoder runs while G * (1 + P) more words can be read (each
+ * step refills at most once) and returns the first element it did not decode; the
+ * caller finishes with checked reads.
+ */
+#define ULP3_GEN_LOOPS(NAME, WORD, SYMT, P)                                                          \
+static inline __attribute__((always_inline)) int64_t                                                 \
+NAME##_enc(const WORD *v, const SYMT *sym, int64_t hi, const int G, int lanes, int mode, int tb, int s, \
+           int width, const struct ulp3_enc_entry *tab, uint64_t *x, uint16_t *words, int64_t pos,   \
+           int rare) {                                                                               \
+    const uint64_t tmask = ((uint64_t)1 << tb) - 1, smask = ((uint64_t)1 << s) - 1;                  \
+    for (int64_t g = hi - G; g >= 0; g -= G) {                                                       \
+        uint64_t *xs = x + (g & (lanes - 1));                                                            \
+        uint64_t raw[8], y[8];                                                                       \
+        int nb[8];                                                                                   \
+        for (int j = 0; j < G; j++) {                                                                \
+            uint64_t v_ = (uint64_t)v[g + j];                                                        \
+            if (mode == 0) {                                                                         \
+                int n_ = (int)((sym[g + j] & tmask) >> 2) - 1;                                       \
+                nb[j] = n_ < 0 ? 0 : n_;                                                             \
+                raw[j] = nb[j] ? v_ & (~(uint64_t)0 >> (64 - nb[j])) : 0;                            \
+            } else {                                                                                 \
+                nb[j] = s + 1;                                                                       \
+                raw[j] = ((v_ >> (width - 1)) << s) | (v_ & smask);                                  \
+            }                                                                                        \
+            y[j] = xs[j];                                                                            \
+        }                                                                                            \
+        for (int p = P - 1; p >= 0; p--)                                                             \
+            for (int j = G - 1; j >= 0; j--) {                                                       \
+                int c = nb[j] - 15 * p;                                                              \
+                c = c < 0 ? 0 : c > 15 ? 15 : c;                                                     \
+                y[j] = ulp3_put_raw(y[j], (raw[j] >> (15 * p)) & ((1u << c) - 1), c, words, &pos);   \
+            }                                                                                        \
+        for (int j = G - 1; j >= 0; j--)                                                             \
+            y[j] = ulp3_put_token(y[j], &tab[sym[g + j]], words, &pos, rare);                        \
+        for (int j = 0; j < G; j++) xs[j] = y[j];                                                    \
+    }                                                                                                \
+    return pos;                                                                                      \
+}                                                                                                    \
+static int64_t NAME##_encode(const WORD *v, const SYMT *sym, int64_t hi, int lanes, int mode, int tb, int s, \
+                             int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos,   \
+                             int rare) {                                                              \
+    const struct ulp3_enc_entry *tab = (const struct ulp3_enc_entry *)table;                         \
+    if (lanes == 4) {                                                                                \
+        if (mode == 0) return NAME##_enc(v, sym, hi, 4, 4, 0, tb, s, width, tab, x, words, pos, rare); \
+        return NAME##_enc(v, sym, hi, 4, 4, 1, tb, s, width, tab, x, words, pos, rare);              \
+    }                                                                                                \
+    if (mode == 0) return NAME##_enc(v, sym, hi, 8, lanes, 0, tb, s, width, tab, x, words, pos, rare); \
+    return NAME##_enc(v, sym, hi, 8, lanes, 1, tb, s, width, tab, x, words, pos, rare);              \
+}                                                                                                    \
+static inline __attribute__((always_inline)) int64_t                                                 \
+NAME##_dec(const WORD *r, WORD *out, int64_t i, int64_t end, const int G, int lanes, const int mode, \
+           int mant, uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, \
+           int s, const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states) {         \
+    const int width = 8 * (int)sizeof(WORD);                                                         \
+    const uint64_t wmask = ~(uint64_t)0 >> (64 - width), h = (uint64_t)1 << (width - 1);             \
+    const uint64_t smask = ((uint64_t)1 << s) - 1;                                                   \
+    int64_t pos = *pos_io;                                                                           \
+    for (; i + G <= end && pos + G * (1 + P) <= n_words; i += G) {                                   \
+        uint32_t *xs = states + (i & (lanes - 1));                                                      \
+        uint64_t y[8], raw[8];                                                                       \
+        uint32_t t[8];                                                                               \
+        int nb[8], na[8], n0[8];                                                                     \
+        /* the token step; whether it, and the first raw step, refill is known before any word \
+         * is read (refilled: (y << 16 | w) >> c < 2^15 iff y < 2^(c-1)), so the word       \
+         * positions do not wait for loads */                                                       \
+        _Pragma("GCC unroll 8")                                                                     \
+        for (int j = 0; j < G; j++) {                                                                \
+            int32_t row = mode == 0 ? ctx_base[((uint64_t)r[i + j] >> mant) & emask] : 0;           \
+            uint64_t x_ = xs[j];                                                                     \
+            uint32_t e = slots[row + (x_ & 4095)];                                                   \
+            y[j] = (((e >> 12) & 0xFFF) + 1) * (x_ >> 12) + (e & 0xFFF);                             \
+            t[j] = e >> 24;                                                                          \
+            int n_ = mode != 1 ? (int)(t[j] >> 2) - 1 : s + 1;                                       \
+            nb[j] = n_ < 0 ? 0 : n_;                                                                 \
+            int c = nb[j] < 15 ? nb[j] : 15;                                                         \
+            na[j] = y[j] < 32768;                                                                    \
+            n0[j] = (int)ULP3_SEL(na[j], c >= 1 && y[j] < ((uint64_t)1 << (c - 1)), (y[j] >> c) < 32768); \
+        }                                                                                            \
+        int64_t pa[8], p0[8];                                                                        \
+        for (int j = 0; j < G; j++) { pa[j] = pos; pos += na[j]; }                                  \
+        for (int j = 0; j < G; j++) { p0[j] = pos; pos += n0[j]; }                                  \
+        for (int j = 0; j < G; j++) {                                                                \
+            uint16_t wa, w0;                                                                         \
+            memcpy(&wa, words + 2 * pa[j], 2);                                                       \
+            memcpy(&w0, words + 2 * p0[j], 2);                                                       \
+            uint64_t xa = ULP3_SEL(na[j], (y[j] << 16) | wa, y[j]);                                  \
+            int c = nb[j] < 15 ? nb[j] : 15;                                                         \
+            raw[j] = xa & ((1u << c) - 1);                                                           \
+            uint64_t xb = xa >> c;                                                                   \
+            y[j] = ULP3_SEL(n0[j], (xb << 16) | w0, xb);                                             \
+        }                                                                                            \
+        for (int p = 1; p < P; p++)                                                                  \
+            for (int j = 0; j < G; j++) {                                                            \
+                int c = nb[j] - 15 * p;                                                              \
+                c = c < 0 ? 0 : c > 15 ? 15 : c;                                                     \
+                raw[j] |= (y[j] & ((1u << c) - 1)) << (15 * p);                                      \
+                uint64_t z = y[j] >> c;                                                              \
+                uint16_t w_;                                                                         \
+                memcpy(&w_, words + 2 * pos, 2);                                                     \
+                uint64_t need = z < 32768;                                                           \
+                y[j] = ULP3_SEL(need, (z << 16) | w_, z);                                            \
+                pos += (int64_t)need;                                                                \
+            }                                                                                        \
+        for (int j = 0; j < G; j++) {                                                                \
+            uint64_t val;                                                                            \
+            if (mode != 1) {                                                                         \
+                uint64_t z = ((uint64_t)(t[j] - 4 * (uint32_t)nb[j]) << nb[j]) | raw[j];             \
+                uint64_t ref = mode == 0 ? (uint64_t)r[i + j] : 0;                                   \
+                uint64_t k = ((ref ^ (((0 - (ref >> (width - 1))) & wmask) | h)) + ((z >> 1) ^ (0 - (z & 1)))) & wmask; \
+                val = k ^ ((((k >> (width - 1)) - 1) & wmask) | h);                                  \
+            } else {                                                                                 \
+                val = ((raw[j] >> s) << (width - 1)) | ((uint64_t)lut[t[j]] << s) | (raw[j] & smask); \
+            }                                                                                        \
+            out[i + j] = (WORD)val;                                                                  \
+            xs[j] = (uint32_t)y[j];                                                                  \
+        }                                                                                            \
+    }                                                                                                \
+    *pos_io = pos;                                                                                   \
+    return i;                                                                                        \
+}                                                                                                    \
+static __attribute__((noinline)) int64_t                                                             \
+NAME##_decode(const WORD *r, WORD *out, int64_t i, int64_t end, int lanes, int mode, int mant,       \
+              uint32_t emask, const int32_t *ctx_base, const uint32_t *slots, const uint32_t *lut, int s, \
+              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states) {            \
+    const int G = lanes < 8 ? 4 : 8;                                                                 \
+    if (G == 4) {                                                                                    \
+        if (mode == 0) return NAME##_dec(r, out, i, end, 4, 4, 0, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+        if (mode == 1) return NAME##_dec(r, out, i, end, 4, 4, 1, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+        return NAME##_dec(r, out, i, end, 4, 4, 2, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+    }                                                                                                \
+    if (mode == 0) return NAME##_dec(r, out, i, end, 8, lanes, 0, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+    if (mode == 1) return NAME##_dec(r, out, i, end, 8, lanes, 1, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+    return NAME##_dec(r, out, i, end, 8, lanes, 2, mant, emask, ctx_base, slots, lut, s, words, n_words, pos_io, states); \
+}
+
+ULP3_GEN_LOOPS(ulp3_gen8, uint8_t, uint16_t, 1)
+ULP3_GEN_LOOPS(ulp3_gen16, uint16_t, uint16_t, 1)
+ULP3_GEN_LOOPS(ulp3_gen32, uint32_t, uint16_t, 2)
+ULP3_GEN_LOOPS(ulp3_gen64, uint64_t, uint32_t, 5)
+ULP3_GEN_LOOPS(ulp3_gen64i, uint64_t, uint16_t, 4)
 
 #endif /* ULPACK_SIMD3_H */
