@@ -315,3 +315,18 @@ def test_every_build_of_this_platform_imports():
         importlib.import_module(f"ulstore.codec.{name}")  # raises ImportError if it cannot load
     if "cython-v3" in BACKENDS:
         assert "cython" in BACKENDS
+
+
+def test_model_entropy_bits_follows_the_intra_model():
+    """Intra: the ideal is the INTRA model's (symbol entropy plus the raw bits), which the
+    blob reaches up to its tables and fixed bytes; for a mostly-zero tensor it is the
+    residual model that encode picks."""
+    rng = np.random.default_rng(3)
+    x = normal(ml_dtypes.bfloat16, 100_000, rng, scale=0.02)
+    ideal = ulstore.model_entropy_bits(x)
+    blob = ulstore.encode(x)
+    assert ideal <= 8 * len(blob) <= ideal * 1.01 + 8 * 200
+    z = np.zeros(20_000, np.float32)
+    z[::100] = 1.0
+    assert ulstore.inspect_blob(ulstore.encode(z))["mode"] == "rans"
+    assert ulstore.model_entropy_bits(z) <= 8 * len(ulstore.encode(z))

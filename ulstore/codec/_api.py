@@ -3,13 +3,15 @@
 ``encode(target, reference)`` returns a self-contained blob; ``decode(blob,
 reference)`` returns the target exactly, bit for bit, for every bit pattern
 (signed zeros, subnormals, infinities and NaN payloads included).  With no
-reference the tensor is coded against all +0.0 ("intra" mode, used for anchors).
+reference the tensor is coded *intra* (anchors, first steps, new tensors).
 
 How: the ordered-integer (ULP) residual ``zigzag(key(x) - key(r))`` of every
 element is split into a token (its bit length and the two bits below the leading
-one) and raw low bits.  Tokens are coded with static 4-lane interleaved rANS whose
-tables are conditioned on the reference value's exponent field, which the decoder
-already holds.  See ``docs/format.md`` for the bytes.
+one) and raw low bits.  Tokens are coded with static interleaved rANS (4 or 32
+lanes) whose tables are conditioned on the reference value's exponent field,
+which the decoder already holds; the raw bits go through the same rANS states.
+Intra, the symbol is the exponent and the top mantissa bits, and the sign and the
+other mantissa bits are raw.  See ``docs/format.md`` for the bytes.
 
 Thread safety: every function here is a pure function of its arguments; the
 compiled kernels release the GIL, so threads encode or decode in parallel.

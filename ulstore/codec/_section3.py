@@ -19,9 +19,10 @@ what is left of the payload, so a section has no length fields at all.
   the other mantissa bits are raw.  ``k`` (0..3) is chosen per blob.
 
 Choices the encoder makes (deterministically, from integer estimates of the
-coded size, so every backend and machine picks the same): the band, the lane
-count (32 when the payload is large enough that 28 more lane states cost under
-0.2%), ``k``, and INTRA against RANS for intra blobs.
+coded size, so every backend and machine picks the same): the band, each row's
+scale and Exp-Golomb order (``quantize_rows``), the lane count (32 when the
+payload is large enough that 28 more lane states cost under 0.05%), ``k``, and
+INTRA against RANS for intra blobs.
 """
 
 from __future__ import annotations
