@@ -330,3 +330,69 @@ def test_model_entropy_bits_follows_the_intra_model():
     z[::100] = 1.0
     assert ulstore.inspect_blob(ulstore.encode(z))["mode"] == "rans"
     assert ulstore.model_entropy_bits(z) <= 8 * len(ulstore.encode(z))
+
+
+# -- the version-3 kernels against their twins, directly -----------------------------------
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
+def test_compiled_v3_constants_match_the_twin(backend):
+    from ulstore.codec import _reference3
+    from ulstore.codec._backend import kernels
+
+    c = kernels(backend).CONSTANTS3
+    assert c["RAW_CHUNK"] == _reference3.RAW_CHUNK == _section3.RAW_CHUNK
+    assert c["MAX_LANES"] == max(_section3.LANE_COUNTS)
+
+
+def test_quantize_rows3_parity():
+    from ulstore.codec._backend import kernels
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        rows, alpha = int(rng.integers(1, 6)), int(rng.choice([2, 60, 124, 300]))
+        counts = np.zeros((rows, alpha), np.int64)
+        for i in range(rows):
+            k = int(rng.integers(0, alpha + 1))
+            idx = rng.choice(alpha, k, replace=False)
+            counts[i, idx] = rng.integers(1, int(rng.choice([2, 10, 1000, 10**6, 10**9])), k)
+        outs = []
+        for be in BACKENDS:
+            f, f12 = np.zeros((rows, alpha), np.uint32), np.zeros((rows, alpha), np.uint32)
+            sc, od = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+            total = kernels(be).quantize_rows3(counts, _section3.COST, f, f12, sc, od)
+            for i in range(rows):
+                if counts[i].any():  # every row sums to 2**scale; symbols that occur keep >= 1
+                    assert int(f[i].sum()) == 1 << int(sc[i]) and int(f12[i].sum()) == 4096
+                    assert ((f[i] > 0) == (counts[i] > 0)).all()
+            outs.append((total, f.tobytes(), f12.tobytes(), sc.tobytes(), od.tobytes()))
+        assert all(o == outs[0] for o in outs), trial
+
+
+def test_hash_fill_parity():
+    from ulstore.codec._backend import kernels
+
+    for value, count, size in [(0, 0, 2), (0, 1000, 2), (0x1234, 12345, 2), (7, 99, 1), ((1 << 63) + 5, 33, 8),
+                               (3, 1 << 16, 4), (0xFFFF, 7, 2)]:
+        want = kernels("numpy").hash64(np.full(count, value, dtype=f"<u{size}"))
+        assert {kernels(be).hash_fill(value, count, size) for be in BACKENDS} == {want}
+
+
+def test_read_table3_statuses_match_on_random_bits():
+    """Random bit strings as tables: every backend returns the same status (or length)
+    and, when it parses, the same band and frequencies."""
+    from ulstore.codec._backend import kernels
+
+    rng = np.random.default_rng(1)
+    for trial in range(400):
+        data = rng.bytes(int(rng.integers(0, 40)))
+        has_band, n_ctx, alphabet = int(rng.integers(0, 2)), int(rng.choice([1, 32, 256])), int(rng.choice([8, 60, 124]))
+        outs = []
+        for be in BACKENDS:
+            band = np.zeros(2, np.int64)
+            freqs = np.zeros((n_ctx + 1, alphabet), np.uint32)
+            used = kernels(be).read_table3(np.frombuffer(data, np.uint8), has_band, n_ctx, alphabet, alphabet, band,
+                                           freqs)
+            # on a status the outputs are unspecified (the section reader discards them)
+            outs.append((used, band.tobytes() + freqs.tobytes() if used >= 0 else b""))
+        assert all(o == outs[0] for o in outs), (trial, [o[0] for o in outs])

@@ -77,8 +77,10 @@ cdef enum:
     MAX_LANES = 32
     BLOCK3 = 4096  # elements decoded between two hash updates (a multiple of 32)
 
-#: True when this build decodes 16-bit version-3 sections with AVX2.
+#: True when this build runs the AVX2 loops of _simd3.h (16- and 32-bit words on 32 lanes).
 HAVE_AVX2 = bool(ULP3_HAVE_AVX2)
+#: The version-3 constants, for the tests that compare them with the twin's (_reference3, _section3).
+CONSTANTS3 = {"RAW_CHUNK": RAW_CHUNK, "MAX_LANES": MAX_LANES}
 
 
 def hash_fill(uint64_t value, uint64_t count, int itemsize):

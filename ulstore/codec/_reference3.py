@@ -299,7 +299,7 @@ def read_table3(data, has_band, n_ctx, alphabet, max_tokens, band_out, freqs_out
     range, -3 a token beyond the alphabet or more than ``max_tokens`` in a row,
     -4 frequencies that leave nothing for the first token, -5 non-zero padding.
     Writes ``band_out = [count, lo]``; the rows are ``count + 1`` (one if there is
-    no band).
+    no band).  After a status, ``band_out`` and ``freqs_out`` hold nothing meaningful.
     """
     data = bytes(data)
     bits = "".join(f"{b:08b}" for b in data)
