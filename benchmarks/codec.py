@@ -48,6 +48,15 @@ run.  These machines are shared: quote medians of several runs
 best of fewer runs; the JSON records how many.  Peer times include their XOR
 and byte grouping.
 
+Table 2b times ULPack and ZipNN single-threaded on EVERY step pair of every
+trajectory (all tensors of the pair, best of ``--reps``), one right after the
+other, with their ratio per pair and the lowest ratio of each trajectory.
+
+Table 3 gives ULPack's size over its model's ideal per blob size: the last
+pair's tensors are flattened, concatenated and cut into pieces of 0.3M elements
+(up to 24 blobs) or repeated up to 16M elements (2**24, one blob), coded as a
+delta and intra; % over ``model_entropy_bits`` and the bytes over it per blob.
+
 Run
 ---
     python benchmarks/codec.py                    # preset "bench" (~13M params), a few minutes
@@ -366,6 +375,82 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
     return out
 
 
+def pair_speed_pass(name: str, spec, states: list[dict], reps: int, budget: float) -> list[dict]:
+    """Single-threaded encode/decode MB/s of ULPack and ZipNN on EVERY step pair, side by side.
+
+    One row per pair: ``encode_many``/``decode_many(threads=1)`` against one ZipNN call per
+    tensor (its XOR included), each the best of ``reps`` runs; the ratios are taken within
+    the pair, so both sides see the same machine load.
+    """
+    peer = make_peers(1).get("zipnn")
+    rows = []
+    bar = _data.progress(total=len(states) - 1, desc=f"pair speed {name}", unit="pair")
+    try:
+        for s in range(1, len(states)):
+            names = list(states[s])
+            pairs = [(states[s][k], states[s - 1][k]) for k in names]
+            raw = sum(c.nbytes for c, _ in pairs)
+            where = f"{name} step {s - 1}->{s} (pair speed)"
+            t_enc, _, blobs = best_time(lambda: ulstore.encode_many(pairs, threads=1), reps, budget)
+            t_dec, _, decoded = best_time(
+                lambda: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=1), reps, budget
+            )
+            for k, d in zip(names, decoded):
+                _check(d, states[s][k], "ULPack", f"{where} tensor {k!r}")
+            row = {"parent": s - 1, "child": s, "raw_bytes": raw,
+                   "ulpack_encode_MBps": raw / t_enc / 1e6, "ulpack_decode_MBps": raw / t_dec / 1e6}
+            if peer is not None:
+                raw_pairs = [(_raw(c), _raw(p)) for c, p in pairs]
+                t_penc, _, pblobs = best_time(lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs], reps, budget)
+                t_pdec, _, pdecoded = best_time(
+                    lambda: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(pblobs, raw_pairs)], reps, budget
+                )
+                for k, d in zip(names, pdecoded):
+                    _check(d, states[s][k], "ZipNN XOR", f"{where} tensor {k!r}")
+                row.update(zipnn_encode_MBps=raw / t_penc / 1e6, zipnn_decode_MBps=raw / t_pdec / 1e6)
+            rows.append(row)
+            bar.update(1)
+    finally:
+        bar.close()
+    return rows
+
+
+#: Tensor sizes of the fixed-overhead table (issue 13: RL-regime tensors of ~0.3M elements, and 16M).
+OVERHEAD_SIZES = (300_000, 1 << 24)
+#: At most this many 0.3M-element pieces per trajectory (each is one blob).
+OVERHEAD_PIECES = 24
+
+
+def overhead_pass(name: str, parent: dict, child: dict) -> dict:
+    """ULPack's bytes over its model's ideal at fixed tensor sizes, delta and intra.
+
+    The last pair's tensors are flattened and concatenated (parent and child in the same
+    order), repeated when shorter than the size; a size below the total is cut into
+    consecutive pieces of that many elements, each coded as its own blob.
+    """
+    names = list(child)
+    c_all = np.concatenate([child[k].reshape(-1) for k in names])
+    p_all = np.concatenate([parent[k].reshape(-1) for k in names])
+    out: dict = {}
+    for size in OVERHEAD_SIZES:
+        total = max(size, c_all.size)
+        c, p = np.resize(c_all, total), np.resize(p_all, total)  # np.resize repeats the data
+        pieces = min(OVERHEAD_PIECES, total // size)
+        row = {"elements": size, "blobs": pieces, "repeated": bool(size > c_all.size)}
+        for mode in ("delta", "intra"):
+            nbytes, ideal = 0, 0.0
+            for i in range(pieces):
+                ci, pi = c[i * size : (i + 1) * size], p[i * size : (i + 1) * size]
+                ref = pi if mode == "delta" else None
+                blob = ulstore.encode(ci, ref)
+                _check(ulstore.decode(blob, ref), ci, f"ULPack {mode}", f"{name} overhead {size} piece {i}")
+                nbytes += len(blob)
+                ideal += ulstore.model_entropy_bits(ci, ref)
+            row[mode] = {"bytes": nbytes, "ideal_bits": ideal}
+        out[str(size)] = row
+    return out
+
+
 # -- tables ---------------------------------------------------------------------
 
 
@@ -499,6 +584,67 @@ def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
     return render(f"Table 2. Speed (MB/s, encode / decode), {threads} threads = all cores", groups, ["enc", "dec"], rows, markdown, notes)
 
 
+def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
+    """Every step pair, single-threaded: ULPack and ZipNN MB/s and their ratio, decode and encode."""
+    groups = [n for n, r in results.items() if r.get("pair_speed")]
+    rows = []
+    n_pairs = max(len(results[n]["pair_speed"]) for n in groups)
+
+    def cells(row, what):
+        u, z = row.get(f"ulpack_{what}_MBps"), row.get(f"zipnn_{what}_MBps")
+        return [f"{u:.1f}", f"{z:.1f}" if z else "n/a", f"{u / z:.2f}x" if z else "n/a"]
+
+    for what in ("decode", "encode"):
+        for i in range(n_pairs):
+            line = []
+            label = None
+            for n in groups:
+                prs = results[n]["pair_speed"]
+                if i < len(prs):
+                    label = label or f"{what} {prs[i]['parent']}->{prs[i]['child']}"
+                    line += cells(prs[i], what)
+                else:
+                    line += ["", "", ""]
+            rows.append([label or f"{what} pair {i}"] + line)
+        line = []
+        for n in groups:
+            ratios = [r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"] for r in results[n]["pair_speed"]
+                      if r.get(f"zipnn_{what}_MBps")]
+            line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
+        rows.append([f"{what}: lowest ratio"] + line)
+    notes = [
+        f"Single thread, all tensors of each step pair, best of {reps} runs; raw MB/s (1e6 bytes/s). "
+        "ULPack: encode_many/decode_many(threads=1); ZipNN XOR: one call per tensor, XOR included.",
+        "ratio = ULPack / ZipNN, both measured on the same pair one after the other.",
+    ]
+    return render("Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)", groups, ["ULPack", "ZipNN", "ratio"],
+                  rows, markdown, notes)
+
+
+def overhead_table(results: dict, markdown: bool) -> str:
+    """ULPack over its model's ideal at 0.3M and 16M elements per blob."""
+    groups = [n for n, r in results.items() if r.get("overhead")]
+    rows = []
+    first = results[groups[0]]["overhead"]
+    for size in first:
+        for mode in ("delta", "intra"):
+            line = []
+            for n in groups:
+                row = results[n]["overhead"][size]
+                m = row[mode]
+                over = 8 * m["bytes"] - m["ideal_bits"]
+                line += [f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
+                         f"{over / 8 / max(1, row['blobs']):.0f}"]
+            rows.append([f"{mode}, {int(size):,} elements"] + line)
+    notes = [
+        "ULPack's size over model_entropy_bits (its model with free tables and a perfect coder): % and bytes per blob "
+        "(headers, tables, rANS states and flush, checksums).",
+        f"The last pair's tensors flattened and concatenated, cut into pieces of the size (up to {OVERHEAD_PIECES} "
+        "blobs), or repeated up to the size when the model is smaller (16M on every preset).",
+    ]
+    return render("Table 3. Over ideal by blob size", groups, ["%", "B/blob"], rows, markdown, notes)
+
+
 # -- main -----------------------------------------------------------------------
 
 
@@ -561,8 +707,10 @@ def run(args) -> dict:
             "params": int(sum(a.size for a in states[0].values())),
         }
         r["sizes"] = size_pass(name, spec, states, args.threads)
+        r["overhead"] = overhead_pass(name, states[-2], states[-1])
         if not args.no_speed:
             r["speed"] = speed_pass(name, spec, states[-2], states[-1], args.threads, args.reps, args.time_budget)
+            r["pair_speed"] = pair_speed_pass(name, spec, states, args.reps, args.time_budget)
         results[name] = r
         del states
     t_end = time.perf_counter()
@@ -599,6 +747,10 @@ def report(out: dict, markdown: bool) -> str:
         parts.append(intra_table(results, markdown))
     if all("speed" in r for r in results.values()):
         parts.append(speed_table(results, markdown, s["threads"], s["reps"]))
+    if any(r.get("pair_speed") for r in results.values()):
+        parts.append(pair_speed_table(results, markdown, s["reps"]))
+    if any(r.get("overhead") for r in results.values()):
+        parts.append(overhead_table(results, markdown))
     t = out["runtime_s"]
     parts.append(f"runtime: {t['total']:.1f} s (training/cache {t['data']:.1f} s, measuring {t['measure']:.1f} s)\n")
     return (sep + "\n").join(parts)
