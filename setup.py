@@ -20,6 +20,13 @@ def kernels(name, source, flags=()):
         name,
         [source],
         include_dirs=[numpy.get_include(), "ulstore/codec"],
+        # the C and Cython files the module includes: a change to one rebuilds it
+        depends=[
+            "ulstore/codec/_simd3.h",
+            "ulstore/codec/_kernels3.pxi",
+            "ulstore/codec/_constants.pxi",
+            "ulstore/codec/_kernels.pyx",
+        ],
         extra_compile_args=["-O3", *flags],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )

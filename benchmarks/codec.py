@@ -28,15 +28,35 @@ plus the ideal size under ULPack's own model (``ulstore.model_entropy_bits``)
 and ULPack's overhead over it.  Table 1 gives the size of all pairs together
 as % of the raw bytes and in bits per weight.
 
+Table 1b codes the last checkpoint of each trajectory *intra* (no reference: an
+anchor, a first step, a new tensor): ``ulstore.encode(x)`` against ZipNN and
+zstd-19 on the byte-grouped raw values (the same peers with an all-zero parent),
+beside the order-0 entropy of the exponent field (per tensor: what an ideal
+coder of the exponent alone, each value independent, would spend) and the ideal
+size under ULPack's intra model.
+
 Table 2 times encoding and decoding of all tensors of ONE step pair per
 trajectory (the last one), as raw MB/s (1 MB = 1e6 bytes) of wall time
 (``time.perf_counter``), best of ``--reps`` runs: ULPack via
 ``encode_many``/``decode_many`` with 1 thread and with all cores, each peer
 single-threaded and with its own threads option (zstd ``threads=``, ZipNN
-``threads=``).  A measurement stops repeating once it has used
+``threads=``), and intra coding of the child by ULPack and ZipNN.  The ratio
+rows divide ULPack's MB/s by ZipNN's, both single-threaded, measured in the same
+run.  These machines are shared: quote medians of several runs
+(``--from-json a.json b.json c.json`` prints the medians of every number).  A measurement stops repeating once it has used
 ``--time-budget`` seconds (zstd-19 encodes at a few MB/s), so slow ones may be
 best of fewer runs; the JSON records how many.  Peer times include their XOR
 and byte grouping.
+
+Table 2b times ULPack and ZipNN single-threaded on EVERY step pair of every
+trajectory (all tensors of the pair, best of ``--reps``, the timings of both
+interleaved), with their ratio per pair and the lowest ratio of each trajectory,
+in wall time and in process CPU time (steadier on a shared machine).
+
+Table 3 gives ULPack's size over its model's ideal per blob size: the last
+pair's tensors are flattened, concatenated and cut into pieces of 0.3M elements
+(up to 24 blobs) or repeated up to 16M elements (2**24, one blob), coded as a
+delta and intra; % over ``model_entropy_bits`` and the bytes over it per blob.
 
 Run
 ---
@@ -44,6 +64,7 @@ Run
     python benchmarks/codec.py --preset tiny      # quick smoke run (seconds)
     python benchmarks/codec.py --only rl-bf16 --markdown --json out.json
     python benchmarks/codec.py --from-json out.json --markdown   # re-print saved results
+    python benchmarks/codec.py --from-json r1.json r2.json r3.json  # medians of several runs
 
 Progress goes to stderr, the tables to stdout.  Exit status 2 on a round-trip
 mismatch.
@@ -201,6 +222,34 @@ def measure_tensor(child: np.ndarray, parent: np.ndarray, dtype: str, where: str
     return out
 
 
+def _exponent_entropy_bits(x: np.ndarray) -> float:
+    """n * H0(exponent field) of one tensor: its exponents coded each on its own, ideally."""
+    from ulstore.codec._dtypes import format_of
+
+    fmt = format_of(x.dtype)
+    e = (_bits_view(x).astype(np.uint64) >> np.uint64(fmt.mant_bits)) & np.uint64((1 << fmt.exp_bits) - 1)
+    c = np.bincount(e.astype(np.int64)).astype(np.float64)
+    c = c[c > 0]
+    return float(-(c * np.log2(c / c.sum())).sum())
+
+
+def measure_intra(child: np.ndarray, dtype: str, where: str) -> dict:
+    """Code one tensor intra (no reference) with every method, check the round trips, return sizes."""
+    c_raw = _raw(child)
+    zeros = np.zeros_like(c_raw)  # the peers' XOR with an all-zero parent is the raw bytes
+    out = {"elements": int(child.size), "raw": int(child.nbytes)}
+    blob = ulstore.encode(child)
+    _check(ulstore.decode(blob), child, "ULPack intra", where)
+    out["ulpack"] = len(blob)
+    for key, peer in _thread_peers().items():
+        pblob = peer.encode(c_raw, zeros, dtype)
+        _check(peer.decode(pblob, zeros, dtype), child, f"{METHODS[key]} intra", where)
+        out[key] = len(pblob)
+    out["exp_entropy_bits"] = _exponent_entropy_bits(child)
+    out["entropy_bits"] = ulstore.model_entropy_bits(child)
+    return out
+
+
 def _sum(rows: list[dict]) -> dict:
     total: dict = {}
     for r in rows:
@@ -235,7 +284,12 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
     pairs = []
     for s in range(1, len(states)):
         pairs.append({"parent": s - 1, "child": s, **_sum([results[(s, k)] for k in names])})
-    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs])}
+    last = len(states) - 1  # the anchor a store would write: the last checkpoint, intra
+    with cf.ThreadPoolExecutor(threads) as pool:
+        intra = list(pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"),
+                              names))
+    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
+            "intra": {"step": last, **_sum(intra)}}
 
 
 # -- speed pass -----------------------------------------------------------------
@@ -267,6 +321,7 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
     plans = [("ulpack", 1), ("ulpack", threads)]
     for key in PEER_KEYS:
         plans += [(key, 1), (key, threads)]
+    plans += [("ulpack_intra", 1), ("zipnn_intra", 1)]
     out: dict = {"raw_bytes": raw, "threads": threads}
     bar = _data.progress(total=len(plans), desc=f"speed {name}", unit="run")
     try:
@@ -278,6 +333,17 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
             if key == "ulpack":
                 enc = lambda: ulstore.encode_many(pairs, threads=n_threads)  # noqa: E731
                 dec = lambda blobs: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=n_threads)  # noqa: E731
+            elif key == "ulpack_intra":
+                enc = lambda: ulstore.encode_many([c for c, _ in pairs], threads=1)  # noqa: E731
+                dec = lambda blobs: ulstore.decode_many(blobs, threads=1)  # noqa: E731
+            elif key == "zipnn_intra":
+                peer = make_peers(1).get("zipnn")
+                if peer is None:
+                    bar.update(1)
+                    continue
+                zero = [np.zeros_like(c) for c, _ in raw_pairs]
+                enc = lambda: [peer.encode(c, z, spec.dtype) for (c, _), z in zip(raw_pairs, zero)]  # noqa: E731
+                dec = lambda blobs: [peer.decode(b, z, spec.dtype) for b, z in zip(blobs, zero)]  # noqa: E731
             else:
                 peer = make_peers(n_threads).get(key)
                 if peer is None:
@@ -288,7 +354,7 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
             t_enc, runs_enc, blobs = best_time(enc, reps, budget)
             t_dec, runs_dec, decoded = best_time(lambda: dec(blobs), reps, budget)
             for k, d in zip(names, decoded):
-                _check(d, child[k], f"{METHODS[key]} x{n_threads}", f"{where} tensor {k!r}")
+                _check(d, child[k], f"{key} x{n_threads}", f"{where} tensor {k!r}")
             out[label] = {
                 "encode_MBps": raw / t_enc / 1e6,
                 "decode_MBps": raw / t_dec / 1e6,
@@ -307,6 +373,100 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
             "encode": many["encode_MBps"] / one["encode_MBps"],
             "decode": many["decode_MBps"] / one["decode_MBps"],
         }
+    return out
+
+
+def pair_speed_pass(name: str, spec, states: list[dict], reps: int, budget: float) -> list[dict]:
+    """Single-threaded encode/decode MB/s of ULPack and ZipNN on EVERY step pair, side by side.
+
+    One row per pair: ``encode_many``/``decode_many(threads=1)`` against one ZipNN call per
+    tensor (its XOR included).  The four timings are interleaved, one of each per round,
+    and each keeps its best of ``reps`` rounds (fewer once ``budget`` s are used), so that
+    both codecs see the same machine load.  Beside wall time, the process CPU time (best
+    of the rounds too) is kept: on a shared machine it is the steadier of the two.
+    """
+    peer = make_peers(1).get("zipnn")
+    rows = []
+    bar = _data.progress(total=len(states) - 1, desc=f"pair speed {name}", unit="pair")
+    try:
+        for s in range(1, len(states)):
+            names = list(states[s])
+            pairs = [(states[s][k], states[s - 1][k]) for k in names]
+            raw_pairs = [(_raw(c), _raw(p)) for c, p in pairs]
+            raw = sum(c.nbytes for c, _ in pairs)
+            where = f"{name} step {s - 1}->{s} (pair speed)"
+            jobs = {"ulpack_encode": lambda: ulstore.encode_many(pairs, threads=1)}
+            results = {k: fn() for k, fn in jobs.items()}
+            jobs["ulpack_decode"] = lambda: ulstore.decode_many(
+                [(b, p) for b, (_, p) in zip(results["ulpack_encode"], pairs)], threads=1
+            )
+            if peer is not None:
+                jobs["zipnn_encode"] = lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
+                results["zipnn_encode"] = jobs["zipnn_encode"]()
+                jobs["zipnn_decode"] = lambda: [
+                    peer.decode(b, p, spec.dtype) for b, (_, p) in zip(results["zipnn_encode"], raw_pairs)
+                ]
+            wall = {k: float("inf") for k in jobs}
+            cpu = dict(wall)
+            spent = 0.0
+            for _ in range(max(1, reps)):
+                for key, fn in jobs.items():
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    results[key] = fn()
+                    c1, w1 = time.process_time(), time.perf_counter()
+                    wall[key], cpu[key] = min(wall[key], w1 - w0), min(cpu[key], c1 - c0)
+                    spent += w1 - w0
+                if budget and spent >= budget * len(jobs):
+                    break
+            for k, d in zip(names, results["ulpack_decode"]):
+                _check(d, states[s][k], "ULPack", f"{where} tensor {k!r}")
+            if "zipnn_decode" in results:
+                for k, d in zip(names, results["zipnn_decode"]):
+                    _check(d, states[s][k], "ZipNN XOR", f"{where} tensor {k!r}")
+            row = {"parent": s - 1, "child": s, "raw_bytes": raw}
+            for key in jobs:
+                row[f"{key}_MBps"] = raw / wall[key] / 1e6
+                row[f"{key}_cpu_MBps"] = raw / max(cpu[key], 1e-9) / 1e6
+            rows.append(row)
+            bar.update(1)
+    finally:
+        bar.close()
+    return rows
+
+
+#: Tensor sizes of the fixed-overhead table (issue 13: RL-regime tensors of ~0.3M elements, and 16M).
+OVERHEAD_SIZES = (300_000, 1 << 24)
+#: At most this many 0.3M-element pieces per trajectory (each is one blob).
+OVERHEAD_PIECES = 24
+
+
+def overhead_pass(name: str, parent: dict, child: dict) -> dict:
+    """ULPack's bytes over its model's ideal at fixed tensor sizes, delta and intra.
+
+    The last pair's tensors are flattened and concatenated (parent and child in the same
+    order), repeated when shorter than the size; a size below the total is cut into
+    consecutive pieces of that many elements, each coded as its own blob.
+    """
+    names = list(child)
+    c_all = np.concatenate([child[k].reshape(-1) for k in names])
+    p_all = np.concatenate([parent[k].reshape(-1) for k in names])
+    out: dict = {}
+    for size in OVERHEAD_SIZES:
+        total = max(size, c_all.size)
+        c, p = np.resize(c_all, total), np.resize(p_all, total)  # np.resize repeats the data
+        pieces = min(OVERHEAD_PIECES, total // size)
+        row = {"elements": size, "blobs": pieces, "repeated": bool(size > c_all.size)}
+        for mode in ("delta", "intra"):
+            nbytes, ideal = 0, 0.0
+            for i in range(pieces):
+                ci, pi = c[i * size : (i + 1) * size], p[i * size : (i + 1) * size]
+                ref = pi if mode == "delta" else None
+                blob = ulstore.encode(ci, ref)
+                _check(ulstore.decode(blob, ref), ci, f"ULPack {mode}", f"{name} overhead {size} piece {i}")
+                nbytes += len(blob)
+                ideal += ulstore.model_entropy_bits(ci, ref)
+            row[mode] = {"bytes": nbytes, "ideal_bits": ideal}
+        out[str(size)] = row
     return out
 
 
@@ -364,6 +524,40 @@ def size_table(results: dict, markdown: bool, steps: int) -> str:
     return render("Table 1. Compressed size", groups, ["% raw", "bits/w"], rows, markdown, notes)
 
 
+INTRA_METHODS = {"ulpack": "ULPack intra", "zipnn": "ZipNN", "zstd": "zstd-19 byte-grouped"}
+
+
+def intra_table(results: dict, markdown: bool) -> str:
+    groups = [n for n, r in results.items() if "intra" in r["sizes"]]
+    rows = []
+
+    def add(label, values):
+        rows.append([label] + [v for pair in values for v in pair])
+
+    tot = {n: results[n]["sizes"]["intra"] for n in groups}
+    for key, label in INTRA_METHODS.items():
+        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                    for t in tot.values()])
+    add("exponent, order-0 entropy", [("", f"{t['exp_entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
+    add("ideal (ULPack intra model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+                                       for t in tot.values()])
+    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()])
+
+    def vs_best(t):
+        peers = [t[k] for k in ("zipnn", "zstd") if k in t]
+        return (f"{100 * (1 - t['ulpack'] / min(peers)):.2f}", "") if peers else ("n/a", "")
+
+    add("ULPack intra smaller than best peer (%)", [vs_best(t) for t in tot.values()])
+    first = results[groups[0]] if groups else None
+    notes = [
+        f"The last checkpoint of each trajectory coded without a reference ({first['tensors'] if first else 0} tensors); "
+        "% of raw bytes and bits per weight. Every round trip verified bit-exact.",
+        "exponent entropy: sum over tensors of n * H0(exponent field); the sign and mantissa bits come on top "
+        "(bf16 8, fp16 11, fp32 24 bits).",
+    ]
+    return render("Table 1b. Intra (anchor) size", groups, ["% raw", "bits/w"], rows, markdown, notes)
+
+
 def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
     groups = list(results)
     labels = [("ulpack", "ULPack")] + [(k, METHODS[k]) for k in PEER_KEYS]
@@ -375,6 +569,23 @@ def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
                 m = r["speed"].get(f"{key}_x{n}")
                 cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
             rows.append([f"{label} x{n}"] + cells)
+    for key, label in (("ulpack_intra", "ULPack intra"), ("zipnn_intra", "ZipNN intra")):
+        cells = []
+        for r in results.values():
+            m = r["speed"].get(f"{key}_x1")
+            cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
+        rows.append([f"{label} x1"] + cells)
+
+    def ratio(a: str, b: str) -> list:
+        cells = []
+        for r in results.values():
+            x, y = r["speed"].get(a), r["speed"].get(b)
+            cells += ([f"{x['encode_MBps'] / y['encode_MBps']:.2f}x", f"{x['decode_MBps'] / y['decode_MBps']:.2f}x"]
+                      if x and y else ["n/a", "n/a"])
+        return cells
+
+    rows.append(["ULPack / ZipNN x1 (delta)"] + ratio("ulpack_x1", "zipnn_x1"))
+    rows.append(["ULPack / ZipNN x1 (intra)"] + ratio("ulpack_intra_x1", "zipnn_intra_x1"))
     if threads > 1:
         cells = []
         for r in results.values():
@@ -390,6 +601,74 @@ def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
         "ULPack: encode_many/decode_many(threads=N). Peers: one call per tensor, xN = the peer's own threads option.",
     ]
     return render(f"Table 2. Speed (MB/s, encode / decode), {threads} threads = all cores", groups, ["enc", "dec"], rows, markdown, notes)
+
+
+def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
+    """Every step pair, single-threaded: ULPack and ZipNN MB/s and their ratio, decode and encode."""
+    groups = [n for n, r in results.items() if r.get("pair_speed")]
+    rows = []
+    n_pairs = max(len(results[n]["pair_speed"]) for n in groups)
+
+    def cells(row, what):
+        u, z = row.get(f"ulpack_{what}_MBps"), row.get(f"zipnn_{what}_MBps")
+        return [f"{u:.1f}", f"{z:.1f}" if z else "n/a", f"{u / z:.2f}x" if z else "n/a"]
+
+    for what in ("decode", "encode"):
+        for i in range(n_pairs):
+            line = []
+            label = None
+            for n in groups:
+                prs = results[n]["pair_speed"]
+                if i < len(prs):
+                    label = label or f"{what} {prs[i]['parent']}->{prs[i]['child']}"
+                    line += cells(prs[i], what)
+                else:
+                    line += ["", "", ""]
+            rows.append([label or f"{what} pair {i}"] + line)
+        line = []
+        for n in groups:
+            ratios = [r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"] for r in results[n]["pair_speed"]
+                      if r.get(f"zipnn_{what}_MBps")]
+            line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
+        rows.append([f"{what}: lowest ratio"] + line)
+        line = []
+        for n in groups:
+            ratios = [r[f"ulpack_{what}_cpu_MBps"] / r[f"zipnn_{what}_cpu_MBps"] for r in results[n]["pair_speed"]
+                      if r.get(f"zipnn_{what}_cpu_MBps")]
+            line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
+        rows.append([f"{what}: lowest ratio, CPU time"] + line)
+    notes = [
+        f"Single thread, all tensors of each step pair, best of {reps} runs; raw MB/s (1e6 bytes/s). "
+        "ULPack: encode_many/decode_many(threads=1); ZipNN XOR: one call per tensor, XOR included.",
+        "ratio = ULPack / ZipNN on the same pair, timings interleaved; 'CPU time': the same ratio of process CPU "
+        "times (steadier than wall time on a shared machine).",
+    ]
+    return render("Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)", groups, ["ULPack", "ZipNN", "ratio"],
+                  rows, markdown, notes)
+
+
+def overhead_table(results: dict, markdown: bool) -> str:
+    """ULPack over its model's ideal at 0.3M and 16M elements per blob."""
+    groups = [n for n, r in results.items() if r.get("overhead")]
+    rows = []
+    first = results[groups[0]]["overhead"]
+    for size in first:
+        for mode in ("delta", "intra"):
+            line = []
+            for n in groups:
+                row = results[n]["overhead"][size]
+                m = row[mode]
+                over = 8 * m["bytes"] - m["ideal_bits"]
+                line += [f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
+                         f"{over / 8 / max(1, row['blobs']):.0f}"]
+            rows.append([f"{mode}, {int(size):,} elements"] + line)
+    notes = [
+        "ULPack's size over model_entropy_bits (its model with free tables and a perfect coder): % and bytes per blob "
+        "(headers, tables, rANS states and flush, checksums).",
+        f"The last pair's tensors flattened and concatenated, cut into pieces of the size (up to {OVERHEAD_PIECES} "
+        "blobs), or repeated up to the size when the model is smaller (16M on every preset).",
+    ]
+    return render("Table 3. Over ideal by blob size", groups, ["%", "B/blob"], rows, markdown, notes)
 
 
 # -- main -----------------------------------------------------------------------
@@ -411,7 +690,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=10.0,
                    help="stop repeating a timing once it has used this many seconds (0: always --reps)")
     p.add_argument("--no-speed", action="store_true", help="skip the speed table")
-    p.add_argument("--from-json", metavar="FILE", help="measure nothing: print the tables of an earlier --json FILE")
+    p.add_argument("--from-json", metavar="FILE", nargs="+",
+                   help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
@@ -453,8 +733,10 @@ def run(args) -> dict:
             "params": int(sum(a.size for a in states[0].values())),
         }
         r["sizes"] = size_pass(name, spec, states, args.threads)
+        r["overhead"] = overhead_pass(name, states[-2], states[-1])
         if not args.no_speed:
             r["speed"] = speed_pass(name, spec, states[-2], states[-1], args.threads, args.reps, args.time_budget)
+            r["pair_speed"] = pair_speed_pass(name, spec, states, args.reps, args.time_budget)
         results[name] = r
         del states
     t_end = time.perf_counter()
@@ -487,18 +769,42 @@ def report(out: dict, markdown: bool) -> str:
     head += [f"  {n}: {r['regime']} (warm-up {r['warmup_steps']} steps)" for n, r in results.items()]
     sep = "\n" if markdown else ""
     parts = [("  \n" if markdown else "\n").join(head) + "\n", size_table(results, markdown, s["steps"])]
+    if any("intra" in r["sizes"] for r in results.values()):
+        parts.append(intra_table(results, markdown))
     if all("speed" in r for r in results.values()):
         parts.append(speed_table(results, markdown, s["threads"], s["reps"]))
+    if any(r.get("pair_speed") for r in results.values()):
+        parts.append(pair_speed_table(results, markdown, s["reps"]))
+    if any(r.get("overhead") for r in results.values()):
+        parts.append(overhead_table(results, markdown))
     t = out["runtime_s"]
     parts.append(f"runtime: {t['total']:.1f} s (training/cache {t['data']:.1f} s, measuring {t['measure']:.1f} s)\n")
     return (sep + "\n").join(parts)
 
 
+def median_of(runs: list):
+    """The element-wise median of several runs' results (same structure); other values from the first."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {k: median_of([r[k] for r in runs if isinstance(r, dict) and k in r]) for k in first}
+    if isinstance(first, list):
+        return [median_of([r[i] for r in runs]) for i in range(len(first))]
+    if isinstance(first, float) and all(isinstance(r, (int, float)) for r in runs):
+        return float(np.median(runs))
+    return first
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as fh:
-            print(report(json.load(fh), args.markdown), end="")
+        runs = []
+        for path in args.from_json:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        out = median_of(runs)
+        if len(runs) > 1:
+            print(f"medians of {len(runs)} runs (sizes are the same in every run)")
+        print(report(out, args.markdown), end="")
         return 0
     try:
         out = run(args)

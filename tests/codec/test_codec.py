@@ -596,18 +596,23 @@ def test_error_tree():
 
 
 def _blobs_of_every_mode(dt):
-    """label -> (blob, target, reference) for rans delta/intra/noecond, raw, same, empty."""
+    """label -> (blob, target, reference) for rans delta/noecond, intra (INTRA, and RANS against
+    +0.0 for a mostly-zero tensor), raw, same, empty."""
     rng = np.random.default_rng(31)
     n = 40 if dt.itemsize > 1 else 150  # big enough for rANS to beat raw, small enough to cut everywhere
     r = normal(dt, (n,), rng)
     t = ulp_steps(r, rng, frac=0.5, max_step=3)
     zr = np.frombuffer(rng.bytes(12 * dt.itemsize), dt).copy()
     zt = np.frombuffer(rng.bytes(12 * dt.itemsize), dt).copy()
-    q = (np.round(rng.standard_normal(n + 20) * 2) / 2).astype(np.float32).astype(dt)
+    q = normal(dt, (n + 20,), rng)
+    z = (np.round(rng.standard_normal(n + 20) * 2) / 2).astype(np.float32)
+    z[rng.random(n + 20) < 0.8] = 0  # mostly zeros: the residual coder beats INTRA
+    z = z.astype(dt)
     cases = {
         "delta": (ulstore.encode(t, r), t, r),
         "delta-noecond": (ulstore.encode(t, r, econd=False), t, r),
         "intra": (ulstore.encode(q), q, None),
+        "intra-zeros": (ulstore.encode(z), z, None),
         "raw-delta": (ulstore.encode(zt, zr), zt, zr),
         "raw-intra": (ulstore.encode(zt), zt, None),
         "same-delta": (ulstore.encode(r.copy(), r), r, r),
@@ -617,7 +622,8 @@ def _blobs_of_every_mode(dt):
         "empty-intra": (ulstore.encode(np.zeros(0, dt)), np.zeros(0, dt), None),
     }
     modes = {k: ulstore.inspect_blob(v[0])["mode"] for k, v in cases.items()}
-    assert modes["delta"] == modes["intra"] == modes["delta-noecond"] == "rans", modes
+    assert modes["delta"] == modes["intra-zeros"] == modes["delta-noecond"] == "rans", modes
+    assert modes["intra"] == "intra", modes
     assert modes["raw-delta"] == modes["raw-intra"] == "raw", modes
     assert modes["same-delta"] == modes["same-intra"] == "same", modes
     return cases
@@ -743,10 +749,10 @@ def test_every_single_byte_corruption(name):
                 ulstore.decode(blob + extra, r)
 
 
-@pytest.mark.parametrize("version", [0, 3, 255])
+@pytest.mark.parametrize("version", [0, 4, 255])
 def test_unknown_version(version):
     blob = ulstore.encode(np.linspace(0, 1, 50, dtype=np.float32))
-    assert blob[:4] == b"ULPK" and blob[4] == 1
+    assert blob[:4] == b"ULPK" and blob[4] == 3
     for candidate in (blob[:4] + bytes([version]) + blob[5:], reseal(blob[:4] + bytes([version]) + blob[5:-4])):
         with pytest.raises(UnsupportedVersionError):
             ulstore.decode(candidate)
@@ -945,7 +951,8 @@ def _spec_token(z: int) -> tuple[tuple, int]:
 def _spec_entropy_bits(xw, rw, name, econd) -> float:
     """Ideal model size from a histogram computed here, independently of the codec.
 
-    As in the codec's model, contexts holding fewer than 256 elements share one row.
+    As in the codec's model (format version 3), the contexts from the lowest to the
+    highest that holds 256 elements or more have a row each; the others share one.
     """
     e, m = LAYOUT[name]
     w = np.dtype(xw.dtype).itemsize * 8
@@ -958,9 +965,10 @@ def _spec_entropy_bits(xw, rw, name, econd) -> float:
         hist.setdefault(ctx, {}).setdefault(tok, 0)
         hist[ctx][tok] += 1
         tail += nt
+    big = [ctx for ctx, row in hist.items() if sum(row.values()) >= 256]
     rows: dict = {}
     for ctx, row in hist.items():
-        key = ctx if sum(row.values()) >= 256 else "pooled"
+        key = ctx if big and min(big) <= ctx <= max(big) else "pooled"
         for tok, count in row.items():
             rows.setdefault(key, {}).setdefault(tok, 0)
             rows[key][tok] += count
@@ -1052,14 +1060,15 @@ def test_inspect_blob_fields():
     for name, dt in DTYPES.items():
         for label, (blob, t, r) in _blobs_of_every_mode(dt).items():
             info = ulstore.inspect_blob(blob)
-            assert info["version"] == 1
+            assert info["version"] == 3
             assert info["dtype"] == name
             assert info["shape"] == t.shape
             assert info["delta"] == (r is not None)
             assert info["econd"] == ("noecond" not in label)
             assert info["nbytes"] == len(blob)
             kind = label.split("-")[0]
-            assert info["mode"] == {"delta": "rans", "intra": "rans", "empty": "raw"}.get(kind, kind), (label, info)
+            expected = {"delta": "rans", "intra-zeros": "rans", "empty": "raw"}
+            assert info["mode"] == expected.get(label, expected.get(kind, kind)), (label, info)
     x = normal(np.float32, (3, 4, 5), rng)
     info = ulstore.inspect_blob(ulstore.encode(x, econd=False))
     assert info["shape"] == (3, 4, 5) and info["econd"] is False and info["delta"] is False

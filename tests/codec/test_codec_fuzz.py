@@ -15,14 +15,20 @@ Two families:
   Every single payload bit is flipped this way too; the bits whose flip is
   accepted (padding) must look like padding: an edge run of < 8 bits in a byte.
 
+Blobs of every mode of today's format (version 3, with 4- and 32-lane sections:
+the latter decode through the AVX2 loop where the CPU has it), and golden blobs of
+versions 1 and 2 (``tests/fixtures/ulpack_v1``), which must keep decoding safely.
+
 The header end comes from ``ulstore.codec._format.open_blob`` (the reader it returns
-stands at the payload).  Only the crafted-blob tests at the end parse the
-version-1 table layout themselves.
+stands at the payload).  Only the crafted-blob tests at the end parse the table
+layouts themselves.
 """
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -76,13 +82,53 @@ def _make_kinds():
         "raw-fp8": (np.frombuffer(rng.bytes(300), dtype=fp8).copy(), np.frombuffer(rng.bytes(300), dtype=fp8).copy(), True),
         "same-bf16": (r_same.copy(), r_same, True),
         "same-intra-f32": (np.zeros(64, f32), None, True),
+        "intra-zeros-f32": (np.where(rng.random(800) < 0.85, 0, _normal(f32, 800, rng)).astype(f32), None, True),
+        # 32-lane sections (WIDE): the AVX2 decoder for 16-bit words, the scalar one otherwise
+        "wide-delta-bf16": (_steps(r_sparse[:2000], rng, 0.8, 40), r_sparse[:2000], True),
+        "wide-intra-bf16": (_normal(bf16, 1500, rng), None, True),
+        "wide-delta-f32": (_steps(r_dense, rng, 0.9, 300), r_dense, True),
     }
     return kinds
 
 
 KINDS = _make_kinds()
+WIDE = {k for k in KINDS if k.startswith("wide-")}  # encoded with _section3.WIDE_BITS = 0
 EXPECTED_MODE = {"raw-fp8": "raw", "same-bf16": "same", "same-intra-f32": "same",
-                 "sparse-mode-bf16": "sparse", "sparse-mode-f64": "sparse"}
+                 "sparse-mode-bf16": "sparse", "sparse-mode-f64": "sparse", "intra-f16": "intra",
+                 "intra-f64-long-tails": "intra", "wide-intra-bf16": "intra"}
+
+# golden blobs of versions 1 and 2: kind -> fixture case
+GOLDEN_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "ulpack_v1"
+V1_KINDS = {"v1-intra-f16": "float16_intra", "v1-delta-bf16": "bfloat16_delta", "v1-delta-f64": "float64_delta",
+            "v1-sparse-bf16": "bfloat16_delta_sparse", "v1-sparse-mode-f16": "float16_delta_sparse_mode",
+            "v1-delta-32k-fp8": "float8_e4m3fn_delta_32k"}
+ALL_KINDS = list(KINDS) + list(V1_KINDS)
+
+
+def _golden_v1(case_name: str):
+    """(blob, target, reference or None) of a version-1 golden case."""
+    cases = {c["name"]: c for c in json.loads((GOLDEN_V1 / "manifest.json").read_text())["cases"]}
+    case = cases[case_name]
+    dt = np.dtype({"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+                   "float8_e5m2": ml_dtypes.float8_e5m2}.get(case["dtype"], case["dtype"]))
+
+    def load(role):
+        raw = (GOLDEN_V1 / case[role]).read_bytes()
+        return np.frombuffer(raw, dtype=uint(dt)).view(dt).reshape(case["shape"]).copy()
+
+    return (GOLDEN_V1 / case["blob"]).read_bytes(), load("target"), load("reference") if "reference" in case else None
+
+
+def _encode(t, r, econd, sparse, wide, backend=None):
+    from ulstore.codec import _section3
+
+    saved = _section3.WIDE_BITS
+    if wide:
+        _section3.WIDE_BITS = 0
+    try:
+        return ulstore.encode(t, r, econd=econd, sparse=sparse, backend=backend)
+    finally:
+        _section3.WIDE_BITS = saved
 
 
 @dataclass
@@ -133,11 +179,18 @@ def blobs():
     out = {}
     for kind, (t, r, econd) in KINDS.items():
         sparse = EXPECTED_MODE.get(kind) == "sparse"
-        blob = ulstore.encode(t, r, econd=econd, sparse=sparse)
-        assert ulstore.encode(t, r, econd=econd, sparse=sparse, backend="numpy") == blob
+        blob = _encode(t, r, econd, sparse, kind in WIDE)
+        assert _encode(t, r, econd, sparse, kind in WIDE, backend="numpy") == blob
         info = ulstore.inspect_blob(blob)
         assert info["mode"] == EXPECTED_MODE.get(kind, "rans"), (kind, info)
+        assert info["version"] == (2 if sparse else 3), (kind, info)
         assert len(blob) < 8000, (kind, len(blob))
+        if kind in WIDE:
+            assert blob != _encode(t, r, econd, sparse, False), f"{kind}: 32 lanes were not forced"
+        out[kind] = (blob, t, r)
+    for kind, case in V1_KINDS.items():
+        blob, t, r = _golden_v1(case)
+        assert ulstore.inspect_blob(blob)["version"] in (1, 2)
         out[kind] = (blob, t, r)
     return out
 
@@ -186,7 +239,7 @@ def ignored_bits(kind: str, blobs) -> dict[int, int]:
 _EDGE_RUNS = {(0xFF << k) & 0xFF for k in range(1, 8)} | {(1 << k) - 1 for k in range(1, 8)}
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_every_payload_bit_flip_resealed(kind, blobs):
     """Each payload bit flipped (CRC recomputed) is detected, unless it is a padding bit."""
     ignored = ignored_bits(kind, blobs)
@@ -261,11 +314,11 @@ def _decode(blob, ref, backend):
 
 
 def test_fuzz_budget():
-    assert N_PLAIN * len(KINDS) >= 10_000
-    assert N_RESEALED * len(KINDS) >= 10_000
+    assert N_PLAIN * len(ALL_KINDS) >= 10_000
+    assert N_RESEALED * len(ALL_KINDS) >= 10_000
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_fuzz_plain_mutations(kind, blobs):
     blob, target, ref = blobs[kind]
     rng = np.random.default_rng(zlib.crc32(kind.encode()))
@@ -284,7 +337,7 @@ def test_fuzz_plain_mutations(kind, blobs):
     assert stats["no-op"] <= N_PLAIN * 0.05, stats
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_fuzz_resealed_payload_mutations(kind, blobs):
     """Payload mutations with a recomputed CRC reach the table, stream and checksum checks."""
     blob, target, ref = blobs[kind]
@@ -339,13 +392,9 @@ def _split_rans(blob: bytes):
 
 
 def _crafted():
-    rng = np.random.default_rng(3)
     out = {}
-    x = (np.round(rng.standard_normal(256) * 4) / 4).astype(np.float32)
-    r = _normal(np.dtype(np.float32), 256, rng)
-    t = _steps(r, rng, 0.5, 3)
-    for label, (tt, rr) in {"intra": (x, None), "delta": (t, r)}.items():
-        blob = ulstore.encode(tt, rr)
+    for label, case in {"intra": "float32_intra", "delta": "float32_delta"}.items():
+        blob, _, rr = _golden_v1(case)  # version 1: today's encoder writes version 3
         hdr, scale, tables, rest = _split_rans(blob)
         # an empty table: the reference's contexts have no rows
         out[f"{label}-zero-contexts"] = (reseal(hdr + scale + b"\x00" + rest), rr)

@@ -1,9 +1,10 @@
-"""ULPack as a numcodecs codec, and the golden blobs that pin format version 1.
+"""ULPack as a numcodecs codec, and the golden blobs that pin every format version.
 
-Golden blobs live in ``tests/fixtures/`` and are written by
-``tests/fixtures/make_fixtures.py``.  Each one must still decode to its stored
-input, and encoding the stored inputs must still give the stored bytes: any
-change to the blob format fails here.
+Golden blobs live in ``tests/fixtures/`` (see ``tests/fixtures/make_fixtures.py``):
+``ulpack_v1`` (versions 1 and 2, frozen) and ``ulpack_v3`` (today's).  Each one
+must still decode to its stored input on every backend, and encoding the stored
+inputs of today's must still give the stored bytes: any change to the blob
+format fails here.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
 from ulstore.codec._dtypes import FORMATS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-GOLDEN = FIXTURES / "ulpack_v1"
+GOLDEN_V1 = FIXTURES / "ulpack_v1"  # versions 1 and 2, frozen
+GOLDEN = FIXTURES / "ulpack_v3"  # today's
 NUMCODECS_FIXTURES = FIXTURES / "numcodecs"
 DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 CODECS = [ULPack(), ULPack(econd=False)]
@@ -232,42 +234,70 @@ def test_numcodecs_buffer_order_f_contiguous(tmp_path, monkeypatch):
 # -- golden blobs ------------------------------------------------------------------------
 
 
-def _manifest() -> dict:
-    return json.loads((GOLDEN / "manifest.json").read_text())
+def _manifest(root: Path = GOLDEN) -> dict:
+    return json.loads((root / "manifest.json").read_text())
 
 
 CASES = {c["name"]: c for c in _manifest()["cases"]}
+CASES_V1 = {c["name"]: c for c in _manifest(GOLDEN_V1)["cases"]}
 
 
-def _load(case, role):
+def _load(case, role, root: Path = GOLDEN):
     dt = DTYPES[case["dtype"]]
-    raw = (GOLDEN / case[role]).read_bytes()
+    raw = (root / case[role]).read_bytes()
     assert hashlib.sha256(raw).hexdigest().startswith(Path(case[role]).stem), f"{case[role]} was modified"
     return np.frombuffer(raw, dtype=uint(dt)).view(dt).reshape(case["shape"]).copy()
 
 
-def test_golden_fixture_inventory():
-    """Every dtype has every mode; the fixture files are all referenced and small."""
+def _inventory(cases: dict) -> dict[str, set]:
     by_dtype: dict[str, set] = {}
-    for c in CASES.values():
+    for c in cases.values():
         kinds = by_dtype.setdefault(c["dtype"], set())
         kinds.add(("rans", c["delta"], c["econd"]) if c["mode"] == "rans" else (c["mode"], c["delta"]))
         if 0 in c["shape"]:
             kinds.add("empty")
-    for name in DTYPES:
-        got = by_dtype.get(name, set())
-        for need in [("rans", False, True), ("rans", True, True), ("rans", True, False), ("raw", True),
-                     ("raw", False), ("same", True), ("same", False), ("sparse", True), "empty"]:
-            assert need in got, (name, need)
-    referenced = {"manifest.json"}
-    for c in CASES.values():
-        referenced.update(c[k] for k in ("blob", "target", "reference") if k in c)
-    files = {p.relative_to(GOLDEN).as_posix() for p in GOLDEN.rglob("*") if p.is_file()}
-    assert files == referenced, files ^ referenced
-    codec_fixtures = [GOLDEN, FIXTURES / "numcodecs"]  # (store_format1/ is the store's)
+        if c.get("lanes") == 32:
+            kinds.add(("wide", c["mode"]))
+    return by_dtype
+
+
+def test_golden_fixture_inventory():
+    """Every dtype has every mode in both generations; the fixture files are all referenced and small."""
+    common = [("rans", True, True), ("rans", True, False), ("raw", True), ("raw", False), ("same", True),
+              ("same", False), ("sparse", True), "empty"]
+    needs = {GOLDEN_V1: common + [("rans", False, True)],
+             GOLDEN: common + [("rans", False, True), ("intra", False), ("wide", "rans"), ("wide", "intra")]}
+    for root, cases in ((GOLDEN_V1, CASES_V1), (GOLDEN, CASES)):
+        by_dtype = _inventory(cases)
+        for name in DTYPES:
+            got = by_dtype.get(name, set())
+            for need in needs[root]:
+                assert need in got, (root.name, name, need)
+        referenced = {"manifest.json"}
+        for c in cases.values():
+            referenced.update(c[k] for k in ("blob", "target", "reference") if k in c)
+        files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+        assert files == referenced, files ^ referenced
+    assert set(CASES_V1) < set(CASES), "every version-1 case is also a version-3 case"
+    codec_fixtures = [GOLDEN_V1, GOLDEN, FIXTURES / "numcodecs"]  # (store_format1/ is the store's)
     total = sum(p.stat().st_size for d in codec_fixtures for p in d.rglob("*") if p.is_file() and p.suffix != ".py")
-    assert total < 200_000, total
-    assert _manifest()["format_version"] == 1
+    assert total < 500_000, total  # two generations of blobs and their inputs
+    assert _manifest(GOLDEN_V1)["format_version"] == 1
+    assert _manifest()["format_version"] == 3
+
+
+def _reencode(case, target, reference, backend=None) -> bytes:
+    """Encode a case as make_fixtures.py does (32-lane sections forced where the manifest says so)."""
+    from ulstore.codec import _section3
+
+    saved = _section3.WIDE_BITS
+    if case.get("lanes") == 32:
+        _section3.WIDE_BITS = 0
+    try:
+        return ulstore.encode(target, reference, econd=case["econd"], sparse=case["mode"] == "sparse",
+                              backend=backend)
+    finally:
+        _section3.WIDE_BITS = saved
 
 
 @pytest.mark.parametrize("backend", ulstore.available_backends())
@@ -280,7 +310,7 @@ def test_golden_blob_decodes_and_reencodes(name, backend):
     reference = _load(case, "reference") if "reference" in case else None
     info = ulstore.inspect_blob(blob)
     sparse = case["mode"] == "sparse"
-    assert info["version"] == (2 if sparse else 1)  # version 2 only added the sparse mode
+    assert info["version"] == (2 if sparse else 3)  # SPARSE blobs are still written as version 2
     assert info["dtype"] == case["dtype"]
     assert info["shape"] == tuple(case["shape"])
     assert info["mode"] == case["mode"]
@@ -291,17 +321,50 @@ def test_golden_blob_decodes_and_reencodes(name, backend):
     assert isinstance(out, np.ndarray) and out.flags.c_contiguous
     _assert_same_bits(out, target)
     # (b) today's encoder writes exactly the stored bytes
-    again = ulstore.encode(target, reference, econd=case["econd"], sparse=sparse, backend=backend)
+    again = _reencode(case, target, reference, backend=backend)
     assert again == blob, f"{name}: the encoder no longer writes the same bytes ({len(again)} vs {len(blob)})"
+    if case.get("lanes") == 32:
+        assert blob != _reencode({**case, "lanes": None}, target, reference), "the 32 lanes were not forced"
+        return
     # and through the numcodecs interface
     codec = ULPack(econd=case["econd"], sparse=sparse)
     assert ensure_bytes(codec.encode(target, reference=reference)) == blob
     _assert_same_bits(codec.decode(blob, reference=reference), target)
 
 
-def test_numcodecs_backwards_compatibility(monkeypatch):
-    """numcodecs' own fixture check over the committed ``fixtures/numcodecs`` data."""
+@pytest.mark.parametrize("backend", ulstore.available_backends())
+@pytest.mark.parametrize("name", list(CASES_V1))
+def test_golden_v1_blob_decodes(name, backend):
+    """Blobs of versions 1 and 2 keep decoding, bit-exact, on every backend; today's encoder
+    codes the same inputs as version 3 (SPARSE: the same version-2 bytes), which decode
+    to the same values."""
+    case = CASES_V1[name]
+    blob = (GOLDEN_V1 / case["blob"]).read_bytes()
+    assert hashlib.sha256(blob).hexdigest() == case["blob_sha256"], "golden blob file was modified"
+    target = _load(case, "target", GOLDEN_V1)
+    reference = _load(case, "reference", GOLDEN_V1) if "reference" in case else None
+    info = ulstore.inspect_blob(blob)
+    sparse = case["mode"] == "sparse"
+    assert info["version"] == (2 if sparse else 1)
+    assert (info["dtype"], info["shape"], info["mode"]) == (case["dtype"], tuple(case["shape"]), case["mode"])
+    assert (info["delta"], info["econd"]) == (case["delta"], case["econd"])
+    _assert_same_bits(ulstore.decode(blob, reference, backend=backend), target)
+    codec = ULPack(econd=case["econd"], sparse=sparse)
+    _assert_same_bits(codec.decode(blob, reference=reference), target)
+    today = ulstore.encode(target, reference, econd=case["econd"], sparse=sparse, backend=backend)
+    assert (today == blob) == sparse, name
+    _assert_same_bits(ulstore.decode(today, reference, backend=backend), target)
+    if case["mode"] not in ("raw", "same"):  # RAW and SAME only lost header bytes
+        assert len(today) <= len(blob) + 4, (name, len(today), len(blob))
+
+
+@pytest.mark.parametrize("prefix", [None, "v3"])
+def test_numcodecs_backwards_compatibility(monkeypatch, prefix):
+    """numcodecs' own fixture check over the committed ``fixtures/numcodecs`` data: the
+    version-1 encodings (top level) and today's (``v3/``)."""
     root = NUMCODECS_FIXTURES / "fixture" / "ulpack"
+    if prefix:
+        root = root / prefix
     arrays = sorted(root.glob("array.*.npy"))
     assert len(arrays) >= 4, "numcodecs fixtures missing: run tests/fixtures/make_fixtures.py"
     for j in range(len(CODECS)):
@@ -312,16 +375,16 @@ def test_numcodecs_backwards_compatibility(monkeypatch):
     loaded = [np.load(a) for a in arrays]
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
     monkeypatch.chdir(NUMCODECS_FIXTURES)
-    check_backwards_compatibility("ulpack", loaded, CODECS)
+    check_backwards_compatibility("ulpack", loaded, CODECS, prefix=prefix)
     after = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
     assert before == after, "check_backwards_compatibility wrote fixture files: they were incomplete"
-    # and the stored encodings are today's bytes, bit for bit
     for j, codec in enumerate(CODECS):
         for a, arr in zip(arrays, loaded):
             i = a.name.split(".")[1]
             stored = (root / f"codec.{j:02d}" / f"encoded.{i}.dat").read_bytes()
-            assert ensure_bytes(codec.encode(arr)) == stored
             _assert_same_bits(codec.decode(stored), arr)
+            if prefix:  # today's encodings are today's bytes, bit for bit
+                assert ensure_bytes(codec.encode(arr)) == stored
 
 
 def test_fixture_generator_is_importable_without_side_effects():
@@ -336,6 +399,7 @@ def test_fixture_generator_is_importable_without_side_effects():
     assert before == after
     names = [c[0] for c in mod.cases()]
     assert sorted(names) == sorted(CASES), "make_fixtures.py and the committed manifest disagree"
+    assert sorted(c[0] for c in mod._cases_v1()) == sorted(CASES_V1), "the version-1 cases changed"
     assert os.path.basename(mod.__file__) == "make_fixtures.py"
 
 

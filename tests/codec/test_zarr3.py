@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-import ulstore  # noqa: F401  -- registers the bfloat16 / fp8 zarr data types
+import ulstore  # registers the bfloat16 / fp8 zarr data types
 from tests.helpers.bits import FLOAT_FORMATS, awkward_floats, bits_of
 from ulstore.codec import decode
 from ulstore.codec.zarr3 import ULPack
@@ -154,3 +154,15 @@ def test_the_docs_example_runs_as_written(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert zarr.open_array(str(tmp_path / "weights.zarr")).metadata.to_dict()["codecs"][0]["name"] == "ulpack"
+
+
+def test_chunk_declaring_another_shape_is_refused(tmp_path):
+    """The serializer passes the chunk's shape to decode: a chunk blob of the right size but
+    another shape (here the chunk flattened) is refused, not reshaped."""
+    x = sample("float32", (8, 7, 3))
+    write(tmp_path / "a.zarr", x)
+    chunk = tmp_path / "a.zarr" / "c" / "0" / "0" / "0"
+    chunk.write_bytes(ulstore.encode(np.ascontiguousarray(x[:4]).reshape(-1)))
+    a = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    with pytest.raises(CorruptBlobError, match="expected"):
+        a[:4]

@@ -16,13 +16,16 @@ Modules, top to bottom (each imports only those below it)::
     _batch.py       encode_many / decode_many on a thread pool
     _numcodecs.py   ULPack, the numcodecs codec
     _sparse.py      SPARSE payloads: positions + residuals of the changed elements
-    _section.py     one rANS section: table, lane states, words, raw tails
-    _format.py      the blob bytes: header, CRC, bounds-checked reader
+    _section3.py    version-3 RANS and INTRA payloads: one stream, band rows, table choices
+    _section.py     version-1 sections: table, lane states, words, raw tails
+    _format.py      the blob bytes: header, CRC, bounds-checked reader (versions 1 to 3)
     _tables.py      rANS frequency tables (integer arithmetic, shared by both backends)
     _dtypes.py      the six float formats and exact bit views (numpy, ml_dtypes, torch)
     _backend.py     which kernels run: compiled (_kernels*.so) or the NumPy twin
-    _kernels.pyx    compiled nogil loops (built twice: _kernels, _kernels_v3)
+    _kernels.pyx    compiled nogil loops (built twice: _kernels, _kernels_v3); includes
+                    _kernels3.pxi (version 3) and _simd3.h (C loops, AVX2 in _kernels_v3)
     _reference.py   the NumPy twin of every kernel: the executable specification
+                    (version 3's in _reference3.py)
     _checksum.py    finishing and folding the word-sum checksum
     _scratch.py     per-thread reusable buffers
 """

@@ -3,13 +3,15 @@
 ``encode(target, reference)`` returns a self-contained blob; ``decode(blob,
 reference)`` returns the target exactly, bit for bit, for every bit pattern
 (signed zeros, subnormals, infinities and NaN payloads included).  With no
-reference the tensor is coded against all +0.0 ("intra" mode, used for anchors).
+reference the tensor is coded *intra* (anchors, first steps, new tensors).
 
 How: the ordered-integer (ULP) residual ``zigzag(key(x) - key(r))`` of every
 element is split into a token (its bit length and the two bits below the leading
-one) and raw low bits.  Tokens are coded with static 4-lane interleaved rANS whose
-tables are conditioned on the reference value's exponent field, which the decoder
-already holds.  See ``docs/format.md`` for the bytes.
+one) and raw low bits.  Tokens are coded with static interleaved rANS (4 or 32
+lanes) whose tables are conditioned on the reference value's exponent field,
+which the decoder already holds; the raw bits go through the same rANS states.
+Intra, the symbol is the exponent and the top mantissa bits, and the sign and the
+other mantissa bits are raw.  See ``docs/format.md`` for the bytes.
 
 Thread safety: every function here is a pure function of its arguments; the
 compiled kernels release the GIL, so threads encode or decode in parallel.
@@ -25,6 +27,7 @@ True
 >>> bool((ulstore.decode(blob, base).view(np.uint32) == step.view(np.uint32)).all())
 True
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,9 +41,10 @@ from ._checksum import finish_sum
 from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
-from ._section import decode_section, encode_section
+from ._section import decode_section, read_fields
+from ._section3 import band_of, decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
-from ._tables import sum_rows
+from ._tables import SCALE_BITS
 
 __all__ = [
     "encode",
@@ -112,17 +116,20 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
     xf = x.reshape(-1)
     rf = None if r is None else r.reshape(-1)
     flags = (F.FLAG_DELTA if rf is not None else 0) | (0 if econd else F.FLAG_NO_ECOND)
-    if xf.size:
+    mode, coded, hash_r = F.MODE_RAW, [], 0
+    if not xf.size:
+        hash_x = k.hash64(xf)  # empty: RAW
+    elif rf is None:
+        mode, coded, hash_x = _encode_intra(k, fmt, xf, econd)
+    else:
         z, sym, hist, emask, hash_x, hash_r = _analyze(k, fmt, xf, rf, econd)
         changed = xf.size - int(hist[:: 1 << fmt.token_bits].sum())  # token 0 of every context
-        mode = F.MODE_SAME if not changed else F.MODE_SPARSE if (
-            sparse and rf is not None and changed * SPARSE_MAX_FRACTION <= xf.size) else F.MODE_RANS
-        if mode == F.MODE_RANS:
-            coded = encode_section(k, fmt, z, sym, hist, emask)
-        elif mode == F.MODE_SPARSE:
-            coded = encode_sparse(k, fmt, z, sym, emask, changed)
-    else:
-        hash_x, hash_r, mode, coded = k.hash64(xf), k.hash64(xf), F.MODE_RANS, []  # empty: RAW below
+        if not changed:
+            mode = F.MODE_SAME
+        elif sparse and changed * SPARSE_MAX_FRACTION <= xf.size:
+            mode, coded = F.MODE_SPARSE, encode_sparse(k, fmt, z, sym, emask, changed)
+        else:
+            mode, coded = F.MODE_RANS, encode_delta(k, fmt, z, sym, hist, emask)[0]
     header = dict(
         fmt=fmt,
         flags=flags,
@@ -132,9 +139,37 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
     )
     if mode == F.MODE_SAME:  # every residual is zero: the reference (or +0.0) is the target
         return F.seal(F.Header(mode=mode, **header).pack())
-    if sum(len(part) for part in coded) >= xf.nbytes:  # tables would cost more than they save
+    if mode == F.MODE_RAW or sum(len(part) for part in coded) >= xf.nbytes:  # tables cost more than they save
         return F.seal(F.Header(mode=F.MODE_RAW, **header).pack(), xf.view(np.uint8))
     return F.seal(F.Header(mode=mode, **header).pack(), *coded)
+
+
+def _encode_intra(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
+    """(mode, payload parts, hash64(x)) of an intra blob: INTRA, or RANS against +0.0 when that
+    is smaller (many zeros) or INTRA cannot code it (more than 256 symbols), or SAME (all +0.0)."""
+    mode, plan, hash_x = _intra_mode(k, fmt, xf, econd)
+    if mode == F.MODE_INTRA:
+        sym, choice = plan
+        return mode, encode_intra(k, fmt, xf, sym, choice), hash_x
+    return mode, plan, hash_x
+
+
+def _intra_mode(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
+    """The intra model ``encode`` uses: (MODE_SAME, [], h), (MODE_RANS, payload parts, h) or
+    (MODE_INTRA, (symbols, intra_choice), h), with h = hash64(x)."""
+    sym, hist, hash_x = intra_plan(k, fmt, xf)
+    n = xf.size
+    if hist[0] == n and not xf.any():
+        return F.MODE_SAME, [], hash_x
+    choice = intra_choice(k, fmt, hist, n)
+    # INTRA spends sign and low mantissa bits on every element, zeros too: where
+    # zeros (symbol 0) are common, see whether the residual coder does better
+    if choice is None or int(hist[0]) * 8 >= n:
+        z, rsym, rhist, emask, _, _ = _analyze(k, fmt, xf, None, econd)
+        parts, bits = encode_delta(k, fmt, z, rsym, rhist, emask)
+        if choice is None or bits < choice[0]:
+            return F.MODE_RANS, parts, hash_x
+    return F.MODE_INTRA, (sym, choice), hash_x
 
 
 def _hash32(k, words: np.ndarray) -> int:
@@ -174,7 +209,7 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     return z, sym, lanes[0], emask, hash_x, hash_r  # counts per symbol: context << token_bits | token
 
 
-def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
+def decode(blob, reference=None, *, shape=None, backend: str | None = None) -> np.ndarray:
     """Decode a ULPack blob, bit-exact.
 
     Parameters
@@ -183,6 +218,11 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
         A blob from :func:`encode`.
     reference : array-like, optional
         The reference the blob was coded against (None for intra blobs).
+    shape : tuple of int, optional
+        The shape the caller expects.  A blob that declares another one is refused
+        before anything of its size is allocated: pass it whenever you know it
+        (a store knows its chunks' shapes), so that a damaged or forged intra
+        blob cannot make the decoder allocate more than the tensor you expect.
     backend : {"cython", "numpy"}, optional
         Kernel implementation; defaults to the active one.
 
@@ -195,13 +235,15 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     Raises
     ------
     CorruptBlobError
-        The blob is truncated, altered or inconsistent (CRC, tables, streams, checksum).
+        The blob is truncated, altered or inconsistent (CRC, tables, streams,
+        checksum, or a size its payload cannot hold), or declares a shape other
+        than ``shape``.
     UnsupportedVersionError
         The blob was written by a newer format version.
     ReferenceMismatchError
         ``reference`` is not the one the blob was coded against (or is missing).
     """
-    header, rd, rf = _open(blob, reference)
+    header, rd, rf = _open(blob, reference, shape)
     fmt = header.fmt
     k = kernels(backend)
     n = header.size
@@ -211,35 +253,93 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
         out = rf.copy()
         out[pos] = values
         return from_bits(fmt, out).reshape(header.shape)
+
+    def verify(values_hash: int) -> None:
+        if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
+            raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
+
+    emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
+    if header.version >= 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
+        try:
+            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify)
+            _check_end(rd)
+        except CorruptBlobError:
+            _check_reference(k, header, rf)  # a wrong reference is the likelier cause: say so
+            raise
+        if rf is not None and _fold32(ref_hash) != header.ref_hash:
+            raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
+        verify(values_hash)
+        return from_bits(fmt, out).reshape(header.shape)
     if header.mode == F.MODE_RANS:
+        if rf is None:
+            _check_v1_intra_size(k, fmt, header, rd, verify)
         # one pass over the reference yields its checksum and the context sizes
-        emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
         ref = rf if rf is not None else np.zeros(n, dtype=fmt.word)
         n_c = np.zeros((8, emask + 1), dtype=np.uint32)
         ref_hash = _fold32(k.context_histogram(ref, fmt.mant_bits, emask, n_c))
     else:
-        ref_hash = _hash32(k, rf) if rf is not None else 0
+        ref_full = k.hash64(rf) if rf is not None else 0
+        ref_hash = _fold32(ref_full)
     if rf is not None and ref_hash != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     if header.mode == F.MODE_RANS:
         out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))  # residuals
         values_hash = k.reconstruct(ref, out)  # now the values
-    else:
-        if header.mode == F.MODE_RAW:
-            out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
-        else:
-            out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
+    elif header.mode == F.MODE_RAW:
+        out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
         values_hash = k.hash64(out)
+    elif rf is not None:  # SAME: the target is the reference
+        out = rf.copy()
+        values_hash = ref_full
+    else:  # all +0.0: check before allocating (the declared size is all there is)
+        _check_end(rd)
+        verify(k.hash_fill(0, n, fmt.width // 8))
+        return from_bits(fmt, np.zeros(n, dtype=fmt.word)).reshape(header.shape)
     _check_end(rd)
-    if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
-        raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
+    verify(values_hash)
     return from_bits(fmt, out).reshape(header.shape)
 
 
-def _open(blob, reference) -> tuple[F.Header, F.Reader, np.ndarray | None]:
-    """Parse and check a blob; check ``reference`` fits it; return its flat words (None: intra)."""
+def _check_reference(k, header: F.Header, rf) -> None:
+    if rf is not None and _hash32(k, rf) != header.ref_hash:
+        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
+
+
+def _check_v1_intra_size(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, verify) -> None:
+    """Refuse a version-1 intra RANS blob whose declared size its payload cannot code,
+    before anything of that size is allocated (see ``_section3.decode_section3``)."""
+    n = header.size
+    peek = F.Reader(rd.buf, rd.pos, rd.end)
+    fields = read_fields(peek, n, fmt)
+    q = np.zeros((1, fmt.alphabet), dtype=np.int64)
+    if k.read_table(fields.table, np.array([n], dtype=np.int64), SCALE_BITS, q):
+        return  # the decoder reports the damage, and allocates nothing of size n first
+    present = np.flatnonzero(q[0])
+    n_words = len(fields.words) // 2
+    if len(present) == 1:  # one token: every element has the same residual
+        t = int(present[0])
+        nb = max((t >> 2) - 1, 0)
+        if nb:
+            if n * nb != fields.tail_bits:
+                raise CorruptBlobError(
+                    f"ULPack blob declares {n} elements but its raw tail holds {fields.tail_bits // nb}"
+                )
+        else:  # a constant tensor: check its values from their hash alone
+            w = fmt.width
+            key = ((1 << (w - 1)) + ((t >> 1) ^ -(t & 1))) & ((1 << w) - 1)
+            verify(k.hash_fill(key & ~(1 << (w - 1)) if key >> (w - 1) else ~key & ((1 << w) - 1), n, w // 8))
+    elif n > 46000 * (F.LANES + n_words):
+        raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")
+
+
+def _open(blob, reference, shape=None) -> tuple[F.Header, F.Reader, np.ndarray | None]:
+    """Parse and check a blob; check ``reference`` (and ``shape``) fit it; return its flat words (None: intra)."""
     header, rd = F.open_blob(blob)
     fmt = header.fmt
+    if shape is not None:
+        expected = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+        if expected != header.shape:
+            raise CorruptBlobError(f"ULPack blob declares shape {list(header.shape)}, expected {list(expected)}")
     if not header.is_delta:
         if reference is not None:
             raise ReferenceMismatchError("this ULPack blob is intra-coded (no reference); do not pass one")
@@ -303,16 +403,19 @@ class Changes:
         value each.
         """
         if not isinstance(out, np.ndarray) or out.dtype != self.values.dtype:
-            raise InvalidInputError(f"changes of {self.values.dtype} values cannot be applied to "
-                                    f"{getattr(out, 'dtype', type(out).__name__)}")
+            raise InvalidInputError(
+                f"changes of {self.values.dtype} values cannot be applied to "
+                f"{getattr(out, 'dtype', type(out).__name__)}"
+            )
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise InvalidInputError("changes are applied in place: pass a writeable C-contiguous array")
         word = f"<u{out.dtype.itemsize}"
         positions = np.ascontiguousarray(self.positions, dtype=np.int64)
         values = np.ascontiguousarray(self.values).reshape(-1)
         if kernels(backend).scatter(out.reshape(-1).view(word), positions, values.view(word)):
-            raise InvalidInputError(f"changes do not fit an array of {out.size}: positions must ascend inside it, "
-                                    "one value each")
+            raise InvalidInputError(
+                f"changes do not fit an array of {out.size}: positions must ascend inside it, one value each"
+            )
 
 
 def content_sum(array, *, backend: str | None = None) -> int:
@@ -374,7 +477,13 @@ def decode_changes(blob, reference, *, reference_sum: int | None = None, backend
 def inspect_blob(blob) -> dict:
     """Header fields of a blob (after its integrity checks), for tools and debugging."""
     header, _ = F.open_blob(blob)
-    mode = {F.MODE_RAW: "raw", F.MODE_SAME: "same", F.MODE_RANS: "rans", F.MODE_SPARSE: "sparse"}[header.mode]
+    mode = {
+        F.MODE_RAW: "raw",
+        F.MODE_SAME: "same",
+        F.MODE_RANS: "rans",
+        F.MODE_SPARSE: "sparse",
+        F.MODE_INTRA: "intra",
+    }[header.mode]
     return {
         "version": memoryview(blob).cast("B")[4],
         "dtype": header.fmt.name,
@@ -389,22 +498,44 @@ def inspect_blob(blob) -> dict:
 def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
     """Ideal size in bits of ``target`` under ULPack's own model (no tables, no coder loss).
 
-    ``sum over table rows and tokens of -count * log2(count / row total)`` plus the
-    raw tail bits: what a perfect entropy coder with free tables would reach.  Rows
-    are the reference-exponent contexts, with contexts of fewer than 256 elements
-    pooled into one row, exactly as the coder models them.
+    ``sum over table rows and symbols of -count * log2(count / row total)`` plus the
+    raw bits: what a perfect entropy coder with free tables would reach, for the
+    model :func:`encode` uses.  Deltas: residual tokens in rows of reference
+    exponents (the contexts from the first to the last holding 256 elements or
+    more have a row each, the others share one), plus their raw tails.  Intra:
+    the INTRA symbols (exponent and top mantissa bits) plus the sign and low
+    mantissa bits, or, where ``encode`` picks it, the residual model against +0.0.
     """
     fmt, x, r = _prepare(target, reference)
     xf = x.reshape(-1)
     if xf.size == 0:
         return 0.0
+    k = kernels()
     rf = None if r is None else r.reshape(-1)
-    counts, emask = _analyze(kernels(), fmt, xf, rf, econd)[2:4]
+    if rf is None:
+        mode, plan, _ = _intra_mode(k, fmt, xf, econd)
+        if mode == F.MODE_SAME:
+            return 0.0
+        if mode == F.MODE_INTRA:
+            _, (_, kk, _, _, _) = plan
+            k_max = min(3, fmt.mant_bits)
+            hist = intra_plan(k, fmt, xf)[1]
+            counts = hist.reshape(-1, 1 << (k_max - kk)).sum(axis=1, dtype=np.int64)[None, :]
+            return _entropy_bits(counts) + xf.size * (fmt.mant_bits - kk + 1)
+    counts, emask = _analyze(k, fmt, xf, rf, econd)[2:4]
     hist = counts.reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
     tokens = np.arange(fmt.alphabet)
     tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
-    h = sum_rows(hist, hist.sum(axis=1)).astype(np.float64)  # the model's own rows
+    count, lo = band_of(hist.sum(axis=1)) if emask else (0, 0)
+    rows = np.zeros((count + 1, fmt.alphabet), dtype=np.int64)  # the model's own rows
+    rows[1:] = hist[lo : lo + count]
+    rows[0] = hist.sum(axis=0) - rows[1:].sum(axis=0)
+    return _entropy_bits(rows) + tail_bits
+
+
+def _entropy_bits(rows: np.ndarray) -> float:
+    """``sum -count * log2(count / row total)`` over the rows of a count matrix."""
+    h = rows.astype(np.float64)
     totals = h.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        bits = -np.where(h > 0, h * np.log2(h / totals), 0.0).sum()
-    return float(bits) + tail_bits
+        return float(-np.where(h > 0, h * np.log2(h / totals), 0.0).sum())

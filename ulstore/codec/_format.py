@@ -1,9 +1,10 @@
-"""The ULPack blob byte layout (versions 1 and 2): header, tables, sections, trailer.
+"""The ULPack blob byte layout (versions 1 to 3): header, tables, sections, trailer.
 
 See ``docs/format.md`` for the field-by-field description.  This module only packs
 and parses bytes; it never codes values.  Everything read from a blob is untrusted:
 every parse failure raises :class:`~ulstore.errors.CorruptBlobError`.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -19,6 +20,7 @@ __all__ = [
     "MODE_SAME",
     "MODE_RANS",
     "MODE_SPARSE",
+    "MODE_INTRA",
     "FLAG_DELTA",
     "FLAG_NO_ECOND",
     "LANES",
@@ -32,12 +34,20 @@ __all__ = [
 ]
 
 MAGIC = b"ULPK"
-VERSION = 2  # the newest version this module reads and writes
-MODE_RAW, MODE_SAME, MODE_RANS, MODE_SPARSE = 0, 1, 2, 3
-# Version 2 added MODE_SPARSE and nothing else: a blob in any other mode is written
-# as version 1, byte for byte what version-1 writers produced, and version-1
-# readers refuse SPARSE blobs as an unknown version instead of misreading them.
-_FIRST_VERSION = {MODE_RAW: 1, MODE_SAME: 1, MODE_RANS: 1, MODE_SPARSE: 2}
+VERSION = 3  # the newest version this module reads and writes
+MODE_RAW, MODE_SAME, MODE_RANS, MODE_SPARSE, MODE_INTRA = 0, 1, 2, 3, 4
+# The modes each version may hold.  Version 2 added MODE_SPARSE and nothing else;
+# version 3 has a shorter header and new RANS and INTRA payloads (one-stream
+# sections, see _section3).  Writers use one version per mode (_WRITE_VERSION):
+# SPARSE blobs are still version 2, byte for byte, because the weight-sync path
+# applies them in time proportional to the changes and version 3 changed nothing
+# there.  Readers accept every (version, mode) pair below and refuse the rest.
+_VERSION_MODES = {
+    1: (MODE_RAW, MODE_SAME, MODE_RANS),
+    2: (MODE_SPARSE,),
+    3: (MODE_RAW, MODE_SAME, MODE_RANS, MODE_INTRA),
+}
+_WRITE_VERSION = {MODE_RAW: 3, MODE_SAME: 3, MODE_RANS: 3, MODE_SPARSE: 2, MODE_INTRA: 3}
 FLAG_DELTA = 1  # coded against a caller-held reference (else: intra, against +0.0)
 FLAG_NO_ECOND = 2  # ablation: the models ignore the reference exponent
 _KNOWN_FLAGS = FLAG_DELTA | FLAG_NO_ECOND
@@ -119,6 +129,7 @@ class Header:
     shape: tuple[int, ...]
     ref_hash: int
     target_hash: int
+    version: int = 0  # 0: the version this module writes for ``mode``
 
     @property
     def size(self) -> int:
@@ -132,11 +143,17 @@ class Header:
         return bool(self.flags & FLAG_DELTA)
 
     def pack(self) -> bytearray:
+        version = self.version or _WRITE_VERSION[self.mode]
         out = bytearray(MAGIC)
-        out += bytes((_FIRST_VERSION[self.mode], self.fmt.code, self.mode, self.flags, len(self.shape)))
+        if version < 3:
+            out += bytes((version, self.fmt.code, self.mode, self.flags, len(self.shape)))
+        else:  # dtype, mode and flags in one byte; no reference hash without a reference
+            out += bytes((version, self.fmt.code | self.mode << 3 | self.flags << 6, len(self.shape)))
         for d in self.shape:
             write_varint(out, d)
-        out += self.ref_hash.to_bytes(4, "little") + self.target_hash.to_bytes(4, "little")
+        if version < 3 or self.is_delta:
+            out += self.ref_hash.to_bytes(4, "little")
+        out += self.target_hash.to_bytes(4, "little")
         return out
 
 
@@ -154,31 +171,39 @@ def open_blob(blob) -> tuple[Header, Reader]:
         buf = memoryview(blob).cast("B")
     except TypeError as exc:
         raise CorruptBlobError(f"a ULPack blob must be a bytes-like object, got {type(blob).__name__}") from exc
-    if len(buf) < 9 + 8 + CRC_BYTES:
-        raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
-    if bytes(buf[:4]) != MAGIC:
+    if len(buf) < 5 or bytes(buf[:4]) != MAGIC:
+        if len(buf) < 5 and MAGIC.startswith(bytes(buf[:4])):
+            raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
         raise CorruptBlobError("not a ULPack blob (bad magic bytes)")
     version = buf[4]
     if not 1 <= version <= VERSION:
         raise UnsupportedVersionError(
             f"ULPack blob has format version {version}; this ulstore reads versions 1 to {VERSION}"
         )
+    shortest = 9 + 8 + CRC_BYTES if version < 3 else 7 + 4 + CRC_BYTES
+    if len(buf) < shortest:
+        raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
     body_end = len(buf) - CRC_BYTES
     stored = int.from_bytes(buf[body_end:], "little")
     if zlib.crc32(buf[:body_end]) != stored:
         raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
     r = Reader(buf, 5, body_end)
-    fmt = format_by_code(r.u8("dtype"))
+    if version < 3:
+        code, mode, flags = r.u8("dtype"), r.u8("mode"), r.u8("flags")
+    else:
+        kind = r.u8("dtype and mode")
+        code, mode, flags = kind & 7, (kind >> 3) & 7, kind >> 6
+    fmt = format_by_code(code)
     if fmt is None:
-        raise CorruptBlobError(f"ULPack blob names an unknown dtype code {buf[5]}")
-    mode = r.u8("mode")
-    if _FIRST_VERSION.get(mode) != version:  # one canonical version per mode
+        raise CorruptBlobError(f"ULPack blob names an unknown dtype code {code}")
+    if mode not in _VERSION_MODES[version]:
         raise CorruptBlobError(f"ULPack blob names an unknown mode {mode} for format version {version}")
-    flags = r.u8("flags")
     if flags & ~_KNOWN_FLAGS:
         raise CorruptBlobError(f"ULPack blob sets unknown flag bits {flags:#x}")
     if mode == MODE_SPARSE and not flags & FLAG_DELTA:
         raise CorruptBlobError("ULPack blob is sparse but not a delta")
+    if mode == MODE_INTRA and flags & FLAG_DELTA:
+        raise CorruptBlobError("ULPack blob is intra-coded but marked as a delta")
     ndim = r.u8("ndim")
     shape = tuple(r.varint("shape", limit=MAX_ELEMENTS) for _ in range(ndim))
     n = 1
@@ -186,5 +211,6 @@ def open_blob(blob) -> tuple[Header, Reader]:
         n *= d
     if n > MAX_ELEMENTS:
         raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
-    header = Header(fmt, mode, flags, shape, r.u32("reference hash"), r.u32("target hash"))
+    ref_hash = r.u32("reference hash") if version < 3 or flags & FLAG_DELTA else 0
+    header = Header(fmt, mode, flags, shape, ref_hash, r.u32("target hash"), version)
     return header, r

@@ -200,8 +200,8 @@ def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t 
         while lo < n:
             hi = min(n, lo + BLOCK)
             residual_block(px, pr, pz, ps, lo, hi, mant_bits, emask, token_bits)
-            hash_words(&hx, <const uint8_t*>px, hi * <Py_ssize_t>sizeof(word_t))
-            hash_words(&hr, <const uint8_t*>pr, hi * <Py_ssize_t>sizeof(word_t))
+            # both hashes in one pass: a word the delta left unchanged is mixed once (_kernels3.pxi)
+            hash_pair_words(&hr, &hx, <const uint8_t*>pr, <const uint8_t*>px, hi * <Py_ssize_t>sizeof(word_t))
             lo = hi
         hash_x = hash_final(&hx, <const uint8_t*>px, nbytes)
         hash_r = hash_final(&hr, <const uint8_t*>pr, nbytes)
@@ -1162,3 +1162,6 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
         free(q)
         free(slots)
     return status
+
+
+include "_kernels3.pxi"  # format version 3: one-stream sections, band rows, intra symbols

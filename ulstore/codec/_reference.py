@@ -48,6 +48,15 @@ __all__ = [
     "sum_update",
     "scatter",
     "sparse_decode",
+    # format version 3 (_reference3)
+    "intra_symbols",
+    "rans_encode3",
+    "rans_decode3",
+    "pack_table3",
+    "read_table3",
+    "slot_table3",
+    "hash_fill",
+    "quantize_rows3",
 ]
 
 BACKEND = "numpy"
@@ -502,3 +511,17 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
         reconstruct(rs, values_out)
         sum_out[0] = sum_update(r, pos_out, values_out)
     return status
+
+
+# -- format version 3 ----------------------------------------------------------------
+
+from ._reference3 import (  # noqa: E402  (the twins of _kernels3.pxi)
+    hash_fill,
+    intra_symbols,
+    pack_table3,
+    quantize_rows3,
+    rans_decode3,
+    rans_encode3,
+    read_table3,
+    slot_table3,
+)

@@ -123,7 +123,8 @@ class ULPack(ArrayBytesCodec):
 
     def _decode_sync(self, chunk_bytes, chunk_spec):
         want = chunk_spec.dtype.to_native_dtype()
-        arr = decode(chunk_bytes.as_numpy_array())
+        # the chunk's shape is known: a blob declaring another is refused before its values are allocated
+        arr = decode(chunk_bytes.as_numpy_array(), shape=tuple(chunk_spec.shape))
         if arr.dtype.newbyteorder("=") != want.newbyteorder("=") or arr.size != int(np.prod(chunk_spec.shape)):
             raise CorruptBlobError(
                 f"ulpack chunk decodes to {arr.dtype} {list(arr.shape)}, not the array's {want} {list(chunk_spec.shape)}"
