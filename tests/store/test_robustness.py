@@ -354,7 +354,8 @@ def test_d11_declared_sizes_are_checked_before_allocating():
     tracemalloc.start()
     try:
         for name in ("w", "ids"):
-            with pytest.raises(CorruptBlobError, match="declares"):
+            # (the ULPack bomb's header fails its CRC before its sizes are read: either way, nothing is allocated)
+            with pytest.raises(CorruptBlobError, match="declares|CRC-32"):
                 ro.read(0, [name])
             with pytest.raises(CorruptBlobError):
                 ro[0][name][0]

@@ -49,7 +49,6 @@ ZSTD = "zstd"
 HASH_NAME = "blake3-128"
 
 _ZSTD = numcodecs.Zstd(level=3)
-_ULPACK_MAGIC = b"ULPK"
 
 
 def codec_for(dtype: np.dtype) -> str:
@@ -128,26 +127,6 @@ def _frame_content_size(buf: memoryview) -> int | None:
     return value + 256 if width == 2 else value
 
 
-def _ulpack_shape(blob: memoryview) -> tuple[int, ...] | None:
-    """The shape a ULPack header declares (magic, version, dtype, mode, flags, ndim, varints), or None."""
-    if len(blob) < 9 or bytes(blob[:4]) != _ULPACK_MAGIC:
-        return None
-    ndim, pos, shape = blob[8], 9, []
-    for _ in range(ndim):
-        value = shift = 0
-        while True:
-            if pos >= len(blob) or shift > 63:
-                return None
-            byte = blob[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        shape.append(value)
-    return tuple(shape)
-
-
 def decode_chunk(
     blob, reference: np.ndarray | None, codec: str, dtype: np.dtype, shape: tuple[int, ...], *, key: str
 ) -> np.ndarray:
@@ -162,10 +141,8 @@ def decode_chunk(
         n *= d
     try:
         if codec == ULPACK:
-            declared = _ulpack_shape(memoryview(blob).cast("B"))
-            if declared is not None and declared != shape:  # before the codec allocates anything
-                raise CorruptBlobError(f"ULPack blob declares shape {list(declared)}, expected {list(shape)}")
-            out = _ulpack.decode(blob, reference)
+            # the codec refuses a blob declaring another shape before it allocates anything
+            out = _ulpack.decode(blob, reference, shape=shape)
         elif codec == ZSTD:
             raw = zstd_decompress(blob, n * dtype.itemsize, what="zstd chunk")
             out = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
