@@ -1,185 +1,390 @@
-"""Benchmark the trajectory store on a real toy-model trajectory, on local disk and on moto S3.
+"""The store at speed and scale (issue 10): every figure side by side, from one run.
 
-Prints, per backend:
+On a real trained bf16 model (default: the ~204M-parameter toytrain run of
+``_big.py``; ``--preset tiny|small|bench`` for the small cached trajectories):
 
-- stored bytes (blobs + manifests) vs raw, vs one zstd-compressed safetensors
-  per step (python-zstandard, level 3 and 19), vs the ULPack codec alone on
-  whole tensors along the chain (the store's overhead: chunking, anchors,
-  manifests);
-- commit time per step;
-- cold and warm read of a one-chunk slice at chain depth 0..N;
-- full-step read throughput (cold);
-- manifest bytes per chunk, and the manifest size per step it implies for a
-  1T-parameter bf16 model at the default 4 MiB chunks.
+1. speed, as ratios measured in this run (medians of ``--reps`` interleaved
+   repetitions; the machine is shared and noisy, so absolute MB/s move):
+   ``traj.commit`` of a delta step (kept parent) vs ``ulstore.encode_many`` of
+   the same delta; a fresh process's ``traj.read`` of an anchor step vs
+   ``ulstore.decode_many`` of the same tensors; a depth-7 read; consecutive
+   reads; ``safetensors`` save/load beside them; the floors (what the codec
+   plus the unavoidable copies and hashes allow);
+2. peak memory of a delta commit (tracemalloc, in a fresh process: numpy
+   buffers and Python objects) with the kept parent on and off, vs the step;
+3. on a moto S3 server started here on 127.0.0.1: requests per commit, and
+   GET requests and bytes of a one-element lazy slice at depth 0 and 7;
+4. a simulated 1T-parameter step (synthetic entries, the real table-block and
+   step-document encoders): manifest bytes vs a 1.5%-of-raw delta.
 
 Usage::
 
-    python benchmarks/store.py [--preset small] [--steps 20] [--kind finetune]
-                               [--dtype bfloat16] [--chunk-bytes 262144] [--anchor-every 8]
-                               [--no-s3]
+    python benchmarks/store.py                     # 204M model (trained once, ~6 min; cached)
+    python benchmarks/store.py --reps 3 --no-s3
+    python benchmarks/store.py --preset tiny --steps 8 --no-s3   # smoke run
 
-moto is a single-process Python server on localhost: its S3 timings measure
-request counts and the store's concurrency, not real S3 latency.
+moto is a single-process Python server: its numbers are request counts and
+bytes, not S3 latency.  Nothing here is asserted; the targets are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import ml_dtypes  # noqa: E402
+
+import ulstore  # noqa: E402
+from ulstore.store._chunkcodec import content_digest  # noqa: E402
+
+_CHILD = r"""
+import json, sys, time, tracemalloc
+sys.path.insert(0, {here!r})
 import ulstore
-from ulstore import toytrain
+job = json.loads(sys.argv[1])
+if job["kind"] == "read":
+    t = ulstore.open(job["url"], mode="r")
+    s = time.perf_counter()
+    t.read(job["step"])
+    print(json.dumps({{"seconds": time.perf_counter() - s}}))
+else:  # peak memory of one delta commit on top of a kept (or not) parent
+    from store import load_states
+    states = load_states(job["preset"], 1)  # loaded before tracing: the caller's arrays are not counted
+    t = ulstore.open(job["url"], mode="w", keep_parent=job["keep"], cache_bytes=job["cache"])
+    tracemalloc.start()
+    t.commit(0, states[0])
+    kept = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    t.commit(1, states[1])
+    print(json.dumps({{"peak": tracemalloc.get_traced_memory()[1], "before": kept}}))
+"""
 
 
-def _safetensors_zstd(states, level: int) -> int:
-    import zstandard
-    from safetensors.numpy import save
+def load_states(preset: str, steps: int) -> list[dict[str, np.ndarray]]:
+    if preset == "204M":
+        from _big import load_big
 
-    c = zstandard.ZstdCompressor(level=level)
-    return sum(len(c.compress(save({k: np.ascontiguousarray(v) for k, v in s.items()}))) for s in states)
+        return load_big(steps)
+    from _data import load_trajectory
 
-
-def _codec_alone(states, anchor_every: int = 0) -> int:
-    """ULPack on whole tensors along the chain, intra at step 0 and every ``anchor_every``."""
-    total = 0
-    for i, s in enumerate(states):
-        intra = i == 0 or (anchor_every and i % anchor_every == 0)
-        for k, v in s.items():
-            total += len(ulstore.encode(v, None if intra else states[i - 1][k]))
-    return total
+    return load_trajectory("rl", "bfloat16", preset, steps=steps)
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:9.2f} MB"
+def _child(job: dict) -> dict:
+    code = _CHILD.format(here=str(HERE))
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True, cwd=HERE)
+    if p.returncode:
+        raise RuntimeError(p.stderr[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_backend(label, url, so, states, args, reference_sizes):
-    raw = sum(v.nbytes for s in states for v in s.values())
-    traj = ulstore.open(url, mode="w", storage_options=so, chunk_bytes=args.chunk_bytes, anchor_every=args.anchor_every)
-    t0 = time.perf_counter()
-    times = []
-    for i, s in enumerate(states):
-        t = time.perf_counter()
-        traj.commit(i, s)
-        times.append(time.perf_counter() - t)
-    total_commit = time.perf_counter() - t0
-    st = traj.stats()
-    print(
-        f"\n== {label}: {len(states)} steps, {args.preset} ({sum(v.size for v in states[0].values()):,} params), "
-        f"{args.dtype}, chunk_bytes={args.chunk_bytes}, anchor_every={args.anchor_every}"
-    )
-    print(f"raw                         {_mb(raw)}")
-    print(
-        f"store (blobs + manifests)   {_mb(st['stored_bytes'])}   ratio {raw / st['stored_bytes']:.2f}x"
-        f"   (blobs {_mb(st['blob_bytes'])}, manifests {_mb(st['manifest_bytes'])})"
-    )
-    for name, size in reference_sizes.items():
-        print(f"{name:27s} {_mb(size)}   ratio {raw / size:.2f}x   store/this = {st['stored_bytes'] / size:.3f}")
-    print(
-        f"commit: {np.mean(times) * 1e3:.1f} ms/step mean, {np.median(times) * 1e3:.1f} ms median "
-        f"({raw / len(states) / np.mean(times) / 1e6:.1f} MB/s of raw state); total {total_commit:.2f} s"
-    )
-
-    # one-chunk slice at each depth along the first anchor segment
-    name = max(states[0], key=lambda k: states[0][k].size)
-    print(f"one-element read of {name!r} (one chunk + its chain):")
-    print("  depth   cold ms   warm ms   blobs fetched")
-    for step in range(min(len(states), args.anchor_every)):
-        ro = ulstore.open(url, mode="r", storage_options=so)
-        depth = ro.info(step).anchor_distance
-        reads = []
-        orig = ro._io.fs.cat_file
-
-        def counting(path, *a, _orig=orig, **kw):
-            reads.append(path)
-            return _orig(path, *a, **kw)
-
-        ro._io.fs.cat_file = counting
-        t = time.perf_counter()
-        ro[step][name][0, 0]
-        cold = time.perf_counter() - t
-        nblobs = sum("/blobs/" in str(p) for p in reads)
-        t = time.perf_counter()
-        ro[step][name][0, 1]
-        warm = time.perf_counter() - t
-        print(f"  {depth:5d}   {cold * 1e3:7.2f}   {warm * 1e3:7.2f}   {nblobs}")
-
-    last = len(states) - 1
-    step_bytes = sum(v.nbytes for v in states[last].values())
-    ro = ulstore.open(url, mode="r", storage_options=so)
+def _timed(fn) -> float:
     t = time.perf_counter()
-    ro.read(last)
-    cold = time.perf_counter() - t
-    t = time.perf_counter()
-    ro.read(last)
-    warm = time.perf_counter() - t
-    print(
-        f"full-step read (step {last}, depth {ro.info(last).anchor_distance}): cold {step_bytes / cold / 1e6:.1f} MB/s, "
-        f"warm {step_bytes / warm / 1e6:.1f} MB/s ({step_bytes / 1e6:.1f} MB)"
-    )
-    per_chunk = st["manifest_bytes_per_chunk"]
-    chunks_1t = 1e12 * 2 / (4 << 20)
-    print(
-        f"manifest: {per_chunk:.0f} bytes/chunk -> 1T-param bf16 model at 4 MiB chunks: "
-        f"{chunks_1t:,.0f} chunks, ~{chunks_1t * per_chunk / 1e6:.0f} MB of manifest per step"
-    )
+    fn()
+    return time.perf_counter() - t
 
 
-def main(argv=None):
+def _mbs(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e6
+
+
+def _row(label: str, mbs: float, ratio: float | None = None, note: str = "") -> None:
+    r = f"{ratio:6.2f}x" if ratio is not None else " " * 7
+    print(f"  {label:44s} {mbs:8.0f} MB/s {r}  {note}")
+
+
+# -- 1. speed -------------------------------------------------------------------------------------
+
+
+def speed(states, args, workdir: Path) -> dict:
+    raw = sum(v.nbytes for v in states[0].values())
+    med = statistics.median
+    url = str(workdir / "local")
+    traj = ulstore.open(url, mode="w", anchor_every=0, chunk_bytes=args.chunk_bytes)
+    enc, com, st_save, st_load = [], [], [], []
+    from safetensors.numpy import load_file, save_file
+
+    st_path = workdir / "step.safetensors"
+    traj.commit(0, states[0])
+    n_delta = min(args.reps, len(states) - 1)
+    for k in range(1, len(states)):  # a training loop: every step a delta on the kept parent
+        if k <= n_delta:
+            pairs = [(states[k][n], states[k - 1][n]) for n in states[k]]
+            enc.append(_timed(lambda pairs=pairs: ulstore.encode_many(pairs)))
+            st_save.append(_timed(lambda k=k: save_file(states[k], str(st_path))))
+            st_load.append(_timed(lambda: load_file(str(st_path))))
+        com.append(_timed(lambda k=k: traj.commit(k, states[k])))
+    com = com[:n_delta]
+    blob_sizes = sum(map(len, ulstore.encode_many([(states[1][n], states[0][n]) for n in states[1]])))
+    stats = traj.stats()
+    # anchor reads: a fresh process vs decode_many of the same tensors; the floors
+    intra = ulstore.encode_many(list(states[0].values()))
+    dec, fresh, deep, copies, hashes = [], [], [], [], []
+    depth = min(7, len(states) - 1)
+    for _ in range(args.reps):
+        dec.append(_timed(lambda: ulstore.decode_many(intra)))
+        fresh.append(_child({"kind": "read", "url": url, "step": 0})["seconds"])
+        deep.append(_child({"kind": "read", "url": url, "step": depth})["seconds"])
+        decoded = ulstore.decode_many(intra)
+        copies.append(_timed(lambda decoded=decoded: [np.array(a, copy=True) for a in decoded]))
+        hashes.append(_timed(lambda decoded=decoded: [content_digest(a) for a in decoded]))
+    ro = ulstore.open(url, mode="r")
+    seq = [_timed(lambda s=s: ro.read(s)) for s in range(len(states))][2:]  # once the kept step is on
+    e, c, d, f, dp = med(enc), med(com), med(dec), med(fresh), med(deep)
+    print(f"\n== speed: {raw / 1e6:.0f} MB per step, {len(states[0])} tensors; medians of {args.reps} runs")
+    print(f"  {'':44s} {'':>8s}      vs reference")
+    _row("safetensors save_file", _mbs(raw, med(st_save)))
+    _row("safetensors load_file", _mbs(raw, med(st_load)))
+    _row("ulstore.encode_many (delta, whole tensors)", _mbs(raw, e), 1.0, f"ratio {raw / blob_sizes:.1f}x of raw")
+    _row("traj.commit (delta, kept parent)", _mbs(raw, c), e / c, "target >= 0.70")
+    _row("ulstore.decode_many (anchor, whole tensors)", _mbs(raw, d), 1.0)
+    _row("traj.read of the anchor (fresh process)", _mbs(raw, f), d / f, "target >= 0.70")
+    floor = d / (d + med(copies))
+    _row("  floor: decode_many + a copy into user arrays", _mbs(raw, d + med(copies)), floor)
+    _row(f"traj.read at depth {depth} (fresh process)", _mbs(raw, dp), d / dp, f"each chain once: {depth + 1} decodes")
+    _row("traj.read of consecutive steps (per step)", _mbs(raw, med(seq)), d / med(seq), "kept step: 1 decode/chunk")
+    print(f"  content hashes of a step (what a commit and a read add): {_hash_speeds(states[0], raw, med(hashes))}")
+    print(
+        f"full-step read and commit figures above; stored {stats['stored_bytes'] / 1e6:.1f} MB for "
+        f"{len(states)} steps ({stats['raw_bytes'] / stats['stored_bytes']:.1f}x), {stats['packs']} packs"
+    )
+    return {"commit_ratio": e / c, "read_ratio": d / f, "raw": raw}
+
+
+def _hash_speeds(state: dict, raw: int, blake3_chunks: float) -> str:
+    """MB/s of candidate content hashes over a step's tensors, one thread (why BLAKE3: docs/performance.md)."""
+    import hashlib
+
+    bufs = [memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for v in state.values()]
+    out = {"BLAKE3-128": _mbs(raw, blake3_chunks)}
+    out["blake2b-128 (format 1)"] = _mbs(
+        raw, _timed(lambda: [hashlib.blake2b(b, digest_size=16).digest() for b in bufs])
+    )
+    try:
+        import xxhash
+
+        out["xxh3-128 (not cryptographic)"] = _mbs(raw, _timed(lambda: [xxhash.xxh3_128_digest(b) for b in bufs]))
+    except ImportError:
+        pass
+    return "; ".join(f"{k} {v:.0f} MB/s" for k, v in out.items())
+
+
+# -- 2. memory --------------------------------------------------------------------------------------
+
+
+def memory(args, raw: int, workdir: Path) -> None:
+    print("\n== peak memory of a delta commit (tracemalloc, fresh process; the caller's arrays not counted)")
+    for keep, target in ((True, 1.2), (False, 0.2)):
+        got = _child(
+            {"kind": "memory", "preset": args.preset, "url": str(workdir / f"mem-{keep}"), "keep": keep, "cache": 0}
+        )
+        print(
+            f"  kept parent {'on ' if keep else 'off'}: peak {got['peak'] / 1e6:8.1f} MB = {got['peak'] / raw:.2f}x the "
+            f"step (target <= {target}); held between commits {got['before'] / 1e6:.1f} MB"
+        )
+
+
+# -- 3. S3 -----------------------------------------------------------------------------------------
+
+
+class _S3Log:
+    """Counts the requests an s3fs filesystem sends (operation, key, bytes)."""
+
+    def __init__(self, fs):
+        self.calls: list[tuple[str, str, int]] = []
+        orig, orig_sync = fs._call_s3, fs.call_s3
+
+        def note(method, kw, out):
+            n = int(out.get("ContentLength", 0) or 0) if isinstance(out, dict) and method == "get_object" else 0
+            self.calls.append((method, kw.get("Key", ""), n))
+
+        async def call(method, *a, **kw):
+            out = await orig(method, *a, **kw)
+            note(method, kw, out)
+            return out
+
+        def call_sync(method, *a, **kw):  # s3fs's file objects (multipart uploads) use the sync wrapper
+            out = orig_sync(method, *a, **kw)
+            note(method, kw, out)
+            return out
+
+        fs._call_s3, fs.call_s3 = call, call_sync
+
+    def summary(self) -> str:
+        ops: dict[str, int] = {}
+        for m, _, _ in self.calls:
+            ops[m] = ops.get(m, 0) + 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
+
+
+def s3(states, args) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket="bench")
+        so = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        url = f"s3://bench/{uuid.uuid4().hex}"
+        traj = ulstore.open(url, mode="w", storage_options=so, anchor_every=0, chunk_bytes=args.chunk_bytes)
+        log = _S3Log(traj._io.fs)
+        per_commit = []
+        for k in range(len(states)):
+            log.calls.clear()
+            traj.commit(k, states[k])
+            writes = [c for c in log.calls if c[0] in ("put_object", "upload_part", "create_multipart_upload",
+                                                        "complete_multipart_upload")]  # fmt: skip
+            per_commit.append((len(writes), len({c[1] for c in writes}), log.summary()))
+        print(f"\n== moto S3 ({len(states)} commits, {args.chunk_bytes >> 20} MiB chunks)")
+        print(f"  anchor commit: {per_commit[0][0]} write requests, {per_commit[0][1]} objects ({per_commit[0][2]})")
+        print(f"  delta commit:  {per_commit[1][0]} write requests, {per_commit[1][1]} objects ({per_commit[1][2]})")
+        name = max(states[0], key=lambda n: states[0][n].size)
+        for step in (0, min(7, len(states) - 1)):
+            ro = ulstore.open(url, mode="r", storage_options=so)
+            log = _S3Log(ro._io.fs)
+            value = ro[step][name][1, 2]
+            assert np.asarray(value).view(np.uint16) == states[step][name][1, 2].view(np.uint16)
+            gets = [c for c in log.calls if c[0] == "get_object"]
+            print(
+                f"  one-element slice at depth {ro.info(step).anchor_distance}: {len(log.calls)} requests "
+                f"({log.summary()}), {sum(c[2] for c in gets) / 1e3:.1f} KB"
+            )
+    finally:
+        server.stop()
+
+
+# -- 4. the 1T manifest --------------------------------------------------------------------------------
+
+
+def manifest_1t() -> None:
+    """A 1T-parameter bf16 step (Kimi-K2-like: 61 layers, 384 experts), 4 MiB chunks, RL delta 1.5% of raw."""
+    from ulstore.store._commit import _blocks
+    from ulstore.store._layout import choose_chunks, chunk_grid, new_pack_id
+    from ulstore.store._stepdoc import StepDoc, TableRef
+    from ulstore.store._tables import Piece, TensorTable, content_checksum, encode_block
+
+    rng = np.random.default_rng(0)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    shapes = {"model.embed_tokens.weight": (163840, 7168), "lm_head.weight": (163840, 7168)}
+    for layer in range(61):
+        p = f"model.layers.{layer}."
+        shapes |= {p + f"self_attn.{n}.weight": s for n, s in (("q_a_proj", (1536, 7168)), ("q_b_proj", (12288, 1536)),
+                   ("kv_a_proj", (576, 7168)), ("kv_b_proj", (16384, 512)), ("o_proj", (7168, 8192)))}  # fmt: skip
+        shapes |= {p + n: (7168,) for n in ("input_layernorm.weight", "post_attention_layernorm.weight")}
+        experts = 384 if layer else 0
+        for e in range(experts):
+            for n, s in (("gate_proj", (2048, 7168)), ("up_proj", (2048, 7168)), ("down_proj", (7168, 2048))):
+                shapes[p + f"mlp.experts.{e}.{n}.weight"] = s
+        shapes |= {p + f"mlp.shared.{n}.weight": (18432, 7168) for n in ("gate", "up")}
+    params = sum(math.prod(s) for s in shapes.values())
+    chunk_bytes = 4 << 20
+    pack_bytes = 256 << 20
+    delta_fraction = 0.015
+    pack_ids = [new_pack_id() for _ in range(400)]
+    old = [new_pack_id() for _ in range(40)]
+    tables, delta, cursor = [], 0, [0, 0]  # pack, offset
+    for name in sorted(shapes):
+        shape = shapes[name]
+        chunks = choose_chunks(shape, 2, chunk_bytes)
+        n = math.prod(chunk_grid(shape, chunks))
+        raw = np.full(n, math.prod(chunks) * 2, np.int64)
+        length = np.maximum(64, rng.normal(delta_fraction, delta_fraction / 4, n) * raw).astype(np.int64)
+        unchanged = rng.random(n) < 0.02  # a few chunks did not change: entries reused from older packs
+        pack, off = np.empty(n, np.int64), np.empty(n, np.int64)
+        for i in range(n):
+            if unchanged[i]:
+                pack[i], off[i] = len(pack_ids) + int(rng.integers(len(old))), int(rng.integers(1 << 28))
+                continue
+            if cursor[1] + length[i] > pack_bytes:
+                cursor = [cursor[0] + 1, 0]
+            pack[i], off[i] = cursor
+            cursor[1] += int(length[i])
+            delta += int(length[i])
+        ref = np.where(unchanged, 998, 999).astype(np.int64)
+        content = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+        piece = Piece((0,) * len(shape), shape, chunks, content, ref, pack, off, length)
+        tables.append(TensorTable(name, bf16, shape, "ulpack", (piece,)))
+    packs = pack_ids[: cursor[0] + 1] + old
+    table_bytes, refs = 0, []
+    for block in _blocks(tables):
+        raw = encode_block(block)
+        refs.append(TableRef(block[0].name, block[-1].name, 0, table_bytes, len(raw), "0" * 32))
+        table_bytes += len(raw)
+    doc = StepDoc(
+        1000, 999, content_checksum(tables, {}, {}), "f" * 32, 5, tuple(packs), tuple(refs), {}, {"loss": 1.0}
+    )
+    doc_bytes = len(doc.to_bytes())
+    chunks_total = sum(t.n_chunks for t in tables)
+    manifest = table_bytes + doc_bytes
+    print(f"\n== a simulated 1T-parameter step ({params / 1e12:.2f}T bf16 parameters, {len(shapes):,} tensors)")
+    print(
+        f"  {chunks_total:,} chunks of <= 4 MiB; RL delta 1.5% of raw = {delta / 1e9:.1f} GB in {cursor[0] + 1} packs"
+    )
+    print(
+        f"  manifest: step document {doc_bytes / 1e3:.0f} KB + {len(refs)} table blocks {table_bytes / 1e6:.2f} MB = "
+        f"{manifest / chunks_total:.1f} B/chunk = {100 * manifest / delta:.3f}% of the delta (target <= 0.1%)"
+    )
+    print(f"  a lazy slice reads the step document and one table block (<= {max(r.length for r in refs) / 1e3:.0f} KB)")
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="small")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--kind", default="finetune")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--chunk-bytes", type=int, default=256 << 10)
-    p.add_argument("--anchor-every", type=int, default=8)
-    p.add_argument("--warmup-steps", type=int, default=None)
+    p.add_argument("--preset", default="204M", choices=["204M", "tiny", "small", "bench"])
+    p.add_argument("--steps", type=int, default=9, help="checkpoints - 1 (>= 8 for a depth-7 read)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--no-s3", action="store_true")
+    p.add_argument("--only", default="speed,memory,s3,1t")
     args = p.parse_args(argv)
-
-    t = time.perf_counter()
-    states = toytrain.trajectory(
-        args.kind, args.steps, preset=args.preset, dtype=args.dtype, warmup_steps=args.warmup_steps
+    parts = set(args.only.split(","))
+    t0 = time.perf_counter()
+    states = load_states(args.preset, args.steps)
+    params = sum(v.size for v in states[0].values())
+    print(
+        f"ulstore store benchmark: {args.preset} model, {params / 1e6:.1f}M bf16 parameters, {len(states)} checkpoints "
+        f"(RL regime, trained for real); {os.cpu_count()} cores, backend {ulstore.backend()}; "
+        f"loaded in {time.perf_counter() - t0:.0f} s"
     )
-    print(f"trained {len(states)} checkpoints in {time.perf_counter() - t:.1f} s")
-    refs = {
-        "safetensors + zstd-3": _safetensors_zstd(states, 3),
-        "safetensors + zstd-19": _safetensors_zstd(states, 19),
-        "ULPack alone (no anchors)": _codec_alone(states),
-        f"ULPack alone (anchor/{args.anchor_every})": _codec_alone(states, args.anchor_every),
-    }
+    raw = sum(v.nbytes for v in states[0].values())
     with tempfile.TemporaryDirectory() as d:
-        run_backend("local disk", f"{d}/traj", None, states, args, refs)
-    if not args.no_s3:
-        import boto3
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name="us-east-1",
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-            ).create_bucket(Bucket="bench")
-            so = {
-                "key": "testing",
-                "secret": "testing",
-                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            }
-            run_backend("moto S3", f"s3://bench/{uuid.uuid4().hex}", so, states, args, refs)
-        finally:
-            server.stop()
+        if "speed" in parts:
+            speed(states, args, Path(d))
+        if "memory" in parts:
+            memory(args, raw, Path(d))
+    if "s3" in parts and not args.no_s3:
+        s3(states, args)
+    if "1t" in parts:
+        manifest_1t()
+    print(f"\n(total {time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -28,12 +28,13 @@ from .codec import (
 )
 from .errors import *  # noqa: F401,F403  (the error tree is public API)
 from .errors import __all__ as _errors_all
-from .store import Trajectory, open
+from .store import Trajectory, open, upgrade
 
 __version__ = "0.1.0"
 
 __all__ = [
     "open",
+    "upgrade",
     "Trajectory",
     "encode",
     "decode",

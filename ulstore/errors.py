@@ -16,6 +16,7 @@ Errors are grouped by what a handler would do about them::
     ├── ConflictError                          someone else already wrote that name
     │   ├── StepExistsError
     │   └── RefMovedError                      a branch/tag moved since it was read: re-read, retry
+    ├── FormatError                            an older on-storage format: convert it (``ulstore upgrade``)
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
 Errors carry the ``step``, ``tensor`` and ``key`` they are about when known.
@@ -38,6 +39,7 @@ __all__ = [
     "ConflictError",
     "StepExistsError",
     "RefMovedError",
+    "FormatError",
     "ReadOnlyError",
 ]
 
@@ -131,6 +133,10 @@ class RefMovedError(ConflictError):
     def __init__(self, message: str = "", *, head=None, step=None, tensor=None, key=None):
         super().__init__(message, step=step, tensor=tensor, key=key)
         self.head = head
+
+
+class FormatError(UlstoreError):
+    """The trajectory is stored in an older format; the message names the command that converts it."""
 
 
 class ReadOnlyError(UlstoreError, PermissionError):

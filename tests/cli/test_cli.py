@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.store import entries
 from tests.helpers.terminal import on_a_terminal
 from ulstore import cli
 from ulstore.io import checkpoints as ckpt
@@ -88,7 +89,9 @@ def store(tmp_path):
 # ----------------------------------------------------------------------- help
 
 
-@pytest.mark.parametrize("command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm", "demo"])
+@pytest.mark.parametrize(
+    "command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm", "upgrade", "demo"]
+)
 def test_help_for_every_command(command, capsys):
     argv = [command, "--help"] if command else ["--help"]
     assert cli.main(argv) == 0
@@ -206,12 +209,14 @@ def test_verify_ok_and_damaged(store):
     p = run("verify", store, check=0)
     assert p.stdout.startswith("OK: 3 steps")
     assert json.loads(run("verify", store, 200, "--json", check=0).stdout)["ok"] is True
-    blob = sorted((store / "blobs").rglob("*"))[-1]
-    data = bytearray(blob.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    blob.write_bytes(bytes(data))
+    traj = ulstore.open(store, mode="r")
+    pid, off, n = next(e["blob"] for e in entries(traj, 200) if e["blob"][2] > 64)
+    pack = store / "packs" / f"{pid}.pack"
+    data = bytearray(pack.read_bytes())
+    data[off + n // 2] ^= 0x40
+    pack.write_bytes(bytes(data))
     p = run("verify", store)
-    assert p.returncode == 1 and p.stdout.startswith("DAMAGED") and blob.name in p.stdout
+    assert p.returncode == 1 and p.stdout.startswith("DAMAGED") and pid in p.stdout
     p = run("verify", store, "--json")
     assert p.returncode == 1 and json.loads(p.stdout)["ok"] is False
 
@@ -238,15 +243,28 @@ def test_stats_plot_without_matplotlib(tmp_path, store):
 
 
 def test_rm_and_gc(store):
-    before = len(objects(store / "blobs"))
+    before = len(objects(store / "packs"))
     p = run("rm", store, 300, check=0)
     assert "deleted step 300" in p.stdout
     traj = ulstore.open(store, mode="r")
     assert traj.steps == [100, 200] and traj.head() == 200
     doc = json.loads(run("gc", store, "--json", check=0).stdout)
-    assert doc["blobs"] > 0 and len(objects(store / "blobs")) == before - doc["blobs"]
+    assert doc["packs"] > 0 and doc["bytes"] > 0
+    assert len(objects(store / "packs")) == before - doc["packs"] + (1 if doc["repacked"] else 0)
     run("verify", store, check=0)
     assert_one_line_error(run("rm", store, 300), "no step 300", "its steps are 100, 200")
+
+
+def test_upgrade_format1(tmp_path):
+    old = Path(__file__).resolve().parent.parent / "fixtures" / "store_format1"
+    p = run("log", old)
+    assert p.returncode == 1 and f"ulstore upgrade {old}" in p.stderr
+    new = tmp_path / "new"
+    doc = json.loads(run("upgrade", old, new, "--json", check=0).stdout)
+    assert doc["steps"] == 7 and doc["refs"] == {"main": 6, "side": 100, "v1": 4}
+    assert "OK" in run("verify", new, check=0).stdout
+    p = run("upgrade", old, new)  # never into an existing trajectory
+    assert p.returncode == 1 and "already" in p.stderr
 
 
 def test_demo_tiny(tmp_path):

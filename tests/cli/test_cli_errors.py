@@ -53,7 +53,7 @@ def test_errors_under_json_are_json_on_stderr(tmp_path, store):
     e = json_error(run("add", store, tmp_path / "step_000900.safetensors", "--json"), 1)
     assert "no such checkpoint" in e["message"]
     # verify: the report on stdout, the error on stderr
-    blob = sorted((store / "blobs").rglob("*"))[-1]
+    blob = max((store / "packs").rglob("*.pack"), key=lambda f: f.stat().st_size)  # the pack holding blobs
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0x40
     blob.write_bytes(bytes(data))

@@ -46,6 +46,80 @@ def test_objects_get_put_create_list_delete(objects):
     assert objects.sweep_tmp() == 0
 
 
+@pytest.fixture(params=["local", "memory", "s3"])
+def any_objects(request, tmp_path):
+    if request.param == "local":
+        return ObjectStore.from_url(str(tmp_path / "objs"))
+    if request.param == "memory":
+        return ObjectStore.from_url(f"memory://core-{uuid.uuid4().hex}")
+    moto = request.getfixturevalue("moto_s3")
+    return ObjectStore.from_url(f"s3://ulstore-test/core-{uuid.uuid4().hex}", moto.options)
+
+
+def test_objects_byte_ranges_and_streaming_writes(any_objects):
+    objects = any_objects
+    data = bytes(range(256)) * 40_000  # ~10 MB: several S3 parts at a 5 MiB block size
+    with objects.open_writer("p/x.pack", block_size=5 << 20) as w:
+        for k in range(0, len(data), 1 << 20):
+            assert w.write(data[k : k + (1 << 20)]) == k
+        assert objects.get("p/x.pack") is None  # nothing visible before close
+        assert w.tell() == len(data)
+    assert objects.size("p/x.pack") == len(data)
+    ranges = [(0, 10), (5, 5), (1000, 70_000), (len(data) - 3, len(data)), (len(data) - 3, len(data) + 50)]
+    got = objects.get_ranges("p/x.pack", ranges)
+    assert got == [data[a:b] for a, b in ranges]  # a range past the end comes back short
+    assert objects.get_ranges("p/missing.pack", [(0, 1)]) is None
+    assert objects.get_ranges("p/x.pack", []) == []
+    with pytest.raises(ValueError):
+        objects.get_ranges("p/x.pack", [(5, 4)])
+    w = objects.open_writer("p/y.pack")
+    w.write(b"half")
+    w.abort()  # no object, no leftovers
+    assert objects.get("p/y.pack") is None and objects.find("p") == ["p/x.pack"]
+    with pytest.raises(RuntimeError), objects.open_writer("p/z.pack") as w:
+        w.write(b"x")
+        raise RuntimeError("the writer fails")
+    assert objects.get("p/z.pack") is None
+
+
+def test_local_ranges_refuse_symlinks_and_fifos(tmp_path):
+    import os
+
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("a", b"inside")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"outside the root")
+    os.symlink(secret, tmp_path / "objs" / "link")
+    os.mkfifo(tmp_path / "objs" / "fifo")
+    assert objects.get_ranges("a", [(0, 6)]) == [b"inside"]
+    assert objects.get_ranges("link", [(0, 7)]) is None  # a symlink is never followed
+    assert objects.get_ranges("fifo", [(0, 7)]) is None  # and a FIFO never blocks
+
+
+def test_sweep_tmp_keeps_young_files_and_never_follows_symlinks(tmp_path):
+    import os
+    import time
+
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("k", b"x")
+    tmp = tmp_path / "objs" / ".tmp"
+    (tmp / "young").write_bytes(b"a live writer's file")
+    (tmp / "old").write_bytes(b"a killed writer's file")
+    old = time.time() - 3600
+    os.utime(tmp / "old", (old, old))
+    assert objects.sweep_tmp(older_than=60) == 1 and sorted(os.listdir(tmp)) == ["young"]
+    assert objects.sweep_tmp() == 1 and os.listdir(tmp) == []
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"keep me")
+    os.rmdir(tmp)
+    os.symlink(outside, tmp)  # .tmp planted as a symlink out of the root
+    assert objects.sweep_tmp() == 0 and (outside / "precious").exists()
+    with pytest.raises(OSError, match="not a real directory"):
+        objects.put("k2", b"y")  # writes never stage through it either
+    assert not (outside / "k2").exists() and len(os.listdir(outside)) == 1
+
+
 def test_objects_map_backend_failures_only_when_asked(tmp_path):
     root = tmp_path / "file"
     root.write_bytes(b"not a directory")

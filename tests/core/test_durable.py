@@ -24,8 +24,21 @@ def test_write_fsyncs_the_file_and_every_directory_it_changed(tmp_path, synced, 
         assert file_id(p) in synced, p
 
 
+def test_a_streamed_object_is_fsynced_with_its_directories(tmp_path, synced):
+    io = ObjectStore.from_url(str(tmp_path / "root"))
+    with io.open_writer("a/b/p.pack") as w:
+        w.write(b"x" * 100)
+        w.write(b"y" * 100)
+    path = tmp_path / "root" / "a" / "b" / "p.pack"
+    assert path.read_bytes() == b"x" * 100 + b"y" * 100
+    for p in (path, path.parent, path.parent.parent, tmp_path / "root"):
+        assert file_id(p) in synced, p
+
+
 def test_not_durable_skips_fsync(tmp_path, synced):
     io = ObjectStore.from_url(str(tmp_path / "root"), durable=False)
     io.put("a/b.json", b"{}")
     io.create("a/c.json", b"{}")
+    with io.open_writer("a/d.pack") as w:
+        w.write(b"{}")
     assert not synced

@@ -15,9 +15,14 @@ __all__ = [
     "states_bf16",
     "states_fp32",
     "assert_state_equal",
-    "CountingFS",
+    "CountingIO",
     "env_threads",
     "CHUNK",
+    "entries",
+    "flip_at",
+    "rewrite_step",
+    "Crash",
+    "CrashAfter",
     "record_fsyncs",
     "file_id",
 ]
@@ -49,31 +54,176 @@ def assert_state_equal(got: dict, want: dict) -> None:
         np.testing.assert_array_equal(bits_of(got[k]), bits_of(w), err_msg=k)
 
 
-class CountingFS:
-    """Wraps an fsspec filesystem's ``cat_file`` and records the paths read."""
+class CountingIO:
+    """Wraps an ObjectStore's reads and records them: ``(key, None)`` for a GET, ``(key, (start, end))`` per range."""
 
-    def __init__(self, fs):
-        self.fs = fs
-        self.reads: list[str] = []
-        self._orig = fs.cat_file
-        fs.cat_file = self._cat_file
+    def __init__(self, io):
+        self.io = io
+        self.reads: list = []
+        self._get, self._ranges = io.get, io.get_ranges
+        io.get = self._get_one
+        io.get_ranges = self._get_ranges
 
-    def _cat_file(self, path, *args, **kwargs):
-        self.reads.append(str(path))
-        return self._orig(path, *args, **kwargs)
+    def _get_one(self, key):
+        self.reads.append((key, None))
+        return self._get(key)
 
-    def blobs(self):
-        return [p for p in self.reads if "/blobs/" in p]
+    def _get_ranges(self, key, ranges):
+        self.reads += [(key, tuple(r)) for r in ranges]
+        return self._ranges(key, ranges)
 
-    def manifests(self):
-        return [p for p in self.reads if "/steps/" in p]
+    def packs(self):
+        """Range reads of packs (table blocks and blobs), as (key, (start, end))."""
+        return [r for r in self.reads if r[0].startswith("packs/")]
+
+    def docs(self):
+        """Step documents read."""
+        return [k for k, _ in self.reads if k.startswith("steps/")]
 
     def reset(self):
         self.reads.clear()
 
 
+def entries(traj, step):
+    """Every chunk entry of ``step``: dicts with tensor, piece, coord, content, ref, blob and snapshot locations."""
+    reader = traj._reader
+    d = reader.doc(step)
+    out = []
+    for name, t in reader.tables(step).items():
+        for j, p in enumerate(t.pieces):
+            for i, coord in enumerate(p.coords()):
+                snap = p.snapshot(i)
+                out.append(
+                    {
+                        "tensor": name,
+                        "piece": j,
+                        "coord": coord,
+                        "content": p.content[i].tobytes(),
+                        "ref": None if p.ref[i] < 0 else int(p.ref[i]),
+                        "blob": (d.packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])),
+                        "snapshot": None if snap is None else (d.packs[snap[0]], snap[1], snap[2]),
+                    }
+                )
+    return out
+
+
+def flip_at(io, key: str, pos: int, mask: int = 0x01) -> bytes:
+    """Flip bits ``mask`` of byte ``pos`` of object ``key``; returns the original bytes (to put back)."""
+    data = io.get(key)
+    bad = bytearray(data)
+    bad[pos] ^= mask
+    io.put(key, bytes(bad))
+    return data
+
+
 def env_threads():
     return int(os.environ.get("ULSTORE_TEST_THREADS", "2"))
+
+
+def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False):
+    """Rewrite ``step``'s tables and step document on storage, as a crafted store would: checksums recomputed.
+
+    ``mutate(tables, append)`` edits the tables (name -> TensorTable, columns writable);
+    ``append(blob_bytes)`` stores new bytes and returns ``(pack number, offset, length)``.
+    ``body(dict)`` edits the step document's fields last.
+    """
+    import dataclasses
+
+    from ulstore.store._chunkcodec import digest
+    from ulstore.store._layout import step_key
+    from ulstore.store._packs import PackStream
+    from ulstore.store._reader import ChunkReader
+    from ulstore.store._stepdoc import TableRef
+    from ulstore.store._tables import Piece, content_checksum, encode_block
+
+    io = traj._io
+    reader = ChunkReader(io, 0, 1)
+    d = reader.doc(step)
+    tables = {}
+    for name, t in reader.tables(step).items():
+        pieces = tuple(
+            Piece(p.offset, p.shape, p.chunks, p.content.copy(), p.ref.copy(), p.pack.copy(), p.off.copy(),
+                  p.length.copy(), None if p.snap is None else p.snap.copy())
+            for p in t.pieces
+        )  # fmt: skip
+        tables[name] = dataclasses.replace(t, pieces=pieces)
+    stream = PackStream(io, 1 << 40)
+    packs = list(d.packs)
+
+    def append(data):
+        pid, off, n = stream.append(data)
+        if pid not in packs:
+            packs.append(pid)
+        return packs.index(pid), off, n
+
+    if mutate is not None:
+        mutate(tables, append)
+    refs = []
+    names = sorted(tables)
+    for ref in d.tables:
+        block = [tables[n] for n in names if ref.first <= n <= ref.last]
+        raw = encode_block(block)
+        pack, off, n = append(raw)
+        refs.append(TableRef(block[0].name, block[-1].name, pack, off, n, digest(raw).hex()))
+    stream.close()
+    content = d.content
+    if recompute_content:
+        content = content_checksum(tables.values(), {k: f.hash for k, f in d.files.items()}, d.metadata)
+    new = dataclasses.replace(d, packs=tuple(packs), tables=tuple(refs), content=content)
+    raw = new.to_bytes()
+    if body is not None:
+        import json
+
+        from ulstore.core.sealed import canonical_json
+
+        doc = json.loads(raw)
+        del doc["attributes"]["ulstore_checksum"]
+        body(doc["attributes"]["ulstore"])
+        doc["attributes"]["ulstore_checksum"] = digest(canonical_json(doc)).hex()
+        raw = canonical_json(doc)
+    io.put(step_key(step), raw)
+    return raw
+
+
+class Crash(RuntimeError):
+    """The failure :class:`CrashAfter` injects."""
+
+
+class CrashAfter:
+    """Make ObjectStore ``io`` raise :class:`Crash` after ``k`` mutating calls.
+
+    Counted: every pack write and close, put, create, delete and delete_many.
+    ``crashed`` says whether it fired; ``restore()`` puts the real methods back.
+    """
+
+    def __init__(self, io, k: int):
+        self.io, self.k, self.n, self.crashed = io, k, 0, False
+        self.real = {n: getattr(io, n) for n in ("put", "create", "delete", "delete_many", "open_writer")}
+        for n in ("put", "create", "delete", "delete_many"):
+            setattr(io, n, self._wrap(self.real[n]))
+        io.open_writer = self._open_writer
+
+    def _tick(self):
+        if self.n >= self.k:
+            self.crashed = True
+            raise Crash(f"crash after {self.k} writes")
+        self.n += 1
+
+    def _wrap(self, fn):
+        def call(*a, **kw):
+            self._tick()
+            return fn(*a, **kw)
+
+        return call
+
+    def _open_writer(self, key, **kw):
+        w = self.real["open_writer"](key, **kw)
+        w.write, w.close = self._wrap(w.write), self._wrap(w.close)
+        return w
+
+    def restore(self):
+        for n, fn in self.real.items():
+            setattr(self.io, n, fn)
 
 
 def file_id(path) -> tuple[int, int]:

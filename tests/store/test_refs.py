@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ulstore
-from tests.helpers.store import CHUNK, assert_state_equal, file_id, record_fsyncs, states_bf16
+from tests.helpers.store import CHUNK, Crash, assert_state_equal, file_id, record_fsyncs, states_bf16
 from ulstore.core.sealed import canonical_json, seal
 from ulstore.errors import (
     ConflictError,
@@ -211,21 +211,38 @@ def test_loser_before_its_commit_point_leaves_no_step():
     a = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
     a.commit(0, states[0])
     b = ulstore.open(url, mode="a")
-    real_put = b._io.put
     moved = []
 
-    def put(key, data):  # the first blob b writes: a moves main meanwhile
-        if key.startswith("blobs/") and not moved:
+    def first_blob(key):  # the first blob b writes into its pack: a moves main meanwhile
+        if not moved:
             moved.append(a.commit(10, states[1]))
-        return real_put(key, data)
 
-    b._io.put = put
+    _on_pack_write(b._io, first_blob)
     with pytest.raises(ConflictError) as e:
         b.commit(20, states[2])
     assert e.value.head == 10
     assert 20 not in b
     b.commit(20, states[2])
     assert [i.step for i in b.log()] == [20, 10, 0]
+
+
+def _on_pack_write(io, hook):
+    """Call ``hook(key)`` before every write of a blob into a pack streamed through ``io``."""
+    real_open = io.open_writer
+
+    def open_writer(key, **kw):
+        w = real_open(key, **kw)
+        real_write = w.write
+
+        def write(data):
+            if key.startswith("packs/"):
+                hook(key)
+            return real_write(data)
+
+        w.write = write
+        return w
+
+    io.open_writer = open_writer
 
 
 # -- D12: a crash between the step's commit point and the ref move -----------------
@@ -295,6 +312,80 @@ def test_next_commit_after_an_interrupted_one_does_not_skip_it(tmp_path):
     assert [i.step for i in traj.log()] == [3, 2, 1, 0]
 
 
+def _crash_at_ref_move(traj):
+    """Make ``traj``'s next ref move fail like a power cut after the step's commit point; returns the undo."""
+    real = traj._refs.move
+
+    def crash(*a, **k):
+        raise Crash("power cut before the ref moved")
+
+    traj._refs.move = crash
+    return lambda: setattr(traj._refs, "move", real)
+
+
+def test_the_retry_compares_files_and_metadata_too():
+    """D12 on format 2: the retry matches the step's content checksum (tensors, chunks, files, metadata)."""
+    states = states_bf16(3)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+    undo = _crash_at_ref_move(traj)
+    with pytest.raises(Crash):
+        traj.commit(1, states[1], files={"config.json": b"{}"}, metadata={"lr": 1})
+    undo()
+    assert 1 in traj and traj.head() == 0
+    for files, metadata in [({"config.json": b"{ }"}, {"lr": 1}), ({}, {"lr": 1}), ({"config.json": b"{}"}, {})]:
+        with pytest.raises(StepExistsError, match="different"):
+            traj.commit(1, states[1], files=files, metadata=metadata)
+    changed = {**states[1]}
+    name = next(iter(changed))
+    bits = changed[name].copy()
+    raw = bits.view(np.uint8).reshape(-1)
+    raw[-1] ^= 1  # one bit of one chunk
+    changed[name] = bits
+    with pytest.raises(StepExistsError, match="different"):
+        traj.commit(1, changed, files={"config.json": b"{}"}, metadata={"lr": 1})
+    assert traj.head() == 0
+    assert traj.commit(1, states[1], files={"config.json": b"{}"}, metadata={"lr": 1}) == 1
+    assert traj.head() == 1 and traj.read_file(1, "config.json") == b"{}"
+    assert traj._io.find("pending") == []
+    assert traj.verify().ok
+
+
+def test_a_distributed_commit_interrupted_after_its_commit_point_completes_on_a_second_finalize():
+    """D12 for piece writers + finalize: finalize of the same content moves the branch; other content is refused."""
+    states = states_bf16(3)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+
+    def records_of(state):
+        w = traj.piece_writer(1)
+        for name, arr in state.items():
+            w.write(name, arr)
+        return w.close()
+
+    records = records_of(states[1])
+    undo = _crash_at_ref_move(traj)
+    with pytest.raises(Crash):
+        traj.finalize(1, records, metadata={"k": 1})
+    undo()
+    assert 1 in traj and traj.head() == 0
+    with pytest.raises(ConflictError, match="step 1"):  # the next commit on 0 does not skip step 1
+        traj.commit(2, states[2])
+    with pytest.raises(StepExistsError, match="different"):
+        traj.finalize(1, records, metadata={"k": 2})
+    with pytest.raises(StepExistsError, match="different"):
+        traj.finalize(1, records_of(states[2]), metadata={"k": 1})
+    assert traj.head() == 0
+    assert traj.finalize(1, records_of(states[1]), metadata={"k": 1}) == 1  # re-encoded: same content
+    assert traj.head() == 1
+    assert_state_equal(traj.read(1), states[1])
+    with pytest.raises(StepExistsError):  # now an ordinary existing step
+        traj.piece_writer(1)
+    traj.commit(2, states[2])
+    assert [i.step for i in traj.log()] == [2, 1, 0]
+    assert traj.verify().ok
+
+
 # -- delete vs a concurrent commit of a child ----------------------------------------
 
 
@@ -316,6 +407,13 @@ def _delete_during_child_commit(url, pause_key):
             return real(key, data)
 
         setattr(writer._io, name, hooked)
+
+    def pause(key):
+        if pause_key(key) and not paused.is_set():
+            paused.set()
+            assert go.wait(60)
+
+    _on_pack_write(writer._io, pause)
     out = {}
 
     def run():
@@ -340,7 +438,7 @@ def _delete_during_child_commit(url, pause_key):
 @pytest.mark.parametrize("pause", ["encoding", "commit point"])
 def test_delete_and_a_concurrent_child_commit_never_break_a_step(pause):
     """Either the delete or the commit refuses with a named error; every step that exists reads back exactly."""
-    pause_key = (lambda k: k.startswith("blobs/")) if pause == "encoding" else (lambda k: k == step_key(3))
+    pause_key = (lambda k: k.startswith("packs/")) if pause == "encoding" else (lambda k: k == step_key(3))
     url = _mem()
     traj, states, out = _delete_during_child_commit(url, pause_key)
     refused = [k for k, v in out.items() if isinstance(v, ConflictError | StepNotFoundError)]
@@ -369,14 +467,18 @@ def test_a_refused_delete_can_be_retried():
 
 
 def test_manifests_and_refs_are_fsynced(tmp_path, monkeypatch):
-    """On local disk the step manifest, the ref entry and their directories reach the disk before commit returns."""
+    """On local disk the pack, the step document, the ref entry and their directories reach the disk before commit returns."""
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w", chunk_bytes=CHUNK)
     synced = record_fsyncs(monkeypatch)
     traj.commit(0, states_bf16(2)[0])
     manifest = os.path.join(root, step_key(0))
     ref = _ref_files(root)[-1]
+    (pack,) = [os.path.join(root, "packs", f) for f in os.listdir(os.path.join(root, "packs"))]
     for p in (
+        pack,
+        os.path.dirname(pack),
+        root,
         manifest,
         os.path.dirname(manifest),
         os.path.dirname(os.path.dirname(manifest)),

@@ -16,7 +16,17 @@ import zarr
 
 import ulstore
 from tests.helpers.bits import bits_of as bits
-from tests.helpers.store import CHUNK, CountingFS, assert_state_equal, states_bf16, states_fp32
+from tests.helpers.store import (
+    CHUNK,
+    CountingIO,
+    Crash,
+    CrashAfter,
+    assert_state_equal,
+    entries,
+    flip_at,
+    states_bf16,
+    states_fp32,
+)
 from ulstore import store as ustore
 from ulstore import toytrain
 from ulstore.errors import (
@@ -31,8 +41,8 @@ from ulstore.errors import (
     StepExistsError,
     StepNotFoundError,
 )
-from ulstore.store._layout import blob_key, step_key
-from ulstore.store._manifest import Manifest
+from ulstore.store._layout import pack_key, step_key
+from ulstore.store._stepdoc import StepDoc
 
 
 def _mem():
@@ -130,15 +140,14 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     step = 8 + depth if depth < 4 else depth  # anchors at 0 and 8
     assert traj.info(step).anchor_distance == depth
     ro = ulstore.open(url, mode="r")
-    counter = CountingFS(ro._io.fs)
+    counter = CountingIO(ro._io)
     name = "model.layers.0.mlp.up_proj.weight"
     value = ro[step][name][17, 5]
     assert bits(np.asarray(value)) == bits(np.asarray(states[step][name][17, 5]))
-    assert len(counter.blobs()) <= depth + 1
-    assert len(set(counter.manifests())) <= depth + 1
-    assert len(counter.reads) == len(counter.blobs()) + len(
-        counter.manifests()
-    )  # nothing else (root meta is read at open)
+    # per step of the chain: its step document, one table block, at most one blob (range reads of packs)
+    assert len(set(counter.docs())) <= depth + 1
+    assert len(counter.packs()) <= 2 * (depth + 1)
+    assert len(counter.reads) == len(counter.packs()) + len(counter.docs())  # nothing else (root meta is read at open)
     counter.reset()
     ro[step][name][17, 6]  # same chunk: cache hit, no backend read at all
     assert counter.reads == []
@@ -146,23 +155,25 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     other = ro[step][name][60, 0]  # another chunk of the same tensor: only its own chain
     assert bits(np.asarray(other)) == bits(np.asarray(states[step][name][60, 0]))
     # one blob per step of its chain that changed the chunk (a step that left it alone shares the
-    # parent's blob), never a manifest again: they were all read for the first chunk
-    assert 1 <= len(counter.blobs()) <= depth + 1 and counter.manifests() == []
-    assert len(counter.blobs()) == len(set(counter.blobs())), "a blob was fetched twice"
+    # parent's blob), never a step document or table block again: they were all read for the first chunk
+    blobs = counter.packs()
+    assert 1 <= len(blobs) <= depth + 1 and counter.docs() == []
+    assert len(blobs) == len(set(blobs)), "a blob was fetched twice"
 
 
-def test_full_read_after_lazy_read_shares_cache():
+def test_consecutive_full_reads_keep_the_step():
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
     for i in range(6):
         traj.commit(i, states[i])
     ro = ulstore.open(traj.url, mode="r")
-    counter = CountingFS(ro._io.fs)
-    assert_state_equal(ro.read(5), states[5])
-    n = len(counter.blobs())
+    counter = CountingIO(ro._io)
+    assert_state_equal(ro.read(4), states[4])
+    assert_state_equal(ro.read(5), states[5])  # sequential: step 5 is kept from now on
+    n = len(counter.packs())
     counter.reset()
-    assert_state_equal(ro.read(5), states[5])
-    assert counter.blobs() == [] and n > 0
+    assert_state_equal(ro.read(5), states[5])  # the kept step: nothing fetched again
+    assert counter.packs() == [] and n > 0
 
 
 # -- 3. dedup ------------------------------------------------------------------
@@ -176,7 +187,7 @@ def test_same_state_twice_adds_no_blobs():
     traj.commit(1, s)
     after = traj.stats()
     assert after["blobs"] == before["blobs"] and after["blob_bytes"] == before["blob_bytes"]
-    assert traj._reader.manifest(1).tensors == traj._reader.manifest(0).tensors  # entries reused verbatim
+    assert entries(traj, 1) == entries(traj, 0)  # entries reused verbatim
 
 
 def test_unchanged_tensors_add_no_blob_bytes():
@@ -187,17 +198,14 @@ def test_unchanged_tensors_add_no_blob_bytes():
     traj.commit(0, a)
     n0 = traj.stats()["blobs"]
     traj.commit(1, mixed)
-    m0, m1 = traj._reader.manifest(0), traj._reader.manifest(1)
-    new = {e.blob for t in m1.tensors.values() for e in t.entries} - {
-        e.blob for t in m0.tensors.values() for e in t.entries
-    }
-    changed_chunks = sum(
-        e1.content != e0.content for k in changed for e0, e1 in zip(m0.tensors[k].entries, m1.tensors[k].entries)
-    )
+    e0 = {(e["tensor"], e["coord"]): e for e in entries(traj, 0)}
+    e1 = {(e["tensor"], e["coord"]): e for e in entries(traj, 1)}
+    new = {e["blob"] for e in e1.values()} - {e["blob"] for e in e0.values()}
+    changed_chunks = sum(e1[k]["content"] != e0[k]["content"] for k in e1 if k[0] in changed)
     assert traj.stats()["blobs"] - n0 == len(new) <= changed_chunks
-    for k in a:
-        if k not in changed:
-            assert m1.tensors[k].entries == m0.tensors[k].entries
+    for k in e1:
+        if k[0] not in changed:
+            assert e1[k] == e0[k]
     assert_state_equal(ulstore.open(traj.url, mode="r").read(1), mixed)
 
 
@@ -208,16 +216,15 @@ def test_anchor_policy():
         traj.commit(i, states[i])
     assert [traj.info(i).anchor_distance for i in range(10)] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     for i in (0, 4, 8):
-        assert all(e.ref is None for t in traj._reader.manifest(i).tensors.values() for e in t.entries)
+        assert all(e["ref"] is None for e in entries(traj, i))
     for i in range(10):  # no chunk's reference chain is longer than its step's anchor distance
-        m = traj._reader.manifest(i)
-        for name, t in m.tensors.items():
-            for j, e in enumerate(t.entries):
-                hops, ee = 0, e
-                while ee.ref is not None:
-                    ee = traj._reader.manifest(ee.ref).tensors[name].entries[j]
-                    hops += 1
-                assert hops <= m.anchor_distance
+        by_step = {s: {(e["tensor"], e["coord"]): e for e in entries(traj, s)} for s in range(i + 1)}
+        for key, e in by_step[i].items():
+            hops, ee = 0, e
+            while ee["ref"] is not None:
+                ee = by_step[ee["ref"]][key]
+                hops += 1
+            assert hops <= traj.info(i).anchor_distance
     traj.commit(10, states[10], anchor=True)
     assert traj.info(10).anchor_distance == 0
 
@@ -225,44 +232,41 @@ def test_anchor_policy():
 # -- 4. crash safety and concurrent writers ------------------------------------
 
 
-class _Boom(RuntimeError):
-    pass
-
-
-def test_commit_failing_after_k_blob_writes():
+@pytest.mark.parametrize("threads", [1, 4])
+def test_commit_failing_after_k_writes(threads):
     states = states_bf16(20)
     url = _mem()
-    traj = ulstore.open(url, mode="w", chunk_bytes=1 << 13, threads=1)
+    traj = ulstore.open(url, mode="w", chunk_bytes=1 << 13, threads=threads, pack_bytes=20_000)
     traj.commit(0, states[0])
     traj.commit(1, states[1])
-    real_put = traj._io.put
-    for k in range(10_000):  # fail after 0, 1, 2, ... blob writes until the commit needs fewer
-        calls = {"n": 0, "failed": False}
-
-        def failing_put(key, data, k=k, calls=calls):
-            if key.startswith("blobs/"):
-                if calls["n"] >= k:
-                    calls["failed"] = True
-                    raise _Boom(f"injected after {k} blob writes")
-                calls["n"] += 1
-            return real_put(key, data)
-
-        traj._io.put = failing_put
+    for k in range(10_000):  # fail after 0, 1, 2, ... writes until the commit needs fewer
+        inject = CrashAfter(traj._io, k)
         try:
             traj.commit(2, states[2])
-        except _Boom:
+        except Crash:
             pass
-        traj._io.put = real_put
-        if not calls["failed"]:
-            break  # k >= the number of blobs the commit writes: it went through
+        finally:
+            inject.restore()
+        if not inject.crashed:
+            break  # k >= the number of writes the commit makes: it went through
         ro = ulstore.open(url, mode="r")
-        assert ro.steps == [0, 1] and ro.head() == 1
+        if ro.steps == [0, 1, 2]:  # failed moving the ref (after the commit point): main did not move
+            assert ro.head() == 1
+            assert traj.commit(2, states[2]) == 2  # D12: retrying the same commit moves main
+            break
+        assert ro.steps == [0, 1] and ro.head() == 1  # failed before the step document: no step
         assert_state_equal(ro.read(1), states[1])
-    assert k > 10  # many failure points were exercised
+        if k % 7 == 0:
+            assert_state_equal(traj.read(1), states[1])  # the writer's kept step is still sound
+    assert k > 10  # many failure points were exercised (several packs: pack_bytes is small)
     ro = ulstore.open(url, mode="r")
     assert ro.steps == [0, 1, 2] and ro.head() == 2
     assert_state_equal(ro.read(2), states[2])
     assert ro.verify().ok
+    assert traj._io.find("pending") == []  # no marker outlives the finished commit
+    assert traj.gc()["packs"] > 0  # the orphans of the failed attempts
+    assert len(traj._io.find("packs")) == traj.stats()["packs"]
+    assert_state_equal(ulstore.open(url, mode="r").read(2), states[2])
 
 
 _KILL_SCRIPT = r"""
@@ -271,15 +275,20 @@ import ulstore
 from ulstore import toytrain
 url = sys.argv[1]
 states = toytrain.trajectory("finetune", 3, preset="tiny", dtype="bfloat16")
-traj = ulstore.open(url, mode="a", chunk_bytes=4096, threads=1)
+traj = ulstore.open(url, mode="a", chunk_bytes=4096, threads=1, pack_bytes=8192)
 traj.commit(0, states[0]); traj.commit(1, states[1])
-real_put = traj._io.put
-def slow_put(key, data):
-    real_put(key, data)
-    if key.startswith("blobs/"):
+real_open = traj._io.open_writer
+def open_writer(key, **kw):
+    w = real_open(key, **kw)
+    real_write = w.write
+    def write(data):
+        at = real_write(data)
         print("BLOB", flush=True)
         time.sleep(0.05)
-traj._io.put = slow_put
+        return at
+    w.write = write
+    return w
+traj._io.open_writer = open_writer
 traj.commit(2, states[2])
 print("DONE", flush=True)
 """
@@ -300,6 +309,7 @@ def test_writer_killed_mid_commit(tmp_path):
     states = toytrain.trajectory("finetune", 3, preset="tiny", dtype="bfloat16")  # what the script committed
     traj = ulstore.open(url, mode="a")
     assert traj.steps == [0, 1] and traj.head() == 1
+    assert os.listdir(tmp_path / "t" / ".tmp")  # the pack being written
     assert_state_equal(traj.read(0), states[0])
     assert_state_equal(traj.read(1), states[1])
     traj.commit(2, states[2])
@@ -353,41 +363,29 @@ def test_two_writers_same_step(backend_url):
 # -- 5. corruption -------------------------------------------------------------
 
 
-def _flip(fs, path, pos, mask=0x01):
-    data = bytearray(fs.cat_file(path))
-    data[pos % len(data)] ^= mask
-    fs.pipe_file(path, bytes(data))
-
-
 def test_flipped_byte_in_any_blob_is_named():
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=1 << 14, anchor_every=4)
     for i in range(3):
         traj.commit(i, states[i])
-    fs = traj._io.fs
+    io = traj._io
     rng = np.random.default_rng(1)
-    entries = [
-        (s, name, coord, t.entry(coord))
-        for s in traj.steps
-        for name, t in traj._reader.manifest(s).tensors.items()
-        for coord in t.coords()
-    ]
-    blobs = {e.blob: (s, name, coord) for s, name, coord, e in entries}
-    for digest, (s, name, coord) in blobs.items():
-        path = traj._io.path(blob_key(digest))
-        original = fs.cat_file(path)
-        _flip(fs, path, int(rng.integers(len(original))), mask=int(rng.integers(1, 256)))
+    blobs = {e["blob"]: (s, e) for s in traj.steps for e in entries(traj, s)}
+    assert len(blobs) > 20
+    for (pid, off, n), (s, e) in blobs.items():
+        key = pack_key(pid)
+        original = flip_at(io, key, off + int(rng.integers(n)), mask=int(rng.integers(1, 256)))
         ro = ulstore.open(traj.url, mode="r")
         with pytest.raises(IntegrityError) as info:
-            ro._reader.chunk(s, name, coord)
-        assert info.value.key == blob_key(digest)
+            ro._reader.chunk(s, e["tensor"], e["coord"], e["piece"])
+        assert info.value.key == key
         with pytest.raises(IntegrityError):
-            ro[s][name][...]
+            ro[s][e["tensor"]][...]
         report = ro.verify(raise_on_error=False)
-        assert blob_key(digest) in {d["key"] for d in report.errors}
-        with pytest.raises(CorruptBlobError, match=digest):
+        assert key in {d["key"] for d in report.errors}
+        with pytest.raises(CorruptBlobError, match=pid):
             ro.verify()
-        fs.pipe_file(path, original)
+        io.put(key, original)
     assert ulstore.open(traj.url, mode="r").verify().ok
 
 
@@ -396,27 +394,44 @@ def test_flipped_byte_in_manifest_is_named():
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=1 << 14)
     traj.commit(0, states[0])
     traj.commit(1, states[1])
-    fs, path = traj._io.fs, traj._io.path(step_key(1))
-    original = fs.cat_file(path)
+    io = traj._io
+    original = io.get(step_key(1))
     for pos in range(len(original)):  # every byte, two different flips, at the parser
         for mask in (0x01, 0x20):
             bad = bytearray(original)
             bad[pos] ^= mask
             with pytest.raises(CorruptManifestError):
-                Manifest.from_bytes(bytes(bad), key=step_key(1), step=1)
+                StepDoc.from_bytes(bytes(bad), key=step_key(1), step=1)
     for pos in range(0, len(original), len(original) // 25):  # and end to end, for a sample
-        _flip(fs, path, pos)
+        flip_at(io, step_key(1), pos)
         ro = ulstore.open(traj.url, mode="r")
         with pytest.raises(CorruptManifestError) as info:
             ro.read(1)
         assert info.value.key == step_key(1)
-        fs.pipe_file(path, original)
-    bad = bytearray(original)
-    bad[len(bad) // 2] ^= 0x04
-    fs.pipe_file(path, bytes(bad))
+        io.put(step_key(1), original)
+    flip_at(io, step_key(1), len(original) // 2, 0x04)
     report = ulstore.open(traj.url, mode="r").verify(raise_on_error=False)
     assert [d["key"] for d in report.errors] == [step_key(1)]
     assert_state_equal(ulstore.open(traj.url, mode="r").read(0), states[0])
+
+
+def test_flipped_byte_in_a_table_block_is_named():
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=1 << 14)
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])
+    d = traj._reader.doc(1)
+    io = traj._io
+    for t in d.tables:
+        key = pack_key(d.packs[t.pack])
+        for pos in range(t.offset, t.offset + t.length, max(1, t.length // 40)):
+            original = flip_at(io, key, pos, 0x10)
+            ro = ulstore.open(traj.url, mode="r")
+            with pytest.raises(CorruptManifestError) as info:
+                ro.read(1)
+            assert info.value.key == key and info.value.step == 1
+            io.put(key, original)
+    assert_state_equal(ulstore.open(traj.url, mode="r").read(1), states[1])
 
 
 # -- 6. bad input --------------------------------------------------------------
@@ -462,7 +477,7 @@ def test_bad_input_errors(tmp_path):
         traj.commit(5, states[1], parent=None, branch="main")  # main is at 0, not at None
     # a dtype/shape change without anchor=False is fine: that tensor starts a new chain
     traj.commit(1, changed)
-    assert all(e.ref is None for e in traj._reader.manifest(1).tensors["lm_head.weight"].entries)
+    assert all(e["ref"] is None for e in entries(traj, 1) if e["tensor"] == "lm_head.weight")
     assert_state_equal(traj.read(1), changed)
     ro = ulstore.open(str(tmp_path / "t"), mode="r")
     with pytest.raises(ReadOnlyError):
@@ -514,11 +529,11 @@ def test_delete_middle_steps_and_gc(backend_url):
     assert traj.info(5).parent == 2
     removed = traj.gc()
     after = traj.stats()
-    assert removed["blobs"] > 0 and removed["bytes"] > 0
-    assert after["blob_bytes"] < before["blob_bytes"]
-    live = {e.blob for s in traj.steps for t in traj._reader.manifest(s).tensors.values() for e in t.entries}
-    stored = {k.rsplit("/", 1)[-1] for k in traj._io.find("blobs")}
-    assert stored == live  # unreachable bytes are gone, nothing reachable was removed
+    assert removed["packs"] + removed["repacked"] > 0 and removed["bytes"] > 0
+    assert after["stored_bytes"] < before["stored_bytes"] and after["unreferenced_bytes"] < 0.5 * after["stored_bytes"]
+    stored = {k.rsplit("/", 1)[-1][: -len(".pack")] for k in traj._io.find("packs")}
+    listed = {p for s in traj.steps for p in traj._reader.doc(s).packs}
+    assert stored == listed  # unreachable packs are gone, nothing reachable was removed
     ro = ulstore.open(url, mode="r", storage_options=so)
     for s in (0, 1, 2, 5, 6):
         assert_state_equal(ro.read(s), states[s])

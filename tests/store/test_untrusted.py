@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
 
 import ulstore
-from ulstore.core.sealed import canonical_json, digest128
+from tests.helpers.store import rewrite_step
 from ulstore.errors import CorruptManifestError, InvalidInputError, UlstoreError
-from ulstore.store._layout import ROOT_META, step_key
+from ulstore.store._layout import ROOT_META
 
 
 def test_deeply_nested_metadata_is_invalid_input():
@@ -81,29 +82,41 @@ def test_odd_entries_under_steps_are_not_steps(tmp_path, name):
     assert traj.verify().ok
 
 
-def _reseal(doc: dict) -> bytes:
-    attrs = doc["attributes"]
-    attrs.pop("ulstore_checksum", None)
-    attrs["ulstore_checksum"] = digest128(canonical_json(doc))
-    return canonical_json(doc)
-
-
 @pytest.mark.parametrize(
     "shape, chunks",
-    [([-4], [-4]), ([-4], [4]), ([4], [0]), ([1 << 40], [1 << 40]), ([1 << 62, 1 << 62], [1, 1 << 62]), (["4"], [4])],
+    [([-4], [-4]), ([-4], [4]), ([4], [0]), ([1 << 40], [1 << 40]), ([1 << 62, 1 << 62], [1, 1 << 62]), ([4], [8, 1])],
 )
-def test_negative_or_huge_shapes_in_a_manifest_are_corrupt(tmp_path, shape, chunks):
+def test_negative_or_huge_shapes_in_a_table_are_corrupt(tmp_path, monkeypatch, shape, chunks):
+    """Format 2: a crafted table block (its hash in the step document recomputed) with a bad shape or chunk grid."""
+    from ulstore.store import _tables
+
     root = str(tmp_path / "t")
-    ulstore.open(root, mode="w").commit(0, {"w": np.arange(4, dtype=np.float32)})
-    path = os.path.join(root, step_key(0))
-    doc = json.load(open(path))
-    t = doc["attributes"]["ulstore"]["tensors"]["w"]
-    t["shape"], t["chunks"] = shape, chunks
-    open(path, "wb").write(_reseal(doc))
+    traj = ulstore.open(root, mode="w")
+    traj.commit(0, {"w": np.arange(4, dtype=np.float32)})
+    # what a crafted binary holds: negative numbers are their two's complement as u64
+    monkeypatch.setattr(_tables, "_u64s", lambda vs: struct.pack(f"<{len(vs)}Q", *(v % (1 << 64) for v in vs)))
+
+    def craft(tables, append):
+        t = tables["w"]
+        (p,) = t.pieces
+        t.shape = tuple(shape)
+        p.offset, p.shape, p.chunks = (0,) * len(shape), tuple(shape), tuple(chunks)
+
+    rewrite_step(traj, 0, craft)
+    monkeypatch.undo()
     traj = ulstore.open(root, mode="r")
     with pytest.raises(CorruptManifestError) as e:
         traj.read(0)
-    assert e.value.key == step_key(0)
+    assert e.value.key is not None and e.value.key.startswith("packs/")  # the pack holding the table block
     with pytest.raises(CorruptManifestError):
         traj[0]["w"][:]
     assert not traj.verify(raise_on_error=False).ok
+
+
+def test_a_chunk_larger_than_the_bound_is_refused_at_commit():
+    traj = ulstore.open("memory://untrusted-big-chunk", mode="w")
+    w = traj.piece_writer(0)
+    with pytest.raises(InvalidInputError, match="exceed"):
+        huge = np.broadcast_to(np.zeros(1, np.float32), (1 << 16, 1 << 15))  # 8 GiB, never allocated
+        w.write("w", huge, chunks=(1 << 16, 1 << 15))
+    w.abort()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..core.formatting import binary_bytes, human_bytes, plural
 from ..errors import InvalidInputError
 from ._add import _cmd_add
-from ._common import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing
+from ._common import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing, _storage_options
 from ._plot import check_matplotlib, plot_report
 from ._steps import resolve
 from ._ui import report_error, table
@@ -261,7 +261,27 @@ def _cmd_gc(args, ui) -> int:
     with ui.activity("finding and removing blobs no step uses"):
         result = traj.gc(older_than=args.older_than)
     ui.emit({"url": args.url, **result})
-    ui.out(f"removed {plural(result['blobs'], 'unreferenced blob')}, {human_bytes(result['bytes'])}")
+    ui.out(
+        f"removed {plural(result['packs'], 'unreferenced pack')}, {human_bytes(result['bytes'])}"
+        + (f"; repacked {plural(result['repacked'], 'pack')}" if result["repacked"] else "")
+    )
+    return EXIT_OK
+
+
+def _cmd_upgrade(args, ui) -> int:
+    from ..store import upgrade
+
+    options = _storage_options(args)
+    with ui.bar(total=None, desc="upgrading", unit="step") as bar:
+
+        def progress(done, total):
+            bar.total = total
+            bar.update(1)
+
+        traj = upgrade(args.url, args.dest, storage_options=options, progress=progress)
+    doc = {"url": args.url, "dest": args.dest, "steps": len(traj.steps), "refs": traj.refs}
+    ui.emit(doc)
+    ui.out(f"upgraded {plural(doc['steps'], 'step')} of {args.url} to format 2 at {args.dest}")
     return EXIT_OK
 
 
@@ -275,7 +295,7 @@ def _cmd_rm(args, ui) -> int:
     ui.out(
         f"deleted step {info.step}"
         + (f"; moved {', '.join(moved)} to {info.parent}" if moved and info.parent is not None else "")
-        + f"; run `ulstore gc {args.url}` to free its blobs"
+        + f"; run `ulstore gc {args.url}` to free its packs"
     )
     return EXIT_OK
 

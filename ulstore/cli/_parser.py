@@ -272,10 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(
         "gc",
-        "remove blobs no step uses",
-        "Remove blobs that no step manifest references (left by `ulstore rm` or by a\n"
-        "crashed commit).  While another process may be committing, pass\n"
-        "--older-than a bound on how long a commit takes.",
+        "remove packs no step uses, repack mostly-dead ones",
+        "Remove packs that no step names (left by `ulstore rm` or by a crashed commit),\n"
+        "and repack packs that are mostly dead (their live blobs move to a new pack).\n"
+        "While another process may be committing, pass --older-than a bound on how\n"
+        "long a commit takes.",
         "  ulstore gc runs/a\n  ulstore gc s3://bucket/runs/a --older-than 3600",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
@@ -284,15 +285,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=float,
         default=0.0,
-        help="only remove blobs at least this old (default 0)",
+        help="only remove packs (and temporary files) at least this old (default 0)",
     )
+
+    p = command(
+        "upgrade",
+        "convert a trajectory of the old format 1 to format 2",
+        "Convert a format-1 trajectory (one object per chunk, JSON manifests) into a new\n"
+        "format-2 trajectory at DEST: every step, parent, ref, metadata and creation\n"
+        "time is kept, every value bit for bit.  SRC is only read.",
+        "  ulstore upgrade runs/old runs/new\n  ulstore upgrade s3://bucket/old s3://bucket/new",
+    )
+    p.add_argument("url", metavar="SRC", help="the format-1 trajectory")
+    p.add_argument("dest", metavar="DEST", help="where to write the format-2 trajectory (must not exist)")
 
     p = command(
         "rm",
         "delete a step",
         "Delete a step; every other step stays readable, exactly (chunks coded against it\n"
         "are re-encoded, its children re-parented, refs on it moved to its parent).\n"
-        "Then run `ulstore gc URL` to free its blobs.",
+        "Then run `ulstore gc URL` to free its packs.",
         "  ulstore rm runs/a 1200",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")

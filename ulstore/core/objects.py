@@ -1,4 +1,4 @@
-"""Keyed byte objects over any fsspec filesystem: get, put, conditional create, list, delete, probe.
+"""Keyed byte objects over any fsspec filesystem: get, byte ranges, put, streaming writes, create, list, delete.
 
 The one object client of ulstore: the trajectory store and the sync bucket
 both speak in keys relative to a root (``steps/10/zarr.json``,
@@ -22,6 +22,21 @@ Atomicity, per backend (what a crashed or racing writer can leave behind):
   between processes (fsspec's own ``mode="create"`` fallback); documented in
   ``docs/layout.md``.
 
+Byte ranges (:meth:`ObjectStore.get_ranges`): one GET with a ``Range``
+header per range on S3 (no HEAD first; ranges of one call run
+concurrently), ``os.pread`` on one descriptor on local disk (opened without
+following a final symlink, and refused unless it is a regular file, so a
+FIFO or device planted in the root can neither hang nor flood a reader;
+reads of 1 MiB or more map the file read-only instead of copying, which
+assumes nobody truncates the file meanwhile: packs are never modified),
+slices of the object elsewhere.
+
+Streaming writes (:meth:`ObjectStore.open_writer`) hold a bounded buffer:
+local disk writes to ``.tmp/`` and renames the file into place at close
+(durable: fsynced first, and its directories after, like a put); S3
+uploads parts of ``block_size`` bytes (the object appears at close);
+``memory://`` keeps the bytes and stores them at close.
+
 Errors: a missing object is ``None`` from :meth:`ObjectStore.get` (and an
 empty listing).  Anything else the backend raises (network, permission,
 throttling) propagates unchanged, unless the client was made with
@@ -36,8 +51,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import io
+import mmap
 import os
+import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,12 +65,13 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-__all__ = ["ObjectStore", "MISSING_ERRORS", "TMP_DIR"]
+__all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "TMP_DIR"]
 
 #: Exceptions backends raise for a missing object.
 MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
+_MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 TMP_DIR = ".tmp"
 # Protocols whose first path component is a bucket/container that must exist.
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
@@ -197,6 +217,73 @@ class ObjectStore:
             except MISSING_ERRORS:
                 return None
 
+    def get_ranges(self, key: str, ranges) -> builtins.list | None:
+        """The bytes ``[start, end)`` of the object for each ``(start, end)`` in ``ranges``.
+
+        Returns None if there is no such object; else one bytes-like object per
+        range (``bytes``, or on local disk for large reads a ``memoryview`` of a
+        read-only mapping of the file).  A range that runs past the end of the
+        object comes back short: the caller checks lengths.
+        """
+        ranges = [(int(a), int(b)) for a, b in ranges]
+        if any(a < 0 or b < a for a, b in ranges):
+            raise ValueError(f"byte ranges must satisfy 0 <= start <= end, got {ranges}")
+        if not ranges:
+            return []
+        with self._calling("GET", key):
+            if self.local:
+                return self._local_ranges(key, ranges)
+            path = self.path(key)
+            wanted = [r for r in ranges if r[1] > r[0]]  # an empty range would read as the whole object on S3
+            if not wanted:
+                return [b""] * len(ranges) if self.exists(key) else None
+            try:
+                if self.s3 or len(wanted) > 1:
+                    out = self.fs.cat_ranges([path] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted])
+                else:
+                    out = [self.fs.cat_file(path, start=wanted[0][0], end=wanted[0][1])]
+            except MISSING_ERRORS:
+                return None
+            for r in out:
+                if isinstance(r, MISSING_ERRORS):
+                    return None
+                if isinstance(r, BaseException):
+                    raise r
+            got = iter(out)
+            return [bytes(next(got)) if b > a else b"" for a, b in ranges]
+
+    def _local_ranges(self, key: str, ranges) -> builtins.list | None:
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path(key), flags)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink: never followed
+                return None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
+                return None
+            if st.st_size and sum(b - a for a, b in ranges) >= _MMAP_BYTES:
+                # large reads: views of a read-only mapping, no copy (objects read this way are
+                # immutable packs; the views keep the mapping alive)
+                view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+                return [view[min(a, st.st_size) : min(b, st.st_size)] for a, b in ranges]
+            return [os.pread(fd, b - a, a) if b > a else b"" for a, b in ranges]
+        finally:
+            os.close(fd)
+
+    def size(self, key: str) -> int | None:
+        """Size in bytes of the object, or None if there is none."""
+        with self._calling("HEAD", key):
+            try:
+                info = self.fs.info(self.path(key))
+            except MISSING_ERRORS:
+                return None
+        return int(info.get("size") or 0) if info.get("type", "file") != "directory" else None
+
     def exists(self, key: str) -> bool:
         """Whether an object named ``key`` exists."""
         with self._calling("HEAD", key):
@@ -278,6 +365,15 @@ class ObjectStore:
             else:
                 self.fs.pipe_file(path, data, mode="create")
 
+    def open_writer(self, key: str, *, block_size: int = 32 << 20) -> ObjectWriter:
+        """A writer that streams a new object to ``key``; it appears only at :meth:`ObjectWriter.close`.
+
+        Meant for objects with fresh, unique names (packs): a key that exists is
+        replaced.  :meth:`ObjectWriter.abort` (or an exception inside a ``with``
+        block) leaves no object.
+        """
+        return ObjectWriter(self, key, block_size)
+
     def delete(self, key: str) -> None:
         """Remove the object at ``key`` if it exists."""
         with self._calling("DELETE", key):
@@ -303,24 +399,46 @@ class ObjectStore:
             if self.fs.exists(self.root):
                 self.fs.rm(self.root, recursive=True)
 
-    def sweep_tmp(self) -> int:
-        """Remove temporary files left by killed local writers; returns how many."""
+    def sweep_tmp(self, older_than: float = 0.0) -> int:
+        """Remove temporary files left by killed local writers; returns how many.
+
+        Only regular files and symlinks directly in ``.tmp/`` that are at least
+        ``older_than`` seconds old are removed (a live writer's file is younger);
+        a symlink is removed itself, never followed, and a ``.tmp`` that is not
+        a real directory is left alone.
+        """
         if not self.local:
             return 0
         d = self.path(TMP_DIR)
+        if os.path.islink(d) or not os.path.isdir(d):
+            return 0
+        now = time.time()
         n = 0
-        for name in os.listdir(d) if os.path.isdir(d) else ():
-            try:
-                os.unlink(os.path.join(d, name))
-                n += 1
-            except FileNotFoundError:
-                pass
+        with os.scandir(d) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                        continue
+                    if older_than and now - st.st_mtime < older_than:
+                        continue
+                    os.unlink(entry.path)
+                    n += 1
+                except FileNotFoundError:
+                    pass
         return n
 
-    def _local_tmp(self, data: bytes) -> str:
+    def local_tmp_dir(self) -> str:
+        """The local staging directory ``.tmp/`` (created); refused if it is a symlink or not a directory."""
         d = self.path(TMP_DIR)
-        os.makedirs(d, exist_ok=True)
-        tmp = os.path.join(d, uuid.uuid4().hex)
+        if not os.path.islink(d):
+            os.makedirs(d, exist_ok=True)
+        if os.path.islink(d) or not os.path.isdir(d):
+            raise OSError(errno.ENOTDIR, f"{TMP_DIR} under the root is not a real directory (a symlink?)", d)
+        return d
+
+    def _local_tmp(self, data: bytes) -> str:
+        tmp = os.path.join(self.local_tmp_dir(), uuid.uuid4().hex)
         with open(tmp, "wb") as f:
             f.write(data)
             if self.durable:
@@ -349,3 +467,100 @@ class ObjectStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class ObjectWriter:
+    """Streams one new object (see :meth:`ObjectStore.open_writer`); not thread-safe.
+
+    ``tell()`` is the number of bytes written so far.  Memory held: nothing on
+    local disk (the file is written as it goes), one part (``block_size``) on
+    S3 and other object stores, the whole object on ``memory://``.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, block_size: int):
+        self.store = store
+        self.key = key
+        self._n = 0
+        self._done = False
+        self._tmp: str | None = None
+        self._f: Any
+        with store._calling("PUT", key):
+            if store.local:
+                self._tmp = os.path.join(store.local_tmp_dir(), uuid.uuid4().hex)
+                self._f = builtins.open(self._tmp, "wb")
+            elif store.memory:
+                self._f = io.BytesIO()
+            else:
+                self._f = store.fs.open(store.path(key), "wb", block_size=max(5 << 20, int(block_size)))
+
+    def tell(self) -> int:
+        return self._n
+
+    def write(self, data) -> int:
+        """Append ``data`` (bytes-like); returns the offset it starts at."""
+        at = self._n
+        with self.store._calling("PUT", self.key):
+            self._f.write(data)
+        self._n += memoryview(data).nbytes
+        return at
+
+    def close(self) -> None:
+        """Finish the object: it exists from now on."""
+        if self._done:
+            return
+        self._done = True
+        st = self.store
+        with st._calling("PUT", self.key):
+            if st.local:
+                assert self._tmp is not None
+                path = st.path(self.key)
+                try:
+                    if st.durable:
+                        self._f.flush()
+                        os.fsync(self._f.fileno())
+                    self._f.close()
+                    st._makedirs(os.path.dirname(path))
+                    os.replace(self._tmp, path)
+                except BaseException:
+                    self._f.close()
+                    self._unlink_tmp()
+                    raise
+                st._sync_dir(os.path.dirname(path))
+            elif st.memory:
+                st.fs.pipe_file(st.path(self.key), self._f.getvalue())
+                self._f = io.BytesIO()
+            else:
+                self._f.close()
+
+    def abort(self) -> None:
+        """Give up: no object appears (a partial upload is discarded)."""
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(Exception):
+            if self.store.local:
+                self._f.close()
+                self._unlink_tmp()
+            elif self.store.memory:
+                self._f = io.BytesIO()
+            else:
+                discard = getattr(self._f, "discard", None)  # s3fs: abort the multipart upload
+                if discard is not None:
+                    discard()
+                    self._f.closed = True  # nothing left to flush (fsspec would try again when collected)
+                else:
+                    self._f.close()
+
+    def _unlink_tmp(self) -> None:
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -83,7 +83,8 @@ def import_checkpoint(
         raise InvalidInputError(f"the step metadata key {CHECKPOINT_KEY!r} is reserved for the file's own metadata")
     if step in traj:  # before reading a possibly large file
         raise StepExistsError("step already exists; steps are immutable (rm it first to replace it)", step=step)
-    ck = _ck.load(path)
+    # safetensors are memory-mapped: the commit streams them through a bounded window of chunks
+    ck = _ck.load(path, mmap=fmt in ("safetensors", "sharded"))
     tensors, aliases, names = dict(ck.tensors), dict(ck.aliases), list(ck.tensors) + list(ck.aliases)
     if ck.aliases and fmt == "torch":
         names = _torch_key_order(path, names)

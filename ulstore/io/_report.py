@@ -10,9 +10,10 @@ __all__ = ["storage_report"]
 def storage_report(traj) -> dict:
     """Raw vs stored bytes of every step and every tensor.
 
-    A blob is charged to the first step (in step order) whose manifest names
+    A blob is charged to the first step (in step order) whose tables name
     it, and to that tensor; a chunk that reuses an earlier entry costs only
-    its manifest line.  Manifests are charged to their step.
+    its table entry.  Step documents and table blocks are charged to their
+    step (``manifest_bytes``), and so are the step's files.
 
     Parameters
     ----------
@@ -25,13 +26,13 @@ def storage_report(traj) -> dict:
         blob_bytes, manifest_bytes, new_blobs, chunks, elements,
         bits_per_weight, ratio``; ``tensors``: list of dicts ``name, dtype,
         raw_bytes, stored_bytes, elements, bits_per_weight, ratio``;
-        ``total``: the sums (``stored_bytes`` excludes unreferenced blobs,
-        which ``unreferenced_bytes`` counts).
+        ``total``: the sums (``stored_bytes`` excludes unreferenced pack
+        bytes, which ``unreferenced_bytes`` counts).
 
     Notes
     -----
-    Built on :meth:`Trajectory.inventory`: every manifest is read and checked
-    (canonical form and checksum) as for reading, the blobs are listed; no blob
+    Built on :meth:`Trajectory.inventory`: every step document and table
+    block is read and checked as for reading, the packs are listed; no blob
     is fetched.
 
     Examples
@@ -73,13 +74,18 @@ def storage_report(traj) -> dict:
             row["elements"] += n
             for e in t.entries:
                 row["chunks"] += 1
-                if e.blob in charged:
-                    continue
-                charged.add(e.blob)
-                size = inv.blob_bytes.get(e.blob, 0)
-                row["blob_bytes"] += size
-                row["new_blobs"] += 1
-                tr["stored_bytes"] += size
+                for b in e.blobs:  # its blob and, if it has one, its snapshot
+                    if b in charged:
+                        continue
+                    charged.add(b)
+                    size = inv.blob_bytes.get(b, 0)
+                    row["blob_bytes"] += size
+                    row["new_blobs"] += 1
+                    tr["stored_bytes"] += size
+        for b in m.files:  # files kept with the step (config, tokenizer): charged to the step
+            if b not in charged:
+                charged.add(b)
+                row["blob_bytes"] += inv.blob_bytes.get(b, 0)
         row["stored_bytes"] = row["blob_bytes"] + row["manifest_bytes"]
         _rates(row)
         per_step.append(row)
@@ -91,7 +97,7 @@ def storage_report(traj) -> dict:
         for k in ("raw_bytes", "stored_bytes", "blob_bytes", "manifest_bytes", "new_blobs", "chunks", "elements")
     }
     total["steps"] = len(per_step)
-    total["unreferenced_bytes"] = sum(size for b, size in inv.blob_bytes.items() if b not in charged)
+    total["unreferenced_bytes"] = inv.unreferenced_bytes
     _rates(total)
     return {"steps": per_step, "tensors": tensors, "total": total}
 

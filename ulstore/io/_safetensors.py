@@ -22,8 +22,12 @@ __all__ = ["load_safetensors", "save_safetensors", "check_shard_name"]
 _INDEX_NAME = "model.safetensors.index.json"
 
 
-def load_safetensors(path) -> Checkpoint:
+def load_safetensors(path, *, mmap: bool = False) -> Checkpoint:
     """Read one ``.safetensors`` file exactly, bf16 and fp8 included.
+
+    With ``mmap=True`` the tensors are read-only memory maps of the file:
+    nothing is read until used, so committing them streams the file through a
+    bounded window (the file must not change meanwhile).
 
     Examples
     --------
@@ -50,7 +54,14 @@ def load_safetensors(path) -> Checkpoint:
         if n > MAX_HEADER:
             raise _bad(p, f"header length {n} exceeds the {MAX_HEADER}-byte limit")
         entries, metadata = parse_header(f.read(n), size - 8 - n, lambda why: _bad(p, why))
-        tensors = {}
+        tensors: dict[str, np.ndarray] = {}
+        if mmap:
+            for name, (dtype, shape, begin, end) in entries.items():
+                if end > begin:
+                    tensors[name] = np.memmap(p, dtype=dtype, mode="r", offset=8 + n + begin, shape=shape)
+                else:
+                    tensors[name] = np.empty(shape, dtype)
+            return Checkpoint({name: tensors[name] for name in entries}, metadata)
         # Read in file order so the disk access is sequential.
         for name, (dtype, shape, begin, _end) in sorted(entries.items(), key=lambda e: e[1][2]):
             try:  # fresh, aligned and owned; its size is bounded by the file's

@@ -83,7 +83,7 @@ _INDEX_NAME = _safetensors._INDEX_NAME
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
-def load(path) -> Checkpoint:
+def load(path, *, mmap: bool = False) -> Checkpoint:
     """Load a checkpoint, choosing the format from ``path``.
 
     Parameters
@@ -92,6 +92,9 @@ def load(path) -> Checkpoint:
         A ``.safetensors`` file, a Hugging Face directory or its
         ``*.safetensors.index.json``, a torch ``.pt``/``.pth``/``.bin`` state
         dict, or an ``.npz`` archive.
+    mmap : bool
+        safetensors files (single or sharded): memory-map the tensors
+        (read-only) instead of reading them (see :func:`load_safetensors`).
 
     Returns
     -------
@@ -115,14 +118,14 @@ def load(path) -> Checkpoint:
     """
     p = Path(path)
     if p.is_dir():
-        return _load_hf_dir(p)
+        return _load_hf_dir(p, mmap)
     if not p.exists():
         raise NotFoundError(f"{p}: no such checkpoint file or directory")
     name = p.name.lower()
     if name.endswith(".index.json"):
-        return _load_sharded(p)
+        return _load_sharded(p, mmap)
     if name.endswith(".safetensors"):
-        return load_safetensors(p)
+        return load_safetensors(p, mmap=mmap)
     if name.endswith(_TORCH_SUFFIXES):
         return load_torch(p)
     if name.endswith(".npz"):
@@ -133,22 +136,22 @@ def load(path) -> Checkpoint:
     )
 
 
-def _load_hf_dir(d: Path) -> Checkpoint:
+def _load_hf_dir(d: Path, mmap: bool = False) -> Checkpoint:
     """Pick the index or single file in a Hugging Face model directory."""
     if (d / _INDEX_NAME).is_file():
-        return _load_sharded(d / _INDEX_NAME)
+        return _load_sharded(d / _INDEX_NAME, mmap)
     if (d / "model.safetensors").is_file():
-        return load_safetensors(d / "model.safetensors")
+        return load_safetensors(d / "model.safetensors", mmap=mmap)
     # Other libraries use other prefixes (e.g. diffusion_pytorch_model): accept
     # a lone index, else a lone file.
-    for pattern, loader in (("*.safetensors.index.json", _load_sharded), ("*.safetensors", load_safetensors)):
+    for pattern, sharded in (("*.safetensors.index.json", True), ("*.safetensors", False)):
         found = sorted(d.glob(pattern))
         if len(found) == 1:
-            return loader(found[0])
+            return _load_sharded(found[0], mmap) if sharded else load_safetensors(found[0], mmap=mmap)
     raise InvalidInputError(f"{d}: directory holds neither {_INDEX_NAME} nor a single *.safetensors file")
 
 
-def _load_sharded(index_path: Path) -> Checkpoint:
+def _load_sharded(index_path: Path, mmap: bool = False) -> Checkpoint:
     """Load every shard of an index, checking each tensor is where the index says.
 
     ``metadata`` is the shards' ``__metadata__`` (equal in every shard); the
@@ -184,7 +187,7 @@ def _load_sharded(index_path: Path) -> Checkpoint:
         shard_path = index_path.parent / shard
         if not shard_path.is_file():
             raise NotFoundError(f"{index_path}: shard {shard!r} named in weight_map is missing")
-        ck = load_safetensors(shard_path)
+        ck = load_safetensors(shard_path, mmap=mmap)
         for name in names:
             if name not in ck.tensors:
                 raise _bad(index_path, f"tensor {name!r} is mapped to {shard} but is not in it", kind="index")

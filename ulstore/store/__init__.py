@@ -3,16 +3,21 @@
 :func:`open` returns a :class:`Trajectory`.  Layers, one way only::
 
     trajectory.py   open, settings; Trajectory = the job mixins below
-    _read.py        reading: lazy zarr groups, whole tensors, info, log
-    _commit.py      commit: plan chunks, encode changed ones, blobs, then the manifest
-    _integrity.py   verify, stats
-    _retention.py   delete (re-encoding dependants), gc
+    _read.py        reading: lazy zarr groups, whole tensors, boxes, files, info, log
+    _commit.py      commit = one piece writer + the finalizer (tables, step document, ref)
+    _integrity.py   verify, inventory, stats
+    _retention.py   delete (re-encoding dependants), gc (drop and repack packs)
+    _upgrade.py     format 1 -> format 2 (``ulstore upgrade``), with a small legacy reader
     _base.py        state, steps and refs every job stands on
-    _pool.py        the bounded thread pool chunks are encoded on
+    _writer.py      the piece writer: hash, reuse, encode in a bounded window, append to packs
+    _changes.py     the change feed of a step against its parent
     _logical.py     read-only zarr Store presenting steps as plain arrays
-    _reader.py      manifests + reference walking + decoded-chunk LRU: where a chunk is decoded
-    _manifest.py    the per-step manifest (JSON, checksummed)
-    _chunkcodec.py  one chunk <-> one blob (ULPack or Zstd), hashes
+    _reader.py      step documents + tables + reference walking: where a chunk is decoded
+    _kept.py        the kept step (one materialised step, overwritten in place)
+    _stepdoc.py     the step document (sealed JSON, the commit point)
+    _tables.py      chunk tables as binary table blocks; pieces; the content checksum
+    _packs.py       pack streams (writing) and coalesced range reads
+    _chunkcodec.py  one chunk <-> one blob (ULPack or Zstd), BLAKE3-128 hashes
     _layout.py      keys, names, chunk shapes
     _zarr_dtypes.py bfloat16 / fp8 as zarr data types
 
@@ -20,7 +25,21 @@ Objects go through :class:`ulstore.core.objects.ObjectStore`.  The store
 imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 """
 
+from ._changes import ChunkChange
 from ._integrity import Inventory
+from ._upgrade import upgrade
+from ._writer import PieceRecord, PieceWriter
 from .trajectory import HEAD, StepInfo, Trajectory, VerifyReport, open
 
-__all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "Inventory", "HEAD"]
+__all__ = [
+    "open",
+    "upgrade",
+    "Trajectory",
+    "StepInfo",
+    "VerifyReport",
+    "Inventory",
+    "HEAD",
+    "PieceWriter",
+    "PieceRecord",
+    "ChunkChange",
+]

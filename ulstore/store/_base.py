@@ -12,8 +12,10 @@ import os
 
 from ..core.objects import ObjectStore
 from ..errors import NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
+from ._kept import KeptStep
 from ._layout import STEPS_DIR, check_ref_name, check_step, step_of
 from ._logical import LogicalStore
+from ._packs import DEFAULT_PACK_BYTES
 from ._pending import Pending
 from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
 from ._refs import RefLog
@@ -45,7 +47,9 @@ class TrajectoryBase:
         read_only: bool,
         anchor_every: int,
         chunk_bytes: int,
+        pack_bytes: int = DEFAULT_PACK_BYTES,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        keep_parent: bool | int = True,
         executor=None,
         threads=None,
     ):
@@ -55,12 +59,17 @@ class TrajectoryBase:
         self.read_only = read_only
         self.anchor_every = anchor_every
         self.chunk_bytes = chunk_bytes
+        self.pack_bytes = pack_bytes
         self._executor = executor
-        self._threads = threads or max(4, os.cpu_count() or 1)
-        self._reader = ChunkReader(io, cache_bytes)
+        self._threads = threads or max(4, os.cpu_count() or 1)  # reads: I/O latency hides behind threads
+        self._encode_threads = threads or os.cpu_count() or 1  # commits: CPU-bound, scratch memory per thread
+        self._reader = ChunkReader(io, cache_bytes, self._threads)
         self._refs = RefLog(io)
         self._pending = Pending(io)
         self._store = LogicalStore(self._reader)
+        budget = None if keep_parent is True else 0 if keep_parent is False else int(keep_parent)
+        self._kept = KeptStep(budget)
+        self._last_read: int | None = None  # reads refresh the kept step once they look sequential
 
     def __repr__(self) -> str:
         return f"<Trajectory {self.url!r} ({'read-only' if self.read_only else 'read/write'})>"
@@ -72,9 +81,11 @@ class TrajectoryBase:
         self.close()
 
     def close(self) -> None:
-        """Drop caches (the trajectory holds no other resources)."""
+        """Drop caches and the kept step (the trajectory holds no other resources)."""
         self._reader.clear_cache()
         self._reader.forget()
+        with self._kept.lock:
+            self._kept.clear()
 
     # -- names --------------------------------------------------------------------
 
@@ -170,7 +181,7 @@ class TrajectoryBase:
             step = state.step
         else:
             step = check_step(step_or_ref)
-        self._reader.manifest(step)  # raises StepNotFoundError
+        self._reader.doc(step)  # raises StepNotFoundError
         return step
 
     def _check_writable(self) -> None:

@@ -1,36 +1,55 @@
-"""Pure functions that turn one chunk into a blob and back: no I/O, no state.
+"""Pure functions that turn one chunk into a blob and back, and hash chunks: no I/O, no state.
 
 Floating-point chunks (float16, bfloat16, float32, float64, fp8) are ULPack
-blobs coded against the co-located chunk of the reference step (or intra);
-every other dtype (int, uint, bool, complex) is Zstd of the raw little-endian
-bytes, always intra.  These functions are module-level so that a process-based
-executor (dask distributed) can pickle them.
+blobs coded against the reference chunk (or intra); every other dtype (int,
+uint, bool, complex) is Zstd of the raw little-endian bytes, always intra.
+These functions are module-level so that a process-based executor (dask
+distributed) can pickle them.
+
+Hashes are BLAKE3 truncated to 128 bits (:func:`digest`): content hashes of
+decoded chunks, table blocks, files and the step content checksum.  A blob's
+bytes are never hashed: a blob is checked by decoding it (ULPack's CRC and
+target checksum, Zstd bounded to the expected size) and comparing the content
+hash of what it decodes to.
+
+Untrusted blobs are checked before anything is allocated for them
+(:func:`decode_chunk`): a ULPack header must declare exactly the expected
+chunk shape, a Zstd frame exactly the expected byte count, and Zstd
+decompresses into a buffer of that size only.
 """
 
 from __future__ import annotations
 
+import blake3
 import numcodecs
 import numpy as np
+from numcodecs import zstd as _zstd
 
 from .. import codec as _ulpack
 from ..codec._dtypes import format_of
-from ..core.sealed import address, digest128
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [
     "ULPACK",
     "ZSTD",
+    "HASH_NAME",
     "codec_for",
-    "blob_digest",
+    "digest",
     "content_digest",
+    "le_bytes",
     "encode_chunk",
     "decode_chunk",
+    "zstd_compress",
+    "zstd_decompress",
 ]
 
 ULPACK = "ulpack"
 ZSTD = "zstd"
+#: The one hash of format 2 (content hashes, table blocks, files, step checksums).
+HASH_NAME = "blake3-128"
 
 _ZSTD = numcodecs.Zstd(level=3)
+_ULPACK_MAGIC = b"ULPK"
 
 
 def codec_for(dtype: np.dtype) -> str:
@@ -45,37 +64,88 @@ def codec_for(dtype: np.dtype) -> str:
     raise DtypeError(f"ulstore stores floating-point, integer, boolean and complex tensors; got dtype {dtype}")
 
 
-def blob_digest(blob) -> str:
-    """The blob's address: blake2b-256 of its bytes, hex."""
-    return address(blob)
+def digest(data) -> bytes:
+    """BLAKE3 of ``data`` (bytes-like) truncated to 16 bytes."""
+    return blake3.blake3(data).digest(16)
 
 
-def content_digest(chunk: np.ndarray) -> str:
-    """Checksum of a decoded chunk: blake2b-128 of its C-order little-endian bytes, hex.
-
-    128 bits is for integrity, not addressing: it detects a wrong or damaged
-    chunk, it never names one.
-    """
-    return digest128(_le_bytes(chunk))
+def content_digest(chunk: np.ndarray) -> bytes:
+    """Content hash of a decoded chunk: :func:`digest` of its C-order little-endian bytes."""
+    return digest(le_bytes(chunk))
 
 
-def _le_bytes(chunk: np.ndarray) -> memoryview:
-    a = np.ascontiguousarray(chunk)
+def le_bytes(chunk: np.ndarray) -> memoryview:
+    """The chunk's values as C-order little-endian bytes (a view when it already is)."""
+    a = chunk if chunk.flags.c_contiguous else np.ascontiguousarray(chunk)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
-def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str) -> tuple[bytes, str]:
-    """Encode one chunk; returns ``(blob, blob_digest)``.
-
-    Hashing here (in the worker) keeps the writer's thread free for I/O.
-    """
+def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str) -> bytes:
+    """Encode one chunk (against ``reference``, or intra) into its blob."""
     if codec == ULPACK:
-        blob = _ulpack.encode(chunk, reference)
-    else:
-        blob = bytes(_ZSTD.encode(_le_bytes(chunk)))
-    return blob, blob_digest(blob)
+        return _ulpack.encode(chunk, reference)
+    return zstd_compress(le_bytes(chunk))
+
+
+def zstd_compress(data) -> bytes:
+    """Zstd (level 3) of ``data``; the frame records its content size."""
+    return bytes(_ZSTD.encode(data))
+
+
+def zstd_decompress(frame, size: int, *, what: str = "zstd frame") -> bytes:
+    """Decompress a Zstd frame that must hold exactly ``size`` bytes, never inflating beyond that.
+
+    Raises
+    ------
+    ValueError
+        The frame does not declare exactly ``size`` bytes, or does not decode.
+    """
+    declared = _frame_content_size(memoryview(frame).cast("B"))
+    if declared != size:
+        raise ValueError(f"{what} declares {declared} bytes, expected {size}")
+    out = np.empty(size, np.uint8)
+    if size:
+        try:
+            _zstd.decompress(frame, out)
+        except Exception as e:  # numcodecs raises RuntimeError on damaged frames
+            raise ValueError(f"{what} does not decompress: {e}") from None
+    return out.tobytes()
+
+
+def _frame_content_size(buf: memoryview) -> int | None:
+    """Frame_Content_Size of a Zstd frame header (RFC 8878, 3.1.1.1), or None if absent or unreadable."""
+    if len(buf) < 6 or bytes(buf[:4]) != b"\x28\xb5\x2f\xfd":
+        return None
+    fhd = buf[4]
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if width == 0 or len(buf) < pos + width:
+        return None
+    value = int.from_bytes(buf[pos : pos + width], "little")
+    return value + 256 if width == 2 else value
+
+
+def _ulpack_shape(blob: memoryview) -> tuple[int, ...] | None:
+    """The shape a ULPack header declares (magic, version, dtype, mode, flags, ndim, varints), or None."""
+    if len(blob) < 9 or bytes(blob[:4]) != _ULPACK_MAGIC:
+        return None
+    ndim, pos, shape = blob[8], 9, []
+    for _ in range(ndim):
+        value = shift = 0
+        while True:
+            if pos >= len(blob) or shift > 63:
+                return None
+            byte = blob[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        shape.append(value)
+    return tuple(shape)
 
 
 def decode_chunk(
@@ -83,13 +153,21 @@ def decode_chunk(
 ) -> np.ndarray:
     """Decode one chunk to an array of ``dtype`` and ``shape`` (unpadded).
 
-    Any failure of the blob itself becomes a :class:`CorruptBlobError` naming ``key``.
+    Declared sizes are checked against ``shape`` before decoding.  Any failure
+    of the blob itself becomes a :class:`CorruptBlobError` naming ``key``.
     """
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= d
     try:
         if codec == ULPACK:
+            declared = _ulpack_shape(memoryview(blob).cast("B"))
+            if declared is not None and declared != shape:  # before the codec allocates anything
+                raise CorruptBlobError(f"ULPack blob declares shape {list(declared)}, expected {list(shape)}")
             out = _ulpack.decode(blob, reference)
         elif codec == ZSTD:
-            raw = _ZSTD.decode(blob)
+            raw = zstd_decompress(blob, n * dtype.itemsize, what="zstd chunk")
             out = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
         else:
             raise CorruptBlobError(f"unknown chunk codec {codec!r}", key=key)
@@ -100,7 +178,7 @@ def decode_chunk(
         raise cls(f"chunk blob does not decode: {e.message}", key=key) from e
     except Exception as e:  # zstd or numpy choking on damaged bytes
         raise CorruptBlobError(f"chunk blob does not decode: {e}", key=key) from e
-    if out.dtype != dtype or out.size != int(np.prod(shape)):
+    if out.dtype != dtype or out.size != n:
         raise CorruptBlobError(
             f"chunk blob decodes to {out.dtype}{list(out.shape)}, expected {dtype}{list(shape)}", key=key
         )

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
-from ._base import TrajectoryBase
-from ._layout import BLOBS_DIR, step_key
-from ._manifest import Manifest
-from ._reader import ChunkReader
+import numpy as np
 
-__all__ = ["IntegrityMixin", "VerifyReport", "Inventory"]
+from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
+from ._base import TrajectoryBase
+from ._chunkcodec import content_digest, decode_chunk
+from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
+from ._reader import _BATCH_BYTES, _LRU, ChunkReader, _Plan
+from ._stepdoc import StepDoc
+from ._tables import TensorTable, content_checksum
+
+__all__ = ["IntegrityMixin", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
 
 
 @dataclass
 class VerifyReport:
     """Result of :meth:`Trajectory.verify`.
 
-    ``errors`` lists one dict per bad object: ``key`` (the damaged blob,
-    manifest or ref), ``step``, ``tensor``, ``error`` (class name) and
+    ``errors`` lists one dict per bad object: ``key`` (the damaged pack,
+    step document or ref), ``step``, ``tensor``, ``error`` (class name) and
     ``message``.
     """
 
@@ -32,36 +36,67 @@ class VerifyReport:
         return not self.errors
 
 
+def blob_name(pack: str, offset: int, length: int) -> str:
+    """A blob's name in an :class:`Inventory`: ``<pack id>@<offset>+<length>``."""
+    return f"{pack}@{offset}+{length}"
+
+
+@dataclass(frozen=True)
+class EntryView:
+    """One chunk entry of an inventory: ``blob`` names its blob, ``blobs`` its blob and snapshot."""
+
+    blob: str
+    blobs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TensorView:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    entries: tuple[EntryView, ...]
+
+
+@dataclass(frozen=True)
+class StepView:
+    step: int
+    parent: int | None
+    tensors: dict[str, TensorView]
+    files: tuple[str, ...] = ()  # blob names of the step's files
+
+
 @dataclass(frozen=True)
 class Inventory:
     """What a trajectory stores, read without decoding anything (:meth:`Trajectory.inventory`).
 
-    ``manifests``: step -> its checked manifest (``tensors``: name ->
-    ``shape``, ``dtype``, ``entries`` whose ``blob`` is a blob address), in
-    step order; ``manifest_bytes``: step -> stored size of its manifest;
-    ``blob_bytes``: address -> size of every blob, referenced or not.
+    ``manifests``: step -> :class:`StepView` (``tensors``: name -> ``shape``,
+    ``dtype``, ``entries`` whose ``blob`` names a blob), in step order;
+    ``manifest_bytes``: step -> bytes of its step document and table blocks;
+    ``blob_bytes``: blob name -> size of every blob some step names;
+    ``pack_bytes``: pack id -> size of every pack; ``unreferenced_bytes``:
+    pack bytes no step names (removed by ``gc``).
     """
 
-    manifests: dict[int, Manifest]
+    manifests: dict[int, StepView]
     manifest_bytes: dict[int, int]
     blob_bytes: dict[str, int]
+    pack_bytes: dict[str, int] = field(default_factory=dict)
+    unreferenced_bytes: int = 0
+    table_bytes: dict[int, int] = field(default_factory=dict)
 
 
 class IntegrityMixin(TrajectoryBase):
-    """verify and stats of :class:`~ulstore.store.Trajectory`."""
+    """verify, inventory and stats of :class:`~ulstore.store.Trajectory`."""
 
     # -- integrity ----------------------------------------------------------------
 
     def verify(self, step=None, *, raise_on_error: bool = True) -> VerifyReport:
-        """Re-read and check every blob, manifest and ref reachable from ``step`` (default: all).
+        """Re-read and check every blob, snapshot, table, file, step document and ref reachable from ``step`` (default: all).
 
-        Every blob is fetched again (nothing from the cache), checked against
-        its address, decoded against its reference and checked against its
-        content hash.
-
-        Returns
-        -------
-        VerifyReport
+        Every blob is fetched again (no cache: an entry is decoded once per
+        verify, never skipped because some other chunk has the same content),
+        decoded against its reference and checked against its content hash;
+        snapshots are decoded too.  Each step's content checksum is recomputed
+        and its ``parent_content`` compared with the parent's (the hash chain).
 
         Raises
         ------
@@ -70,10 +105,12 @@ class IntegrityMixin(TrajectoryBase):
             ``raise_on_error`` and anything is damaged; its ``key`` names the
             first bad object and its message lists all of them.
         """
-        fresh = ChunkReader(self._io, self._reader.cache_bytes)
+        fresh = ChunkReader(self._io, 0, self._threads)
+        memo = _LRU(max(self._reader.cache_bytes, 64 << 20))
         report = VerifyReport()
         steps = [self._resolve(step)] if step is not None else self.steps
         bad: dict[str, IntegrityError] = {}
+        blobs: set = set()
 
         def note(e: IntegrityError, s, tensor=None):
             key = e.key or f"step {s}"
@@ -91,29 +128,25 @@ class IntegrityMixin(TrajectoryBase):
 
         if step is None:
             self._verify_refs(note)
-        seen_blobs = set()
         for s in steps:
             try:
-                m = fresh.manifest(s)
+                d = fresh.doc(s)
+                tables = fresh.tables(s)
+                self._verify_step(fresh, d, tables)
             except IntegrityError as e:
                 note(e, s)
                 continue
             report.steps += 1
-            if m.parent is not None and not self._io.exists(step_key(m.parent)):
-                note(CorruptManifestError(f"parent step {m.parent} is missing", step=s, key=step_key(s)), s)
-            for name, t in m.tensors.items():
-                for coord in t.coords():
-                    report.chunks += 1
-                    seen_blobs.add(t.entry(coord).blob)
-                    try:
-                        fresh.chunk(s, name, coord)
-                    except IntegrityError as e:
-                        note(e, s, name)
-                    except NotFoundError as e:  # a reference step is gone
-                        note(
-                            CorruptManifestError(f"reference is missing: {e}", step=s, tensor=name, key=step_key(s)), s
-                        )
-        report.blobs = len(seen_blobs)
+            for name in d.files:
+                try:
+                    fresh.file(s, name)
+                except IntegrityError as e:
+                    note(e, s)
+            for batch in _batches(s, tables):
+                report.chunks += len(batch)
+                for err in _verify_chunks(fresh, memo, batch, blobs):
+                    note(err, s)
+        report.blobs = len(blobs)
         if bad and raise_on_error:
             first = next(iter(bad.values()))
             listing = "; ".join(f"{d['key']}: {d['error']}" for d in report.errors)
@@ -124,6 +157,23 @@ class IntegrityMixin(TrajectoryBase):
                 key=first.key,
             )
         return report
+
+    def _verify_step(self, fresh: ChunkReader, d: StepDoc, tables: dict[str, TensorTable]) -> None:
+        key = step_key(d.step)
+        files = {k: f.hash for k, f in d.files.items()}
+        if content_checksum(tables.values(), files, d.metadata) != d.content:
+            raise CorruptManifestError("step content does not match its content checksum", step=d.step, key=key)
+        if d.parent is not None:
+            try:
+                pd = fresh.doc(d.parent)
+            except StepNotFoundError as e:
+                raise CorruptManifestError(f"parent step {d.parent} is missing", step=d.step, key=key) from e
+            if pd.content != d.parent_content:
+                raise CorruptManifestError(
+                    f"hash chain broken: parent_content is not step {d.parent}'s content", step=d.step, key=key
+                )
+        elif d.parent_content is not None:
+            raise CorruptManifestError("a root step names a parent content", step=d.step, key=key)
 
     def _verify_refs(self, note) -> None:
         """Every ref entry sealed and chained; every ref's head step present."""
@@ -141,52 +191,162 @@ class IntegrityMixin(TrajectoryBase):
                 )
 
     def inventory(self) -> Inventory:
-        """Every step's manifest (parsed and checked, as for reading) and every blob's size; nothing decoded.
+        """Every step's tables (parsed and checked, as for reading) and every pack's size; nothing decoded.
 
         Raises
         ------
         CorruptManifestError
-            A manifest is damaged.
+            A step document or table block is damaged.
         StepNotFoundError
             A step was deleted while the inventory was taken.
         """
-        manifests, manifest_bytes = {}, {}
+        reader = ChunkReader(self._io, 0, self._threads)
+        manifests, manifest_bytes, blob_bytes, table_bytes = {}, {}, {}, {}
+        used: dict[str, list] = {}
         for s in self.steps:
-            key = step_key(s)
-            raw = self._io.get(key)
+            raw = self._io.get(step_key(s))
             if raw is None:
-                raise StepNotFoundError("step manifest vanished while reading", step=s, key=key)
-            manifests[s] = Manifest.from_bytes(raw, key=key, step=s)
-            manifest_bytes[s] = len(raw)
-        blobs = self._io.find(BLOBS_DIR, detail=True)
-        blob_bytes = {k.rsplit("/", 1)[-1]: int(info.get("size") or 0) for k, info in blobs.items()}
-        return Inventory(manifests, manifest_bytes, blob_bytes)
+                raise StepNotFoundError("step document vanished while reading", step=s, key=step_key(s))
+            d = StepDoc.from_bytes(raw, key=step_key(s), step=s)
+            reader._docs[s] = d
+            tables = reader.tables(s)
+            table_bytes[s] = sum(b.length for b in d.tables)
+            manifest_bytes[s] = len(raw) + table_bytes[s]
+            for b in d.tables:
+                used.setdefault(d.packs[b.pack], []).append((b.offset, b.length))
+            views = {}
+            for name, t in tables.items():
+                entries = []
+                for p in t.pieces:
+                    for i in range(p.n):
+                        loc = (d.packs[int(p.pack[i])], int(p.off[i]), int(p.length[i]))
+                        names = [blob_name(*loc)]
+                        blob_bytes[names[0]] = loc[2]
+                        used.setdefault(loc[0], []).append(loc[1:])
+                        snap = p.snapshot(i)
+                        if snap is not None:
+                            sloc = (d.packs[snap[0]], snap[1], snap[2])
+                            names.append(blob_name(*sloc))
+                            blob_bytes[names[-1]] = sloc[2]
+                            used.setdefault(sloc[0], []).append(sloc[1:])
+                        entries.append(EntryView(names[0], tuple(names)))
+                views[name] = TensorView(t.shape, t.dtype, tuple(entries))
+            file_names = []
+            for f in d.files.values():
+                loc = (d.packs[f.pack], f.offset, f.length)
+                file_names.append(blob_name(*loc))
+                blob_bytes[file_names[-1]] = f.length
+                used.setdefault(loc[0], []).append(loc[1:])
+            manifests[s] = StepView(s, d.parent, views, tuple(file_names))
+        packs = self._pack_sizes()
+        live = sum(_covered(ranges) for pid, ranges in used.items() if pid in packs)
+        unreferenced = max(0, sum(packs.values()) - live)
+        return Inventory(manifests, manifest_bytes, blob_bytes, packs, unreferenced, table_bytes)
+
+    def _pack_sizes(self) -> dict[str, int]:
+        out = {}
+        for key, info in self._io.find(PACKS_DIR, detail=True).items():
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(PACK_SUFFIX) and is_pack_id(name[: -len(PACK_SUFFIX)]):
+                out[name[: -len(PACK_SUFFIX)]] = int(info.get("size") or 0)
+        return out
 
     def stats(self) -> dict:
-        """Sizes: stored blob and manifest bytes vs the raw bytes of every step.
+        """Sizes: stored bytes (packs and step documents) vs the raw bytes of every step.
 
         Returns
         -------
         dict
-            ``steps``, ``chunks`` (entries over all steps), ``blobs``,
-            ``blob_bytes``, ``manifest_bytes``, ``stored_bytes`` (blobs +
-            manifests), ``raw_bytes`` (sum of every step's tensors), ``ratio``
-            (raw / stored), ``manifest_bytes_per_chunk``.
+            ``steps``, ``chunks`` (entries over all steps), ``blobs`` (distinct
+            blobs named), ``packs``, ``blob_bytes`` (pack bytes that are not
+            table blocks), ``manifest_bytes`` (step documents + table blocks),
+            ``stored_bytes`` (packs + step documents), ``unreferenced_bytes``,
+            ``raw_bytes`` (sum of every step's tensors), ``ratio`` (raw /
+            stored), ``manifest_bytes_per_chunk``.
         """
         inv = self.inventory()
         manifest_bytes = sum(inv.manifest_bytes.values())
-        raw = sum(t.nbytes for m in inv.manifests.values() for t in m.tensors.values())
+        raw = sum(t.dtype.itemsize * int(np.prod(t.shape)) for m in inv.manifests.values() for t in m.tensors.values())
         chunks = sum(len(t.entries) for m in inv.manifests.values() for t in m.tensors.values())
-        blob_bytes = sum(inv.blob_bytes.values())
-        stored = blob_bytes + manifest_bytes
+        pack_bytes = sum(inv.pack_bytes.values())
+        stored = pack_bytes + manifest_bytes - sum(inv.table_bytes.values())
         return {
             "steps": len(inv.manifests),
             "chunks": chunks,
             "blobs": len(inv.blob_bytes),
-            "blob_bytes": blob_bytes,
+            "packs": len(inv.pack_bytes),
+            "blob_bytes": stored - manifest_bytes,
             "manifest_bytes": manifest_bytes,
             "stored_bytes": stored,
+            "unreferenced_bytes": inv.unreferenced_bytes,
             "raw_bytes": raw,
             "ratio": raw / stored if stored else float("nan"),
             "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
         }
+
+
+def _covered(ranges: list) -> int:
+    """Bytes covered by ``(offset, length)`` ranges (overlaps counted once)."""
+    total, end = 0, -1
+    for off, n in sorted(ranges):
+        if off + n <= end:
+            continue
+        total += off + n - max(off, end)
+        end = off + n
+    return total
+
+
+def _batches(step: int, tables: dict[str, TensorTable]):
+    """The chunks of a step as ``(node, piece, i)`` in batches of about ``_BATCH_BYTES`` raw bytes."""
+    cur, size = [], 0
+    for name, t in tables.items():
+        for j, p in enumerate(t.pieces):
+            for i, c in enumerate(p.coords()):
+                cur.append(((step, name, j, c), p, i))
+                size += int(np.prod(p.region_shape(c))) * t.dtype.itemsize
+                if size >= _BATCH_BYTES:
+                    yield cur
+                    cur, size = [], 0
+    if cur:
+        yield cur
+
+
+def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> list[IntegrityError]:
+    """Decode every chunk of ``batch`` along its delta chain (not its snapshot), and every snapshot on its own."""
+    errors: list[IntegrityError] = []
+    try:
+        plan = _Plan(fresh, memo=memo, prefer_snapshot=False)
+        for node, _, _ in batch:
+            plan.add(node)
+        plan.run()
+    except (IntegrityError, NotFoundError):
+        if len(batch) == 1:
+            raise
+        for item in batch:  # find which chunks are bad, one at a time
+            try:
+                errors += _verify_chunks(fresh, memo, [item], blobs)
+            except IntegrityError as e:
+                errors.append(e)
+            except NotFoundError as e:
+                errors.append(CorruptManifestError(f"reference is missing: {e}", step=item[0][0], tensor=item[0][1]))
+        return errors
+    packs = fresh.doc(batch[0][0][0]).packs
+    snaps = []
+    for node, p, i in batch:
+        blobs.add((packs[int(p.pack[i])], int(p.off[i])))
+        s = p.snapshot(i)
+        if s is not None:
+            snaps.append((node, p, i, (packs[s[0]], s[1], s[2])))
+            blobs.add((packs[s[0]], s[1]))
+    if snaps:
+        datas = fresh.fetch([loc for *_, loc in snaps])
+        for (node, p, i, loc), data in zip(snaps, datas):
+            t = fresh.tensor(node[0], node[1])
+            key = pack_key(loc[0])
+            try:
+                value = decode_chunk(data, None, t.codec, t.dtype, p.region_shape(node[3]), key=key)
+                if content_digest(value) != p.content[i].tobytes():
+                    raise CorruptBlobError(f"snapshot at byte {loc[1]} fails its content hash", key=key)
+            except IntegrityError as e:
+                errors.append(e)
+    return errors

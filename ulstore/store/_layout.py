@@ -1,16 +1,18 @@
 """Where everything lives under a trajectory's root, and which names are valid.
 
-The physical layout (see ``docs/layout.md``)::
+The physical layout of format 2 (see ``docs/layout.md``)::
 
     zarr.json                      root group; attributes["ulstore"] = trajectory settings
     steps/zarr.json                group holding the steps
-    steps/<step>/zarr.json         one step: a group whose attributes hold its manifest.
+    steps/<step>/zarr.json         one step: a group whose attributes hold its step document.
                                    Written LAST, by conditional create: a step exists
                                    iff this object exists.
-    blobs/<h[:2]>/<h>              chunk blobs, named by the blake2b-256 of their bytes
+    packs/<id>.pack                immutable packs of blobs and table blocks; id = 32
+                                   lowercase hex (random), checked before any key is built
     refs/<name>/<seq>.json         branch heads and tags: append-only logs of sealed entries,
                                    the highest <seq> is the value (see _refs.py)
     pending/                       commits and deletes in flight (see _pending.py)
+    .tmp/                          local disk only: staging for atomic writes
 
 Every key here is relative to the root and uses ``/``; :class:`~ulstore.core.objects.ObjectStore`
 joins it to the fsspec root path.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import uuid
 
 from ..errors import InvalidInputError
 
@@ -28,15 +31,19 @@ __all__ = [
     "ROOT_META",
     "STEPS_META",
     "STEPS_DIR",
-    "BLOBS_DIR",
+    "PACKS_DIR",
     "REFS_DIR",
     "step_key",
-    "blob_key",
+    "pack_key",
+    "new_pack_id",
+    "is_pack_id",
     "ref_key",
     "check_step",
     "step_of",
     "check_ref_name",
     "check_tensor_names",
+    "tensor_name_problem",
+    "check_file_names",
     "choose_chunks",
     "chunk_grid",
 ]
@@ -44,11 +51,15 @@ __all__ = [
 ROOT_META = "zarr.json"
 STEPS_DIR = "steps"
 STEPS_META = "steps/zarr.json"
-BLOBS_DIR = "blobs"
+PACKS_DIR = "packs"
+PACK_SUFFIX = ".pack"
 REFS_DIR = "refs"
 
 _REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}$")
+_PACK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _STEP_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+#: longest tensor or file name, in UTF-8 bytes
+MAX_NAME_BYTES = 4096
 
 
 def step_key(step: int) -> str:
@@ -56,13 +67,25 @@ def step_key(step: int) -> str:
     return f"{STEPS_DIR}/{step}/zarr.json"
 
 
-def blob_key(digest: str) -> str:
-    """Key of the blob whose blake2b-256 hex digest is ``digest``.
+def is_pack_id(pack_id) -> bool:
+    """Whether ``pack_id`` is a well-formed pack id (32 lowercase hex digits)."""
+    return isinstance(pack_id, str) and _PACK_ID_RE.match(pack_id) is not None
 
-    Two hex characters of fan-out keep local directories small; object stores
-    do not care.
+
+def pack_key(pack_id: str) -> str:
+    """Key of pack ``pack_id``; a malformed id (from damaged or crafted storage) raises ValueError.
+
+    No key is ever built from an unchecked name: a pack id is exactly 32
+    lowercase hex digits, so the key cannot leave ``packs/``.
     """
-    return f"{BLOBS_DIR}/{digest[:2]}/{digest}"
+    if not is_pack_id(pack_id):
+        raise ValueError(f"malformed pack id {pack_id!r}")
+    return f"{PACKS_DIR}/{pack_id}{PACK_SUFFIX}"
+
+
+def new_pack_id() -> str:
+    """A fresh random pack id: a retried or racing commit never reuses another's pack name."""
+    return uuid.uuid4().hex
 
 
 def ref_key(name: str) -> str:
@@ -97,24 +120,41 @@ def check_ref_name(name) -> str:
     return name
 
 
+def tensor_name_problem(name) -> str | None:
+    """Why ``name`` cannot be a tensor name (a Zarr node path under a step), or None if it can."""
+    if not isinstance(name, str) or not name:
+        return f"tensor names are non-empty strings, got {name!r}"
+    if "\\" in name or "\x00" in name:
+        # zarr reads a backslash as a path separator: "a\\b" would open the tensor "a/b"
+        return f"tensor name {name!r} contains a backslash or NUL, which zarr paths cannot hold faithfully"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"tensor name {name!r} is not valid unicode (lone surrogate)"
+    if size > MAX_NAME_BYTES:
+        return f"tensor name {name[:40]!r}... is longer than {MAX_NAME_BYTES} bytes"
+    for part in name.split("/"):
+        if part in ("", ".", "..") or part.startswith("__") or part == "zarr.json":
+            return (
+                f"tensor name {name!r} has an invalid path component {part!r} "
+                "(empty, '.', '..', 'zarr.json' or starting with '__')"
+            )
+    return None
+
+
 def check_tensor_names(names) -> None:
     """Reject names that cannot be Zarr node paths under a step.
 
     ``/`` is allowed and makes nested groups; dots and unicode are fine.  Empty
     path components, ``.``/``..``, a leading ``__`` (reserved by Zarr v3),
-    ``zarr.json``, and one tensor being the parent "directory" of another are not.
+    ``zarr.json``, a backslash (zarr reads it as ``/``), NUL, and one tensor
+    being the parent "directory" of another are not.
     """
     names = list(names)
     for name in names:
-        if not isinstance(name, str) or not name:
-            raise InvalidInputError(f"tensor names are non-empty strings, got {name!r}")
-        for part in name.split("/"):
-            if part in ("", ".", "..") or part.startswith("__") or part == "zarr.json":
-                raise InvalidInputError(
-                    f"tensor name {name!r} has an invalid path component {part!r} "
-                    "(empty, '.', '..', 'zarr.json' or starting with '__')",
-                    tensor=name,
-                )
+        why = tensor_name_problem(name)
+        if why is not None:
+            raise InvalidInputError(why, tensor=name if isinstance(name, str) else None)
     prefixes: dict[str, str] = {}
     for name in names:
         parts = name.split("/")
@@ -125,6 +165,21 @@ def check_tensor_names(names) -> None:
             raise InvalidInputError(
                 f"tensor {name!r} would be both an array and the group holding {prefixes[name]!r}", tensor=name
             )
+
+
+def check_file_names(names) -> None:
+    """Reject file names that are not relative ``/``-separated paths (``config.json``, ``tokenizer/vocab.txt``)."""
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"file names are non-empty strings, got {name!r}")
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            size = MAX_NAME_BYTES + 1
+        if "\\" in name or "\x00" in name or size > MAX_NAME_BYTES:
+            raise InvalidInputError(f"file name {name[:60]!r} contains a backslash or NUL, or is not valid or too long")
+        if any(part in ("", ".", "..") for part in name.split("/")):
+            raise InvalidInputError(f"file name {name!r} is not a relative path ('', '.' or '..' component)")
 
 
 def choose_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:

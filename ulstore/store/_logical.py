@@ -12,11 +12,13 @@ Keys it serves (``<step>`` is a decimal step number)::
 The array metadata declares only the ``bytes`` codec: zarr sees raw values,
 and all ULPack decoding, reference walking, checking and caching happens in
 :class:`~._reader.ChunkReader`, because a zarr codec never learns which chunk
-it is decoding (see ``docs/layout.md``).  This class subclasses
+it is decoding (see ``docs/layout.md``).  A tensor stored in several pieces
+(shards) is presented with the chunk grid of its first piece; a chunk that
+straddles pieces is assembled from the stored chunks it overlaps.  This class subclasses
 :class:`zarr.abc.store.Store` directly: a ``WrapperStore`` forwards
 ``get_sync`` in zarr 3.4 and would bypass this ``get``.
 
-Store methods run on zarr's event loop; every manifest fetch and chunk decode
+Store methods run on zarr's event loop; every step document fetch and chunk decode
 is sent to a thread (``asyncio.to_thread``) so the loop keeps serving other
 chunks while the compiled kernels (which release the GIL) work.
 """
@@ -33,8 +35,10 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 from zarr.core.dtype.common import HasEndianness
 
 from ..errors import NotFoundError, ReadOnlyError
-from ._manifest import Manifest, TensorManifest
+from ._layout import chunk_grid
 from ._reader import ChunkReader
+from ._stepdoc import StepDoc
+from ._tables import TensorTable
 from ._zarr_dtypes import zarr_dtype
 
 __all__ = ["LogicalStore", "array_metadata"]
@@ -42,7 +46,12 @@ __all__ = ["LogicalStore", "array_metadata"]
 _ROOT = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": {"kind": "trajectory"}}}
 
 
-def array_metadata(t: TensorManifest, name: str) -> dict:
+def logical_chunks(t: TensorTable) -> tuple[int, ...]:
+    """The chunk grid the zarr view presents: the first piece's (the only one's, unsharded)."""
+    return t.pieces[0].chunks
+
+
+def array_metadata(t: TensorTable, name: str) -> dict:
     """Zarr v3 array metadata of a stored tensor as the logical store presents it."""
     z = zarr_dtype(t.dtype)
     return {
@@ -50,7 +59,7 @@ def array_metadata(t: TensorManifest, name: str) -> dict:
         "node_type": "array",
         "shape": list(t.shape),
         "data_type": z.to_json(zarr_format=3),
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(t.chunks)}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(logical_chunks(t))}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": _jsonable(z.to_json_scalar(z.default_scalar(), zarr_format=3)),
         # dtypes of one byte have no byte order: zarr rejects an ``endian`` for them
@@ -69,10 +78,16 @@ def _group(attributes: dict) -> dict:
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 
 
-def step_attributes(m: Manifest) -> dict:
+def step_attributes(d: StepDoc) -> dict:
     """The step group's attributes: the user's metadata plus ``ulstore`` bookkeeping."""
-    info = {"step": m.step, "parent": m.parent, "anchor_distance": m.anchor_distance, "created": m.created}
-    return {**m.metadata, "ulstore": info}
+    info = {
+        "step": d.step,
+        "parent": d.parent,
+        "anchor_distance": d.anchor_distance,
+        "created": d.created,
+        "content": d.content,
+    }
+    return {**d.metadata, "ulstore": info}
 
 
 class LogicalStore(Store):
@@ -105,63 +120,69 @@ class LogicalStore(Store):
 
     # -- resolving keys ---------------------------------------------------------
 
-    def _manifest(self, part: str) -> Manifest | None:
+    def _doc(self, part: str) -> StepDoc | None:
         if not part.isdigit() or not part.isascii():
             return None
         try:
-            return self.reader.manifest(int(part))
+            return self.reader.doc(int(part))
         except NotFoundError:
             return None
 
-    @staticmethod
-    def _find_chunk(m: Manifest, rest: str):
-        """Split ``<tensor>/c/<i>/<j>`` into (tensor, coord), or None."""
+    def _tensor(self, d: StepDoc, name: str) -> TensorTable | None:
+        try:
+            return self.reader.tensor(d.step, name)
+        except NotFoundError:
+            return None
+
+    def _find_chunk(self, d: StepDoc, rest: str):
+        """Split ``<tensor>/c/<i>/<j>`` into (tensor table, coord), or None."""
         parts = rest.split("/")
         for i, p in enumerate(parts):
             if p != "c":
                 continue
             name = "/".join(parts[:i])
-            t = m.tensors.get(name)
+            t = self._tensor(d, name) if name else None
             if t is None:
                 continue
             idx = parts[i + 1 :]
             if len(idx) != len(t.shape) or not all(s.isdigit() and s.isascii() for s in idx):
                 return None
             coord = tuple(int(s) for s in idx)
-            if any(c >= g for c, g in zip(coord, t.grid)):
+            if any(c >= g for c, g in zip(coord, chunk_grid(t.shape, logical_chunks(t)))):
                 return None
-            return name, coord
+            return t, coord
         return None
 
-    @staticmethod
-    def _is_group(m: Manifest, node: str) -> bool:
+    def _is_group(self, d: StepDoc, node: str) -> bool:
         head = node + "/"
-        return any(name.startswith(head) for name in m.tensors)
+        return any(name.startswith(head) for name in self.reader.tables(d.step))
 
     def _resolve(self, key: str) -> bytes | None:
         """The bytes of logical ``key``, or None (runs in a worker thread)."""
         if key == "zarr.json":
             return json.dumps(_ROOT).encode()
         step, _, rest = key.partition("/")
-        m = self._manifest(step)
-        if m is None or not rest:
+        d = self._doc(step)
+        if d is None or not rest:
             return None
         if rest == "zarr.json":
-            return json.dumps(_group(step_attributes(m))).encode()
+            return json.dumps(_group(step_attributes(d))).encode()
         if rest.endswith("/zarr.json"):
             node = rest[: -len("/zarr.json")]
-            t = m.tensors.get(node)
+            t = self._tensor(d, node)
             if t is not None:
                 return json.dumps(array_metadata(t, node)).encode()
-            return json.dumps(_group({})).encode() if self._is_group(m, node) else None
-        found = self._find_chunk(m, rest)
+            return json.dumps(_group({})).encode() if self._is_group(d, node) else None
+        found = self._find_chunk(d, rest)
         if found is None:
             return None
-        name, coord = found
-        t = m.tensors[name]
-        arr = self.reader.chunk(m.step, name, coord)
-        if arr.shape != t.chunks:  # zarr expects whole chunks: pad edge chunks with the fill value (0)
-            full = np.zeros(t.chunks, dtype=t.dtype)
+        t, coord = found
+        chunks = logical_chunks(t)
+        lo = tuple(i * c for i, c in zip(coord, chunks))
+        hi = tuple(min(a + c, n) for a, c, n in zip(lo, chunks, t.shape))
+        arr = self.reader.box(d.step, t.name, lo, hi) if len(t.pieces) > 1 else self.reader.chunk(d.step, t.name, coord)
+        if arr.shape != chunks:  # zarr expects whole chunks: pad edge chunks with the fill value (0)
+            full = np.zeros(chunks, dtype=t.dtype)
             full[tuple(slice(0, n) for n in arr.shape)] = arr
             arr = full
         return np.ascontiguousarray(arr).tobytes()
@@ -183,8 +204,12 @@ class LogicalStore(Store):
         if key.endswith("zarr.json"):
             return await asyncio.to_thread(self._resolve, key) is not None
         step, _, rest = key.partition("/")
-        m = await asyncio.to_thread(self._manifest, step)
-        return m is not None and self._find_chunk(m, rest) is not None
+
+        def find():
+            d = self._doc(step)
+            return d is not None and self._find_chunk(d, rest) is not None
+
+        return await asyncio.to_thread(find)
 
     async def set(self, key: str, value) -> None:
         raise ReadOnlyError("a trajectory step is read-only; commit a new step instead", key=key)
@@ -219,13 +244,14 @@ class LogicalStore(Store):
         if prefix == "":
             return ["zarr.json", *self._steps()]
         step, _, node = prefix.partition("/")
-        m = self._manifest(step)
-        if m is None:
+        d = self._doc(step)
+        if d is None:
             return []
-        if node in m.tensors:
+        tensors = self.reader.tables(d.step)
+        if node in tensors:
             return ["zarr.json", "c"]
         head = node + "/" if node else ""
-        names = {n[len(head) :].split("/")[0] for n in m.tensors if n.startswith(head)}
+        names = {n[len(head) :].split("/")[0] for n in tensors if n.startswith(head)}
         return ["zarr.json", *sorted(names)] if names or not node else []
 
     def _all_keys(self, prefix: str) -> builtins.list[str]:
@@ -233,16 +259,17 @@ class LogicalStore(Store):
         for step in self._steps():
             if not (step + "/").startswith(prefix[: len(step) + 1]) and not prefix.startswith(step):
                 continue
-            m = self._manifest(step)
-            if m is None:
+            d = self._doc(step)
+            if d is None:
                 continue
             keys.append(f"{step}/zarr.json")
             groups: set[str] = set()
-            for name, t in m.tensors.items():
+            for name, t in self.reader.tables(d.step).items():
                 parts = name.split("/")
                 groups.update("/".join(parts[:i]) for i in range(1, len(parts)))
                 keys.append(f"{step}/{name}/zarr.json")
-                keys += [f"{step}/{name}/" + "/".join(["c", *map(str, c)]) for c in t.coords()]
+                grid = chunk_grid(t.shape, logical_chunks(t))
+                keys += [f"{step}/{name}/" + "/".join(["c", *map(str, c)]) for c in np.ndindex(*grid)]
             keys += [f"{step}/{g}/zarr.json" for g in sorted(groups)]
         return [k for k in keys if k.startswith(prefix)]
 

@@ -1,7 +1,7 @@
-"""Reading steps: lazy zarr groups, whole tensors, step info and ancestry.
+"""Reading steps: lazy zarr groups, whole tensors, boxes, files, step info and ancestry.
 
 The chunk decoding itself happens in ``_reader.py`` (ChunkReader), below the
-zarr ``Store`` of ``_logical.py``.
+zarr ``Store`` of ``_logical.py``; the change feed is ``_changes.py``.
 """
 
 from __future__ import annotations
@@ -10,20 +10,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InvalidInputError
 from ._base import MAIN, TrajectoryBase
+from ._changes import ChunkChange, changes_of
 
 __all__ = ["ReadMixin", "StepInfo"]
 
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What :meth:`Trajectory.log` reports about one step."""
+    """What :meth:`Trajectory.log` reports about one step.
+
+    ``content`` is the step's logical checksum (BLAKE3-128 hex of its tensors'
+    content hashes, files and metadata) and ``parent_content`` the parent's:
+    the hash chain.
+    """
 
     step: int
     parent: int | None
     anchor_distance: int
     created: str
     metadata: dict = field(default_factory=dict)
+    content: str = ""
+    parent_content: str | None = None
 
 
 class ReadMixin(TrajectoryBase):
@@ -45,6 +54,12 @@ class ReadMixin(TrajectoryBase):
     def read(self, step_or_ref, names=None) -> dict[str, np.ndarray]:
         """Decode whole tensors of a step (all by default) into fresh, writable arrays.
 
+        Reading consecutive steps decodes about one blob per chunk per step:
+        once reads look sequential (this step's parent, or this step itself,
+        was read last), the trajectory keeps the step read (``keep_parent``),
+        unless it keeps the step it committed last.  A one-off read keeps
+        nothing (no second copy of the step in memory).
+
         Parameters
         ----------
         step_or_ref : int or str
@@ -55,17 +70,74 @@ class ReadMixin(TrajectoryBase):
         dict of str to numpy.ndarray
             Bit-exact, original dtypes (``ml_dtypes.bfloat16`` for bf16).
         """
-        return self._reader.read(self._resolve(step_or_ref), names, threads=self._threads)
+        step = self._resolve(step_or_ref)
+        kept = self._kept
+        last, self._last_read = self._last_read, step
+        if kept.enabled and kept.lock.acquire(blocking=False):
+            try:
+                parent = self._reader.doc(step).parent
+                sequential = kept.step is not None and kept.step == parent or last in (parent, step)
+                refresh = names is None and kept.origin != "commit" and sequential
+                return self._reader.read(step, names, kept=kept, refresh_kept=refresh)
+            finally:
+                kept.lock.release()
+        return self._reader.read(step, names)
+
+    def read_box(self, step_or_ref, name: str, offset, shape) -> np.ndarray:
+        """The values of tensor ``name`` over the box at ``offset`` of ``shape`` (fresh array).
+
+        Whatever pieces the step stores the tensor in, the box is assembled
+        from the chunks it overlaps (what a resharded load needs).
+        """
+        step = self._resolve(step_or_ref)
+        t = self._reader.tensor(step, name)
+        lo = tuple(int(o) for o in offset)
+        hi = tuple(a + int(n) for a, n in zip(lo, shape))
+        if (
+            len(lo) != len(t.shape)
+            or len(hi) != len(t.shape)
+            or any(a < 0 or b < a or b > n for a, b, n in zip(lo, hi, t.shape))
+        ):
+            raise InvalidInputError(f"box at {list(lo)} of shape {list(shape)} is outside {list(t.shape)}", tensor=name)
+        return np.array(self._reader.box(step, name, lo, hi), copy=True)
+
+    def files(self, step_or_ref) -> list[str]:
+        """Names of the files stored with a step (``commit(..., files=...)``), sorted."""
+        return sorted(self._reader.doc(self._resolve(step_or_ref)).files)
+
+    def read_file(self, step_or_ref, name: str) -> bytes:
+        """The bytes of file ``name`` of a step, checked against its content hash."""
+        return self._reader.file(self._resolve(step_or_ref), name)
+
+    def changes(self, step_or_ref, names=None) -> list[ChunkChange]:
+        """The change feed of a step against its parent: one :class:`ChunkChange` per chunk.
+
+        Reads the step's tables (and its parent's), never a blob.  Fetch the
+        blobs of the chunks you need with :meth:`fetch_blobs`.
+        """
+        return changes_of(self._reader, self._resolve(step_or_ref), names)
+
+    def fetch_blobs(self, changes, *, snapshot: bool = False) -> list[bytes]:
+        """The blobs (or, with ``snapshot``, the snapshots) of ``changes``, fetched with coalesced range reads.
+
+        Unchanged chunks have no blob of their own in their step; asking for
+        one returns the blob their entry names (the same bytes as the parent's).
+        """
+        locs = []
+        for c in changes:
+            loc = c.snapshot if snapshot else c.blob
+            if loc is None:
+                raise InvalidInputError(f"chunk {c.coord} of {c.tensor!r} has no {'snapshot' if snapshot else 'blob'}")
+            locs.append(loc)
+        return [bytes(b) for b in self._reader.fetch(locs)]
 
     def info(self, step_or_ref) -> StepInfo:
-        """Parent, anchor distance, creation time and metadata of one step."""
-        m = self._reader.manifest(self._resolve(step_or_ref))
-        return StepInfo(m.step, m.parent, m.anchor_distance, m.created, dict(m.metadata))
+        """Parent, anchor distance, creation time, metadata and content checksums of one step."""
+        return _info(self._reader.doc(self._resolve(step_or_ref)))
 
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""
-        m = self._reader.manifest(self._resolve(step_or_ref))
-        return {k: (t.shape, t.dtype) for k, t in m.tensors.items()}
+        return {k: (t.shape, t.dtype) for k, t in self._reader.tables(self._resolve(step_or_ref)).items()}
 
     def log(self, start=MAIN) -> list[StepInfo]:
         """The ancestry of a step or branch head, newest first, back to its root."""
@@ -74,7 +146,11 @@ class ReadMixin(TrajectoryBase):
         seen = set()
         while step is not None and step not in seen:
             seen.add(step)
-            m = self._reader.manifest(step)
-            out.append(StepInfo(m.step, m.parent, m.anchor_distance, m.created, dict(m.metadata)))
-            step = m.parent
+            d = self._reader.doc(step)
+            out.append(_info(d))
+            step = d.parent
         return out
+
+
+def _info(d) -> StepInfo:
+    return StepInfo(d.step, d.parent, d.anchor_distance, d.created, dict(d.metadata), d.content, d.parent_content)

@@ -1,28 +1,32 @@
-"""Decoding chunks of any step: manifests, reference chains, caches.
+"""Decoding chunks of any step: step documents, table blocks, reference chains, caches.
 
-A chunk's blob is decoded against its reference chunk (the co-located chunk of
-the step its manifest entry names), which is itself decoded the same way,
-down to an intra blob.  :class:`ChunkReader` does that walk, checks every blob
-against its address and every decoded chunk against its content hash, and
-keeps
+A chunk's blob is decoded against its reference: the values of the step its
+entry names over the same box (the co-located chunk when that step has the
+same piece layout, else a box assembled from that step's chunks), which are
+decoded the same way, down to an intra blob or a snapshot.
 
-- manifests (immutable once written) in a dict,
-- decoded chunks in an LRU under a byte budget, keyed by content hash, so a
-  chunk shared by many steps (unchanged weights) is decoded once,
-- one in-flight computation per key: concurrent readers of the same manifest
-  or chunk wait for the first instead of fetching again.
+:class:`ChunkReader` never recurses: a request is planned first
+(:class:`_Plan`: an iterative depth-first walk over table lookups only, with
+cycle detection and hard bounds on depth and size, so a crafted reference
+cycle raises :class:`CorruptManifestError` instead of hanging), then every
+blob the plan needs is fetched in coalesced range reads, then the chunks are
+decoded deps-first, each intermediate chunk once and freed when no longer
+needed.  Every decoded chunk is checked against its content hash.
 
-Thread rules: every public method is thread-safe.  A thread that computes a
-chunk recurses into its reference in the same thread; a thread only ever
-waits on a computation that another thread is actively running, keyed by
-manifest entry (never by content, which can repeat along a chain), and waits
-go strictly down the (acyclic) ancestry, so waiting cannot deadlock.
+Caches (all bounded): step documents; parsed table blocks; decoded chunks in
+an LRU keyed by content hash (the zarr view's lazy slices); and the
+trajectory's kept step (``_kept.py``), which full reads use and refresh.
+
+Thread rules: every public method is thread-safe.  A thread waits on another
+only for a step document or table block being loaded (leaves), never inside
+a reference walk, so waits cannot form a cycle.
 """
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures as cf
-import os
+import math
 import threading
 from collections import OrderedDict
 
@@ -30,39 +34,86 @@ import numpy as np
 
 from ..core.objects import ObjectStore
 from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
-from ._chunkcodec import blob_digest, content_digest, decode_chunk
-from ._layout import blob_key, step_key
-from ._manifest import Entry, Manifest, TensorManifest
+from ._chunkcodec import content_digest, decode_chunk, digest, zstd_decompress
+from ._kept import KeptStep
+from ._layout import pack_key, step_key
+from ._packs import Location, fetch
+from ._stepdoc import StepDoc
+from ._tables import TableError, TensorTable, decode_block
 
-__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES"]
+__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
 
-DEFAULT_CACHE_BYTES = 256 << 20
-_MAX_CHAIN = 1 << 16  # longer reference chains can only come from damaged manifests
+DEFAULT_CACHE_BYTES = 128 << 20
+_TABLE_CACHE_BYTES = 256 << 20
+_MAX_DEPTH = 1 << 16  # no honest reference chain is this long
+_MAX_NODES = 1 << 22
+_BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a full read
+
+#: (step, tensor name, piece index, chunk coordinate)
+Node = tuple[int, str, int, tuple[int, ...]]
+
+
+class _LRU:
+    """A byte-bounded LRU; thread-safe."""
+
+    def __init__(self, budget: int):
+        self.budget = int(budget)
+        self._d: OrderedDict = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return None if v is None else v[0]
+
+    def put(self, key, value, size: int) -> None:
+        if size > self.budget:
+            return
+        with self._lock:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return
+            self._d[key] = (value, size)
+            self._used += size
+            while self._used > self.budget:
+                _, (_, n) = self._d.popitem(last=False)
+                self._used -= n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._used = 0
 
 
 class ChunkReader:
-    """Read manifests and decoded chunks of a trajectory.
+    """Read step documents, tables and decoded chunks of a trajectory.
 
     Parameters
     ----------
     io : ObjectStore
     cache_bytes : int
-        Budget of the decoded-chunk LRU cache.
+        Budget of the decoded-chunk LRU (lazy slices); 0 disables it.
+    threads : int
+        Threads of full reads.
     """
 
-    def __init__(self, io: ObjectStore, cache_bytes: int = DEFAULT_CACHE_BYTES):
+    def __init__(self, io: ObjectStore, cache_bytes: int = DEFAULT_CACHE_BYTES, threads: int = 4):
         self.io = io
         self.cache_bytes = int(cache_bytes)
+        self.threads = max(1, int(threads))
         self._lock = threading.Lock()
-        self._manifests: dict[int, Manifest] = {}
-        self._chunks: OrderedDict = OrderedDict()  # (content, dtype, shape) -> ndarray, never modified
-        self._cached = 0
+        self._docs: dict[int, StepDoc] = {}
+        self._blocks = _LRU(_TABLE_CACHE_BYTES)
+        self._chunks = _LRU(self.cache_bytes)
         self._inflight: dict = {}
 
-    # -- single-flight helper ---------------------------------------------------
+    # -- single flight ------------------------------------------------------------
 
     def _once(self, key, compute):
-        """Run ``compute()`` once for concurrent callers asking for ``key``."""
+        """Run ``compute()`` once for concurrent callers asking for ``key`` (leaves only: no nested waits)."""
         with self._lock:
             fut = self._inflight.get(key)
             owner = fut is None
@@ -82,163 +133,447 @@ class ChunkReader:
             with self._lock:
                 del self._inflight[key]
 
-    # -- manifests --------------------------------------------------------------
+    # -- step documents and tables --------------------------------------------------
 
-    def manifest(self, step: int) -> Manifest:
-        """The manifest of ``step``.
-
-        Raises
-        ------
-        StepNotFoundError
-        CorruptManifestError
-        """
-        m = self._manifests.get(step)
-        if m is not None:
-            return m
+    def doc(self, step: int) -> StepDoc:
+        """The step document of ``step`` (StepNotFoundError, CorruptManifestError)."""
+        d = self._docs.get(step)
+        if d is not None:
+            return d
 
         def load():
-            m = self._manifests.get(step)
-            if m is not None:
-                return m
+            d = self._docs.get(step)
+            if d is not None:
+                return d
             key = step_key(step)
             data = self.io.get(key)
             if data is None:
                 raise StepNotFoundError("no such step", step=step, key=key)
-            m = Manifest.from_bytes(data, key=key, step=step)
-            self._manifests[step] = m
-            return m
+            d = StepDoc.from_bytes(data, key=key, step=step)
+            self._docs[step] = d
+            return d
 
-        return self._once(("manifest", step), load)
+        return self._once(("doc", step), load)
 
     def forget(self, steps=None) -> None:
-        """Drop cached manifests (all, or of ``steps``): after a delete rewrote them."""
+        """Drop cached step documents and tables (all, or of ``steps``): after they were rewritten."""
         with self._lock:
             if steps is None:
-                self._manifests.clear()
+                self._docs.clear()
             else:
                 for s in steps:
-                    self._manifests.pop(s, None)
+                    self._docs.pop(s, None)
+        self._blocks.clear()
 
-    def tensor(self, step: int, name: str) -> TensorManifest:
-        m = self.manifest(step)
+    def clear_cache(self) -> None:
+        """Drop every decoded chunk (documents and tables stay)."""
+        self._chunks.clear()
+
+    def remember(self, doc: StepDoc, tables: list[TensorTable]) -> None:
+        """Cache a step document and its tables that this process just wrote."""
+        self._docs[doc.step] = doc
+        names = [t.name for t in tables]
+        for ref in doc.tables:
+            lo = bisect.bisect_left(names, ref.first)
+            hi = bisect.bisect_right(names, ref.last)
+            self._blocks.put(
+                (doc.step, doc.content, ref.hash), {t.name: t for t in tables[lo:hi]}, ref.length * 4 + 1024
+            )
+
+    def _block(self, step: int, bi: int) -> dict[str, TensorTable]:
+        d = self.doc(step)
+        cache_key = (step, d.content, d.tables[bi].hash)
+        hit = self._blocks.get(cache_key)
+        if hit is not None:
+            return hit
+
+        def load():
+            ref = d.tables[bi]
+            data = self.fetch([(d.packs[ref.pack], ref.offset, ref.length)])[0]
+            blocks = self._parse_block(step, d, bi, data)
+            self._blocks.put(cache_key, blocks, ref.length * 4 + 1024)
+            return blocks
+
+        return self._once(("block", cache_key), load)
+
+    @staticmethod
+    def _parse_block(step: int, d: StepDoc, bi: int, data) -> dict[str, TensorTable]:
+        ref = d.tables[bi]
+        key = pack_key(d.packs[ref.pack])
+        if digest(data).hex() != ref.hash:
+            raise CorruptManifestError(f"table block at byte {ref.offset} fails its hash", step=step, key=key)
         try:
-            return m.tensors[name]
-        except KeyError:
-            raise TensorNotFoundError("no such tensor", step=step, tensor=name) from None
+            tables = decode_block(data, n_packs=len(d.packs))
+        except TableError as e:
+            raise CorruptManifestError(f"table block at byte {ref.offset} is malformed: {e}", step=step, key=key) from e
+        if not tables or tables[0].name != ref.first or tables[-1].name != ref.last:
+            raise CorruptManifestError("table block holds other tensors than its directory says", step=step, key=key)
+        return {t.name: t for t in tables}
 
-    # -- decoded chunks ---------------------------------------------------------
+    def tensor(self, step: int, name: str) -> TensorTable:
+        """The table of tensor ``name`` at ``step``: one step document and one table block."""
+        bi = self.doc(step).table_for(name)
+        t = self._block(step, bi).get(name) if bi is not None else None
+        if t is None:
+            raise TensorNotFoundError("no such tensor", step=step, tensor=name)
+        return t
 
-    def chunk(self, step: int, name: str, coord: tuple[int, ...]) -> np.ndarray:
-        """Decoded chunk ``coord`` of tensor ``name`` at ``step``: unpadded, exact, shared (do not modify).
+    def tables(self, step: int) -> dict[str, TensorTable]:
+        """Every tensor table of ``step``, in name order (blocks fetched together)."""
+        d = self.doc(step)
+        missing = [bi for bi in range(len(d.tables)) if self._blocks.get((step, d.content, d.tables[bi].hash)) is None]
+        if len(missing) > 1:  # one coalesced fetch instead of one GET per block
+            datas = self.fetch(
+                [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
+            )
+            for bi, data in zip(missing, datas):
+                blocks = self._parse_block(step, d, bi, data)
+                self._blocks.put((step, d.content, d.tables[bi].hash), blocks, d.tables[bi].length * 4 + 1024)
+        out: dict[str, TensorTable] = {}
+        for bi in range(len(d.tables)):
+            out.update(self._block(step, bi))
+        return out
+
+    # -- bytes ------------------------------------------------------------------------
+
+    def fetch(self, locations: list[Location], pool: cf.Executor | None = None) -> list[memoryview]:
+        """Bytes at (pack, offset, length) locations, with coalesced range reads."""
+        return fetch(self.io, locations, pool=pool)
+
+    def file(self, step: int, name: str) -> bytes:
+        """The content of file ``name`` of ``step``, checked against its hash."""
+        d = self.doc(step)
+        f = d.files.get(name)
+        if f is None:
+            raise TensorNotFoundError(f"no file named {name!r}", step=step)
+        key = pack_key(d.packs[f.pack])
+        blob = self.fetch([(d.packs[f.pack], f.offset, f.length)])[0]
+        try:
+            data = zstd_decompress(blob, f.size, what="file blob")
+        except Exception as e:
+            raise CorruptBlobError(f"file {name!r} does not decode: {e}", step=step, key=key) from e
+        if digest(data).hex() != f.hash:
+            raise CorruptBlobError(f"file {name!r} fails its content hash", step=step, key=key)
+        return data
+
+    # -- chunks -----------------------------------------------------------------------
+
+    def chunk(self, step: int, name: str, coord: tuple[int, ...], piece: int = 0, *, cache: bool = True) -> np.ndarray:
+        """Decoded chunk ``coord`` of piece ``piece`` of ``name`` at ``step``: exact, shared (do not modify).
+
+        ``cache=False`` reads the decoded-chunk cache but adds nothing to it
+        (a commit without the kept parent: memory stays a few chunks).
 
         Raises
         ------
         CorruptBlobError
-            The blob (or one in its reference chain) is missing, altered, or
-            decodes to a chunk that fails its content hash; ``key`` names the blob.
+            A blob of the reference chain is missing, altered, or decodes to a
+            chunk that fails its content hash; ``key`` names its pack.
         CorruptManifestError
-            A manifest's chunk table is inconsistent with its reference's.
+            Tables are inconsistent (a reference cycle, a missing reference).
         """
-        return self._chunk(step, name, tuple(coord), 0)
-
-    def _chunk(self, step, name, coord, depth):
-        if depth > _MAX_CHAIN:
-            raise CorruptManifestError("reference chain does not end (cycle?)", step=step, tensor=name)
         t = self.tensor(step, name)
-        if len(coord) != len(t.shape) or any(not 0 <= i < g for i, g in zip(coord, t.grid)):
-            raise IndexError(f"chunk {coord} is outside the chunk grid {t.grid} of {name!r}")
-        e = t.entry(coord)
-        shape = t.region_shape(coord)
-        ckey = (e.content, t.dtype.str, shape)
-        with self._lock:
-            hit = self._chunks.get(ckey)
-            if hit is not None:
-                self._chunks.move_to_end(ckey)
-                return hit
-        # Single-flight by *entry*, not by content: equal contents can recur along a
-        # chain (weights that flip back), and waiting on one's own content key would
-        # deadlock.  An entry only ever waits on entries of strict ancestors of its
-        # reference step, so waits cannot form a cycle.
-        flight = ("chunk", name, coord, e.blob, e.ref)
-        return self._once(flight, lambda: self._decode(step, name, t, e, coord, shape, ckey, depth))
+        if not 0 <= piece < len(t.pieces):
+            raise IndexError(f"piece {piece} of {name!r} does not exist")
+        p = t.pieces[piece]
+        coord = tuple(coord)
+        if len(coord) != len(p.shape) or any(not 0 <= i < g for i, g in zip(coord, p.grid)):
+            raise IndexError(f"chunk {coord} is outside the chunk grid {p.grid} of {name!r}")
+        node = (step, name, piece, coord)
+        plan = _Plan(self, lru=True, fill_lru=cache)
+        plan.add(node)
+        plan.run()
+        return plan.values[node]
 
-    def _decode(self, step, name, t: TensorManifest, e: Entry, coord, shape, ckey, depth):
-        with self._lock:
-            hit = self._chunks.get(ckey)
-            if hit is not None:
-                return hit
-        ref = None
-        if e.ref is not None:
-            if e.ref == step:
-                raise CorruptManifestError("chunk is coded against itself", step=step, tensor=name)
-            rt = self.tensor(e.ref, name)
-            if rt.dtype != t.dtype or rt.shape != t.shape or rt.chunks != t.chunks:
-                raise CorruptManifestError(
-                    f"reference step {e.ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, "
-                    f"not {t.dtype}{list(t.shape)}",
-                    step=step,
-                    tensor=name,
-                )
-            ref = self._chunk(e.ref, name, coord, depth + 1)
-        key = blob_key(e.blob)
-        blob = self.io.get(key)
-        if blob is None:
-            raise CorruptBlobError("blob is missing", step=step, tensor=name, key=key)
-        if blob_digest(blob) != e.blob:
-            raise CorruptBlobError("blob bytes do not match their address", step=step, tensor=name, key=key)
-        arr = decode_chunk(blob, ref, t.codec, t.dtype, shape, key=key)
-        if content_digest(arr) != e.content:
-            raise CorruptBlobError("decoded chunk fails its content hash", step=step, tensor=name, key=key)
-        # Cached chunks are shared (they serve as references for later decodes) and
-        # must never be modified; they are not flagged read-only only because the
-        # compiled kernels take writable memoryviews of the reference.
-        self.remember(ckey, arr)
-        return arr
-
-    def remember(self, ckey, arr: np.ndarray) -> None:
-        """Put a decoded (or just committed) chunk in the LRU cache."""
-        n = arr.nbytes
-        if n > self.cache_bytes:
-            return
-        with self._lock:
-            if ckey in self._chunks:
-                self._chunks.move_to_end(ckey)
-                return
-            self._chunks[ckey] = arr
-            self._cached += n
-            while self._cached > self.cache_bytes:
-                _, old = self._chunks.popitem(last=False)
-                self._cached -= old.nbytes
-
-    def clear_cache(self) -> None:
-        """Drop every decoded chunk (manifests stay)."""
-        with self._lock:
-            self._chunks.clear()
-            self._cached = 0
-
-    # -- whole tensors ----------------------------------------------------------
-
-    def read(self, step: int, names=None, *, threads: int | None = None) -> dict[str, np.ndarray]:
-        """Decode whole tensors of ``step`` (all by default) into fresh arrays."""
-        m = self.manifest(step)
-        names = list(m.tensors) if names is None else list(names)
-        out = {}
-        jobs = []
-        for name in names:
-            t = self.tensor(step, name)
-            out[name] = np.empty(t.shape, dtype=t.dtype)
-            jobs += [(name, c) for c in t.coords()]
-
-        def fill(job):
-            name, coord = job
-            t = m.tensors[name]
-            out[name][t.region(coord)] = self.chunk(step, name, coord)
-
-        threads = threads or min(32, os.cpu_count() or 1)
-        if threads == 1 or len(jobs) <= 1:
-            for j in jobs:
-                fill(j)
-        else:
-            with cf.ThreadPoolExecutor(threads) as pool:
-                list(pool.map(fill, jobs))
+    def box(self, step: int, name: str, lo: tuple[int, ...], hi: tuple[int, ...], *, cache: bool = True) -> np.ndarray:
+        """The values of ``name`` at ``step`` over the box ``[lo, hi)`` (assembled from its chunks)."""
+        t = self.tensor(step, name)
+        shape = tuple(b - a for a, b in zip(lo, hi))
+        parts = list(t.overlapping(lo, hi))
+        if len(parts) == 1 and parts[0][2] == tuple(lo) and parts[0][3] == tuple(hi):
+            return self.chunk(step, name, parts[0][1], parts[0][0], cache=cache)
+        plan = _Plan(self, lru=True, fill_lru=cache)
+        for j, c, _, _ in parts:
+            plan.add((step, name, j, c))
+        plan.run()
+        out = np.empty(shape, t.dtype)
+        for j, c, clo, chi in parts:
+            _paste(out, lo, plan.values[(step, name, j, c)], clo, chi)
         return out
+
+    def read(
+        self,
+        step: int,
+        names=None,
+        *,
+        kept: KeptStep | None = None,
+        refresh_kept: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Decode whole tensors of ``step`` (all by default) into fresh arrays.
+
+        With ``kept`` (whose lock the caller holds), chunks whose reference
+        chain reaches values the kept step holds decode against them; with
+        ``refresh_kept`` the kept step becomes this step, overwritten in place.
+        """
+        tables = self.tables(step)
+        if names is None:
+            names = list(tables)
+        else:
+            names = list(names)
+            for n in names:
+                if n not in tables:
+                    raise TensorNotFoundError("no such tensor", step=step, tensor=n)
+        out = {n: np.empty(tables[n].shape, tables[n].dtype) for n in names}
+        targets = []
+        for n in names:
+            t = tables[n]
+            for j, p in enumerate(t.pieces):
+                kp = kept.ensure(n, t.dtype, t.shape, p.layout, p.n) if kept is not None and refresh_kept else None
+                base = tuple(slice(o, o + s) for o, s in zip(p.offset, p.shape))
+                dest = out[n][base] if p.shape else out[n]
+                for i, c in enumerate(p.coords()):
+                    targets.append(((step, n, j, c), dest, p.region(c), kp, i))
+        self.materialize(targets, kept=kept)
+        if kept is not None and refresh_kept:
+            kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
+            kept.step, kept.origin = step, "read"
+        return out
+
+    def materialize(self, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
+        """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
+
+        Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
+        plan, one coalesced fetch each) run on ``threads`` threads.
+        """
+        batches, cur, size = [], [], 0
+        for tgt in targets:
+            dest = tgt[1]
+            cur.append(tgt)
+            size += (
+                math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3].dtype if dest is None else dest.dtype).itemsize
+            )
+            if size >= _BATCH_BYTES:
+                batches.append(cur)
+                cur, size = [], 0
+        if cur:
+            batches.append(cur)
+
+        def run(batch):
+            plan = _Plan(self, kept=kept, lru=lru)
+            for tgt in batch:
+                plan.add(tgt[0], root=True)
+            plan.run()
+            for node, dest, region, kp, i in batch:
+                value = plan.values[node]
+                if dest is not None:
+                    if region:
+                        dest[region] = value
+                    else:
+                        dest[...] = value
+                if kp is not None and kp.arrays[i] is not value:
+                    if plan.decoded(node):
+                        kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
+                    else:
+                        kp.put(i, value, plan.content(node))
+
+        if self.threads == 1 or len(batches) <= 1:
+            for b in batches:
+                run(b)
+        else:
+            with cf.ThreadPoolExecutor(min(self.threads, len(batches))) as pool:
+                for f in [pool.submit(run, b) for b in batches]:
+                    f.result()
+
+
+def _paste(out: np.ndarray, lo, value: np.ndarray, clo, chi) -> None:
+    """Copy the part of ``value`` (the box ``[clo, chi)``) that lies in ``out`` (the box starting at ``lo``)."""
+    hi = tuple(a + n for a, n in zip(lo, out.shape))
+    a = tuple(max(x, y) for x, y in zip(lo, clo))
+    b = tuple(min(x, y) for x, y in zip(hi, chi))
+    if any(x >= y for x, y in zip(a, b)):
+        return
+    dst = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))
+    src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, clo))
+    out[dst] = value[src]
+
+
+_GRAY, _BLACK = 1, 2
+
+
+class _Need:
+    """What one planned chunk needs: its table row, where its blob is, what it is decoded against."""
+
+    __slots__ = ("content", "t", "p", "i", "shape", "loc", "deps", "lo", "boxes", "memo_key")
+
+    def __init__(self, content, t, p, i, shape):
+        self.content, self.t, self.p, self.i, self.shape = content, t, p, i, shape
+        self.loc: Location | None = None  # None: the value is at hand already
+        self.deps: list[Node] = []
+        self.lo: tuple | None = None  # box origin, when the reference is assembled from several chunks
+        self.boxes: list = []
+        self.memo_key = None
+
+
+class _Plan:
+    """One request: which chunks to decode, in which order, from which bytes (no recursion).
+
+    :meth:`add` walks references depth first with an explicit stack; a chunk
+    already on the stack is a cycle.  :meth:`run` fetches every blob the plan
+    needs (coalesced), decodes deps first, checks content hashes and frees
+    intermediate chunks as soon as nothing else needs them.
+
+    Options: ``kept`` (values a kept step holds, by content), ``lru`` (the
+    reader's decoded-chunk cache), ``memo`` (an :class:`_LRU` keyed by *entry*,
+    for ``verify``: every entry is decoded at least once, never skipped because
+    another entry has the same content), ``prefer_snapshot`` (read a snapshot
+    instead of walking the chain).
+    """
+
+    def __init__(self, reader: ChunkReader, *, kept=None, lru=False, fill_lru=True, memo=None, prefer_snapshot=True):
+        self.r = reader
+        self.kept = kept
+        self.lru = lru and reader.cache_bytes > 0
+        self.fill_lru = self.lru and fill_lru
+        self.memo = memo
+        self.prefer_snapshot = prefer_snapshot
+        self.state: dict[Node, int] = {}
+        self.need: dict[Node, _Need] = {}
+        self.values: dict[Node, np.ndarray] = {}
+        self.order: list[Node] = []
+        self.uses: dict[Node, int] = {}
+        self.roots: set[Node] = set()
+
+    def content(self, node: Node) -> bytes:
+        return self.need[node].content
+
+    def decoded(self, node: Node) -> bool:
+        """Whether this plan decoded ``node``'s value itself (a fresh array no cache holds)."""
+        return self.need[node].loc is not None and not self.fill_lru
+
+    def _have(self, node: Node, need: _Need, value) -> list[Node]:
+        self.values[node] = value
+        self.need[node] = need
+        return []
+
+    def _expand(self, node: Node) -> list[Node]:
+        """Record what ``node`` needs; return the nodes its value depends on."""
+        step, name, j, coord = node
+        t = self.r.tensor(step, name)
+        if not 0 <= j < len(t.pieces):
+            raise CorruptManifestError(f"reference names piece {j}, which does not exist", step=step, tensor=name)
+        p = t.pieces[j]
+        if len(coord) != len(p.shape) or any(not 0 <= c < g for c, g in zip(coord, p.grid)):
+            raise CorruptManifestError(f"reference names chunk {coord} outside the grid", step=step, tensor=name)
+        i = p.index(coord)
+        need = _Need(p.content[i].tobytes(), t, p, i, p.region_shape(coord))
+        if self.kept is not None:
+            kp = self.kept.piece(name, t.dtype, t.shape, p.layout)
+            v = kp.get(i, need.content) if kp is not None else None
+            if v is not None:
+                return self._have(node, need, v)
+        if self.lru:
+            v = self.r._chunks.get((need.content, t.dtype.str, need.shape))
+            if v is not None:
+                return self._have(node, need, v)
+        packs = self.r.doc(step).packs
+        ref = int(p.ref[i])
+        if self.memo is not None:
+            need.memo_key = (name, t.dtype.str, t.shape, p.layout, coord, packs[int(p.pack[i])], int(p.off[i]), ref)
+            v = self.memo.get(need.memo_key)
+            if v is not None:
+                return self._have(node, need, v)
+        self.need[node] = need
+        snap = p.snapshot(i)
+        if snap is not None and self.prefer_snapshot:
+            need.loc = packs[snap[0]], snap[1], snap[2]
+            return []
+        need.loc = packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])
+        if ref < 0:
+            return []
+        if t.codec != "ulpack":
+            raise CorruptManifestError("a zstd chunk names a reference", step=step, tensor=name)
+        if ref == step:
+            raise CorruptManifestError("chunk is coded against its own step", step=step, tensor=name)
+        try:
+            rt = self.r.tensor(ref, name)
+        except (StepNotFoundError, TensorNotFoundError) as e:
+            raise CorruptManifestError(f"reference is missing: {e}", step=step, tensor=name, key=step_key(step)) from e
+        if rt.dtype != t.dtype or rt.shape != t.shape:
+            raise CorruptManifestError(
+                f"reference step {ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, not {t.dtype}{list(t.shape)}",
+                step=step,
+                tensor=name,
+            )
+        jj = rt.find_piece(p.layout)
+        if jj is not None:
+            need.deps = [(ref, name, jj, coord)]
+        else:  # another sharding: assemble the box from the reference step's chunks
+            need.lo = p.box(coord)[0]
+            parts = list(rt.overlapping(*p.box(coord)))
+            need.deps = [(ref, name, k, c) for k, c, _, _ in parts]
+            need.boxes = [(clo, chi) for _, _, clo, chi in parts]
+        return need.deps
+
+    def add(self, node: Node, *, root: bool = True) -> None:
+        """Plan ``node`` and everything it depends on."""
+        if root:
+            self.roots.add(node)
+        if node in self.state:
+            return
+        self.state[node] = _GRAY
+        stack: list = [(node, None)]
+        while stack:
+            cur, it = stack[-1]
+            if it is None:
+                it = iter(self._expand(cur))
+                stack[-1] = (cur, it)
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                self.state[cur] = _BLACK
+                if cur not in self.values:
+                    self.order.append(cur)
+                continue
+            self.uses[nxt] = self.uses.get(nxt, 0) + 1
+            st = self.state.get(nxt)
+            if st == _GRAY:
+                raise CorruptManifestError("reference cycle between steps", step=nxt[0], tensor=nxt[1])
+            if st is None:
+                if len(stack) >= _MAX_DEPTH or len(self.state) >= _MAX_NODES:
+                    raise CorruptManifestError("reference chain does not end", step=cur[0], tensor=cur[1])
+                self.state[nxt] = _GRAY
+                stack.append((nxt, None))
+
+    def run(self) -> None:
+        """Fetch and decode everything :meth:`add` planned."""
+        if not self.order:
+            return
+        blobs = self.r.fetch([self.need[n].loc for n in self.order])  # type: ignore[misc]
+        for node, blob in zip(self.order, blobs):
+            need = self.need[node]
+            assert need.loc is not None
+            ref = None
+            if need.deps and need.lo is None:
+                ref = self.values[need.deps[0]]
+            elif need.deps:
+                ref = np.empty(need.shape, need.t.dtype)
+                for d, (clo, chi) in zip(need.deps, need.boxes):
+                    _paste(ref, need.lo, self.values[d], clo, chi)
+            key = pack_key(need.loc[0])
+            value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key)
+            if content_digest(value) != need.content:
+                raise CorruptBlobError(
+                    f"chunk at byte {need.loc[1]} decodes to values that fail its content hash",
+                    step=node[0],
+                    tensor=node[1],
+                    key=key,
+                )
+            self.values[node] = value
+            if self.fill_lru:
+                self.r._chunks.put((need.content, need.t.dtype.str, need.shape), value, value.nbytes)
+            if self.memo is not None:
+                self.memo.put(need.memo_key, value, value.nbytes)
+            for d in need.deps:
+                self.uses[d] -= 1
+                if self.uses[d] == 0 and d not in self.roots:
+                    self.values.pop(d, None)

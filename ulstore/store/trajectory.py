@@ -2,21 +2,23 @@
 
 Read me first
 -------------
-- A step is immutable and appears atomically: its blobs are written first,
-  its manifest (``steps/<step>/zarr.json``) last, by conditional create.  A
-  crashed commit leaves only unreferenced blobs, which :meth:`Trajectory.gc`
-  removes; a retry of the same step rewrites the same blobs (their names are
-  their hashes) and succeeds.
+- A step is immutable and appears atomically: its blobs and table blocks are
+  written first, into packs (``packs/<id>.pack``), its step document
+  (``steps/<step>/zarr.json``) last, by conditional create.  A crashed commit
+  leaves only unreferenced packs, which :meth:`Trajectory.gc` removes; a retry
+  writes new packs (random names) and succeeds.
 - A chunk is coded against the co-located chunk of the *parent* step when the
   tensor kept its shape and dtype; a chunk whose content did not change reuses
-  the parent's manifest entry verbatim (no new blob).  Every ``anchor_every``
-  steps along the chain, a step is a full anchor: all chunks intra-coded (or
-  reused from an intra entry), so no read walks back further.
+  the parent's entry verbatim (no new blob).  Every ``anchor_every`` steps
+  along the chain, a step is a full anchor: all chunks intra-coded (or reused
+  from an intra entry), so no read walks back further.
+- A writer keeps the step it committed last (the kept parent) and codes the
+  next commit against it without decoding anything (``keep_parent``).
 - Refs (``main``, ``rl-run-2``) are append-only logs of sealed entries, moved
   by compare-and-swap: of two writers that read the same head, one moves it and
-  the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never overwritten, except by :meth:`delete`,
-  which rewrites the manifests of steps that referenced the deleted one (one
-  PUT each, contents unchanged).
+  the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never
+  overwritten, except by :meth:`delete` and :meth:`gc` (repacking), which
+  rewrite step documents with unchanged contents (one PUT each).
 
 Examples
 --------
@@ -44,14 +46,17 @@ import os
 
 from ..core.objects import ObjectStore
 from ..core.sealed import canonical_json
-from ..errors import ConflictError, CorruptManifestError, InvalidInputError, NotFoundError
+from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
+from ._chunkcodec import HASH_NAME
 from ._commit import HEAD, CommitMixin
 from ._integrity import IntegrityMixin, VerifyReport
 from ._layout import ROOT_META, STEPS_META
-from ._manifest import FORMAT, MAX_CHUNK_BYTES
+from ._packs import DEFAULT_PACK_BYTES
 from ._read import ReadMixin, StepInfo
 from ._reader import DEFAULT_CACHE_BYTES
 from ._retention import RetentionMixin
+from ._stepdoc import FORMAT
+from ._tables import MAX_CHUNK_BYTES
 
 __all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "HEAD", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_BYTES"]
 
@@ -70,7 +75,9 @@ def open(
     storage_options: dict | None = None,
     anchor_every: int | None = None,
     chunk_bytes: int | None = None,
+    pack_bytes: int | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    keep_parent: bool | int = True,
     executor: cf.Executor | None = None,
     threads: int | None = None,
     durable: bool = True,
@@ -95,18 +102,30 @@ def open(
     chunk_bytes : int, optional
         Target chunk size for new tensors (a tensor keeps its chunk grid along
         its chain).  Stored at creation like ``anchor_every``.
+    pack_bytes : int, optional
+        Bound of a pack object (default 256 MiB): a commit writes its blobs
+        into ``ceil(new bytes / pack_bytes)`` packs.  Stored at creation.
     cache_bytes : int
-        Budget of the decoded-chunk cache.
+        Budget of the decoded-chunk cache of lazy slices.
+    keep_parent : bool or int, default True
+        Keep the step committed (or read) last fully materialised, so the next
+        commit codes against it without decoding and consecutive reads decode
+        one blob per chunk: costs one step of memory.  False: decode the parent
+        chunk by chunk instead (memory: a few chunks).  An int: keep steps up
+        to that many bytes.
     executor : concurrent.futures.Executor, optional
         Where commits encode chunks (e.g. ``distributed.Client.get_executor()``);
         default: a thread pool.
     threads : int, optional
-        Threads for I/O and (without ``executor``) encoding; default: CPU count.
+        Threads of reads (default: at least 4, for I/O) and of encoding
+        (default: the CPU count; each encoding thread holds a few chunks of
+        scratch memory).
     durable : bool, default True
-        Local disk: fsync every blob, manifest and ref (and the directories
-        they enter) before a commit returns, so a power cut cannot lose an
-        acknowledged step.  False trades that for speed (see docs/concepts.md).
-        Object stores are durable when a PUT returns, whatever this says.
+        Local disk: fsync every pack, step document and ref (and the
+        directories they enter) before a commit returns, so a power cut cannot
+        lose an acknowledged step.  False trades that for speed (see
+        docs/concepts.md).  Object stores are durable when a PUT returns,
+        whatever this says.
 
     Returns
     -------
@@ -144,7 +163,7 @@ def open(
     if raw is None:
         if mode in ("r", "r+"):
             raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
-        settings = _new_settings(anchor_every, chunk_bytes)
+        settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
         try:
             io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
         except FileExistsError:  # another process created it just now: use theirs
@@ -154,18 +173,24 @@ def open(
     if raw is not None:
         if mode in ("w-", "x"):
             raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
-        settings = _parse_settings(raw)
+        settings = _parse_settings(raw, url)
     if anchor_every is not None:
         settings["anchor_every"] = _check_positive("anchor_every", anchor_every, zero=True)
     if chunk_bytes is not None:
         settings["chunk_bytes"] = _check_positive("chunk_bytes", chunk_bytes)
+    if pack_bytes is not None:
+        settings["pack_bytes"] = _check_positive("pack_bytes", pack_bytes)
+    if not isinstance(keep_parent, bool):
+        _check_positive("keep_parent", keep_parent, zero=True)
     return Trajectory(
         io,
         url=url,
         read_only=mode == "r",
         anchor_every=settings["anchor_every"],
         chunk_bytes=settings["chunk_bytes"],
+        pack_bytes=settings["pack_bytes"],
         cache_bytes=cache_bytes,
+        keep_parent=keep_parent,
         executor=executor,
         threads=threads,
     )
@@ -188,32 +213,39 @@ def _check_positive(name, value, zero=False, error=InvalidInputError, key=None) 
     return value
 
 
-def _new_settings(anchor_every, chunk_bytes) -> dict:
+def _new_settings(anchor_every, chunk_bytes, pack_bytes=None) -> dict:
     return {
         "format": FORMAT,
         "anchor_every": DEFAULT_ANCHOR_EVERY
         if anchor_every is None
         else _check_positive("anchor_every", anchor_every, True),
         "chunk_bytes": DEFAULT_CHUNK_BYTES if chunk_bytes is None else _check_positive("chunk_bytes", chunk_bytes),
-        "blob_hash": "blake2b-256",
-        "content_hash": "blake2b-128",
+        "pack_bytes": DEFAULT_PACK_BYTES if pack_bytes is None else _check_positive("pack_bytes", pack_bytes),
+        "hash": HASH_NAME,
     }
 
 
-def _parse_settings(raw: bytes) -> dict:
+def _parse_settings(raw: bytes, url: str = "") -> dict:
     try:
         doc = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CorruptManifestError(f"root zarr.json is not JSON: {e}", key=ROOT_META) from e
     attributes = doc.get("attributes") if isinstance(doc, dict) else None
     settings = attributes.get("ulstore") if isinstance(attributes, dict) else None
     if not isinstance(settings, dict):
         raise InvalidInputError("this Zarr hierarchy is not a ulstore trajectory", key=ROOT_META)
+    if settings.get("format") == 1:
+        raise FormatError(
+            f"{url or 'this trajectory'} is in ulstore's old format 1 (one object per chunk); convert it "
+            f"with `ulstore upgrade {url or 'SRC'} DEST` (or ulstore.upgrade(src, dest)), then open DEST",
+            key=ROOT_META,
+        )
     if settings.get("format") != FORMAT:
         raise CorruptManifestError(f"unsupported trajectory format {settings.get('format')!r}", key=ROOT_META)
-    for name, zero in (("anchor_every", True), ("chunk_bytes", False)):
-        _check_positive(name, settings.get(name), zero, error=CorruptManifestError, key=ROOT_META)
-    return dict(settings)
+    out = dict(settings)
+    for name, zero in (("anchor_every", True), ("chunk_bytes", False), ("pack_bytes", False)):
+        _check_positive(name, out.get(name), zero, error=CorruptManifestError, key=ROOT_META)
+    return out
 
 
 class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):

@@ -1,0 +1,387 @@
+"""Format-2 features: pieces, snapshots, files, the change feed, the hash chain, the kept parent, packs."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ulstore
+from tests.helpers.bits import bits_of as bits
+from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, states_bf16
+from ulstore.errors import CorruptBlobError, InvalidInputError, TensorNotFoundError
+from ulstore.store import _reader, _writer
+from ulstore.store._layout import pack_key
+
+
+def _mem():
+    return f"memory://features-{uuid.uuid4().hex}"
+
+
+class _Count:
+    """Counts calls of a module-level function (decodes, encodes)."""
+
+    def __init__(self, monkeypatch, module, name):
+        self.n = 0
+        real = getattr(module, name)
+
+        def counted(*a, **k):
+            self.n += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, counted)
+
+
+# -- pieces ------------------------------------------------------------------------------------------
+
+
+def _shards(w: np.ndarray, rows: list[int]):
+    """(offset, piece) row bands of ``w`` cut at ``rows``."""
+    cuts = [0, *rows, w.shape[0]]
+    return [((a, 0), w[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+def test_pieces_from_several_writers_make_one_logical_tensor():
+    states = states_bf16(20)
+    name = "model.layers.0.mlp.up_proj.weight"
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=1024)
+    records = []
+    for rank, cut in enumerate(([0, 40], [40, None])):  # two "ranks", each with its own writer and pack
+        w = traj.piece_writer(0)
+        for n, v in states[0].items():
+            if v.ndim == 2 and v.shape[0] >= 96:
+                w.write(n, np.ascontiguousarray(v[cut[0] : cut[1]]), offset=(cut[0], 0), shape=v.shape)
+            elif rank == 0:
+                w.write(n, v)
+        records += pickle.loads(pickle.dumps(w.close()))  # records travel between processes
+    assert len({p for r in records for p in r.packs}) == 2
+    traj.finalize(0, records, metadata={"ranks": 2})
+    ro = ulstore.open(traj.url, mode="r")
+    assert_state_equal(ro.read(0), states[0])
+    assert len(ro._reader.tensor(0, name).pieces) == 2
+    g = ro[0]
+    np.testing.assert_array_equal(bits(g[name][30:50, 3:9]), bits(states[0][name][30:50, 3:9]))  # across the cut
+    np.testing.assert_array_equal(bits(ro.read_box(0, name, (38, 1), (5, 7))), bits(states[0][name][38:43, 1:8]))
+    # the next step from 3 ranks cut elsewhere: deltas against the overlapping regions of step 0
+    cuts = [25, 70]
+    records = []
+    for a, b in zip([0, *cuts], [*cuts, 1 << 30]):
+        w = traj.piece_writer(1)
+        for n, v in states[1].items():
+            if v.ndim == 2 and v.shape[0] >= 96:
+                w.write(n, np.ascontiguousarray(v[a:b]), offset=(a, 0), shape=v.shape)
+            elif a == 0:
+                w.write(n, v)
+        records += w.close()
+    traj.finalize(1, records)
+    ro = ulstore.open(traj.url, mode="r")
+    assert_state_equal(ro.read(1), states[1])
+    assert traj.info(1).anchor_distance == 1
+    changes = [c for c in ro.changes(1) if c.tensor == name]
+    assert {c.piece for c in changes} == {0, 1, 2} and all(c.kind == "delta" for c in changes)
+    assert ro.verify().ok
+    one = ulstore.open(_mem(), mode="w", chunk_bytes=1024)  # the same states committed unsharded
+    one.commit(0, states[0])
+    one.commit(1, states[1])
+    assert traj.stats()["blob_bytes"] < 1.3 * one.stats()["blob_bytes"]
+
+
+def test_finalize_refuses_pieces_that_do_not_tile():
+    w_state = np.arange(40, dtype=np.float32).reshape(10, 4)
+    traj = ulstore.open(_mem(), mode="w")
+    w = traj.piece_writer(0)
+    w.write("w", w_state[:6], offset=(0, 0), shape=(10, 4))
+    w.write("w", w_state[5:], offset=(5, 0), shape=(10, 4))  # rows 5..6 twice
+    with pytest.raises(InvalidInputError, match="tile"):
+        traj.finalize(0, w.close())
+    w = traj.piece_writer(0)
+    w.write("w", w_state[:6], offset=(0, 0), shape=(10, 4))  # rows 6.. missing
+    with pytest.raises(InvalidInputError, match="tile"):
+        traj.finalize(0, w.close())
+    w = traj.piece_writer(0)
+    with pytest.raises(InvalidInputError, match="outside"):
+        w.write("w", w_state, offset=(1, 0), shape=(10, 4))
+    w.abort()
+    a, b = traj.piece_writer(0), traj.piece_writer(0, parent=None, anchor=True)
+    a.write("w", w_state)
+    b.write("v", w_state)
+    assert traj.steps == []
+    traj.finalize(0, a.close() + b.close())  # same step, same parent, same anchor: fine
+    c = traj.piece_writer(1)
+    c.write("w", w_state + 1)
+    d = traj.piece_writer(2)
+    d.write("v", w_state)
+    with pytest.raises(InvalidInputError, match="written for step 2"):
+        traj.finalize(1, c.close() + d.close())
+
+
+# -- snapshots -----------------------------------------------------------------------------------------
+
+
+def test_snapshots_alongside_deltas_bound_the_chain(monkeypatch):
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for i in range(6):
+        traj.commit(i, states[i], snapshot=i == 4)
+    snap = entries(traj, 4)
+    assert traj.info(4).anchor_distance == 0 and traj.info(5).anchor_distance == 1
+    assert all(
+        e["ref"] == 3 or e["ref"] is None or e["content"] == e2["content"] for e, e2 in zip(snap, entries(traj, 3))
+    )
+    assert all(e["snapshot"] is not None or e["ref"] is None for e in snap)
+    changes = traj.changes(4)
+    deltas = [c for c in changes if c.kind == "delta"]
+    assert deltas and all(c.snapshot is not None for c in deltas)  # a replica in step reads the delta...
+    blobs, snaps = traj.fetch_blobs(deltas), traj.fetch_blobs(deltas, snapshot=True)
+    assert all(ulstore.inspect_blob(b)["delta"] for b in blobs)  # ...a late joiner the snapshot
+    assert not any(ulstore.inspect_blob(b)["delta"] for b in snaps)
+    ro = ulstore.open(traj.url, mode="r")
+    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    assert_state_equal(ro.read(5), states[5])
+    n = sum(len(t.pieces[0].ref) for t in ro._reader.tables(5).values())
+    assert decodes.n <= 2 * n  # step 5 walks back to the snapshots of step 4, not to step 0
+    assert ro.verify().ok
+
+
+# -- files -----------------------------------------------------------------------------------------------
+
+
+def test_files_are_kept_with_the_step_and_deduplicated():
+    states = states_bf16(20)
+    config = b'{"model_type": "toy", "hidden_size": 64}'
+    tokenizer = bytes(range(256)) * 50
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0], files={"config.json": config, "tokenizer/vocab.bin": tokenizer})
+    traj.commit(1, states[1], files={"config.json": config, "trainer_state.json": b'{"step": 1}'})
+    traj.commit(2, states[2])
+    assert traj.files(0) == ["config.json", "tokenizer/vocab.bin"] and traj.files(2) == []
+    ro = ulstore.open(traj.url, mode="r")
+    assert ro.read_file(0, "tokenizer/vocab.bin") == tokenizer and ro.read_file(1, "config.json") == config
+    assert ro._reader.doc(1).files["config.json"].hash == ro._reader.doc(0).files["config.json"].hash
+    d0, d1 = ro._reader.doc(0), ro._reader.doc(1)
+    f0, f1 = d0.files["config.json"], d1.files["config.json"]
+    assert (d0.packs[f0.pack], f0.offset) == (d1.packs[f1.pack], f1.offset)  # stored once
+    with pytest.raises(TensorNotFoundError):
+        ro.read_file(1, "tokenizer/vocab.bin")
+    assert ro.info(0).content != ro.info(2).content  # files are part of a step's content
+    f = d0.files["tokenizer/vocab.bin"]
+    pid, off = d0.packs[f.pack], f.offset
+    data = bytearray(ro._io.get(pack_key(pid)))
+    data[off + 5] ^= 1
+    ro._io.put(pack_key(pid), bytes(data))
+    with pytest.raises(CorruptBlobError):
+        ulstore.open(traj.url, mode="r").read_file(0, "tokenizer/vocab.bin")
+    for bad in ({"../x": b""}, {"a\\b": b""}, {"x": "text"}, {"": b""}):
+        with pytest.raises(InvalidInputError):
+            traj.commit(3, states[3], files=bad)
+    assert 3 not in traj
+
+
+# -- change feed and hash chain ---------------------------------------------------------------------------
+
+
+def test_change_feed_and_hash_chain():
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    traj.commit(0, states[0])
+    mixed = dict(states[1])
+    mixed["model.in_proj.bias"] = states[0]["model.in_proj.bias"]  # unchanged
+    mixed["new.weight"] = np.ones((3, 5), ml_dtypes.bfloat16)
+    mixed["lm_head.weight"] = states[1]["lm_head.weight"][:, :10].copy()  # reshaped
+    traj.commit(1, mixed)
+    feed = traj.changes(1)
+    kinds = {c.tensor: {x.kind for x in feed if x.tensor == c.tensor} for c in feed}
+    assert kinds["model.in_proj.bias"] == {"unchanged"} and kinds["new.weight"] == {"new"}
+    assert kinds["lm_head.weight"] == {"reshaped"}
+    assert "delta" in kinds["model.layers.0.mlp.up_proj.weight"]
+    counter = CountingIO(traj._io)
+    chosen = [c for c in feed if c.kind == "delta"]
+    blobs = traj.fetch_blobs(chosen)
+    assert len(counter.packs()) < len(chosen)  # neighbouring blobs come in one range read
+    old = traj.read(0)
+    for c, blob in zip(chosen, blobs):  # apply a delta in place, as a weight-sync follower does
+        region = tuple(slice(a, b) for a, b in zip(c.start, c.stop))
+        target = old[c.tensor][region].copy()
+        ulstore.decode_changes(blob, target).apply_to(target)
+        np.testing.assert_array_equal(bits(target), bits(mixed[c.tensor][region]))
+    i0, i1 = traj.info(0), traj.info(1)
+    assert i1.parent_content == i0.content and i0.parent_content is None
+    traj.delete(0)  # re-parenting keeps a step's content; the chain follows the new parent
+    assert traj.info(1).content == i1.content and traj.info(1).parent_content is None
+    assert traj.verify().ok
+
+
+def test_verify_names_a_broken_hash_chain():
+    from tests.helpers.store import rewrite_step
+
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])
+    rewrite_step(traj, 1, body=lambda b: b.update(parent_content="0" * 32))
+    report = ulstore.open(traj.url, mode="r").verify(raise_on_error=False)
+    assert [e["key"] for e in report.errors] == ["steps/1/zarr.json"] and "hash chain" in report.errors[0]["message"]
+
+
+# -- the kept parent and deep reads ---------------------------------------------------------------------------
+
+
+def _chunks(traj, step) -> int:
+    return sum(p.n for t in traj._reader.tables(step).values() for p in t.pieces)
+
+
+def test_kept_parent_a_training_loop_never_decodes(monkeypatch):
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    for i in range(5):
+        traj.commit(i, states[i])
+    assert decodes.n == 0
+    fresh = ulstore.open(traj.url, mode="a")  # a new process: decodes its parent once, then never again
+    fresh.commit(5, states[5])
+    first = decodes.n
+    assert 0 < first <= _chunks(traj, 4) * (traj.info(4).anchor_distance + 1)
+    for i in range(6, 9):
+        fresh.commit(i, states[i])
+    assert decodes.n == first
+    off = ulstore.open(traj.url, mode="a", keep_parent=False, cache_bytes=0)  # the fallback decodes, exactly
+    off.commit(9, states[9])
+    assert decodes.n > first
+    assert_state_equal(ulstore.open(traj.url, mode="r").read(9), states[9])
+
+
+def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for i in range(8):
+        traj.commit(i, states[i])
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    assert_state_equal(ro.read(7), states[7])  # depth 7 from nothing: each chain once
+    n = _chunks(traj, 7)
+    assert n < decodes.n <= 8 * n
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    decodes.n = 0
+    for i in range(8):
+        assert_state_equal(ro.read(i), states[i])
+    assert decodes.n <= 8 * n  # one decode per chunk per step (unchanged chunks cost none)
+
+
+def test_a_failed_commit_leaves_the_kept_parent_sound():
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, threads=2)
+    traj.commit(0, states[0])
+    real = _writer.encode_chunk
+    calls = {"n": 0}
+
+    def fail_late(*a):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise RuntimeError("boom")
+        return real(*a)
+
+    _writer.encode_chunk = fail_late
+    try:
+        with pytest.raises(RuntimeError):
+            traj.commit(1, states[1])  # half the kept step now holds step 1's values
+    finally:
+        _writer.encode_chunk = real
+    traj.commit(1, states[2])  # so this is coded against what step 0 really holds, not the kept values
+    ro = ulstore.open(traj.url, mode="r")
+    assert_state_equal(ro.read(0), states[0])
+    assert_state_equal(ro.read(1), states[2])
+
+
+def test_streaming_commit_holds_a_bounded_window(tmp_path):
+    """Memory-mapped tensors, kept parent off: a commit allocates a window of chunks, whatever the step's size."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+
+    def peak(n_tensors: int) -> tuple[int, int]:
+        d = tmp_path / str(n_tensors)
+        d.mkdir()
+        arrays = {f"w{i}": np.memmap(d / f"w{i}", np.float32, "w+", shape=(256, 1024)) for i in range(n_tensors)}
+        for a in arrays.values():
+            a[:] = rng.normal(size=a.shape).astype(np.float32)
+        traj = ulstore.open(str(d / "t"), mode="w", chunk_bytes=128 << 10, keep_parent=False, threads=2)
+        traj.commit(0, arrays)
+        for a in arrays.values():
+            a[::7] += np.float32(1e-3)
+        tracemalloc.start()
+        try:
+            traj.commit(1, arrays)
+            got = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert_state_equal(ulstore.open(str(d / "t"), mode="r").read(1), {k: np.asarray(v) for k, v in arrays.items()})
+        return got, sum(a.nbytes for a in arrays.values())
+
+    small, small_bytes = peak(8)  # 8 MiB
+    large, large_bytes = peak(32)  # 32 MiB: four times the data, about the same memory
+    assert large < 1.5 * small and large < 0.2 * large_bytes, (small, large)
+
+
+def test_identical_blobs_are_written_once():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=1024)
+    traj.commit(0, {"embed": w, "lm_head": w.copy(), "zeros": np.zeros((64, 32), np.float32)})
+    e = entries(traj, 0)
+    blobs = [x["blob"] for x in e]
+    assert len(blobs) == 24 and len(set(blobs)) == 8 + 1  # the tie shares every blob; the zero chunks share one
+    w2 = w + np.float32(1e-4)
+    traj.commit(1, {"embed": w2, "lm_head": w2.copy(), "zeros": np.zeros((64, 32), np.float32)})
+    new = [x for x in entries(traj, 1) if x["tensor"] != "zeros"]
+    assert len({x["blob"] for x in new}) == len(new) // 2
+    assert_state_equal(
+        ulstore.open(traj.url, mode="r").read(1), {"embed": w2, "lm_head": w2, "zeros": np.zeros((64, 32), np.float32)}
+    )
+
+
+def test_a_commit_writes_one_pack_and_two_small_objects(tmp_path):
+    """One pack, the step document, one ref entry; plus the pending marker (put, then deleted)."""
+    states = states_bf16(20)
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+    counter: dict = {"put": [], "create": [], "delete": [], "stream": []}
+    io = traj._io
+    for name in ("put", "create", "delete"):
+        real = getattr(io, name)
+        setattr(io, name, lambda k, *d, real=real, name=name: counter[name].append(k) or real(k, *d))
+    real_open = io.open_writer
+    io.open_writer = lambda k, **kw: counter["stream"].append(k) or real_open(k, **kw)
+    traj.commit(1, states[1])
+    assert counter == {
+        "put": ["pending/commit/0/1.json"],
+        "create": ["steps/1/zarr.json", "refs/main/00000000000000000001.json"],
+        "delete": ["pending/commit/0/1.json"],
+        "stream": [counter["stream"][0]],
+    }
+    assert counter["stream"][0].startswith("packs/")
+    assert len(traj._reader.doc(1).tables) == 1 and traj._reader.doc(1).packs[-1] in traj._reader.doc(1).packs
+
+
+def test_add_of_a_sharded_checkpoint_streams_it(tmp_path):
+    """``ulstore add`` of sharded safetensors memory-maps them: the commit holds a window, not the checkpoint."""
+    import tracemalloc
+
+    from ulstore.io import checkpoints, import_checkpoint
+
+    rng = np.random.default_rng(0)
+    state = {f"layer.{i}.weight": rng.normal(size=(512, 1024)).astype(ml_dtypes.bfloat16) for i in range(16)}
+    checkpoints.save_safetensors(state, tmp_path / "ckpt-1", max_shard_size="4MB")  # 16 MiB in 4 shards
+    loaded = checkpoints.load(tmp_path / "ckpt-1", mmap=True)
+    assert all(isinstance(v, np.memmap) for v in loaded.tensors.values())
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=256 << 10, keep_parent=False, threads=2)
+    tracemalloc.start()
+    try:
+        import_checkpoint(traj, tmp_path / "ckpt-1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.25 * sum(v.nbytes for v in state.values()), peak
+    assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(1), state)

@@ -1,0 +1,118 @@
+"""The change feed: for each chunk of a step, what changed against its parent and where its blob is.
+
+Built from the tables of the step and of its parent only (no blob is read):
+a weight-sync follower that holds the parent's values decodes the ``delta``
+chunks with :func:`ulstore.decode_changes` against its own memory, decodes
+``intra``/``new``/``reshaped`` chunks on their own, and skips ``unchanged``
+ones.  :meth:`Trajectory.fetch_blobs` fetches the blobs of a chosen set of
+chunks with coalesced range reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TensorNotFoundError
+from ._packs import Location
+from ._reader import ChunkReader
+
+__all__ = ["ChunkChange", "changes_of", "KINDS"]
+
+#: What a chunk's entry is against the parent step.
+KINDS = ("unchanged", "delta", "intra", "new", "reshaped")
+
+
+@dataclass(frozen=True)
+class ChunkChange:
+    """One chunk of a step in the change feed.
+
+    Attributes
+    ----------
+    tensor : str
+    piece : int
+        Index of the piece (0 for an unsharded tensor).
+    coord : tuple of int
+        Chunk coordinate in the piece's grid.
+    start, stop : tuple of int
+        The chunk's box in tensor coordinates.
+    kind : str
+        ``"unchanged"`` (same content as the parent's co-located chunk; the
+        entry is reused), ``"delta"`` (coded against step ``ref``, normally the
+        parent), ``"intra"`` (coded on its own), ``"new"`` (the parent has no
+        such tensor), ``"reshaped"`` (the parent holds it with another dtype or
+        shape).
+    content : str
+        BLAKE3-128 hex of the chunk's values.
+    ref : int or None
+        The step the blob is coded against (None: intra).
+    blob : (pack id, offset, length)
+    snapshot : (pack id, offset, length) or None
+        An intra blob of the same values, kept alongside a delta.
+    """
+
+    tensor: str
+    piece: int
+    coord: tuple[int, ...]
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    dtype: np.dtype
+    kind: str
+    content: str
+    ref: int | None
+    blob: Location
+    snapshot: Location | None
+
+
+def changes_of(reader: ChunkReader, step: int, names=None) -> list[ChunkChange]:
+    """The change feed of ``step`` (all tensors, or ``names``), in name, piece and C order."""
+    doc = reader.doc(step)
+    tables = reader.tables(step)
+    if names is not None:
+        names = list(names)
+        for n in names:
+            if n not in tables:
+                raise TensorNotFoundError("no such tensor", step=step, tensor=n)
+        tables = {n: tables[n] for n in sorted(names)}
+    parent = reader.tables(doc.parent) if doc.parent is not None else {}
+    out = []
+    for name, t in tables.items():
+        pt = parent.get(name)
+        if pt is None:
+            tensor_kind = "new"
+        elif pt.dtype != t.dtype or pt.shape != t.shape:
+            tensor_kind = "reshaped"
+        else:
+            tensor_kind = None
+        for j, p in enumerate(t.pieces):
+            pj = pt.find_piece(p.layout) if pt is not None and tensor_kind is None else None
+            same = None
+            if pj is not None:
+                same = (p.content == pt.pieces[pj].content).all(axis=1)  # type: ignore[union-attr]
+            for i, coord in enumerate(p.coords()):
+                ref = int(p.ref[i])
+                if tensor_kind is not None:
+                    kind = tensor_kind
+                elif same is not None and same[i]:
+                    kind = "unchanged"
+                else:
+                    kind = "intra" if ref < 0 else "delta"
+                snap = p.snapshot(i)
+                start, stop = p.box(coord)
+                out.append(
+                    ChunkChange(
+                        name,
+                        j,
+                        coord,
+                        start,
+                        stop,
+                        t.dtype,
+                        kind,
+                        p.content[i].tobytes().hex(),
+                        None if ref < 0 else ref,
+                        (doc.packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])),
+                        None if snap is None else (doc.packs[snap[0]], snap[1], snap[2]),
+                    )
+                )
+    return out

@@ -1,0 +1,467 @@
+"""The piece writer: encodes pieces of tensors of one step into its own pack stream.
+
+One code path for every writer: :meth:`Trajectory.commit` runs one piece
+writer over the whole state; a torch DCP rank runs one over its shards; the
+finalizer (``_commit.py``) then writes tables, the step document and the ref.
+
+Per chunk, in a bounded window (``2 * threads`` chunks in flight), on worker
+threads: hash the chunk (BLAKE3-128, once); if it equals the parent's
+co-located chunk, reuse the parent's entry (no blob); otherwise find the
+reference (the kept parent's region, or the parent's values decoded through
+the reader), look the blob up in this commit's dedup index, encode, and copy
+the new values into the kept parent in place.  The main thread takes results
+in plan order and appends blobs to the pack stream, so a pack's layout is
+deterministic.
+
+Dedup: a blob is identified by (content, reference content or none, codec,
+dtype, chunk shape): an in-commit index over the parent's intra entries and
+this commit's own blobs finds a tied weight or a re-coded frozen chunk, which
+is then written once.  No blob bytes are hashed for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
+from ._kept import KeptPiece, KeptStep
+from ._layout import choose_chunks, chunk_grid
+from ._packs import Location, PackStream
+from ._reader import ChunkReader
+from ._refs import RefState
+from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nbytes
+
+__all__ = ["PieceRecord", "PieceWriter"]
+
+
+@dataclass
+class PieceRecord:
+    """What a piece writer wrote for one piece of one tensor: picklable, handed to the finalizer.
+
+    ``pack`` and ``snap[:, 0]`` index :attr:`packs` (this record's own list of pack ids).
+    """
+
+    step: int
+    parent: int | None
+    parent_content: str | None
+    anchor: bool
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    offset: tuple[int, ...]
+    piece_shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    packs: tuple[str, ...]
+    content: np.ndarray
+    ref: np.ndarray
+    pack: np.ndarray
+    off: np.ndarray
+    length: np.ndarray
+    snap: np.ndarray | None = None
+
+    @property
+    def layout(self) -> tuple:
+        return self.offset, self.piece_shape, self.chunks
+
+    def piece(self, index: dict[str, int]) -> Piece:
+        """This record as a :class:`Piece` whose pack numbers index a step's pack list (``index``: id -> number)."""
+        remap = np.array([index[p] for p in self.packs] or [0], np.int64)
+        snap = None
+        if self.snap is not None:
+            snap = self.snap.copy()
+            has = snap[:, 0] >= 0
+            snap[has, 0] = remap[snap[has, 0]]
+        return Piece(
+            self.offset,
+            self.piece_shape,
+            self.chunks,
+            self.content,
+            self.ref,
+            remap[self.pack] if len(self.pack) else self.pack,
+            self.off,
+            self.length,
+            snap,
+        )
+
+
+class _PieceState:
+    """A piece being written: its input, its parent piece, its columns as they fill."""
+
+    def __init__(self, name, arr, dtype, shape, codec, layout, parent_table, parent_piece, parent_packs, mode, kp):
+        self.name, self.arr, self.dtype, self.shape, self.codec = name, arr, dtype, shape, codec
+        self.layout = layout
+        self.offset, self.pshape, self.chunks = layout
+        self.grid = chunk_grid(self.pshape, self.chunks)
+        self.n = math.prod(self.grid)
+        self.pt: TensorTable | None = parent_table
+        self.pp: Piece | None = parent_piece
+        self.parent_packs = parent_packs
+        self.mode = mode  # "intra", "colocated" or "box"
+        self.kp: KeptPiece | None = kp
+        self.content = np.zeros((self.n, 16), np.uint8)
+        self.ref = np.full(self.n, -1, np.int64)
+        self.locs: list = [None] * self.n
+        self.snaps: list = [None] * self.n
+        self.left = self.n
+
+    def region(self, coord) -> tuple[slice, ...]:
+        return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coord, self.chunks, self.pshape))
+
+    def parent_loc(self, i: int) -> Location:
+        assert self.pp is not None
+        return self.parent_packs[int(self.pp.pack[i])], int(self.pp.off[i]), int(self.pp.length[i])
+
+    def parent_snap(self, i: int) -> Location | None:
+        assert self.pp is not None
+        s = self.pp.snapshot(i)
+        return None if s is None else (self.parent_packs[s[0]], s[1], s[2])
+
+
+_PLACED = object()
+
+
+class PieceWriter:
+    """Encode pieces of tensors of ``step`` against ``parent`` into this writer's packs.
+
+    Create with :meth:`Trajectory.piece_writer`.  Call :meth:`write` for each
+    piece (arrays must stay unchanged until :meth:`flush`), then :meth:`close`
+    (or hand the writer to :meth:`Trajectory.finalize`, which appends the
+    step's tables to the same pack).  Not thread-safe: one thread drives a
+    writer; it encodes on its own pool.
+    """
+
+    def __init__(
+        self,
+        *,
+        step: int,
+        parent: int | None,
+        parent_content: str | None,
+        anchor: bool,
+        strict: bool,
+        snapshot: bool,
+        reader: ChunkReader,
+        stream: PackStream,
+        kept: KeptStep | None,
+        chunk_bytes: int,
+        threads: int,
+        executor: cf.Executor | None = None,
+    ):
+        self.step, self.parent, self.parent_content = step, parent, parent_content
+        self.anchor, self.strict, self.snapshot = anchor, strict, snapshot
+        self.reader, self.stream, self.kept = reader, stream, kept
+        self.chunk_bytes = chunk_bytes
+        self.threads = max(1, threads)
+        self.executor = executor
+        self._pool = cf.ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self._window: deque = deque()
+        self._records: list[PieceRecord] = []
+        self._written: set[tuple] = set()
+        self._claims: dict = {}
+        self._claims_lock = threading.Lock()
+        self._placed: dict = {}
+        self._intra: dict = {}  # dedup key of an intra blob -> Location, from the parent's entries
+        self._failed = False
+        self.closed = False
+        #: the branch as read when :meth:`Trajectory.piece_writer` made this writer: a
+        #: finalize given this writer moves it by compare-and-swap from there
+        self.ref: RefState | None = None
+
+    # -- input ----------------------------------------------------------------------
+
+    def write(self, name: str, array, *, offset=None, shape=None, chunks=None) -> None:
+        """Encode one piece of tensor ``name``: ``array`` placed at ``offset`` of a tensor of ``shape``.
+
+        Defaults: the whole tensor (offset 0, shape ``array.shape``).  ``chunks``
+        fixes the piece's chunk grid (default: the parent's for the same piece,
+        else chosen from ``chunk_bytes``).
+        """
+        self._check_open()
+        arr = array
+        dtype, codec = arr.dtype, codec_for(arr.dtype)
+        pshape = tuple(int(n) for n in arr.shape)
+        shape = pshape if shape is None else tuple(int(n) for n in shape)
+        offset = (0,) * len(shape) if offset is None else tuple(int(o) for o in offset)
+        if len(offset) != len(shape) or len(pshape) != len(shape):
+            raise InvalidInputError(
+                f"piece of rank {len(pshape)} at {offset} of a tensor of shape {shape}", tensor=name
+            )
+        if any(o < 0 or o + s > n for o, s, n in zip(offset, pshape, shape)):
+            raise InvalidInputError(f"piece {pshape} at {list(offset)} lies outside {list(shape)}", tensor=name)
+        pt = self._parent_table(name)
+        same = pt is not None and pt.dtype == dtype and pt.shape == shape
+        if self.strict and codec == ULPACK and not same:
+            why = "is new" if pt is None else f"changed from {pt.dtype}{list(pt.shape)} to {dtype}{list(shape)}"
+            raise InvalidInputError(
+                f"tensor {why}, which needs an intra-coded chunk, but anchor=False forbids it; "
+                "commit with anchor=None or anchor=True",
+                step=self.step,
+                tensor=name,
+            )
+        if chunks is None:
+            match = None
+            if same and pt is not None:
+                match = next((p for p in pt.pieces if p.offset == offset and p.shape == pshape), None)
+            chunks = match.chunks if match is not None else choose_chunks(pshape, dtype.itemsize, self.chunk_bytes)
+        chunks = tuple(int(c) for c in chunks)
+        if len(chunks) != len(shape) or any(c < 1 for c in chunks):
+            raise InvalidInputError(
+                f"chunk shape {list(chunks)} does not fit a piece of rank {len(shape)}", tensor=name
+            )
+        if chunk_nbytes(pshape, chunks, dtype.itemsize) > MAX_CHUNK_BYTES:
+            raise InvalidInputError(f"chunks {list(chunks)} exceed {MAX_CHUNK_BYTES} bytes", tensor=name)
+        layout = (offset, pshape, chunks)
+        if (name, offset) in self._written:
+            raise InvalidInputError(f"piece at {list(offset)} was written twice", tensor=name)
+        self._written.add((name, offset))
+        pj = pt.find_piece(layout) if same and pt is not None else None
+        pp = pt.pieces[pj] if pt is not None and pj is not None else None
+        if codec != ULPACK or self.anchor or not same:
+            mode = "intra"
+        else:
+            mode = "colocated" if pp is not None else "box"
+        n = math.prod(chunk_grid(pshape, chunks))
+        kp = None
+        if self.kept is not None:
+            kp = self.kept.ensure(name, dtype, shape, layout, n)
+        parent_packs = self.reader.doc(self.parent).packs if self.parent is not None else ()
+        st = _PieceState(name, arr, dtype, shape, codec, layout, pt if same else None, pp, parent_packs, mode, kp)
+        if pp is not None:
+            self._index_intra(st)
+        if mode == "colocated" and kp is not None:
+            self._load_parent(st, pj)
+        if st.n == 0:
+            self._finish_piece(st)
+            return
+        for i, coord in enumerate(np.ndindex(*st.grid)):
+            self._submit(st, i, coord)
+
+    def _parent_table(self, name: str) -> TensorTable | None:
+        if self.parent is None:
+            return None
+        try:
+            return self.reader.tensor(self.parent, name)
+        except KeyError:  # TensorNotFoundError
+            return None
+
+    def _index_intra(self, st: _PieceState) -> None:
+        pp = st.pp
+        assert pp is not None
+        for i, coord in enumerate(pp.coords()):
+            intra = st.parent_snap(i) or (st.parent_loc(i) if pp.ref[i] < 0 else None)
+            if intra is None:
+                continue
+            key = (pp.content[i].tobytes(), None, st.codec, st.dtype.str, pp.region_shape(coord))
+            self._intra.setdefault(key, intra)
+
+    def _load_parent(self, st: _PieceState, pj) -> None:
+        """Make the kept piece hold the parent's values where it does not yet (decodes each chain once)."""
+        kp, pp = st.kp, st.pp
+        assert kp is not None and pp is not None and self.parent is not None
+        stale = np.flatnonzero((kp.content != pp.content).any(axis=1))
+        if not len(stale):
+            return
+        coords = [tuple(int(x) for x in np.unravel_index(i, pp.grid)) if pp.grid else () for i in stale]
+        targets = [((self.parent, st.name, pj, c), None, pp.region(c), kp, int(i)) for i, c in zip(stale, coords)]
+        self.reader.materialize(targets, kept=self.kept)
+
+    # -- the window -------------------------------------------------------------------
+
+    def _submit(self, st: _PieceState, i: int, coord) -> None:
+        if self._pool is None:
+            self._place(st, i, self._job(st, i, coord))
+            return
+        self._window.append((st, i, self._pool.submit(self._job, st, i, coord)))
+        while len(self._window) >= 2 * self.threads:
+            self._take()
+
+    def _take(self) -> None:
+        st, i, fut = self._window.popleft()
+        self._place(st, i, fut.result())
+
+    def _encode(self, chunk, ref, codec) -> bytes:
+        if self.executor is None:
+            return encode_chunk(chunk, ref, codec)
+        return self.executor.submit(encode_chunk, chunk, ref, codec).result()
+
+    def _claim(self, key):
+        """None if this thread now owns ``key`` (a Future is registered for its blob), else the owner's marker."""
+        with self._claims_lock:
+            got = self._claims.get(key)
+            if got is None:
+                self._claims[key] = cf.Future()
+            return got
+
+    def _job(self, st: _PieceState, i: int, coord):
+        """Worker: hash, reuse or encode one chunk; returns what the main thread places."""
+        region = st.region(coord)
+        chunk = st.arr[region] if region else st.arr
+        if isinstance(chunk, np.memmap):  # a file that could change under us: hash and encode one private copy
+            chunk = np.array(chunk, copy=True, order="C")
+        chunk = np.ascontiguousarray(chunk).reshape(tuple(s.stop - s.start for s in region))
+        content = content_digest(chunk)
+        pp = st.pp
+        shape = chunk.shape
+        if pp is not None and pp.content[i].tobytes() == content:
+            if not (self.anchor or self.snapshot) or pp.has_intra(i):
+                self._keep(st, i, region, chunk, content)
+                return ("reuse", content)
+        ref = ref_content = None
+        if st.mode == "colocated":
+            assert pp is not None
+            ref_content = pp.content[i].tobytes()
+            ref = st.kp.get(i, ref_content) if st.kp is not None else None
+            if ref is None:
+                pj = st.pt.find_piece(st.layout)  # type: ignore[union-attr]
+                ref = self.reader.chunk(self.parent, st.name, coord, pj, cache=False)  # type: ignore[arg-type]
+        elif st.mode == "box":
+            lo = tuple(o + r.start for o, r in zip(st.offset, region))
+            hi = tuple(o + r.stop for o, r in zip(st.offset, region))
+            ref = self.reader.box(self.parent, st.name, lo, hi, cache=False)  # type: ignore[arg-type]
+            ref_content = content_digest(ref)
+        key = (content, ref_content, st.codec, st.dtype.str, shape)
+        blob = self._blob(key, chunk, ref, st.codec)
+        snap = None
+        if self.snapshot and ref is not None:
+            snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec)
+        self._keep(st, i, region, chunk, content)
+        return ("blob", content, key, blob, ref is not None, snap)
+
+    def _blob(self, key, chunk, ref, codec):
+        """The blob for ``key``: a known location, bytes this thread encoded, or None (another owns it)."""
+        if key[1] is None and key in self._intra:
+            return self._intra[key]
+        if self._claim(key) is not None:
+            return None
+        fut = self._claims[key]
+        try:
+            blob = self._encode(chunk, ref, codec)
+        except BaseException as e:
+            fut.set_exception(e)
+            raise
+        fut.set_result(blob)
+        return blob
+
+    def _keep(self, st: _PieceState, i, region, chunk, content) -> None:
+        if st.kp is not None:
+            st.kp.put(i, chunk, content)
+
+    def _locate(self, key, got) -> Location:
+        """Main thread: the location of the blob ``got`` stands for (appending it the first time)."""
+        if isinstance(got, tuple):
+            return got
+        loc = self._placed.get(key)
+        if loc is not None:
+            return loc
+        if got is None:
+            got = self._claims[key].result()
+        loc = self.stream.append(got)
+        self._placed[key] = loc
+        with self._claims_lock:
+            self._claims[key] = _PLACED  # the bytes are in the pack: drop them
+        return loc
+
+    def _place(self, st: _PieceState, i: int, result) -> None:
+        kind, content = result[0], result[1]
+        st.content[i] = np.frombuffer(content, np.uint8)
+        if kind == "reuse":
+            assert st.pp is not None
+            st.ref[i] = st.pp.ref[i]
+            st.locs[i] = st.parent_loc(i)
+            st.snaps[i] = st.parent_snap(i)
+        else:
+            _, _, key, blob, delta, snap = result
+            st.locs[i] = self._locate(key, blob)
+            st.ref[i] = self.parent if delta else -1
+            if snap is not None or (self.snapshot and delta):
+                st.snaps[i] = self._locate((content, None, *key[2:]), snap)
+        st.left -= 1
+        if st.left == 0:
+            self._finish_piece(st)
+
+    def _finish_piece(self, st: _PieceState) -> None:
+        ids: dict[str, int] = {}
+        for loc in st.locs + [s for s in st.snaps if s is not None]:
+            ids.setdefault(loc[0], len(ids))
+        pack = np.array([ids[loc[0]] for loc in st.locs], np.int64)
+        off = np.array([loc[1] for loc in st.locs], np.int64)
+        length = np.array([loc[2] for loc in st.locs], np.int64)
+        snap = None
+        if any(s is not None for s in st.snaps):
+            snap = np.array([(ids[s[0]], s[1], s[2]) if s is not None else (-1, -1, -1) for s in st.snaps], np.int64)
+        self._records.append(
+            PieceRecord(
+                self.step,
+                self.parent,
+                self.parent_content,
+                self.anchor,
+                st.name,
+                st.dtype.name,
+                st.shape,
+                st.codec,
+                st.offset,
+                st.pshape,
+                st.chunks,
+                tuple(ids),
+                st.content,
+                st.ref,
+                pack,
+                off,
+                length,
+                snap,
+            )
+        )
+        st.arr = None  # the caller's array is no longer needed
+
+    # -- ending -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed or self._failed:
+            raise InvalidInputError("this piece writer is closed (or failed); start a new one")
+
+    def flush(self) -> list[PieceRecord]:
+        """Wait for every chunk; returns the records of every piece written so far."""
+        try:
+            while self._window:
+                self._take()
+        except BaseException:
+            self.abort()
+            raise
+        return list(self._records)
+
+    def close(self) -> list[PieceRecord]:
+        """Flush, close the pack stream; returns the records (hand them to :meth:`Trajectory.finalize`)."""
+        records = self.flush()
+        if not self.closed:
+            self.stream.close()
+            self._shutdown()
+        return records
+
+    def abort(self) -> None:
+        """Give up: the open pack is discarded, closed packs stay as orphans for ``gc``."""
+        self._failed = True
+        for _, _, fut in self._window:
+            fut.cancel()
+        self._window.clear()
+        self.stream.abort()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self.closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> PieceWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            self.abort()
