@@ -31,7 +31,7 @@ def test_fsdp_job_saved_with_filesystemwriter_loads_exactly_at_another_world_siz
         assert not np.array_equal(bits_of(first[name]), bits_of(last[name])), name
     assert float(last["optim.state.model.in_proj.weight.step"]) == 3.0
     assert last["trainer.step"] == 2 and last["trainer.neg_zero"] == 0.0 and str(last["trainer.neg_zero"]) == "-0.0"
-    # shards were uneven (90 rows over 4 ranks) and one parameter has empty shards
+    # shards were uneven (150 rows over 4 ranks) and one parameter has empty shards
     assert last["model.model.in_proj.weight"].shape[0] % 4 != 0 and last["model.logit_scale"].shape == (1,)
 
 

@@ -12,11 +12,12 @@ Read me first
   (so every world size starts from the same weights), plus a ``(1,)``-shaped
   ``logit_scale`` whose FSDP shard is empty on every rank but the first.  It is sharded
   FSDP2-style (``fully_shard`` per block and at the root) and trained with AdamW on the
-  toytrain corpus: real optimizer steps, real Adam moments, uneven shards (90 rows over 4
-  ranks is 23 + 23 + 23 + 21).
-- The state saved every step is ``{"model", "optim", "trainer"}`` from
-  ``get_state_dict`` (DTensors and the Adam ``step`` tensors) plus a ``trainer`` dict of
-  non-tensor leaves (ints, floats including -0.0 and 1e-300, strings, a tuple, a list, None).
+  toytrain corpus: real optimizer steps, real Adam moments, uneven shards (150 rows over 4
+  ranks is 38 + 38 + 38 + 36).
+- The state saved every step is ``{"model", "optim", "tp", "trainer"}``: ``get_state_dict``'s
+  DTensors and Adam ``step`` tensors; three DTensors laid out as tensor parallelism does
+  (column-sharded bf16, replicated, zero-size); and non-tensor leaves (ints, floats including
+  -0.0 and 1e-300, strings, a tuple, a list, None).
 - The oracle is independent of any checkpoint storage: after each save, the full state is
   gathered (``full_state_dict=True``) and rank 0 writes it with ``torch.save``, flattened to
   DCP's names (``truth/step-<s>.pt``).  A load job loads a step through DCP at any world
@@ -55,9 +56,10 @@ __all__ = [
     "trainer_leaves",
 ]
 
-#: the model of the tests: ~180K parameters (with Adam moments ~2.2 MB of fp32 state per step)
+#: the model of the tests: ~360K parameters, ~4.3 MB of fp32 state (weights and Adam moments) per step;
+#: 150 rows over 4 ranks are 38 + 38 + 38 + 36
 CONFIG = toytrain.ToyConfig(
-    context=8, embed_dim=24, hidden_size=90, intermediate_size=250, num_hidden_layers=2, batch_size=16
+    context=8, embed_dim=32, hidden_size=150, intermediate_size=450, num_hidden_layers=2, batch_size=16
 )
 
 
@@ -297,8 +299,36 @@ def trainer_leaves(step: int, loss: float) -> dict:
 # -- jobs (one call per rank) ---------------------------------------------------------------------
 
 
-def _full_flat(model, opt, state: dict | None = None) -> dict | None:
-    """Rank 0: the full state, flattened to DCP's names (tensors on CPU); None elsewhere.  Collective."""
+def tp_tensors(step: int) -> dict:
+    """Full values of the tensors saved beside the model, as tensor parallelism lays them out."""
+    import torch
+
+    base = torch.arange(60, dtype=torch.float32).reshape(6, 10)
+    return {
+        "cols": (base * (1 + step / 64)).to(torch.bfloat16),  # Shard(1): column blocks 3+3+3+1 at 4 ranks
+        "replicated": torch.linspace(-1, 1, 5) * step,  # Replicate: every rank holds it, one writes it
+        "empty": torch.zeros(0, 4, dtype=torch.float16),  # zero elements: exists, holds nothing
+    }
+
+
+def _state(model, opt, step: int, loss: float) -> dict:
+    """What every step saves: FSDP-sharded model and Adam state, TP-style DTensors, non-tensor leaves."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = next(model.parameters()).device_mesh
+    placements = {"cols": Shard(1), "replicated": Replicate(), "empty": Shard(0)}
+    tp = {k: distribute_tensor(v, mesh, [placements[k]]) for k, v in tp_tensors(step).items()}
+    msd, osd = get_state_dict(model, opt)  # (initialises the Adam state of a fresh optimizer)
+    return {"model": msd, "optim": osd, "tp": tp, "trainer": trainer_leaves(step, loss)}
+
+
+def _full_flat(model, opt, state: dict | None = None, step: int = 0) -> dict | None:
+    """Rank 0: a full state, flattened to DCP's names (tensors on CPU); None elsewhere.  Collective.
+
+    ``state`` None: the oracle, gathered from the live model and optimizer (plus step ``step``'s
+    TP tensors and leaves); else a loaded sharded state, each DTensor gathered.
+    """
     import torch.distributed as dist
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -306,8 +336,8 @@ def _full_flat(model, opt, state: dict | None = None) -> dict | None:
 
     if state is None:
         msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        full = {"model": msd, "optim": osd}
-    else:  # a loaded (sharded) state: gather each DTensor
+        full = {"model": msd, "optim": osd, "tp": tp_tensors(step)}
+    else:
         flat, _ = flatten_state_dict(state)
         full = {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in flat.items()}
     if dist.get_rank() != 0:
@@ -323,56 +353,64 @@ def save_job(
     steps,
     truth: str | None,
     *,
+    reload: str | None = None,
     config=CONFIG,
     dtype: str = "float32",
     lr: float = 1e-3,
     die: tuple[int, int, int] | None = None,
+    resume: int | None = None,
 ) -> dict:
-    """Train and save after every optimizer step in ``steps`` (a range: earlier steps are trained,
-    not saved, so a retry replays the same run); rank 0 writes the gathered truth of each saved step.
+    """Train and save after every optimizer step in ``steps``; rank 0 writes the gathered truth of
+    each saved step to ``truth``.  Steps before ``steps`` are trained, not saved.
 
+    ``reload``: afterwards, load every saved step back at this world size (:func:`load_job`).
+    ``resume``: first load that step (through ``storage``) into the model and optimizer, then
+    train on from the step after it (a job restarted after a failure, on any number of ranks).
     ``die = (rank, step, n)``: that rank ends its process (``os._exit(17)``) while saving
-    ``step``, when the writer asks the planner for its ``n``-th item.  Returns timings.
+    ``step``, when the writer asks the planner for its ``n``-th item.  Returns the time of each
+    save (and of each reload, under ``"load"``).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     steps = list(steps)
     model, opt = build(world, config=config, dtype=dtype, lr=lr)
+    start = 0
+    if resume is not None:
+        state = _state(model, opt, -1, math.nan)
+        storage.load(state, resume)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        start = resume + 1
     writer = storage.writer()
-    times = {}
-    for s in range(max(steps) + 1):
+    times: dict = {}
+    for s in range(start, max(steps) + 1):
         loss = train_step(model, opt, s, rank, world, config)
         if s not in steps:
             continue
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd, "trainer": trainer_leaves(s, loss)}
-        planner = None
-        if die is not None and die[:2] == (rank, s):
-            planner = _DyingPlanner(die[2])
+        state = _state(model, opt, s, loss)
+        planner = _DyingPlanner(die[2]) if die is not None and die[:2] == (rank, s) else dcp.DefaultSavePlanner()
         t0 = time.perf_counter()
-        storage.save(state, s, writer, planner=planner or dcp.DefaultSavePlanner())
+        storage.save(state, s, writer, planner=planner)
         times[s] = time.perf_counter() - t0
         if truth is not None:
-            full = _full_flat(model, opt)
+            full = _full_flat(model, opt, step=s)
             if full is not None:
                 full.update({f"trainer.{k}": v for k, v in state["trainer"].items()})
                 _write(full, Path(truth) / f"step-{s}.pt")
+    if reload is not None:
+        times["load"] = load_job(rank, world, storage, steps, reload, config=config, dtype=dtype)
     return times
 
 
 def load_job(
     rank: int, world: int, storage: Storage, steps, out: str | None, *, config=CONFIG, dtype: str = "float32"
 ) -> dict:
-    """Load each step through DCP into a model sharded over ``world`` ranks; rank 0 writes what was
-    loaded to ``out`` (None: only time the loads).  Returns timings."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
+    """Load each step through DCP into a fresh model sharded over ``world`` ranks; rank 0 writes
+    what was loaded to ``out`` (None: only time the loads).  Returns the time of each load."""
     model, opt = build(world, config=config, dtype=dtype)
     times = {}
     for s in steps:
-        msd, osd = get_state_dict(model, opt)  # initialises the Adam state, so it is loaded too
-        state = {"model": msd, "optim": osd, "trainer": trainer_leaves(-1, math.nan)}
+        state = _state(model, opt, -1, math.nan)  # the template: same names and placements, other values
         t0 = time.perf_counter()
         storage.load(state, s)
         times[s] = time.perf_counter() - t0
