@@ -503,3 +503,33 @@ def assert_same_state(got: dict, want: dict) -> None:
             assert np.array_equal(bits_of(g), bits_of(w)), f"{name}: bits differ"
         else:
             assert _same_leaf(g, w), f"{name}: {g!r} != {w!r}"
+
+
+# -- dask workers (module level: workers import them by name) ---------------------------------------
+
+
+def load_on_worker(reader, template: dict) -> tuple[int, dict]:
+    """On a dask worker: ``dcp.load`` into zeros shaped as ``template`` (fqn -> (shape, torch dtype
+    name) or a non-tensor leaf) through the pickled ``reader``, in one process.  (pid, state with
+    tensors as numpy arrays: dask's own torch serializer refuses bf16)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ulstore.core.torch import from_tensor
+
+    state = {
+        k: torch.zeros(v[0], dtype=getattr(torch, v[1])) if isinstance(v, tuple) and len(v) == 2 else v
+        for k, v in template.items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "torch.distributed is disabled": one process
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return os.getpid(), {k: from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def box_on_worker(reader, name: str, offset, shape) -> tuple[int, np.ndarray]:
+    """On a dask worker: one box of a tensor of the pickled ``reader``'s step (pid, values)."""
+    traj = reader.trajectory
+    return os.getpid(), traj.read_box(reader.step, name, offset, shape)
