@@ -57,6 +57,14 @@ def test_pytorch_training_loop(tmp_path):
     assert traj.steps == [0, 4, 8, 12] and "loss" in traj.info(8).metadata
 
 
+def test_fsdp_training(tmp_path):
+    pytest.importorskip("torch.distributed.checkpoint")
+    out = run_example("fsdp_training.py", "--steps", 3, "--world", 2, "--out", tmp_path / "fsdp")
+    assert "outputs identical: True" in out and "restored step 3 on 1 process" in out
+    traj = ulstore.open(tmp_path / "fsdp", mode="r")
+    assert traj.steps == [0, 1, 2, 3] and traj.info(3).metadata["dcp"] == {"world_size": 2}
+
+
 def test_hf_trainer_callback_script(tmp_path):
     pytest.importorskip("torch")
     out = run_example("hf_trainer_callback.py", "--steps", 7, "--every", 3, "--out", tmp_path / "hf")
