@@ -594,6 +594,19 @@ def test_exported_from_package():
     assert ulstore.open is ustore.open and ulstore.Trajectory is ustore.Trajectory
 
 
+def test_resolve_names_a_step_by_number_or_ref():
+    traj = ulstore.open(_mem(), mode="w")
+    traj.commit(3, {"w": np.ones(4, np.float32)})
+    traj.set_ref("stable", 3)
+    assert traj.resolve(3) == traj.resolve("main") == traj.resolve("stable") == 3
+    with pytest.raises(StepNotFoundError):
+        traj.resolve(4)
+    with pytest.raises(StepNotFoundError):
+        traj.resolve("nightly")
+    with pytest.raises(InvalidInputError):
+        traj.resolve(-1)
+
+
 def test_head_survives_pickling():
     """``parent=HEAD`` shipped to another process (a pickled writer's arguments) still means HEAD."""
     import pickle

@@ -144,6 +144,18 @@ class TrajectoryBase:
         self._check_writable()
         self._io.delete(ref_key(check_ref_name(name)))
 
+    def resolve(self, step_or_ref) -> int:
+        """The step a step number or a ref name (branch or tag) names now; the step must exist.
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step, or no such ref.
+        InvalidInputError
+            Neither a non-negative integer nor a valid ref name.
+        """
+        return self._resolve(step_or_ref)
+
     def _resolve(self, step_or_ref) -> int:
         """A step number, or a ref name resolved to its step; the step must exist."""
         if isinstance(step_or_ref, str):
