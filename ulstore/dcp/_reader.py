@@ -90,7 +90,7 @@ class Reader(StorageReader):
     def read_metadata(self, *args, **kwargs) -> Metadata:
         traj = self.trajectory
         step = self.step if self.step is not None else self.branch or "main"
-        self._step = step = traj._resolve(step)
+        self._step = step = traj.resolve(step)
         torch_dtypes = dtype_table(torch)
         md: dict = {}
         for name, (shape, dtype) in traj.tensors(step).items():

@@ -187,7 +187,7 @@ class Writer(StorageWriter):
         elif self.parent is None:
             parent = None
         else:
-            parent = traj._resolve(self.parent)
+            parent = traj.resolve(self.parent)
         decision = _Save(step, parent)
         return [dataclasses.replace(p, storage_data=decision) for p in plans]
 
