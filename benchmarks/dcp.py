@@ -58,9 +58,10 @@ def _step_bytes(kind: str, url: Path, steps: int) -> list[int]:
     if kind == "fs":
         return [_bytes(url / f"step-{s}") for s in range(steps)]
     import ulstore
+    from ulstore.io import storage_report
 
-    traj = ulstore.open(str(url), mode="r")
-    return [traj.info(s).stored_bytes for s in range(steps)]
+    rows = storage_report(ulstore.open(str(url), mode="r"))["steps"]
+    return [r["stored_bytes"] for r in rows]
 
 
 def run(world: int, kind: str, config, steps: int, dtype: str, work: Path) -> dict:

@@ -1,12 +1,14 @@
-"""Real torch.distributed jobs for the DCP tests and benchmark: ranks in spawned processes, gloo on CPU.
+"""Real torch.distributed jobs for the DCP tests and benchmark: ranks in their own processes, gloo on CPU.
 
 Read me first
 -------------
-- :func:`run_job` starts ``world`` fresh interpreters (``spawn``), each a rank of one gloo
+- :func:`run_job` starts ``world`` processes, each a rank of one gloo
   process group (rendezvous through a ``FileStore``, so no port is ever guessed), runs
   ``target(rank, world, *args)`` in every rank and returns one :class:`RankOutcome` per rank.
   A rank that raises reports its traceback; a rank that dies reports its exit code; ranks
   still running at the deadline are killed (by pid: only the processes started here).
+  Ranks are forked from a ``forkserver`` that imported torch once (no threads, no process
+  group there): a rank starts in well under a second instead of importing torch itself.
 - The model is :mod:`ulstore.toytrain`'s byte-level MLP language model ported to
   ``torch.nn`` under the same parameter names, initialised from ``toytrain.init_params``
   (so every world size starts from the same weights), plus a ``(1,)``-shaped
@@ -103,10 +105,24 @@ def _rank_main(rank: int, world: int, rdv: str, out: str, timeout: float, target
             pass
 
 
+#: imported once by the fork server, so a rank starts in a fraction of a second instead of
+#: importing torch itself (which costs every job seconds per rank on a shared 2-core machine)
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "tests.helpers.dcp",
+    "ulstore.dcp",
+]
+
+
 def run_job(
     world: int, target, *args, workdir, timeout: float = 300.0, pg_timeout: float = 60.0, kwargs: dict | None = None
 ) -> list[RankOutcome]:
-    """Run ``target(rank, world, *args, **kwargs)`` on ``world`` spawned ranks; one outcome per rank.
+    """Run ``target(rank, world, *args, **kwargs)`` on ``world`` new ranks; one outcome per rank.
 
     ``target`` must be importable (a module-level function).  ``workdir`` holds the
     rendezvous file and the results.  ``pg_timeout`` bounds every collective, so a rank
@@ -116,7 +132,8 @@ def run_job(
 
     job = Path(workdir) / f"job-{time.time_ns()}"
     job.mkdir(parents=True)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # (only the first job starts the server; later calls change nothing)
     procs = [
         ctx.Process(
             target=_rank_main,
@@ -486,3 +503,33 @@ def assert_same_state(got: dict, want: dict) -> None:
             assert np.array_equal(bits_of(g), bits_of(w)), f"{name}: bits differ"
         else:
             assert _same_leaf(g, w), f"{name}: {g!r} != {w!r}"
+
+
+# -- dask workers (module level: workers import them by name) ---------------------------------------
+
+
+def load_on_worker(reader, template: dict) -> tuple[int, dict]:
+    """On a dask worker: ``dcp.load`` into zeros shaped as ``template`` (fqn -> (shape, torch dtype
+    name) or a non-tensor leaf) through the pickled ``reader``, in one process.  (pid, state with
+    tensors as numpy arrays: dask's own torch serializer refuses bf16)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ulstore.core.torch import from_tensor
+
+    state = {
+        k: torch.zeros(v[0], dtype=getattr(torch, v[1])) if isinstance(v, tuple) and len(v) == 2 else v
+        for k, v in template.items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "torch.distributed is disabled": one process
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return os.getpid(), {k: from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def box_on_worker(reader, name: str, offset, shape) -> tuple[int, np.ndarray]:
+    """On a dask worker: one box of a tensor of the pickled ``reader``'s step (pid, values)."""
+    traj = reader.trajectory
+    return os.getpid(), traj.read_box(reader.step, name, offset, shape)
