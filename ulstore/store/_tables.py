@@ -193,7 +193,7 @@ def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     """Why ``layouts`` (``(offset, shape, chunks)`` each) do not tile a tensor of ``shape`` exactly, or None.
 
     Each piece must lie inside the tensor with chunks of at least one element
-    per axis, and together they must cover every element exactly once:
+    and at most the piece's length per axis, and together they must cover every element exactly once:
     checked on the grid the pieces' boundaries cut the tensor into.
     """
     ndim = len(shape)
@@ -202,7 +202,9 @@ def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     for off, shp, ch in layouts:
         if not (len(off) == len(shp) == len(ch) == ndim):
             return "a piece has the wrong number of dimensions"
-        if any(c < 1 or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
+        # a chunk never exceeds its piece (writers clamp it): a crafted table cannot make a
+        # reader pad a chunk of a few elements out to gigabytes
+        if any(c < 1 or c > max(s, 1) or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
             return f"piece at {list(off)} of shape {list(shp)} (chunks {list(ch)}) is outside {list(shape)}"
     if len(layouts) == 1:
         off, shp, _ = layouts[0]

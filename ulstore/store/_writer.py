@@ -215,6 +215,8 @@ class PieceWriter:
             raise InvalidInputError(
                 f"chunk shape {list(chunks)} does not fit a piece of rank {len(shape)}", tensor=name
             )
+        # a chunk longer than its piece holds the same elements as one of the piece's length
+        chunks = tuple(min(c, max(s, 1)) for c, s in zip(chunks, pshape))
         if chunk_nbytes(pshape, chunks, dtype.itemsize) > MAX_CHUNK_BYTES:
             raise InvalidInputError(f"chunks {list(chunks)} exceed {MAX_CHUNK_BYTES} bytes", tensor=name)
         layout = (offset, pshape, chunks)
