@@ -61,6 +61,12 @@ SECTIONS = [
         ],
         "Code one tensor against a reference; the store uses these per chunk.",
     ),
+    (
+        "ulstore.dcp",
+        "Distributed checkpointing",
+        None,
+        "torch.distributed.checkpoint storage on a trajectory; see [distributed.md](distributed.md).",
+    ),
     ("ulstore.sync", "Weight sync", None, "Trainer -> replica weight sync over a bucket; see [sync.md](sync.md)."),
     ("ulstore.errors", "Errors", None, None),
     (

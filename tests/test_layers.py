@@ -1,4 +1,4 @@
-"""Imports go one way only: kernels <- codec <- core <- store <- io | sync <- cli (docs/architecture.md).
+"""Imports go one way only: kernels <- codec <- core <- store <- io | sync | dcp <- cli (docs/architecture.md).
 
 Every module of the package is parsed (not imported) and each of its imports,
 at module level or inside a function, is checked against the layer order.
@@ -26,11 +26,12 @@ LAYERS = {
     "store": 3,
     "io": 4,
     "sync": 4,
+    "dcp": 4,
     "cli": 5,
     "": 6,
 }
 #: parts of one layer that must not import each other
-SIBLINGS = {frozenset({"io", "sync"})}
+SIBLINGS = {frozenset(pair) for pair in (("io", "sync"), ("io", "dcp"), ("sync", "dcp"))}
 
 
 def _part(module: str) -> str:

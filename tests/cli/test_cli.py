@@ -233,6 +233,24 @@ def test_stats_and_plot(tmp_path, store):
     assert {t["name"] for t in doc["tensors"]} == {"model.w", "model.h", "model.f", "model.ids", "model.empty"}
 
 
+def test_stats_says_when_a_step_was_coded_against_another_sharding(tmp_path, capsys):
+    w = np.arange(96, dtype=np.float32).reshape(24, 4)
+    traj = ulstore.open(tmp_path / "t", mode="w", chunk_bytes=64)
+    traj.commit(0, {"w": w})
+    records = []
+    for a, b in ((0, 10), (10, 24)):  # step 1 from two writers (ranks): two pieces where step 0 had one
+        pw = traj.piece_writer(1)
+        pw.write("w", w[a:b] + 1, offset=(a, 0), shape=w.shape)
+        records += pw.close()
+    traj.finalize(1, records)
+    assert cli.main(["stats", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["step", "parent"])
+    assert header.split()[-1] == "resharded" and "assembled from the parent's other pieces" in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()][:2]
+    assert rows[0][-1] == "0" and int(rows[1][-1]) == sum(c.kind == "delta" for c in traj.changes(1)) > 0
+
+
 def test_stats_plot_without_matplotlib(tmp_path, store):
     blocker = tmp_path / "block"
     (blocker / "matplotlib").mkdir(parents=True)

@@ -474,6 +474,33 @@ def test_storage_report_adds_up(tmp_path):
     assert uio.storage_report(traj)["total"]["unreferenced_bytes"] > 0
 
 
+def _save_in_bands(traj, step: int, state: dict, cuts: list[int]) -> None:
+    """Commit ``state`` as several writers would, each holding one row band of every tensor."""
+    records = []
+    for a, b in zip([0, *cuts], [*cuts, None]):
+        w = traj.piece_writer(step)
+        for name, v in state.items():
+            w.write(name, np.ascontiguousarray(v[a:b]), offset=(a, 0), shape=v.shape)
+        records += w.close()
+    traj.finalize(step, records)
+
+
+def test_storage_report_counts_chunks_coded_against_another_sharding(tmp_path):
+    rng = np.random.default_rng(0)
+    states = [{"w": rng.standard_normal((24, 8)).astype(np.float32)}]
+    for _ in range(3):
+        states.append({"w": states[-1]["w"] + np.float32(1e-3) * rng.standard_normal((24, 8), dtype=np.float32)})
+    traj = ulstore.open(tmp_path / "t", mode="w", chunk_bytes=128)  # 4 rows of 8 floats per chunk
+    _save_in_bands(traj, 0, states[0], [12])  # two ranks
+    _save_in_bands(traj, 1, states[1], [12])  # the same two bands: co-located references
+    _save_in_bands(traj, 2, states[2], [8, 16])  # three ranks: every band is new
+    traj.commit(3, states[3])  # unsharded: one piece, also new
+    rows = uio.storage_report(traj)["steps"]
+    moved = [sum(1 for c in traj.changes(s) if c.kind == "delta") for s in range(4)]
+    assert [r["resharded_chunks"] for r in rows] == [0, 0, moved[2], moved[3]] and moved[2] == 6 == moved[3]
+    assert uio.storage_report(traj)["total"]["resharded_chunks"] == 12
+
+
 def test_export_reports_progress(tmp_path, traj, monkeypatch):
     state = {f"w{i}": np.full((10, 10), i, np.float32) for i in range(5)}
     traj.commit(1, state)

@@ -76,6 +76,14 @@ def test_pytorch_training_loop(tmp_path):
     assert traj.steps == list(range(0, 201, 20)) and "loss" in traj.info(80).metadata
 
 
+def test_fsdp_training(tmp_path):
+    pytest.importorskip("torch.distributed.checkpoint")
+    out = run_example("fsdp_training.py", "--steps", 3, "--world", 2, "--out", tmp_path / "fsdp")
+    assert "outputs identical: True" in out and "restored step 3 on 1 process" in out
+    traj = ulstore.open(tmp_path / "fsdp", mode="r")
+    assert traj.steps == [0, 1, 2, 3] and traj.info(3).metadata["dcp"] == {"world_size": 2}
+
+
 def test_hf_trainer_callback_script(tmp_path):
     pytest.importorskip("torch")
     (args,) = documented("hf_trainer_callback.py")  # --out runs/hf --steps 20 --every 5

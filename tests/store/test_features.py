@@ -89,6 +89,24 @@ def test_pieces_from_several_writers_make_one_logical_tensor():
     assert traj.stats()["blob_bytes"] < 1.3 * one.stats()["blob_bytes"]
 
 
+def test_pieces_says_how_a_step_stores_a_tensor():
+    w_state = np.arange(60, dtype=np.float32).reshape(15, 4)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=32)  # 8 floats: 2-row chunks of a 4-column band
+    traj.commit(0, {"w": w_state})
+    assert traj.pieces(0, "w") == [((0, 0), (15, 4), (2, 4))]  # unsharded: one piece at offset 0
+    records = []
+    for a, b in ((0, 8), (8, 15)):  # two writers, as two ranks
+        w = traj.piece_writer(1)
+        w.write("w", w_state[a:b] + 1, offset=(a, 0), shape=(15, 4), chunks=(3, 4) if a else None)
+        records += w.close()
+    traj.finalize(1, records)
+    ro = ulstore.open(traj.url, mode="r")
+    assert ro.pieces(1, "w") == [((0, 0), (8, 4), (2, 4)), ((8, 0), (7, 4), (3, 4))]
+    assert ro.pieces("main", "w") == ro.pieces(1, "w")  # a ref names a step
+    with pytest.raises(TensorNotFoundError):
+        ro.pieces(1, "v")
+
+
 def test_finalize_refuses_pieces_that_do_not_tile():
     w_state = np.arange(40, dtype=np.float32).reshape(10, 4)
     traj = ulstore.open(_mem(), mode="w")

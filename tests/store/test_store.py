@@ -596,6 +596,27 @@ def test_exported_from_package():
     assert ulstore.open is ustore.open and ulstore.Trajectory is ustore.Trajectory
 
 
+def test_resolve_names_a_step_by_number_or_ref():
+    traj = ulstore.open(_mem(), mode="w")
+    traj.commit(3, {"w": np.ones(4, np.float32)})
+    traj.set_ref("stable", 3)
+    assert traj.resolve(3) == traj.resolve("main") == traj.resolve("stable") == 3
+    with pytest.raises(StepNotFoundError):
+        traj.resolve(4)
+    with pytest.raises(StepNotFoundError):
+        traj.resolve("nightly")
+    with pytest.raises(InvalidInputError):
+        traj.resolve(-1)
+
+
+def test_head_survives_pickling():
+    """``parent=HEAD`` shipped to another process (a pickled writer's arguments) still means HEAD."""
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ustore.HEAD)) is ustore.HEAD
+    assert pickle.loads(pickle.dumps({"parent": ustore.HEAD}))["parent"] is ustore.HEAD
+
+
 def test_contents_recurring_along_a_chain_do_not_deadlock():
     # weights that flip back (A, B, A, B, ...) put equal contents at several depths of
     # one reference chain; concurrent readers must neither deadlock nor mix them up

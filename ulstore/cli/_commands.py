@@ -226,8 +226,18 @@ def _cmd_stats(args, ui) -> int:
         ]
         for r in report["steps"]
     ]
-    for line in table(rows, ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"], ">>>>>>>>"):
+    headers = ["step", "parent", "raw", "stored", "ratio", "bits/w", "new blobs", "chunks"]
+    if total["resharded_chunks"]:  # a distributed save changed sharding: say what its chunks were coded against
+        headers.append("resharded")
+        for row, r in zip(rows, report["steps"]):
+            row.append(r["resharded_chunks"])
+    for line in table(rows, headers, ">" * len(headers)):
         ui.out("  " + line)
+    if total["resharded_chunks"]:
+        ui.out(
+            "  (resharded: chunks coded against their parent's values over the same box, "
+            "assembled from the parent's other pieces)"
+        )
     ui.out("")
     tensors = report["tensors"] if not args.top else report["tensors"][: args.top]
     ui.out("per tensor (all steps, largest stored first):")

@@ -23,8 +23,10 @@ def storage_report(traj) -> dict:
     -------
     dict
         ``steps``: list of dicts ``step, parent, raw_bytes, stored_bytes,
-        blob_bytes, manifest_bytes, new_blobs, chunks, elements,
-        bits_per_weight, ratio``; ``tensors``: list of dicts ``name, dtype,
+        blob_bytes, manifest_bytes, new_blobs, chunks, resharded_chunks,
+        elements, bits_per_weight, ratio`` (``resharded_chunks``: chunks
+        delta-coded against a parent that stores their tensor in other pieces,
+        e.g. a distributed save at another world size); ``tensors``: list of dicts ``name, dtype,
         raw_bytes, stored_bytes, elements, bits_per_weight, ratio``;
         ``total``: the sums (``stored_bytes`` excludes unreferenced pack
         bytes, which ``unreferenced_bytes`` counts).
@@ -59,6 +61,7 @@ def storage_report(traj) -> dict:
             "manifest_bytes": inv.manifest_bytes[s],
             "new_blobs": 0,
             "chunks": 0,
+            "resharded_chunks": _resharded(traj, s, m.parent, inv),
             "elements": 0,
         }
         for name, t in m.tensors.items():
@@ -94,12 +97,40 @@ def storage_report(traj) -> dict:
         _rates(r)
     total = {
         k: sum(r[k] for r in per_step)
-        for k in ("raw_bytes", "stored_bytes", "blob_bytes", "manifest_bytes", "new_blobs", "chunks", "elements")
+        for k in (
+            "raw_bytes",
+            "stored_bytes",
+            "blob_bytes",
+            "manifest_bytes",
+            "new_blobs",
+            "chunks",
+            "resharded_chunks",
+            "elements",
+        )
     }
     total["steps"] = len(per_step)
     total["unreferenced_bytes"] = inv.unreferenced_bytes
     _rates(total)
     return {"steps": per_step, "tensors": tensors, "total": total}
+
+
+def _resharded(traj, step: int, parent, inv) -> int:
+    """Delta-coded chunks of ``step`` whose piece the parent does not have (references assembled from other pieces)."""
+    if parent is None or parent not in inv.manifests:
+        return 0
+    pm = inv.manifests[parent]
+    other = {}
+    for name, t in inv.manifests[step].tensors.items():
+        pt = pm.tensors.get(name)
+        if pt is None or pt.shape != t.shape or pt.dtype != t.dtype:
+            continue
+        mine, theirs = traj.pieces(step, name), set(traj.pieces(parent, name))
+        moved = {j for j, layout in enumerate(mine) if layout not in theirs}
+        if moved:
+            other[name] = moved
+    if not other:
+        return 0
+    return sum(1 for c in traj.changes(step, names=list(other)) if c.kind == "delta" and c.piece in other[c.tensor])
 
 
 def _rates(row: dict) -> None:

@@ -172,6 +172,18 @@ class TrajectoryBase:
                     raise
         raise RefMovedError(f"ref {name!r} keeps moving under concurrent writers; retry", key=state.key)
 
+    def resolve(self, step_or_ref) -> int:
+        """The step a step number or a ref name (branch or tag) names now; the step must exist.
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step, or no such ref.
+        InvalidInputError
+            Neither a non-negative integer nor a valid ref name.
+        """
+        return self._resolve(step_or_ref)
+
     def _resolve(self, step_or_ref) -> int:
         """A step number, or a ref name resolved to its step; the step must exist."""
         if isinstance(step_or_ref, str):

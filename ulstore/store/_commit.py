@@ -42,6 +42,9 @@ class _Head:
     def __repr__(self) -> str:
         return "HEAD"
 
+    def __reduce__(self) -> str:
+        return "HEAD"  # unpickles as the one HEAD (``parent is HEAD`` holds in another process)
+
 
 #: ``parent=HEAD`` (the default of :meth:`Trajectory.commit`): the head of the branch.
 HEAD = _Head()

@@ -101,6 +101,14 @@ class ReadMixin(TrajectoryBase):
             raise InvalidInputError(f"box at {list(lo)} of shape {list(shape)} is outside {list(t.shape)}", tensor=name)
         return np.array(self._reader.box(step, name, lo, hi), copy=True)
 
+    def pieces(self, step_or_ref, name: str) -> list[tuple[tuple[int, ...], ...]]:
+        """How a step stores tensor ``name``: ``(offset, shape, chunk shape)`` of each piece (box) of it.
+
+        An unsharded tensor is one piece at offset 0; a tensor saved by several writers
+        (``piece_writer``, DCP ranks) has one piece per box they wrote.  Reads no blob.
+        """
+        return [p.layout for p in self._reader.tensor(self._resolve(step_or_ref), name).pieces]
+
     def files(self, step_or_ref) -> list[str]:
         """Names of the files stored with a step (``commit(..., files=...)``), sorted."""
         return sorted(self._reader.doc(self._resolve(step_or_ref)).files)

@@ -1,0 +1,153 @@
+"""The DCP ``StorageReader``: any step read as a DCP checkpoint, at any world size and sharding.
+
+``read_metadata`` describes each tensor of the step as ONE chunk covering the whole tensor,
+whatever pieces the step stores it in; DCP's resharding then asks for exactly the box each
+local shard needs (one ReadItem per local shard and tensor), and ``read_data`` assembles that
+box from the overlapping pieces (``Trajectory.read_box``).  Non-tensor leaves come from the
+step's ``dcp/objects/...`` files, as the ``torch.save`` bytes DCP wrote.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from ..core.torch import dtype_table, to_tensor
+from ..errors import ConflictError, InvalidInputError
+from ..store import Trajectory
+from ..store import open as open_trajectory
+from ._common import METADATA_FILE, decode_metadata, step_of
+
+__all__ = ["Reader"]
+
+
+class Reader(StorageReader):
+    """A DCP storage reader for one step of a ulstore trajectory.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Trajectory
+    step : int or str, optional
+        The step to load (``dcp.load(..., checkpoint_id=N)`` sets it too); a ref name, or
+        None for the head of ``branch`` (default ``"main"``).
+    **open_options
+        Passed to :func:`ulstore.open` (``storage_options``, ``threads``, ...).
+    """
+
+    def __init__(self, url, step=None, *, branch: str | None = None, **open_options):
+        super().__init__()
+        self._traj = url if isinstance(url, Trajectory) else None
+        self.url = None if self._traj is not None else url
+        self.open_options = open_options
+        self.step = step if step is None or isinstance(step, str) and not step.isdigit() else step_of(step)
+        self.branch = branch
+        self.load_id = uuid.uuid4().hex
+        self._step: int | None = None  # the step this load reads (resolved in read_metadata)
+        self._objects: dict[str, str] = {}
+
+    def __getstate__(self) -> dict:
+        if self.url is None:
+            raise InvalidInputError("a Reader made from an open Trajectory cannot be pickled; pass the url")
+        return {**self.__dict__, "_traj": None}
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The trajectory read (opened on first use, read-only)."""
+        if self._traj is None:
+            self._traj = open_trajectory(self.url, mode="r", **self.open_options)
+        return self._traj
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.step = step_of(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        try:
+            step_of(checkpoint_id)
+        except InvalidInputError:
+            return False
+        return True
+
+    @property
+    def checkpoint_id(self):
+        return self.step
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        traj = self.trajectory
+        step = self.step if self.step is not None else self.branch or "main"
+        self._step = step = traj.resolve(step)
+        torch_dtypes = dtype_table(torch)
+        md: dict = {}
+        for name, (shape, dtype) in traj.tensors(step).items():
+            if dtype not in torch_dtypes:
+                raise InvalidInputError(f"dtype {dtype} has no torch equivalent", step=step, tensor=name)
+            size = torch.Size(shape)
+            md[name] = TensorStorageMetadata(
+                TensorProperties(dtype=torch_dtypes[dtype]),
+                size,
+                [ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=size)],
+            )
+        planner_data, self._objects = None, {}
+        if METADATA_FILE in traj.files(step):
+            planner_data, self._objects = decode_metadata(traj.read_file(step, METADATA_FILE), step=step)
+        for fqn in self._objects:
+            md[fqn] = BytesStorageMetadata()
+        meta = StorageMeta(checkpoint_id=str(step), load_id=self.load_id)
+        return Metadata(md, planner_data=planner_data, storage_data={"step": step}, storage_meta=meta)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        data = metadata.storage_data
+        if not isinstance(data, dict) or data.get("step") != self._step:
+            raise InvalidInputError("metadata given to the ulstore Reader did not come from its read_metadata")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        plan.storage_data = self._step
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        steps = sorted({p.storage_data for p in plans})
+        if len(steps) > 1:
+            raise ConflictError(
+                f"ranks resolved {self.branch or 'main'!r} to different steps {steps} (a save moved it during "
+                "the load); pass step=N"
+            )
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        traj, step = self.trajectory, self._step
+        for item in plan.items:
+            fqn = item.storage_index.fqn
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(traj.read_file(step, self._objects[fqn])))
+                continue
+            base = item.storage_index.offset or ()
+            offset = tuple(a + b for a, b in zip(base, item.storage_offsets)) if base else tuple(item.storage_offsets)
+            src = to_tensor(traj.read_box(step, fqn, offset, tuple(item.lengths)))
+            dest = planner.resolve_tensor(item).detach()
+            if dest.size() != src.size():
+                raise InvalidInputError(
+                    f"box {list(offset)}+{list(item.lengths)} read as {list(src.size())}, "
+                    f"the destination is {list(dest.size())}",
+                    step=step,
+                    tensor=fqn,
+                )
+            dest.copy_(src)
+            planner.commit_tensor(item, dest)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
