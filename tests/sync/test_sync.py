@@ -442,6 +442,30 @@ def test_diverged_follower_state_is_repaired(states, url):
     assert "corrupt" in [e.kind for e in f.events] and f.stats.rebootstraps == 1
 
 
+def test_default_follower_scan_finds_a_foreign_write_within_check_every_versions(states, url):
+    """Default mode: O(changes) apply plus a rotating re-hash of 1/check_every of the state per version."""
+    publish_all(url, states[:3], anchor_every=20)
+    f = Follower(url, check_every=4)
+    f.bootstrap()
+    name = "lm_head.weight"
+    same = np.flatnonzero(
+        np.all(
+            [
+                states[v][name].view(np.uint16).reshape(-1) == states[2][name].view(np.uint16).reshape(-1)
+                for v in range(3, 8)
+            ],
+            axis=0,
+        )
+    )
+    f.state[name].reshape(-1).view(np.uint16)[same[-1]] ^= 1  # no delta will touch it
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        for v in range(3, 8):
+            pub.publish(v, states[v])
+            assert f.poll() == v
+    assert "corrupt" in [e.kind for e in f.events] and f.stats.rebootstraps == 1
+    assert_same_bits(f.state, states[7])
+
+
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
     f = Follower(url)

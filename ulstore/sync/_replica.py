@@ -254,8 +254,13 @@ class Replica:
 
     # -- checking -----------------------------------------------------------------------
 
-    def keys(self) -> list[Key]:
-        return sorted(self._contents, key=lambda k: (k[0], k[1], k[2]))
+    def chunk_bytes(self) -> dict[Key, int]:
+        """Bytes of each chunk held, in a stable order (name, piece, coordinate)."""
+        out = {}
+        for key in sorted(self._contents, key=lambda k: (k[0], k[1], k[2])):
+            _, start, stop = self._contents[key]
+            out[key] = math.prod(b - a for a, b in zip(start, stop)) * self.specs[key[0]].dtype.itemsize
+        return out
 
     def verify(self, keys=None) -> list[str]:
         """The chunks (all, or ``keys``) whose bits differ from the store's content hash: ``["name[coord]", ...]``."""

@@ -232,14 +232,21 @@ class Follower(WorkerOwner):
         return False
 
     def _scan_some(self) -> bool:
-        """Default mode: re-hash the next ``1/check_every`` of the chunks held."""
-        keys = self._replica.keys()
-        if not keys:
+        """Default mode: re-hash the next ``1/check_every`` of the state held (by bytes, rotating over chunks)."""
+        sizes = self._replica.chunk_bytes()
+        if not sizes:
             return True
-        n = -(-len(keys) // self.check_every)
-        start = (self._scan * n) % len(keys)
-        self._scan += 1
-        return self._check(keys[start : start + n])
+        keys = list(sizes)
+        budget = sum(sizes.values()) / self.check_every
+        picked, total = [], 0
+        for i in range(len(keys)):
+            key = keys[(self._scan + i) % len(keys)]
+            picked.append(key)
+            total += sizes[key]
+            if total >= budget:
+                break
+        self._scan = (self._scan + len(picked)) % len(keys)
+        return self._check(picked)
 
     # -- bootstrap --------------------------------------------------------------------
 
