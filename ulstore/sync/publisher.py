@@ -278,7 +278,7 @@ class Publisher(WorkerOwner):
     def _drop_orphan(self, version: int, head: int | None) -> None:
         """A step ``version`` left by a publish killed before the branch moved is deleted, so it can be retried."""
         traj = self.trajectory
-        if version not in traj.steps:
+        if version not in traj:  # one small GET, no LIST
             return
         info = traj.info(version)
         if info.parent != head or version in traj.refs.values():
