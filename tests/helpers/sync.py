@@ -70,9 +70,9 @@ def delta_modes(follower, version: int) -> set[str]:
     """ULPack modes ("sparse", "rans", ...) of the delta chunks of ``version``, read through ``follower``."""
     from ulstore import inspect_blob
 
-    m = follower._reader.manifest(version)
-    packs = follower._reader.fetch_packs(m)
-    return {inspect_blob(packs[e.pack][e.offset : e.offset + e.length])["mode"] for e in m.entries if e.codec == "d"}
+    traj = follower.trajectory
+    deltas = [c for c in traj.changes(version) if c.kind == "delta"]
+    return {inspect_blob(b)["mode"] for b in traj.fetch_blobs(deltas)}
 
 
 def run_role(role: str, *args, wait: bool = True, timeout: float = 120):

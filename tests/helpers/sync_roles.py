@@ -37,15 +37,17 @@ def trainer_main(a) -> None:
     current = {"version": None}
     if a.kill_at:
         kill_version, prefix = a.kill_at.split(":", 1)
-        orig_put = pub._bucket.put
+        io = pub.trajectory._io
+        for method in ("put", "create", "open_writer"):  # every write of the trajectory's objects
+            orig = getattr(io, method)
 
-        def put(key, data):
-            # a real kill (SIGKILL, no cleanup) at a precise point of one publish
-            if current["version"] == int(kill_version) and key.startswith(prefix):
-                os.kill(os.getpid(), signal.SIGKILL)
-            orig_put(key, data)
+            def write(key, *args, _orig=orig, **kw):
+                # a real kill (SIGKILL, no cleanup) at a precise point of one publish
+                if current["version"] == int(kill_version) and key.startswith(prefix):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return _orig(key, *args, **kw)
 
-        pub._bucket.put = put
+            setattr(io, method, write)
     prev = None
     for step, state, loss in toytrain.train(e2e_config(), a.steps, lr=E2E_LR, warmup_steps=E2E_WARMUP):
         changed = None if prev is None else sum(int((flat_bits(state[k]) != flat_bits(prev[k])).sum()) for k in state)

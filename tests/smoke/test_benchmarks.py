@@ -37,7 +37,9 @@ def test_sync_benchmark_smoke(cache):
     for needle in (
         "ULPack (sparse, the default): <= 1/4 of TRL int32",
         "ULPack dense:",
-        "floor: any format's scatter",
+        "objects per delta version <= 3",
+        "download at 1 GB/s + apply <= TRL int32's, trusted",
+        "scatter floor",
         "extrapolation on paper",
         "7B",
         "1T",

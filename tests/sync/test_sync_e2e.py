@@ -108,17 +108,18 @@ def test_publisher_killed_mid_publish(moto_s3, tmp_path):
     log = tmp_path / "trainer.jsonl"
     common = ["--url", url, "--opts", opts, "--log", log, "--steps", 20, "--anchor-every", ANCHOR_EVERY]
 
-    # 1. killed at version 12 just before latest.json: packs and manifest of 12 are written
-    p = run_role("trainer", *common, "--kill-at", "12:latest.json")
+    # 1. killed at version 12 just before the branch moves: the pack and step document of 12 are written
+    p = run_role("trainer", *common, "--kill-at", "12:refs/")
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     digests = _by_version(read_jsonl(log))
     f = Follower(url, storage_options=moto_s3.options, poll_interval=0.01)
     assert f.bootstrap() == 11 and state_digest(f.state) == digests[11]
-    assert f._bucket.exists("versions/000000000012.json"), "the kill should have left a partial version 12"
+    assert f.trajectory._io.exists("steps/12/zarr.json"), "the kill should have left an orphan step 12"
     assert f.poll() is None and f.version == 11
 
-    # 2. restarted (resumes from the store), killed at version 16 while writing its anchor
-    p = run_role("trainer", *common, "--kill-at", "16:anchors/")
+    # 2. restarted (resumes from the store, drops the orphan 12), killed at version 16 after writing
+    #    its pack (deltas + snapshot), before its step document
+    p = run_role("trainer", *common, "--kill-at", "16:steps/")
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     digests = _by_version(read_jsonl(log))
     assert f.poll() == 15 and state_digest(f.state) == digests[15]
@@ -149,3 +150,9 @@ def test_publisher_killed_mid_publish(moto_s3, tmp_path):
     assert f.version == 20 and state_digest(f.state) == digests[20]
     assert f.stats.corrupt == f.stats.missing == 0
     f.close()
+    # the run is a trajectory: every published version, verifiable (orphan packs are gc's business)
+    import ulstore
+
+    traj = ulstore.open(url, mode="r", storage_options=moto_s3.options)
+    assert [i.step for i in reversed(traj.log())] == list(range(21))
+    assert traj.verify().errors == []

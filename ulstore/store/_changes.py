@@ -65,8 +65,12 @@ class ChunkChange:
     snapshot: Location | None
 
 
-def changes_of(reader: ChunkReader, step: int, names=None) -> list[ChunkChange]:
-    """The change feed of ``step`` (all tensors, or ``names``), in name, piece and C order."""
+def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bool = True) -> list[ChunkChange]:
+    """The change feed of ``step`` (all tensors, or ``names``), in name, piece and C order.
+
+    ``against_parent=False`` reads this step's tables only (every chunk is then
+    ``new``): enough for a reader that loads the step whole from its snapshots.
+    """
     doc = reader.doc(step)
     tables = reader.tables(step)
     if names is not None:
@@ -75,7 +79,7 @@ def changes_of(reader: ChunkReader, step: int, names=None) -> list[ChunkChange]:
             if n not in tables:
                 raise TensorNotFoundError("no such tensor", step=step, tensor=n)
         tables = {n: tables[n] for n in sorted(names)}
-    parent = reader.tables(doc.parent) if doc.parent is not None else {}
+    parent = reader.tables(doc.parent) if doc.parent is not None and against_parent else {}
     out = []
     for name, t in tables.items():
         pt = parent.get(name)

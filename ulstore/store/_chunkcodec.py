@@ -81,10 +81,14 @@ def le_bytes(chunk: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
 
 
-def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str) -> bytes:
-    """Encode one chunk (against ``reference``, or intra) into its blob."""
+def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str, sparse: bool = False) -> bytes:
+    """Encode one chunk (against ``reference``, or intra) into its blob.
+
+    ``sparse``: a ULPack delta in which few elements change is coded by position
+    (SPARSE mode), so :func:`ulstore.decode_changes` applies it in O(changes).
+    """
     if codec == ULPACK:
-        return _ulpack.encode(chunk, reference)
+        return _ulpack.encode(chunk, reference, sparse=sparse and reference is not None)
     return zstd_compress(le_bytes(chunk))
 
 

@@ -122,6 +122,7 @@ class CommitMixin(TrajectoryBase):
         executor: cf.Executor | None = None,
         files: Mapping[str, bytes] | None = None,
         snapshot: bool = False,
+        sparse: bool = False,
     ) -> int:
         """Store ``state`` as a new, immutable ``step``.
 
@@ -159,6 +160,11 @@ class CommitMixin(TrajectoryBase):
         snapshot : bool
             Also store an intra-coded copy (snapshot) of every delta-coded
             chunk: readers start from it instead of walking the chain.
+        sparse : bool
+            Code delta chunks in which at most 1/8 of the elements changed by
+            position (ULPack SPARSE): a few more bytes than dense deltas, but a
+            holder of the parent applies them with :func:`ulstore.decode_changes`
+            in time proportional to the changes (see :meth:`changes`).
 
         Returns
         -------
@@ -216,6 +222,7 @@ class CommitMixin(TrajectoryBase):
             files=files_,
             snapshot=snapshot,
             executor=executor or self._executor,
+            sparse=sparse,
         )
 
     def _prepare(self, step: int, parent, ref: RefState, branch_given: bool) -> tuple[int | None, bool]:
@@ -345,6 +352,7 @@ class CommitMixin(TrajectoryBase):
         executor=None,
         chunks: dict | None = None,
         created: str | None = None,
+        sparse: bool = False,
     ) -> int:
         """One piece writer over ``arrays``, then the finalizer (holding the kept step meanwhile).
 
@@ -355,7 +363,7 @@ class CommitMixin(TrajectoryBase):
         owned = self._kept.enabled and lock.acquire(blocking=False)
         kept = self._kept if owned else None
         try:
-            w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor)
+            w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor, sparse)
             try:
                 for name, arr in arrays.items():
                     w.write(name, arr, chunks=(chunks or {}).get(name))
@@ -384,7 +392,7 @@ class CommitMixin(TrajectoryBase):
                 lock.release()
         return step
 
-    def _new_writer(self, step, parent, is_anchor, strict, snapshot, kept, executor) -> PieceWriter:
+    def _new_writer(self, step, parent, is_anchor, strict, snapshot, kept, executor, sparse=False) -> PieceWriter:
         return PieceWriter(
             step=step,
             parent=parent,
@@ -398,6 +406,7 @@ class CommitMixin(TrajectoryBase):
             chunk_bytes=self.chunk_bytes,
             threads=self._threads if executor is not None else self._encode_threads,
             executor=executor,
+            sparse=sparse,
         )
 
     # -- the low-level API ------------------------------------------------------------
@@ -411,10 +420,11 @@ class CommitMixin(TrajectoryBase):
         anchor: bool | None = None,
         snapshot: bool = False,
         executor: cf.Executor | None = None,
+        sparse: bool = False,
     ) -> PieceWriter:
         """A writer for pieces of tensors of ``step`` (one per process or rank); see ``docs/concepts.md``.
 
-        ``parent``, ``branch``, ``anchor`` and ``snapshot`` mean what they mean
+        ``parent``, ``branch``, ``anchor``, ``snapshot`` and ``sparse`` mean what they mean
         for :meth:`commit`; every writer of one step must be given the same.
         Use ``writer.write(name, array, offset=..., shape=...)`` per piece, then
         ``records = writer.close()``, and give every writer's records to one
@@ -433,7 +443,9 @@ class CommitMixin(TrajectoryBase):
             parent, _ = self._prepare(step, parent, ref, branch is not None)
         is_anchor = self._is_anchor(parent, anchor)
         kept = self._kept if self._kept.enabled and self._kept.lock.acquire(blocking=False) else None
-        w = self._new_writer(step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._executor)
+        w = self._new_writer(
+            step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._executor, sparse
+        )
         w.ref = ref
         if kept is not None:
             shutdown = w._shutdown

@@ -117,13 +117,15 @@ class ReadMixin(TrajectoryBase):
         """The bytes of file ``name`` of a step, checked against its content hash."""
         return self._reader.file(self._resolve(step_or_ref), name)
 
-    def changes(self, step_or_ref, names=None) -> list[ChunkChange]:
+    def changes(self, step_or_ref, names=None, *, against_parent: bool = True) -> list[ChunkChange]:
         """The change feed of a step against its parent: one :class:`ChunkChange` per chunk.
 
         Reads the step's tables (and its parent's), never a blob.  Fetch the
-        blobs of the chunks you need with :meth:`fetch_blobs`.
+        blobs of the chunks you need with :meth:`fetch_blobs`.  With
+        ``against_parent=False`` the parent is not read and every chunk is
+        ``new`` (loading a snapshot step whole needs nothing else).
         """
-        return changes_of(self._reader, self._resolve(step_or_ref), names)
+        return changes_of(self._reader, self._resolve(step_or_ref), names, against_parent=against_parent)
 
     def fetch_blobs(self, changes, *, snapshot: bool = False) -> list[bytes]:
         """The blobs (or, with ``snapshot``, the snapshots) of ``changes``, fetched with coalesced range reads.

@@ -153,8 +153,10 @@ class PieceWriter:
         chunk_bytes: int,
         threads: int,
         executor: cf.Executor | None = None,
+        sparse: bool = False,
     ):
         self.step, self.parent, self.parent_content = step, parent, parent_content
+        self.sparse = sparse
         self.anchor, self.strict, self.snapshot = anchor, strict, snapshot
         self.reader, self.stream, self.kept = reader, stream, kept
         self.chunk_bytes = chunk_bytes
@@ -290,8 +292,8 @@ class PieceWriter:
 
     def _encode(self, chunk, ref, codec) -> bytes:
         if self.executor is None:
-            return encode_chunk(chunk, ref, codec)
-        return self.executor.submit(encode_chunk, chunk, ref, codec).result()
+            return encode_chunk(chunk, ref, codec, self.sparse)
+        return self.executor.submit(encode_chunk, chunk, ref, codec, self.sparse).result()
 
     def _claim(self, key):
         """None if this thread now owns ``key`` (a Future is registered for its blob), else the owner's marker."""

@@ -86,9 +86,10 @@ def open(
 
     Parameters
     ----------
-    url : str or os.PathLike
-        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``) or a
-        local path.
+    url : str, os.PathLike or ObjectStore
+        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``), a
+        local path, or an :class:`ulstore.core.objects.ObjectStore` already opened
+        (e.g. with an ``access_error``; ``storage_options`` are then ignored).
     mode : {"r", "r+", "a", "w", "w-"}, default "a"
         ``"r"`` read only, must exist; ``"r+"`` read/write, must exist; ``"a"``
         read/write, created if missing; ``"w"`` create, **deleting** anything
@@ -152,11 +153,14 @@ def open(
     """
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
-    url = os.fspath(url)
     cache_bytes = _check_positive("cache_bytes", cache_bytes, zero=True)
     if threads is not None:
         threads = _check_positive("threads", threads)
-    io = ObjectStore.from_url(url, storage_options, durable=durable)
+    if isinstance(url, ObjectStore):
+        io, url = url, url.url
+    else:
+        url = os.fspath(url)
+        io = ObjectStore.from_url(url, storage_options, durable=durable)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)

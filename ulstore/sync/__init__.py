@@ -5,15 +5,19 @@ Read me first
 - The trainer and the replicas share nothing but the bucket.  What a trainer
   tells a replica is one small JSON (store URL + version); replicas may also
   just poll.
-- :class:`Publisher` writes each version as ULPack deltas of the chunks that
-  changed, coded against the previous version; every ``anchor_every``
-  versions it also writes a full anchor.  ``latest.json`` is written last: a
-  version is visible only once every object it needs is in place.
-- :class:`Follower` loads the newest anchor, replays the deltas after it, then
-  applies each new version in place, verified end to end (pack addresses,
-  ULPack checksums, per-chunk hashes, a checksummed manifest chain from
-  ``latest.json``) *before* writing anything.  A corrupt or missing delta
-  makes it re-bootstrap from an anchor and report it; it never applies
+- The bucket is a ulstore trajectory (one on-storage format): each published
+  version is a step on a branch, so ``ulstore.open(url)``, ``ulstore log``,
+  ``export``, ``verify`` and lazy slicing work on it.
+- :class:`Publisher` commits each version as ULPack deltas of the chunks that
+  changed, coded against the previous version (one pack, one step document,
+  one ref move); every ``anchor_every`` versions the step also carries a
+  snapshot (a full intra copy).  The branch moves last: a version is visible
+  only once every object it needs is in place.
+- :class:`Follower` loads the newest snapshot, replays the steps after it,
+  then applies each new version in place from the store's change feed,
+  proving the chain (each step records its parent's content checksum) and
+  checking every chunk *before* writing anything.  A corrupt or missing step
+  makes it re-bootstrap from a snapshot and report it; it never applies
   wrong or partial weights.
 - :func:`import_trl` / :func:`export_trl` convert from and to TRL's
   ``sparse_weight_patch`` bucket layout (``anchors/`` + ``deltas/``).

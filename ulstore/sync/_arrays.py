@@ -10,16 +10,15 @@ so nothing is stored twice.
 
 from __future__ import annotations
 
-import zlib
+from typing import NamedTuple
 
 import numpy as np
 
+from ..core.dtypes import dtype_name
 from ..core.torch import as_numpy, from_tensor, is_tensor, signed_int, to_tensor
 from ..errors import InvalidInputError
-from ._documents import TensorSpec
-from ._layout import dtype_name
 
-__all__ = ["host_array", "words", "chunk_hash", "Binding", "bind", "allocate"]
+__all__ = ["host_array", "words", "Binding", "Spec", "bind", "allocate"]
 
 
 def host_array(name: str, value) -> np.ndarray:
@@ -36,7 +35,7 @@ def host_array(name: str, value) -> np.ndarray:
     dtype_name(arr.dtype)  # raises DtypeError for unstorable dtypes
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
 
 
 def words(arr: np.ndarray) -> np.ndarray:
@@ -44,9 +43,12 @@ def words(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(f"<u{arr.dtype.itemsize}")
 
 
-def chunk_hash(chunk: np.ndarray) -> str:
-    """CRC-32 of a chunk's little-endian bytes, as 8 hex digits (see ``_layout.CHUNK_HASH``)."""
-    return f"{zlib.crc32(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)):08x}"
+class Spec(NamedTuple):
+    """A published tensor: name, shape and (little-endian) dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
 class Binding:
@@ -71,6 +73,12 @@ class Binding:
         if self.device is not None:
             self.device[start:stop].copy_(to_tensor(np.ascontiguousarray(values.reshape(-1))))
 
+    def write_box(self, shape: tuple, region: tuple, values: np.ndarray) -> None:
+        """Overwrite the box ``region`` (a tuple of slices) of the tensor of ``shape`` with ``values``."""
+        words(self.mirror).reshape(shape)[region] = words(values).reshape(values.shape)
+        if self.device is not None:
+            self.device.view(shape)[region].copy_(to_tensor(np.ascontiguousarray(values)))
+
     def apply(self, start: int, stop: int, changes) -> None:
         """Write the :class:`~ulstore.codec.Changes` of chunk ``[start, stop)`` (positions relative to ``start``)."""
         changes.apply_to(self.mirror[start:stop])  # checks every position lies inside the chunk
@@ -85,7 +93,7 @@ class Binding:
             self.device.view(signed).index_copy_(0, index, values)
 
 
-def bind(spec: TensorSpec, value) -> Binding:
+def bind(spec: Spec, value) -> Binding:
     """Bind the caller's ``value`` as the in-place target of tensor ``spec``.
 
     Raises
@@ -125,13 +133,13 @@ def bind(spec: TensorSpec, value) -> Binding:
     return Binding(spec.name, value.reshape(-1))
 
 
-def allocate(spec: TensorSpec) -> tuple[np.ndarray, Binding]:
+def allocate(spec: Spec) -> tuple[np.ndarray, Binding]:
     """A fresh zeroed array for ``spec`` (follower-owned state) and its binding."""
     arr = np.zeros(spec.shape, dtype=spec.dtype)
     return arr, Binding(spec.name, arr.reshape(-1))
 
 
-def _check_dtype(spec: TensorSpec, dtype: np.dtype) -> None:
+def _check_dtype(spec: Spec, dtype: np.dtype) -> None:
     if np.dtype(dtype).newbyteorder("<") != spec.dtype:
         raise InvalidInputError(
             f"dtype is {dtype} but the published tensor is {dtype_name(spec.dtype)}", tensor=spec.name

@@ -1,209 +1,285 @@
-"""A replica: a state dict held equal to one published version, updated in place.
+"""A replica: a state dict held equal to one step of a trajectory, updated in place from the change feed.
 
-Reading and checking the bucket's objects is :class:`~._reader.BucketReader`'s
-job; this module writes what it decoded, only once all of a version checked.
 :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
-decides what to do (re-bootstrap, wait, report).
+decides what to do (re-bootstrap, wait, report).  Every version is applied in
+two phases: (1) fetch and decode every changed chunk, checking each one
+(ULPack checksums; whole chunks also against the store's BLAKE3 content
+hash), (2) only then write into the caller's memory.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..codec import Changes, content_sum
-from ..errors import CorruptManifestError, InvalidInputError
-from ._arrays import Binding, allocate, bind
-from ._documents import Entry, Layout, Manifest
-from ._layout import INTRA, RAW, anchor_key
-from ._reader import BucketReader, ChainBroken, Decoded, manifest_key
+from ..codec import Changes, content_sum, decode_changes
+from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
+from ..store import StepInfo
+from ..store._chunkcodec import codec_for, content_digest, decode_chunk
+from ._arrays import Binding, Spec, allocate, bind
 
-__all__ = ["Replica"]
+__all__ = ["Replica", "ChainBroken", "Fetched"]
+
+Key = tuple  # (tensor name, piece index, chunk coordinate)
+
+
+class ChainBroken(UlstoreError):
+    """The step to apply does not follow the step held (or is too far ahead: ``far``)."""
+
+    def __init__(self, message: str, *, far: bool = False):
+        super().__init__(message)
+        self.far = far
+
+
+@dataclass
+class Fetched:
+    """Phase 0 of applying a step (no state needed, so it can be prefetched): its feed and blobs."""
+
+    info: StepInfo
+    specs: dict
+    changes: list
+    blobs: list
+    snapshot: bool
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.blobs)
+
+
+def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None, tuple]:
+    """(flat start, flat stop or None if the box is not one contiguous C-order run, box shape)."""
+    box = tuple(b - a for a, b in zip(start, stop))
+    n = math.prod(box)
+    stride, first, last = 1, 0, 0
+    for a, b, d in zip(reversed(start), reversed(stop), reversed(shape)):
+        first += a * stride
+        last += (b - 1) * stride
+        stride *= d
+    contiguous = n == 0 or last - first + 1 == n
+    return first, (first + n if contiguous else None), box
 
 
 class Replica:
-    """A state dict held equal to one published version.
+    """A state dict held equal to one step.
 
     Parameters
     ----------
-    reader : BucketReader
     state : dict, optional
         The caller's tensors (numpy arrays or torch tensors, CPU or device),
-        written in place.  Their names, shapes and dtypes must match the
-        published ones.  None: the replica allocates numpy arrays.
-    trust_state : bool
-        Check delta references by the sums kept since each chunk was last
-        written (O(1)) instead of hashing the chunk.  The sums are kept either
-        way (:meth:`verify`).
+        written in place; names, shapes and dtypes must match the published
+        ones.  None: the replica allocates numpy arrays.
+    pool : concurrent.futures.Executor
+        Where chunks are decoded (the ULPack kernels release the GIL).
 
     Attributes
     ----------
     version : int or None
-        The version the state holds (None: not loaded, or left invalid).
-    checksum : str or None
-        That version's manifest checksum (the next version's ``parent_checksum``).
+        The step the state holds (None: not loaded, or left invalid).
+    content : str or None
+        That step's content checksum (the next step's ``parent_content``).
     """
 
-    def __init__(self, reader: BucketReader, state=None, *, trust_state: bool = False):
-        self.reader = reader
-        self.trust_state = bool(trust_state)
+    def __init__(self, state=None, *, pool=None) -> None:
         self.owned = state is None
         self.state = {} if state is None else state
+        self.pool = pool
         self.version: int | None = None
-        self.checksum: str | None = None
-        self.layout: Layout | None = None
+        self.content: str | None = None
         self.metadata: dict = {}
+        self.specs: dict[str, Spec] = {}
         self._bindings: dict[str, Binding] = {}
-        self._sums: dict[tuple[str, int], int] = {}  # (tensor, chunk) -> content_sum of the held bits
-
-    # -- what the publisher codes against ---------------------------------------------
+        self._contents: dict[Key, tuple] = {}  # (BLAKE3 hex, start, stop) of each chunk held, from the tables
+        self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
         return self._bindings[name].mirror
 
-    def _reference(self, layout: Layout):
-        def ref(e: Entry):
-            spec = layout.tensors[e.tensor]
-            b = self._bindings.get(spec.name)
-            cur = self.layout.tensors[self.layout.index[spec.name]] if b is not None else None
-            if cur != spec:
-                raise CorruptManifestError(
-                    f"delta chunk for a tensor the parent version does not hold as {spec.dtype}{list(spec.shape)}",
-                    tensor=spec.name,
-                )
-            start, stop = spec.chunk_range(e.chunk, layout.chunk_elems)
-            return b.mirror[start:stop], self._sums.get((spec.name, e.chunk)) if self.trust_state else None
+    def _map(self, fn, items):
+        return list(self.pool.map(fn, items)) if self.pool is not None and len(items) > 1 else [fn(x) for x in items]
 
-        return ref
+    # -- phase 0: what to fetch ---------------------------------------------------------
 
-    # -- loading ----------------------------------------------------------------------
+    @staticmethod
+    def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
+        """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
+        info = traj.info(step)
+        specs = {n: Spec(n, tuple(shape), np.dtype(dtype)) for n, (shape, dtype) in traj.tensors(step).items()}
+        feed = traj.changes(step, against_parent=not snapshot)
+        if snapshot:
+            plain = [c for c in feed if c.snapshot is None]
+            for c in plain:
+                if c.ref is not None:
+                    raise CorruptManifestError(
+                        f"step {step} has anchor distance 0 but chunk {c.coord} has no full copy",
+                        step=step,
+                        tensor=c.tensor,
+                    )
+            snaps = [c for c in feed if c.snapshot is not None]
+            blobs = traj.fetch_blobs(plain) + traj.fetch_blobs(snaps, snapshot=True)
+            return Fetched(info, specs, plain + snaps, blobs, True)
+        changed = [c for c in feed if c.kind != "unchanged"]
+        return Fetched(info, specs, feed, traj.fetch_blobs(changed), False)
 
-    def load_anchor(self, anchor: Manifest, version: Manifest) -> int:
-        """Replace the whole state with anchor ``anchor`` (of version manifest ``version``).
+    # -- phase 1 + 2 --------------------------------------------------------------------
 
-        Returns the number of pack bytes downloaded.
-        """
-        if anchor.version_checksum != version.checksum:
-            raise CorruptManifestError(
-                "anchor does not belong to this version's manifest", step=anchor.version, key=anchor_key(anchor.version)
+    def load(self, f: Fetched) -> int:
+        """Replace the whole state with a self-contained step (anchor or snapshot); returns bytes fetched."""
+        decoded = self._map(lambda cb: self._whole(f, *cb), list(zip(f.changes, f.blobs)))
+        self._rebind(f.specs, fresh=True)
+        self._write(f, decoded, fresh=True)
+        return f.nbytes
+
+    def apply(self, f: Fetched) -> int:
+        """Apply step ``f.info.step``, a child of the step held; returns bytes fetched."""
+        info = f.info
+        if self.version is None or info.parent != self.version or info.parent_content != self.content:
+            raise ChainBroken(f"step {info.step} does not follow step {self.version}")
+        changed = [c for c in f.changes if c.kind != "unchanged"]
+        for c in changed:
+            if c.kind == "delta" and c.ref != self.version:
+                raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
+            if c.kind in ("unchanged", "delta") and self.specs.get(c.tensor) != f.specs[c.tensor]:
+                raise CorruptManifestError("a delta of a tensor the held step does not hold", tensor=c.tensor)
+        for name, spec in f.specs.items():
+            if self.specs.get(name) != spec and any(
+                c.tensor == name and c.kind in ("unchanged", "delta") for c in f.changes
+            ):
+                raise CorruptManifestError("a new or reshaped tensor is not sent whole", tensor=name)
+
+        def run(cb):
+            c, blob = cb
+            return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
+
+        decoded = self._map(run, list(zip(changed, f.blobs)))
+        if set(f.specs) != set(self.specs) or any(self.specs[n] != s for n, s in f.specs.items()):
+            self._rebind(f.specs, fresh=False)
+        self._write(f, decoded, fresh=False)
+        return f.nbytes
+
+    def _whole(self, f: Fetched, c, blob) -> np.ndarray:
+        box = tuple(b - a for a, b in zip(c.start, c.stop))
+        loc = c.snapshot if f.snapshot and c.snapshot is not None else c.blob
+        arr = decode_chunk(blob, None, codec_for(c.dtype), c.dtype, box, key=f"packs/{loc[0]}.pack")
+        if content_digest(arr).hex() != c.content:
+            raise CorruptBlobError(
+                f"chunk {c.coord} decodes to values that fail its content hash",
+                step=f.info.step,
+                tensor=c.tensor,
+                key=f"packs/{loc[0]}.pack",
             )
-        layout = self.reader.layout(anchor.layout)
-        if version.layout != anchor.layout:
-            raise CorruptManifestError(
-                "anchor and version manifest name different layouts",
-                step=anchor.version,
-                key=anchor_key(anchor.version),
-            )
-        covered = {(e.tensor, e.chunk) for e in anchor.entries}
-        expected = {(i, c) for i, t in enumerate(layout.tensors) for c in range(t.n_chunks(layout.chunk_elems))}
-        if covered != expected:
-            raise CorruptManifestError(
-                "anchor does not cover every chunk of the state", step=anchor.version, key=anchor_key(anchor.version)
-            )
-        decoded = self.reader.decode(anchor, layout, self.reader.fetch_packs(anchor), None)
-        self._rebind(layout)
-        self._write(decoded, version)
-        return decoded.nbytes
+        return arr
 
-    def apply(self, manifest: Manifest, packs: list[bytes] | None = None) -> int:
-        """Apply delta ``manifest``, the child of the version held; returns pack bytes downloaded."""
-        if manifest.kind != "delta":
-            raise InvalidInputError(f"version {manifest.version} is a {manifest.kind}, not a delta")
-        if self.version is None or manifest.parent != self.version or manifest.parent_checksum != self.checksum:
-            raise ChainBroken(f"version {manifest.version} does not follow version {self.version}")
-        layout = self.reader.layout(manifest.layout)
-        if packs is None:
-            packs = self.reader.fetch_packs(manifest)
-        decoded = self.reader.decode(manifest, layout, packs, self._reference(layout))
-        if layout != self.layout:
-            self._check_new_tensors(decoded)
-            self._rebind(layout)
-        self._write(decoded, manifest)
-        return decoded.nbytes
+    def _delta(self, f: Fetched, c, blob) -> Changes:
+        spec = self.specs[c.tensor]
+        first, stop, box = _geometry(spec.shape, c.start, c.stop)
+        mirror = self._bindings[c.tensor].mirror
+        if stop is not None:
+            ref = mirror[first:stop].reshape(box)
+        else:
+            ref = np.ascontiguousarray(mirror.reshape(spec.shape)[tuple(slice(a, b) for a, b in zip(c.start, c.stop))])
+        try:
+            changes = decode_changes(blob, ref, reference_sum=self._sums.get((c.tensor, c.piece, c.coord)))
+        except IntegrityError as e:
+            raise type(e)(
+                f"{e.message} (chunk {c.coord})",
+                step=f.info.step,
+                tensor=c.tensor,
+                key=f"packs/{c.blob[0]}.pack",
+            ) from e
+        if changes.values.dtype != spec.dtype:
+            raise CorruptBlobError(f"blob decodes to {changes.values.dtype}, expected {spec.dtype}", tensor=c.tensor)
+        return changes
 
-    def _check_new_tensors(self, decoded: Decoded) -> None:
-        """Tensors new in this layout (or reshaped) must arrive whole, intra-coded."""
-        layout = decoded.layout
-        have = {(e.tensor, e.chunk) for e, _ in decoded.chunks if e.codec in (INTRA, RAW)}
-        for i, spec in enumerate(layout.tensors):
-            old = self.layout.tensors[self.layout.index[spec.name]] if spec.name in self.layout.index else None
-            if old != spec and any((i, c) not in have for c in range(spec.n_chunks(layout.chunk_elems))):
-                raise CorruptManifestError(
-                    "new or reshaped tensor is not sent whole",
-                    step=decoded.manifest.version,
-                    tensor=spec.name,
-                    key=manifest_key(decoded.manifest),
-                )
-
-    def _rebind(self, layout: Layout) -> None:
-        """Point bindings at ``layout``'s tensors (allocating or checking the caller's)."""
-        names = [t.name for t in layout.tensors]
+    def _rebind(self, specs: dict[str, Spec], *, fresh: bool) -> None:
+        """Point bindings at ``specs`` (allocating or checking the caller's tensors)."""
         if not self.owned:
-            missing = [n for n in names if n not in self.state]
-            extra = [n for n in self.state if n not in layout.index]
+            missing = [n for n in specs if n not in self.state]
+            extra = [n for n in self.state if n not in specs]
             if missing or extra:
                 raise InvalidInputError(
                     f"the state dict does not match the published tensors: missing {missing[:5]}"
                     f"{'...' if len(missing) > 5 else ''}, not published {extra[:5]}{'...' if len(extra) > 5 else ''}"
                 )
         bindings = {}
-        for spec in layout.tensors:
-            old = (
-                self.layout.tensors[self.layout.index[spec.name]]
-                if self.layout is not None and spec.name in self.layout.index
-                else None
-            )
-            if old == spec and spec.name in self._bindings:
-                bindings[spec.name] = self._bindings[spec.name]
+        for name, spec in specs.items():
+            if self.specs.get(name) == spec and name in self._bindings:
+                bindings[name] = self._bindings[name]
             elif self.owned:
-                self.state[spec.name], bindings[spec.name] = allocate(spec)
+                self.state[name], bindings[name] = allocate(spec)
             else:
-                bindings[spec.name] = bind(spec, self.state[spec.name])
+                bindings[name] = bind(spec, self.state[name])
         if self.owned:
-            for name in [n for n in self.state if n not in layout.index]:
+            for name in [n for n in self.state if n not in specs]:
                 del self.state[name]
-        same_chunks = self.layout is not None and self.layout.chunk_elems == layout.chunk_elems
-        self._sums = {
-            key: v
-            for key, v in self._sums.items()
-            if same_chunks and key[0] in bindings and bindings[key[0]] is self._bindings.get(key[0])
-        }
-        self._bindings = bindings
-        self.layout = layout
+        keep = {n for n in specs if bindings[n] is self._bindings.get(n)} if not fresh else set()
+        self._contents = {k: v for k, v in self._contents.items() if k[0] in keep}
+        self._sums = {k: v for k, v in self._sums.items() if k[0] in keep}
+        self._bindings, self.specs = bindings, dict(specs)
 
-    def _write(self, decoded: Decoded, version: Manifest) -> None:
-        """Phase 2: every chunk verified; write them all, then record the version."""
+    def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
+        """Phase 2: every chunk verified; write them all, then record the step held."""
         self.version = None  # the state is in flux until every chunk is written
+        changed = f.changes if f.snapshot else [c for c in f.changes if c.kind != "unchanged"]
         try:
-            for e, item in decoded.chunks:
-                spec = decoded.layout.tensors[e.tensor]
-                start, stop = spec.chunk_range(e.chunk, decoded.layout.chunk_elems)
+            for c, item in zip(changed, decoded):
+                spec = self.specs[c.tensor]
+                b = self._bindings[c.tensor]
+                first, stop, box = _geometry(spec.shape, c.start, c.stop)
+                key = (c.tensor, c.piece, c.coord)
                 if isinstance(item, Changes):
-                    self._bindings[spec.name].apply(start, stop, item)
-                    self._sums[spec.name, e.chunk] = item.content_sum
+                    if stop is not None:
+                        b.apply(first, stop, item)
+                    else:
+                        region = tuple(slice(a, z) for a, z in zip(c.start, c.stop))
+                        tmp = np.ascontiguousarray(b.mirror.reshape(spec.shape)[region])
+                        item.apply_to(tmp)
+                        b.write_box(spec.shape, region, tmp)
+                    self._sums[key] = item.content_sum
                 else:
-                    self._bindings[spec.name].write(start, item)
-                    if spec.is_float:  # trusted: the next delta checks its reference by this sum; and verify()
-                        self._sums[spec.name, e.chunk] = content_sum(item)
+                    if stop is not None:
+                        b.write(first, item.reshape(-1))
+                    else:
+                        b.write_box(spec.shape, tuple(slice(a, z) for a, z in zip(c.start, c.stop)), item)
+                    if codec_for(spec.dtype) == "ulpack":
+                        self._sums[key] = content_sum(item)
+            self._contents.update({(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes})
         except BaseException:
             self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
             raise
-        self.version, self.checksum, self.metadata = version.version, version.checksum, dict(version.metadata)
+        info = f.info
+        self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
 
-    def verify(self) -> list[str]:
-        """The float chunks whose host bits differ from what was last written: ``["name[chunk]", ...]``."""
-        layout = self.layout
-        jobs = [(spec, c) for spec in layout.tensors if spec.is_float for c in range(spec.n_chunks(layout.chunk_elems))]
+    # -- checking -----------------------------------------------------------------------
 
-        def differs(job) -> bool:
-            spec, c = job
-            start, stop = spec.chunk_range(c, layout.chunk_elems)
-            return content_sum(self._bindings[spec.name].mirror[start:stop]) != self._sums.get((spec.name, c))
+    def chunk_bytes(self) -> dict[Key, int]:
+        """Bytes of each chunk held, in a stable order (name, piece, coordinate)."""
+        out = {}
+        for key in sorted(self._contents, key=lambda k: (k[0], k[1], k[2])):
+            _, start, stop = self._contents[key]
+            out[key] = math.prod(b - a for a, b in zip(start, stop)) * self.specs[key[0]].dtype.itemsize
+        return out
 
-        return [
-            f"{spec.name}[{c}]" for (spec, c), bad in zip(jobs, self.reader.workers.compute.map(differs, jobs)) if bad
-        ]
+    def verify(self, keys=None) -> list[str]:
+        """The chunks (all, or ``keys``) whose bits differ from the store's content hash: ``["name[coord]", ...]``."""
+        keys = list(self._contents) if keys is None else list(keys)
+
+        def differs(key) -> bool:
+            content, start, stop = self._contents[key]
+            spec = self.specs[key[0]]
+            first, end, box = _geometry(spec.shape, start, stop)
+            mirror = self._bindings[key[0]].mirror
+            if end is not None:
+                region = mirror[first:end]
+            else:
+                region = mirror.reshape(spec.shape)[tuple(slice(a, b) for a, b in zip(start, stop))]
+            return content_digest(region).hex() != content
+
+        return [f"{k[0]}{list(k[2])}" for k, bad in zip(keys, self._map(differs, keys)) if bad]
 
     def invalidate(self) -> None:
-        self.version = self.checksum = None
+        self.version = self.content = None
         self._sums.clear()
+        self._contents.clear()

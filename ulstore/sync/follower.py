@@ -1,18 +1,23 @@
-"""The replica side: :class:`Follower` keeps a state dict equal to the newest published version.
+"""The replica side: :class:`Follower` keeps a state dict equal to the head of a branch of a trajectory.
 
-Policy, in one place (the mechanics live in :mod:`._reader` and :mod:`._replica`):
+Policy, in one place (the mechanics live in :mod:`._replica`):
 
-- **bootstrap**: load the anchor ``latest.json`` names (the newest one) and
-  replay the deltas after it.  If that anchor is unusable, try older anchors.
-- **poll**: walk the chain from ``latest.json`` back to the version held and
-  apply each delta in order; each is verified completely before any byte of
-  the state is written.  Far behind (more than ``max_replay`` versions): bootstrap instead.
-- **a corrupt or missing object** (manifest, pack, chunk; or a delta that does
-  not fit the state held): report it (log + :attr:`Follower.events` + the
-  counters in :attr:`Follower.stats`), then re-bootstrap from an anchor.  If
-  no anchor newer than the bad version exists yet, the follower stays on the
-  last good version it reached (reported as ``stalled``) and moves on as soon
-  as the publisher writes a newer anchor.  Wrong weights are never applied.
+- **bootstrap**: walk back from the branch head to the newest step with a
+  full copy (a snapshot, anchor distance 0), load it, then apply the steps
+  after it.  If that snapshot is unusable, walk further back to an older one.
+- **poll**: read the branch head; walk its parents back to the step held,
+  proving the chain (each step's ``parent_content`` is the content checksum
+  of the step before it, ending at the checksum of the step held), and apply
+  each step's change feed in order; each is verified completely before any
+  byte of the state is written.  Far behind (more than ``max_replay``
+  versions): bootstrap instead.
+- **a corrupt or missing object** (step document, table block, pack, chunk;
+  or a delta that does not fit the state held): report it (log +
+  :attr:`Follower.events` + the counters in :attr:`Follower.stats`), then
+  re-bootstrap from a snapshot.  If no snapshot newer than the bad version
+  exists yet, the follower stays on the last good version it reached
+  (reported as ``stalled``) and moves on as soon as the publisher writes a
+  newer one.  Wrong weights are never applied.
 - **the bucket is unreachable**: :class:`~ulstore.sync.BucketAccessError`
   propagates; the state is untouched (still a complete version) and the next
   poll retries.
@@ -25,13 +30,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
-from ._bucket import open_bucket as _open_bucket
-from ._documents import Latest, Manifest
+from ..store._base import MAIN
+from ..store._layout import check_ref_name
+from . import _open
 from ._errors import BucketAccessError
 from ._events import FollowerStats, SyncEvent
-from ._layout import FORMAT, SYNC_META, is_sync_meta
-from ._reader import BucketReader, ChainBroken
-from ._replica import Replica
+from ._replica import ChainBroken, Fetched, Replica
 from ._workers import WorkerOwner, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
@@ -40,35 +44,41 @@ log = logging.getLogger("ulstore.sync")
 
 
 class Follower(WorkerOwner):
-    """Keep a state dict equal to the newest version in a sync store, in place.
+    """Keep a state dict equal to the newest version published on a branch, in place.
 
     Parameters
     ----------
     url : str or os.PathLike
-        fsspec URL the publisher writes to.
+        fsspec URL the publisher writes to (a trajectory).
     state : dict, optional
         The tensors to keep current (numpy arrays, or torch tensors on CPU or a
-        device), written in place, chunk by changed chunk.  Names, shapes and
-        dtypes must match the published ones.  None: the follower allocates
-        numpy arrays, available as :attr:`state`.
+        device), written in place, element by changed element.  Names, shapes
+        and dtypes must match the published ones.  None: the follower
+        allocates numpy arrays, available as :attr:`state`.
     storage_options : dict, optional
         fsspec options.
+    branch : str, default "main"
+        The branch to follow.
     threads : int, optional
-        Threads that download and decode (default: CPU count, at least 2).
+        Threads that decode (default: CPU count, at least 2).
     poll_interval : float, default 1.0
         Seconds between polls in :meth:`follow`.
     max_replay : int, default 64
-        Replay at most this many deltas to catch up; further behind, load the newest anchor.
+        Further behind than this many versions, bootstrap instead of replaying.
     on_event : callable, optional
-        Called with every :class:`SyncEvent` (from the thread that polls).
+        Called with every :class:`SyncEvent`.
     trust_state : bool, default False
-        False: before a delta is applied, every chunk it changes is hashed to
-        check it still holds the version's bits (several GB/s per core), so a
-        state changed behind the follower's back is re-bootstrapped, never
-        patched.  True: the follower trusts that only it writes the state and
-        checks references through checksums it keeps, so applying a sparse
-        delta costs time in proportion to the changed elements only
-        (:meth:`verify` re-checks the whole state on demand).
+        Applying a version costs time in proportion to its changed elements in
+        both modes: each delta's reference is checked through the checksum the
+        follower keeps for each chunk it wrote, and the changed elements
+        through ULPack's target checksum.  False (default): after each version,
+        also re-hash ``1/check_every`` of the state (rotating) against the
+        store's BLAKE3 content hashes, so a foreign write to the state, or any
+        wrong value, is found within ``check_every`` versions and repaired by a
+        re-bootstrap.  True: no such scan (:meth:`verify` checks everything on
+        demand).
+    check_every : int, default 16
+        Versions per full rotation of the default mode's scan.
 
     Attributes
     ----------
@@ -85,7 +95,7 @@ class Follower(WorkerOwner):
     BucketAccessError
         The bucket is missing or unreachable (checked here, not at first use).
     InvalidInputError
-        ``url`` holds something that is not a sync store.
+        ``url`` holds something that is not a trajectory.
     """
 
     def __init__(
@@ -94,32 +104,53 @@ class Follower(WorkerOwner):
         *,
         state: Mapping | None = None,
         storage_options: dict | None = None,
+        branch: str = MAIN,
         threads: int | None = None,
         poll_interval: float = 1.0,
         max_replay: int = 64,
         on_event: Callable[[SyncEvent], None] | None = None,
         trust_state: bool = False,
+        check_every: int = 16,
     ):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
-        self._bucket = _open_bucket(url, storage_options)
-        self.url = self._bucket.url
-        self._bucket.probe()
-        raw = self._bucket.get(SYNC_META)  # may legitimately be absent: the publisher has not started yet
-        if raw is not None and not is_sync_meta(raw):
-            raise InvalidInputError(f"{self.url!r} holds a {SYNC_META} that is not a {FORMAT} store", key=SYNC_META)
+        self._io = _open.objects(url, storage_options)
+        self.url = self._io.url
+        self.branch = check_ref_name(branch)
+        self._traj = None
+        self._trajectory()  # a prefix holding something else is an error now; nothing yet is fine
         self.poll_interval = float(poll_interval)
         self.max_replay = int(max_replay)
         self.on_event = on_event
+        self.trust_state = bool(trust_state)
+        self.check_every = max(1, int(check_every))
+        self._scan = 0  # position of the default mode's rotating scan
         self._workers = Workers(threads, "ulstore-follow")
-        self._reader = BucketReader(self._bucket, self._workers)
-        self._replica = Replica(self._reader, state, trust_state=trust_state)
-        self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer anchor
+        self._replica = Replica(state, pool=self._workers.compute)
+        self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
 
     def __repr__(self) -> str:
-        return f"<Follower {self.url!r} version={self.version}>"
+        return f"<Follower {self.url!r} branch={self.branch!r} version={self.version}>"
+
+    def _trajectory(self):
+        if self._traj is None:
+            try:
+                self._traj = _open.trajectory(self._io, "r", keep_parent=False)
+            except NotFoundError:
+                return None
+        return self._traj
+
+    @property
+    def trajectory(self):
+        """The trajectory followed (None while nothing was ever published)."""
+        return self._trajectory()
+
+    def close(self) -> None:
+        super().close()
+        if self._traj is not None:
+            self._traj.close()
 
     @property
     def version(self) -> int | None:
@@ -135,13 +166,16 @@ class Follower(WorkerOwner):
         """The publisher's metadata of :attr:`version`."""
         return self._replica.metadata
 
+    def _head(self) -> int | None:
+        traj = self._trajectory()
+        return None if traj is None else traj.head(self.branch)
+
     def published(self) -> int | None:
-        """The newest version in the store (one small GET), without applying anything.
+        """The newest version on the branch (one small read), without applying anything.
 
         None if nothing is published yet.  ``published() - version`` is how far behind this replica is.
         """
-        latest = self._reader.latest()
-        return None if latest is None else latest.version
+        return self._head()
 
     # -- events -----------------------------------------------------------------------
 
@@ -165,25 +199,26 @@ class Follower(WorkerOwner):
     # -- checking the state ------------------------------------------------------------
 
     def verify(self) -> bool:
-        """Re-hash the state and compare it with the checksums of what the follower wrote.
+        """Re-hash the whole state against the store's content hashes of the version held.
 
-        Costs one pass over the weights (several GB/s per core, chunks in
-        parallel).  It catches writes to the state by anyone but the follower,
-        which ``trust_state=True`` otherwise notices only at the next anchor.
-        Floating-point tensors are checked, on the host (for device tensors,
-        the host mirror the follower writes through).
+        One pass over the weights (BLAKE3, GB/s per core, chunks in parallel).
+        Catches writes to the state by anyone but the follower.  Device
+        tensors are checked through the host mirror the follower writes through.
 
         Returns
         -------
         bool
-            True if every chunk holds exactly what was applied, or nothing is
-            held yet.  False: a ``corrupt`` event names the chunks, the state is
-            marked invalid (:attr:`version` is None) and the next :meth:`poll`
-            bootstraps.
+            True if every chunk holds exactly the published values, or nothing
+            is held yet.  False: a ``corrupt`` event names the chunks, the state
+            is marked invalid (:attr:`version` is None) and the next
+            :meth:`poll` bootstraps.
         """
         if self.version is None:
             return True
-        bad = self._replica.verify()
+        return self._check(None)
+
+    def _check(self, keys) -> bool:
+        bad = self._replica.verify(keys)
         if not bad:
             return True
         self.stats.corrupt += 1
@@ -196,10 +231,27 @@ class Follower(WorkerOwner):
         self._replica.invalidate()
         return False
 
+    def _scan_some(self) -> bool:
+        """Default mode: re-hash the next ``1/check_every`` of the state held (by bytes, rotating over chunks)."""
+        sizes = self._replica.chunk_bytes()
+        if not sizes:
+            return True
+        keys = list(sizes)
+        budget = sum(sizes.values()) / self.check_every
+        picked, total = [], 0
+        for i in range(len(keys)):
+            key = keys[(self._scan + i) % len(keys)]
+            picked.append(key)
+            total += sizes[key]
+            if total >= budget:
+                break
+        self._scan = (self._scan + len(picked)) % len(keys)
+        return self._check(picked)
+
     # -- bootstrap --------------------------------------------------------------------
 
     def bootstrap(self, timeout: float = 0.0) -> int:
-        """Load the newest anchor and replay the deltas after it.
+        """Load the newest snapshot and replay the versions after it.
 
         Parameters
         ----------
@@ -216,53 +268,61 @@ class Follower(WorkerOwner):
         NotFoundError
             Nothing is published (after ``timeout``).
         IntegrityError
-            No anchor in the store can be loaded.
+            No snapshot in the store can be loaded.
         BucketAccessError
             The bucket is unreachable.
         """
-        latest = self._wait_latest(timeout)
-        self._bootstrap(latest, "bootstrap")
+        head = self._wait_head(timeout)
+        self._bootstrap(head, "bootstrap")
+        assert self.version is not None
         return self.version
 
-    def _wait_latest(self, timeout: float) -> Latest:
+    def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
-            latest = self._reader.latest()
-            if latest is not None:
-                return latest
+            head = self._head()
+            if head is not None:
+                return head
             if time.monotonic() >= deadline:
-                raise NotFoundError(f"nothing has been published to {self.url!r} yet", key="latest.json")
+                raise NotFoundError(f"nothing has been published to {self.url!r} on {self.branch!r} yet")
             time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())) or 0.01)
 
-    def _bootstrap(self, latest: Latest, reason: str) -> None:
-        """Load an anchor and replay to ``latest``; a bad delta on the way stalls at the last good version.
+    def _bootstrap(self, head: int, reason: str) -> None:
+        """Load a snapshot and replay to ``head``; a bad version on the way stalls at the last good one.
 
-        The state is written only once an anchor has been fully decoded and
-        verified, so if every anchor fails the state still holds its previous
-        version (if it held one) and IntegrityError is raised.
+        The state is written only once a snapshot has been fully decoded and
+        verified, so if every snapshot fails the state still holds its
+        previous version (if it held one) and IntegrityError is raised.
         """
-        anchors = [latest.anchor]
+        traj = self._trajectory()
+        path = []  # step infos from head back to the snapshot
         tried = []
-        while anchors:
-            a = anchors.pop(0)
-            tried.append(a)
+        step: int | None = head
+        while step is not None:
             try:
-                chain = self._reader.chain(latest, a)
-                anchor = self._reader.anchor(a, latest.anchor_checksum if a == latest.anchor else None)
-                self.stats.bytes_downloaded += self._replica.load_anchor(anchor, chain[0])
-            except (IntegrityError, NotFoundError, ChainBroken) as e:
-                self._problem(a, e)
-                if len(tried) == 1:  # the named anchor is unusable: fall back to older ones (one LIST)
-                    anchors = [v for v in reversed(self._reader.anchors()) if v < a]
-                continue
-            self.stats.bootstraps += 1
-            if reason == "rebootstrap":
-                self.stats.rebootstraps += 1
-            self._event(reason, a, f"anchor {a}, {len(chain) - 1} delta(s) to replay")
-            for _ in self._replay_iter(chain[1:], None):
-                pass
-            return
-        raise IntegrityError(f"no usable anchor in {self.url!r} (tried {tried})")
+                info = traj.info(step)
+            except (IntegrityError, NotFoundError) as e:
+                self._problem(step, e)
+                break
+            path.append(info)
+            if info.anchor_distance == 0:
+                tried.append(step)
+                try:
+                    fetched = Replica.fetch(traj, step, snapshot=True)
+                    self.stats.bytes_downloaded += self._replica.load(fetched)
+                except (IntegrityError, NotFoundError) as e:
+                    self._problem(step, e)
+                    step = info.parent
+                    continue
+                self.stats.bootstraps += 1
+                if reason == "rebootstrap":
+                    self.stats.rebootstraps += 1
+                self._event(reason, step, f"snapshot {step}, {len(path) - 1} version(s) to replay")
+                for _ in self._replay_iter([i.step for i in reversed(path[:-1])], None):
+                    pass
+                return
+            step = info.parent
+        raise IntegrityError(f"no usable snapshot on {self.branch!r} in {self.url!r} (tried {tried})")
 
     # -- polling ----------------------------------------------------------------------
 
@@ -324,102 +384,141 @@ class Follower(WorkerOwner):
 
     __iter__ = follow
 
+    def _newest_snapshot(self, head: int) -> int | None:
+        traj = self._trajectory()
+        step: int | None = head
+        while step is not None:
+            info = traj.info(step)
+            if info.anchor_distance == 0:
+                return step
+            step = info.parent
+        return None
+
+    def _chain(self, head: int, stop_at: int) -> list[int]:
+        """Steps ``stop_at`` (exclusive) .. ``head`` along parent links, oldest first, the chain proven."""
+        traj = self._trajectory()
+        infos: list = []
+        step = head
+        while True:
+            if len(infos) > self.max_replay:
+                raise ChainBroken(f"more than {self.max_replay} versions between {stop_at} and {head}", far=True)
+            info = traj.info(step)
+            infos.append(info)
+            if info.parent == stop_at:
+                break
+            if info.parent is None or info.parent < stop_at:
+                raise ChainBroken(f"version {stop_at} is not an ancestor of version {head}")
+            step = info.parent
+        infos.reverse()
+        if infos[0].parent_content != self._replica.content:
+            raise ChainBroken(f"version {stop_at} in the store is not the one held")
+        for a, b in zip(infos, infos[1:]):
+            if b.parent_content != a.content:
+                raise ChainBroken(f"version {b.step} was not coded against version {a.step} as stored")
+        return [i.step for i in infos]
+
     def _advance(self, one_by_one: bool) -> Iterator[int]:
         """Generator behind poll/follow: yields each version reached."""
         try:
-            latest = self._reader.latest()
-        except IntegrityError as e:  # a damaged pointer: the publisher rewrites it at the next version
+            head = self._head()
+        except IntegrityError as e:  # a damaged ref: nothing is applied
             self._problem(None, e)
             return
-        if latest is None:
+        if head is None:
             return
         start = self.version
         if start is None:
-            self._bootstrap(latest, "rebootstrap" if self._stalled_at is not None else "bootstrap")
-            yield self.version
+            try:
+                self._bootstrap(head, "rebootstrap" if self._stalled_at is not None else "bootstrap")
+            except IntegrityError as e:
+                if self._stalled_at is None:
+                    raise
+                self._event("stalled", None, f"no snapshot could be loaded: {e}", e)
+                return
+            yield self.version  # type: ignore[misc]
             return
-        if latest.version == start and latest.checksum == self._replica.checksum:
+        if head == start:
             return
         if self._stalled_at is not None:
-            if latest.anchor >= self._stalled_at:  # an anchor past the bad version: try again
-                yield from self._recover(latest, self._stalled_at, "rebootstrap")
+            try:
+                snap = self._newest_snapshot(head)
+            except (IntegrityError, NotFoundError):
+                return
+            if snap is not None and snap >= self._stalled_at:  # a snapshot past the bad version: try again
+                yield from self._recover(head, self._stalled_at, "rebootstrap")
             return
         try:
-            chain = self._reader.chain(latest, start, limit=self.max_replay)
-            if chain[0].checksum != self._replica.checksum:
-                raise ChainBroken(f"version {start} in the store is not the one held")
+            chain = self._chain(head, start)
         except ChainBroken as e:
-            if e.far:  # far behind: an anchor is cheaper than the replay
-                yield from self._recover(latest, start + 1, "bootstrap")
-            else:  # the history held is no longer the store's (publisher restarted without resuming)
-                self._event("reset", latest.version, str(e))
-                yield from self._recover(latest, start + 1, "rebootstrap")
+            if e.far:  # far behind: a snapshot is cheaper than the replay
+                yield from self._recover(head, start + 1, "bootstrap")
+            else:  # the history held is no longer the branch's (reset, deleted steps)
+                self._event("reset", head, str(e))
+                yield from self._recover(head, start + 1, "rebootstrap")
             return
         except (IntegrityError, NotFoundError) as e:
-            self._problem(latest.version, e)
-            yield from self._recover(latest, start + 1, "rebootstrap")
+            self._problem(head, e)
+            yield from self._recover(head, start + 1, "rebootstrap")
             return
         if one_by_one:
-            yield from self._replay_iter(chain[1:], latest)
+            yield from self._replay_iter(chain, head)
         else:
-            for _ in self._replay_iter(chain[1:], latest):
+            for _ in self._replay_iter(chain, head):
                 pass
             if self.version != start:
-                yield self.version
+                yield self.version  # type: ignore[misc]
 
-    def _replay_iter(self, manifests: list[Manifest], latest: Latest | None) -> Iterator[int]:
-        """Apply manifests in order, prefetching the next ones' packs while decoding.
+    def _replay_iter(self, steps: list[int], head: int | None) -> Iterator[int]:
+        """Apply steps in order, fetching the next ones' blobs while applying.
 
-        On a version that cannot be applied: with ``latest``, re-bootstrap from
-        an anchor (:meth:`_recover`); without (already inside a bootstrap),
+        On a version that cannot be applied: with ``head``, re-bootstrap from
+        a snapshot (:meth:`_recover`); without (already inside a bootstrap),
         stall on the last good version.
         """
+        traj = self._trajectory()
 
-        def fetch(m):
-            return self._workers.prefetch.submit(self._reader.fetch_packs, m) if m.kind == "delta" else None
+        def fetch(s):
+            return self._workers.prefetch.submit(Replica.fetch, traj, s)
 
-        futures = [fetch(m) for m in manifests[:2]]
-        for i, m in enumerate(manifests):
-            if i + 2 < len(manifests):
-                futures.append(fetch(manifests[i + 2]))
+        futures = [fetch(s) for s in steps[:2]]
+        for i, s in enumerate(steps):
+            if i + 2 < len(steps):
+                futures.append(fetch(steps[i + 2]))
             try:
-                if m.kind == "reset":
-                    self._event("reset", m.version, "the publisher restarted the chain; loading its anchor")
-                    self.stats.bytes_downloaded += self._replica.load_anchor(self._reader.anchor(m.version), m)
-                else:
-                    self.stats.bytes_downloaded += self._replica.apply(m, futures[i].result())
+                fetched: Fetched = futures[i].result()
+                self.stats.bytes_downloaded += self._replica.apply(fetched)
+                if not self.trust_state and not self._scan_some():
+                    raise ChainBroken(f"the state held diverged from version {s}")
             except (IntegrityError, NotFoundError, ChainBroken) as e:
                 for f in futures[i + 1 :]:
-                    if f is not None:
-                        f.cancel()
-                self._problem(m.version, e)
-                if latest is None:
-                    self._stalled_at = m.version
+                    f.cancel()
+                if not isinstance(e, ChainBroken) or self.version is not None:
+                    self._problem(s, e)
+                if head is None:
+                    self._stalled_at = s
                     self._event(
-                        "stalled",
-                        self.version,
-                        f"version {m.version} cannot be applied; waiting for an anchor after it",
+                        "stalled", self.version, f"version {s} cannot be applied; waiting for a snapshot after it"
                     )
                 else:
-                    yield from self._recover(latest, m.version, "rebootstrap")
+                    yield from self._recover(head, s, "rebootstrap")
                 return
             self.stats.versions_applied += 1
             self._stalled_at = None
-            self._event("apply", m.version)
-            yield m.version
+            self._event("apply", s)
+            yield s
 
-    def _recover(self, latest: Latest, failed: int, reason: str) -> Iterator[int]:
+    def _recover(self, head: int, failed: int, reason: str) -> Iterator[int]:
         """Re-bootstrap after version ``failed`` could not be reached; yields the version reached, if new."""
         before = self.version
         self._stalled_at = failed
         try:
-            self._bootstrap(latest, reason)
+            self._bootstrap(head, reason)
         except IntegrityError as e:
-            self._event("stalled", self.version, f"no anchor could be loaded: {e}", e)
+            self._event("stalled", self.version, f"no snapshot could be loaded: {e}", e)
             if self.version is None:
                 raise
             return
         if self.version is not None and self.version >= failed:
             self._stalled_at = None
         if self.version != before:
-            yield self.version
+            yield self.version  # type: ignore[misc]

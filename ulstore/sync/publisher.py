@@ -1,19 +1,13 @@
-"""The trainer side: :class:`Publisher` writes every version as a ULPack delta, anchors, then the pointer.
+"""The trainer side: :class:`Publisher` commits every version as a step of a trajectory.
 
-One ``publish(version, state)``:
-
-1. copies to host the tensors that may have changed (all of them, unless a
-   :class:`~ulstore.sync.ChangeDetector` or ``unchanged=`` proves some did not);
-2. compares each chunk's bits with the last published version and codes the
-   chunks that differ as ULPack deltas against it (in parallel threads);
-3. writes the packs, the layout if new, and ``versions/<v>.json``;
-4. every ``anchor_every`` versions, also codes the *whole* state intra and
-   writes its packs and ``anchors/<v>.json`` (every parameter, changed or not);
-5. writes ``latest.json`` -- last, so a reader never sees a version whose
-   objects are not all in place.  Only then does the publisher's reference
-   (what the next delta is coded against) advance.
-
-A publish that fails or is killed at any point leaves ``latest.json`` on the
+One ``publish(version, state)`` is one commit of the trajectory store on
+``branch``: each chunk that changed is a ULPack delta against the previous
+version (SPARSE by default, so followers apply it in O(changes)), unchanged
+chunks reuse the previous entry, and every ``anchor_every`` versions the step
+also carries a snapshot (a full intra copy of every chunk) for late joiners.
+The store writes one pack (blobs + tables), then the step document by
+conditional create, then moves the branch: three objects per delta version.
+A publish that fails or is killed at any point leaves the branch on the
 previous version; retrying the same version, or publishing a later one, is safe.
 """
 
@@ -27,37 +21,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.sealed import canonical_json
-from ..errors import CorruptManifestError, InvalidInputError
-from ._bucket import open_bucket as _open_bucket
-from ._documents import Latest, Layout, Manifest
-from ._layout import (
-    ANCHORS_DIR,
-    FORMAT,
-    LATEST,
-    SYNC_META,
-    VERSIONS_DIR,
-    anchor_key,
-    check_version,
-    is_sync_meta,
-    layout_key,
-    now,
-    parse_version_key,
-    version_key,
-)
-from ._publish_steps import PublishSteps
-from ._reader import BucketReader
+from ..core.torch import is_tensor
+from ..errors import InvalidInputError, StepExistsError
+from ..store._base import MAIN
+from ..store._layout import check_ref_name, choose_chunks
+from . import _open
+from ._arrays import host_array, words
 from ._workers import WorkerOwner, Workers
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
 
 log = logging.getLogger("ulstore.sync")
 
-#: A full anchor every this many versions (the TRL branch uses 10 or 20).
+#: A snapshot every this many versions (the TRL branch uses 10 or 20 for its anchors).
 DEFAULT_ANCHOR_EVERY = 10
-#: Elements per chunk: the unit of change detection, parallel coding and in-place writes (2 MiB of bf16).
+#: Elements per chunk at most: the unit of change detection, parallel coding and in-place writes.
 DEFAULT_CHUNK_ELEMS = 1 << 20
-#: Largest pack object; anchors of big models span several (S3 caps one PUT at 5 GB).
+#: Largest pack object; snapshots of big models span several (S3 caps one PUT at 5 GB).
 DEFAULT_PACK_BYTES = 256 << 20
 
 
@@ -69,16 +49,16 @@ class PublishInfo:
     ----------
     version : int
     kind : {"delta", "reset"}
-        ``reset``: no delta could be coded (first version, or a restarted
-        publisher that could not load the last version); followers load the anchor.
+        ``reset``: no delta could be coded (first version, or ``resume=False``):
+        every chunk is intra-coded and followers load it whole.
     anchor : bool
-        An anchor (full state) was written too.
+        The step carries a full copy (a snapshot, or a reset).
     changed_chunks, total_chunks : int
-        Chunks coded in the delta / chunks in the state.
+        Chunks with a new blob / chunks in the state.
     skipped_tensors : int
-        Tensors neither copied nor compared because they were known unchanged.
+        Device tensors not copied to host because a detector proved them unchanged.
     delta_bytes, anchor_bytes : int
-        Pack bytes written for the delta and for the anchor.
+        Blob bytes written for the delta and for the snapshot.
     seconds : float
         Wall time of the call.
     """
@@ -94,32 +74,37 @@ class PublishInfo:
     seconds: float
 
 
-class Publisher(PublishSteps, WorkerOwner):
+class Publisher(WorkerOwner):
     """Publish a trainer's weights to a bucket after every optimizer step.
+
+    The bucket is a ulstore trajectory: ``ulstore.open(url)``, ``ulstore log``,
+    ``export``, ``verify`` and lazy slicing all work on it.
 
     Parameters
     ----------
     url : str or os.PathLike
         fsspec URL of the store (``s3://bucket/run-7``, a local directory, ``memory://x``).
     anchor_every : int, default 10
-        Write a full anchor every ``anchor_every`` versions (0: only the first).
-        A replica that joins late loads the newest anchor and replays at most
-        ``anchor_every - 1`` deltas.
+        Every ``anchor_every`` versions the step also carries a snapshot (0:
+        only the first version is whole).  A replica that joins late loads the
+        newest snapshot and replays at most ``anchor_every - 1`` deltas.
     storage_options : dict, optional
         fsspec options (credentials, ``client_kwargs={"endpoint_url": ...}``).
+    branch : str, default "main"
+        The branch versions are committed on (followers follow it).
     chunk_elems : int, default 2**20
-        Elements per chunk.
+        Elements per chunk at most (chunks are bands of whole rows where they fit).
     pack_bytes : int, default 256 MiB
-        Largest pack object.
+        Largest pack object (a setting of a new store).
     threads : int, optional
-        Threads that compare, code and upload (default: CPU count, at least 2).
+        Encoding threads (default: CPU count).
     detector : ChangeDetector, optional
-        Optimizer hooks that prove tensors unchanged; they are then neither
-        copied to host nor compared (checked again at every anchor).
+        Optimizer hooks that prove tensors unchanged: device tensors it vouches
+        for are not copied to host again (checked at every snapshot).  Host
+        tensors are always hashed chunk by chunk (BLAKE3, GB/s per core).
     resume : bool, default True
-        If the store already holds versions, code the first new one as a delta
-        against the latest (loaded from the store) instead of a reset anchor
-        that every follower would have to download.
+        If the branch already holds versions, code the first new one as a delta
+        against its head; False: the first new version is a reset (all intra).
     sparse : bool, default True
         Code each delta chunk by the positions of its changed elements when at
         most 1/8 change (ULPack's SPARSE mode): followers then apply it in time
@@ -131,7 +116,7 @@ class Publisher(PublishSteps, WorkerOwner):
     BucketAccessError
         The bucket is missing, unreachable, or not writable.
     InvalidInputError
-        ``url`` holds something that is not a sync store, or bad settings.
+        ``url`` holds something that is not a trajectory, or bad settings.
 
     Examples
     --------
@@ -159,6 +144,7 @@ class Publisher(PublishSteps, WorkerOwner):
         anchor_every: int = DEFAULT_ANCHOR_EVERY,
         storage_options: dict | None = None,
         *,
+        branch: str = MAIN,
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         pack_bytes: int = DEFAULT_PACK_BYTES,
         threads: int | None = None,
@@ -171,68 +157,50 @@ class Publisher(PublishSteps, WorkerOwner):
         if self.chunk_elems >= 1 << 32:
             raise InvalidInputError("chunk_elems must be below 2**32 (a ULPack blob's limit)")
         self.pack_bytes = _check_int("pack_bytes", pack_bytes, 1)
+        self.branch = check_ref_name(branch)
         self.detector = detector
         self.resume = bool(resume)
         self.sparse = bool(sparse)
-        self._bucket = _open_bucket(url, storage_options)
-        self.url = self._bucket.url
-        self._bucket.probe()
-        self._init_store()
-        self._workers = Workers(threads, "ulstore-publish")
-        self._reader = BucketReader(self._bucket, self._workers)
-        try:
-            self._latest = self._reader.latest()
-        except CorruptManifestError as e:  # a damaged pointer: start a fresh chain rather than refuse to publish
-            log.warning("latest.json of %s is damaged (%s); the next version will be a reset anchor", self.url, e)
-            self._latest = None
-        self._layout: Layout | None = None
-        self._ref: dict[str, np.ndarray] = {}  # flat host bits of the last published version
-        self._loaded = False
+        io = _open.objects(url, storage_options)
+        self.url = io.url
+        #: The trajectory the versions are steps of (read it like any other).
+        self.trajectory = _open.trajectory(io, "a", pack_bytes=self.pack_bytes, threads=threads)
+        self._workers = Workers(1, "ulstore-publish")
+        self._first = True
         self._since_anchor = 0
-        self._layouts_written: set[str] = set()
+        self._host: dict[str, np.ndarray] = {}  # last host copy of each device tensor (detector skips)
         #: Counters: ``versions``, ``anchors``, ``bytes`` written, ``detector_misses``.
         self.stats = {"versions": 0, "anchors": 0, "bytes": 0, "detector_misses": 0}
 
-    def _init_store(self) -> None:
-        """Create ``sync.json`` or check it: the write probe, and a guard against foreign data."""
-        raw = self._bucket.get(SYNC_META)
-        if raw is None:
-            if self._bucket.get("zarr.json") is not None:
-                raise InvalidInputError(
-                    f"{self.url!r} holds a ulstore trajectory, not a sync store; use another prefix"
-                )
-            self._bucket.put(SYNC_META, canonical_json({"format": FORMAT, "created": now()}))
-            return
-        if not is_sync_meta(raw):
-            raise InvalidInputError(f"{self.url!r} holds a {SYNC_META} that is not a {FORMAT} store", key=SYNC_META)
-
     def __repr__(self) -> str:
-        return f"<Publisher {self.url!r} latest={self.latest}>"
+        return f"<Publisher {self.url!r} branch={self.branch!r} latest={self.latest}>"
 
     @property
     def latest(self) -> int | None:
-        """The newest version readers can see (None before the first publish)."""
-        return None if self._latest is None else self._latest.version
+        """The newest version readers can see (the branch head; None before the first publish)."""
+        return self.trajectory.head(self.branch)
+
+    def close(self) -> None:
+        super().close()
+        self.trajectory.close()
 
     # -- publishing -------------------------------------------------------------------
 
     def publish(self, version, state: Mapping, *, metadata: dict | None = None, unchanged=None) -> PublishInfo:
-        """Publish ``state`` as ``version``.
+        """Publish ``state`` as ``version`` (a new step of the trajectory on :attr:`branch`).
 
         Parameters
         ----------
         version : int
             Greater than every published version (gaps are fine, e.g. the optimizer step).
         state : Mapping of str to array
-            numpy arrays or torch tensors (CPU or CUDA).  Not modified; do not
-            modify it during the call.  Floating-point tensors are ULPack-coded;
-            integer and bool tensors are sent raw when they change.
+            numpy arrays or torch tensors (CPU or CUDA), 0-d included.  Not
+            modified; do not modify it during the call.
         metadata : dict, optional
-            JSON-serializable; followers see it as ``Follower.metadata``
-            (e.g. ``{"model_version": step}``).
+            JSON-serializable; followers see it as ``Follower.metadata``.
         unchanged : iterable of str, optional
-            Names known bit-identical to the last published version: neither
-            copied nor compared.  Ignored at anchors, which compare everything.
+            Names known bit-identical to the last published version: device
+            tensors among them are not copied to host again.  Ignored at snapshots.
 
         Returns
         -------
@@ -243,149 +211,151 @@ class Publisher(PublishSteps, WorkerOwner):
         InvalidInputError
             ``version`` is not greater than the latest, or the state is unusable.
         BucketAccessError
-            A write failed; ``latest.json`` still names the previous version.
+            A write failed; the branch still names the previous version.
         """
         t0 = time.perf_counter()
-        version = check_version(version)
-        if self._latest is not None and version <= self._latest.version:
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise InvalidInputError(f"version must be an int >= 0, got {version!r}")
+        version = int(version)
+        traj = self.trajectory
+        head = traj.head(self.branch)
+        if head is not None and version <= head:
             raise InvalidInputError(
-                f"version {version} is not greater than the latest published version "
-                f"{self._latest.version}; versions must increase"
+                f"version {version} is not greater than the latest published version {head}; versions must increase"
             )
         if not isinstance(state, Mapping) or not state:
             raise InvalidInputError("state must be a non-empty mapping of tensor name to array")
         metadata = _check_metadata(metadata)
-        self._load_reference()
+        if self._first and head is not None:
+            self._since_anchor = traj.info(head).anchor_distance
+        reset = head is None or (self._first and not self.resume)
+        snapshot = not reset and self.anchor_every > 0 and self._since_anchor + 1 >= self.anchor_every
         known = set(unchanged or ())
         if self.detector is not None:
             known |= self.detector.unchanged()
-        has_ref = self._layout is not None
-        is_anchor = not has_ref or (self.anchor_every > 0 and self._since_anchor + 1 >= self.anchor_every)
-
-        hosts, layout, skipped = self._snapshot(state, known if has_ref and not is_anchor else set())
-        delta = self._code_delta(layout, hosts) if has_ref else []
-        if is_anchor and has_ref:
-            self._count_detector_misses(layout, delta, known)
-        parent = self._latest
-        kind = "delta" if has_ref else "reset"
-        anchor_at = version if is_anchor else parent.anchor
-
-        # 1. the delta's packs, the layout, the version manifest
-        self._put_layout(layout)
-        packs, entries, delta_bytes = self._put_packs(delta) if kind == "delta" else ([], [], 0)
-        vm, vraw = Manifest(
-            kind=kind,
-            version=version,
-            parent=parent.version if parent else None,
-            parent_checksum=parent.checksum if parent else None,
-            anchor=anchor_at,
-            layout=layout.digest,
-            packs=tuple(packs),
-            entries=tuple(entries),
-            created=now(),
-            metadata=metadata,
-        ).sealed()
-        self._bucket.put(version_key(version), vraw)
-        # 2. the anchor: every chunk of the state, intra-coded
-        anchor_bytes = 0
-        if is_anchor:
-            apacks, aentries, anchor_bytes = self._put_packs(self._code_anchor(layout, hosts))
-            am, araw = Manifest(
-                kind="anchor",
-                version=version,
-                parent=None,
-                parent_checksum=None,
-                anchor=version,
-                layout=layout.digest,
-                packs=tuple(apacks),
-                entries=tuple(aentries),
-                created=vm.created,
-                metadata=metadata,
-                version_checksum=vm.checksum,
-            ).sealed()
-            self._bucket.put(anchor_key(version), araw)
-            anchor_checksum = am.checksum
-        else:
-            anchor_checksum = parent.anchor_checksum
-        # 3. the commit point
-        latest = Latest(version, vm.checksum, anchor_at, anchor_checksum, now())
-        self._bucket.put(LATEST, latest.to_bytes())
-
-        # only now does the reference advance: a failure above left it on the previous version
-        self._advance(layout, hosts, delta if has_ref else None)
-        self._latest = latest
-        self._since_anchor = 0 if is_anchor else self._since_anchor + 1
+        hosts, skipped = self._to_host(state, set() if snapshot or reset else known, known if snapshot else set())
+        self._drop_orphan(version, head)
+        w = traj.piece_writer(
+            version,
+            parent=head,
+            branch=self.branch,
+            anchor=True if reset else None,
+            snapshot=snapshot,
+            sparse=self.sparse,
+        )
+        try:
+            for name, arr in hosts.items():
+                chunks = choose_chunks(arr.shape, arr.dtype.itemsize, self.chunk_elems * arr.dtype.itemsize)
+                w.write(name, arr, chunks=chunks)
+        except BaseException:
+            w.abort()
+            raise
+        traj.finalize(version, [], branch=self.branch, metadata=metadata, writer=w)
+        # counted from the tables just written (cached: no read)
+        feed = traj.changes(version)
+        new = [c for c in feed if c.kind != "unchanged" or c.ref is None and reset]
+        delta_bytes = sum(c.blob[2] for c in feed if c.kind != "unchanged")
+        anchor_bytes = sum(c.snapshot[2] for c in feed if c.snapshot is not None) + (delta_bytes if reset else 0)
+        self._first = False
+        self._since_anchor = 0 if snapshot or reset else self._since_anchor + 1
         if self.detector is not None:
             self.detector.reset()
         self.stats["versions"] += 1
-        self.stats["anchors"] += int(is_anchor)
-        self.stats["bytes"] += delta_bytes + anchor_bytes + len(vraw)
-        total_chunks = sum(t.n_chunks(layout.chunk_elems) for t in layout.tensors)
+        self.stats["anchors"] += int(snapshot or reset)
+        self.stats["bytes"] += delta_bytes + (anchor_bytes if not reset else 0)
         return PublishInfo(
             version,
-            kind,
-            is_anchor,
-            len(delta),
-            total_chunks,
+            "reset" if reset else "delta",
+            snapshot or reset,
+            len(new),
+            len(feed),
             skipped,
-            delta_bytes,
+            0 if reset else delta_bytes,
             anchor_bytes,
             time.perf_counter() - t0,
         )
 
+    def _drop_orphan(self, version: int, head: int | None) -> None:
+        """A step ``version`` left by a publish killed before the branch moved is deleted, so it can be retried."""
+        traj = self.trajectory
+        if version not in traj:  # one small GET, no LIST
+            return
+        info = traj.info(version)
+        if info.parent != head or version in traj.refs.values():
+            raise StepExistsError(
+                f"step {version} exists in {self.url!r} but is not the leftover of a failed publish on "
+                f"{self.branch!r}; publish a greater version",
+                step=version,
+            )
+        log.warning("%s: deleting step %d left by a publish that did not complete", self.url, version)
+        traj.delete(version)
+
+    def _to_host(self, state: Mapping, skip: set, compare: set) -> tuple[dict, int]:
+        """Host arrays of ``state``; device tensors in ``skip`` reuse their last host copy."""
+        out, skipped = {}, 0
+        for name, value in state.items():
+            device = is_tensor(value) and value.device.type != "cpu"
+            if device and name in skip and name in self._host:
+                out[name] = self._host[name]
+                skipped += 1
+                continue
+            arr = host_array(name, value)
+            if device:
+                old = self._host.get(name)
+                if name in compare and old is not None and old.shape == arr.shape and old.dtype == arr.dtype:
+                    self.stats["detector_misses"] += int(not np.array_equal(words(old), words(arr)))
+                self._host[name] = arr
+            out[name] = arr
+        for name in [n for n in self._host if n not in state]:
+            del self._host[name]
+        return out, skipped
+
     # -- retention --------------------------------------------------------------------
 
     def prune(self, keep_anchors: int = 2) -> dict:
-        """Delete everything older than the ``keep_anchors``-th newest anchor.
+        """Delete the versions of :attr:`branch` older than its ``keep_anchors``-th newest snapshot, then gc.
 
-        Kept: that anchor and every newer one, every version from it to the
-        latest, and the packs and layouts they name.  A follower that was
-        replaying a deleted version finds it missing and re-bootstraps from a
-        kept anchor (reported as ``missing``); one that is current is unaffected.
-        Call it from the publishing process between publishes (it must not
-        race a publish, whose packs are not yet named by a manifest).
+        Kept: that snapshot and every version after it (a follower bootstraps
+        from any kept snapshot).  A follower that was replaying a deleted
+        version finds it missing and re-bootstraps (reported as ``missing``).
+        Call it from the publishing process between publishes.
 
         Returns
         -------
         dict
-            ``{"objects": deleted count, "cutoff": oldest version kept}``.
+            ``{"objects": steps deleted + packs removed, "cutoff": oldest version kept}``.
         """
         if isinstance(keep_anchors, bool) or not isinstance(keep_anchors, int) or keep_anchors < 1:
             raise InvalidInputError(f"keep_anchors must be an int >= 1, got {keep_anchors!r}")
-        latest = self._reader.latest()
-        if latest is None:
+        traj = self.trajectory
+        head = traj.head(self.branch)
+        if head is None:
             return {"objects": 0, "cutoff": None}
-        anchors = [a for a in self._reader.anchors() if a <= latest.version]
-        if len(anchors) <= keep_anchors:
-            return {"objects": 0, "cutoff": anchors[0] if anchors else None}
-        cutoff = anchors[-keep_anchors]
-        kept = self._reader.chain(latest, cutoff)
-        kept += [self._reader.anchor(a) for a in anchors if a >= cutoff]
-        live_packs = {key for m in kept for key, _ in m.packs}
-        live_layouts = {layout_key(m.layout) for m in kept}
-        dead = [k for k in self._bucket.list(VERSIONS_DIR) if (parse_version_key(k, VERSIONS_DIR) or 0) < cutoff]
-        dead += [k for k in self._bucket.list(ANCHORS_DIR) if (parse_version_key(k, ANCHORS_DIR) or 0) < cutoff]
-        dead += [k for k in self._bucket.list("packs") if k not in live_packs]
-        dead += [k for k in self._bucket.list("layouts") if k not in live_layouts]
-        # manifests first: a reader then meets a missing manifest (clean) rather than a missing pack
-        self._bucket.delete_many(sorted(dead, key=lambda k: k.startswith(("packs/", "layouts/"))))
-        return {"objects": len(dead), "cutoff": cutoff}
+        ancestry = traj.log(self.branch)  # newest first
+        snaps = [i.step for i in ancestry if i.anchor_distance == 0]
+        if len(snaps) <= keep_anchors:
+            return {"objects": 0, "cutoff": snaps[-1] if snaps else None}
+        cutoff = snaps[keep_anchors - 1]
+        old = sorted(i.step for i in ancestry if i.step < cutoff)
+        for s in old:  # oldest first: each delete re-parents (and re-codes) only its direct child
+            traj.delete(s)
+        removed = traj.gc()
+        return {"objects": len(old) + int(removed.get("packs", 0)), "cutoff": cutoff}
 
 
 def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
+    return value
 
 
 def _check_metadata(metadata) -> dict:
     if metadata is None:
         return {}
-    if not isinstance(metadata, Mapping):
-        raise InvalidInputError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    if not isinstance(metadata, dict):
+        raise InvalidInputError("metadata must be a dict")
     try:
-        return json.loads(canonical_json(dict(metadata)))
+        json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise InvalidInputError(
-            f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"
-        ) from None
+        raise InvalidInputError(f"metadata must be JSON-serializable: {e}") from e
+    return dict(metadata)

@@ -39,11 +39,8 @@ import numpy as np
 from ..core.objects import ObjectStore
 from ..core.safetensors import dumps, loads
 from ..errors import InvalidInputError, NotFoundError
+from . import _open
 from ._arrays import words
-from ._bucket import open_bucket as _open_bucket
-from ._reader import BucketReader
-from ._replica import Replica
-from ._workers import Workers
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
 __all__ = ["import_trl", "export_trl", "gap_encode", "gap_decode", "read_trl_file", "INDEX_FORMATS"]
@@ -166,7 +163,7 @@ def import_trl(
     anchor_every: int = DEFAULT_ANCHOR_EVERY,
     threads: int | None = None,
 ) -> dict:
-    """Import a TRL ``anchors/`` + ``deltas/`` bucket into a sync store, one version per step.
+    """Import a TRL ``anchors/`` + ``deltas/`` bucket into a sync store (a trajectory), one version per step.
 
     Steps are replayed in order: an anchor replaces the parameters it holds
     (earlier ones may omit unchanged parameters), a delta writes its values at
@@ -196,18 +193,17 @@ def import_trl(
         A file is malformed, the first step is a delta, or a delta names an
         unknown parameter or out-of-range position.
     """
-    src = _open_bucket(src_url, storage_options)
-    src.probe()
+    src = _open.objects(src_url, storage_options)
     anchors, deltas = _list_steps(src, "anchors"), _list_steps(src, "deltas")
     steps = sorted(set(anchors) | set(deltas))
     if not steps:
         raise NotFoundError(f"no anchors/step_*.safetensors or deltas/step_*.safetensors under {src_url!r}")
-    report = {"versions": [], "anchors": len(anchors), "deltas": len(deltas), "mismatches": []}
+    report: dict = {"versions": [], "anchors": len(anchors), "deltas": len(deltas), "mismatches": []}
     state: dict[str, np.ndarray] | None = None
     opts = storage_options if dest_storage_options is None else dest_storage_options
     with Publisher(dest_url, anchor_every=anchor_every, storage_options=opts, threads=threads) as pub:
         for step in steps:
-            meta = {}
+            meta: dict = {}
             if step in deltas:
                 _, patch, meta = read_trl_file(src.get(deltas[step]), deltas[step])
                 if state is None:
@@ -258,15 +254,16 @@ def export_trl(
     stop: int | None = None,
     storage_options: dict | None = None,
     dest_storage_options: dict | None = None,
+    branch: str = "main",
     threads: int | None = None,
 ) -> dict:
-    """Write versions of a sync store as a TRL ``anchors/`` + ``deltas/`` bucket.
+    """Write versions of a sync store (the steps of ``branch``) as a TRL ``anchors/`` + ``deltas/`` bucket.
 
-    Every version in ``[start, stop]`` reachable from the store's oldest anchor
-    gets ``deltas/step_<v>.safetensors`` (the elements that differ from the
-    previous exported version; none for the first), and each anchor of the
-    store, plus the first exported version, gets ``anchors/step_<v>.safetensors``
-    with *every* parameter.  ``<v>`` is the version number.
+    Every version in ``[start, stop]`` gets ``deltas/step_<v>.safetensors``
+    (the elements that differ from the previous exported version; none for the
+    first), and each version carrying a snapshot, plus the first exported
+    version, gets ``anchors/step_<v>.safetensors`` with *every* parameter.
+    ``<v>`` is the version number.
 
     Parameters
     ----------
@@ -275,7 +272,7 @@ def export_trl(
         ``raw``: ``<name>.idx`` int32 + ``<name>.val``; ``indices``: the first
         format, ``<name>.indices`` int32 + ``<name>.values``.
     start, stop : int, optional
-        Version range to export (default: everything reachable).
+        Version range to export (default: the whole branch).
 
     Returns
     -------
@@ -284,100 +281,59 @@ def export_trl(
     """
     if index_format not in INDEX_FORMATS:
         raise InvalidInputError(f"index_format must be one of {INDEX_FORMATS}, got {index_format!r}")
-    src = _open_bucket(src_url, storage_options)
-    src.probe()
-    dest = _open_bucket(dest_url, storage_options if dest_storage_options is None else dest_storage_options)
-    dest.probe()
-    workers = Workers(threads, "ulstore-export")
-    try:
-        reader = BucketReader(src, workers)
-        latest = reader.latest()
-        if latest is None:
-            raise NotFoundError(f"nothing is published in {src_url!r}")
-        store_anchors = [a for a in reader.anchors() if a <= latest.version]
-        # replay from the oldest anchor (or the newest one at or before ``start``)
-        usable = [a for a in store_anchors if start is None or a <= start]
-        first = (min(usable) if start is None else max(usable)) if usable else min(store_anchors, default=latest.anchor)
-        chain = reader.chain(latest, first)
-        replica = Replica(reader)
-        replica.load_anchor(reader.anchor(first), chain[0])
-        report = {"versions": [], "anchors": [], "bytes": 0}
-        anchor_set = set(store_anchors)
-        previous = previous_mv = None  # version and model_version of the last version written
-        for i, m in enumerate(chain):
-            before = None
-            if i:
-                before = _changed_chunks_before(replica, m)
-                if m.kind == "reset":
-                    replica.load_anchor(reader.anchor(m.version), m)
-                else:
-                    replica.apply(m)
-            v = m.version
-            if (start is not None and v < start) or (stop is not None and v > stop):
-                continue
-            mv = _int_or(m.metadata.get("model_version"), v)
-            layout = replica.layout
-            total = layout.total_elements
-            for spec in layout.tensors:
-                if spec.size > _INT32_MAX + 1:
-                    raise InvalidInputError(
-                        "TRL indices are int32: tensors above 2**31 elements cannot be exported", tensor=spec.name
-                    )
-            if previous is None or v in anchor_set or m.kind == "reset":
-                tensors = {t.name: replica.flat(t.name).reshape(t.shape) for t in layout.tensors}
-                meta = _meta(mv, previous_mv, first, len(tensors), total, total, sparse=False)
-                report["bytes"] += _put(dest, f"anchors/step_{v:06d}.safetensors", tensors, meta)
-                report["anchors"].append(v)
-            if previous is not None:
-                tensors, n_params, n_changed = _delta_tensors(replica, before, index_format)
-                meta = _meta(
-                    mv,
-                    previous_mv,
-                    first,
-                    n_params,
-                    n_changed,
-                    total,
-                    sparse=True,
-                    encoding=None if index_format == "indices" else index_format,
+    traj = _open.trajectory(_open.objects(src_url, storage_options), "r", threads=threads)
+    dest = _open.objects(dest_url, storage_options if dest_storage_options is None else dest_storage_options)
+    if traj.head(branch) is None:
+        raise NotFoundError(f"nothing is published in {src_url!r} on {branch!r}")
+    chain = [
+        i for i in reversed(traj.log(branch)) if (start is None or i.step >= start) and (stop is None or i.step <= stop)
+    ]
+    report: dict = {"versions": [], "anchors": [], "bytes": 0}
+    previous = previous_mv = None  # the state and model_version of the last version written
+    first = chain[0].step if chain else None
+    for info in chain:
+        v = info.step
+        state = traj.read(v)  # fresh C-contiguous arrays (0-d stay 0-d)
+        mv = _int_or(info.metadata.get("model_version"), v)
+        total = int(sum(a.size for a in state.values()))
+        for name, arr in state.items():
+            if arr.size > _INT32_MAX + 1:
+                raise InvalidInputError(
+                    "TRL indices are int32: tensors above 2**31 elements cannot be exported", tensor=name
                 )
-                report["bytes"] += _put(dest, f"deltas/step_{v:06d}.safetensors", tensors, meta)
-            report["versions"].append(v)
-            previous, previous_mv = v, mv
-    finally:
-        workers.close()
+        if previous is None or info.anchor_distance == 0:
+            meta = _meta(mv, previous_mv, first, len(state), total, total, sparse=False)
+            report["bytes"] += _put(dest, f"anchors/step_{v:06d}.safetensors", state, meta)
+            report["anchors"].append(v)
+        if previous is not None:
+            tensors, n_params, n_changed = _delta_tensors(previous, state, index_format)
+            meta = _meta(
+                mv,
+                previous_mv,
+                first,
+                n_params,
+                n_changed,
+                total,
+                sparse=True,
+                encoding=None if index_format == "indices" else index_format,
+            )
+            report["bytes"] += _put(dest, f"deltas/step_{v:06d}.safetensors", tensors, meta)
+        report["versions"].append(v)
+        previous, previous_mv = state, mv
+    traj.close()
     return report
 
 
-def _changed_chunks_before(replica: Replica, m) -> dict:
-    """Copies of the chunks ``m`` is about to overwrite: ``{name: [(start, old bits)]}`` (None: whole tensor new)."""
-    if m.kind == "reset":
-        return {t.name: [(0, replica.flat(t.name).copy())] for t in replica.layout.tensors}
-    layout = replica.reader.layout(m.layout)
-    out: dict = {}
-    for e in m.entries:
-        spec = layout.tensors[e.tensor]
-        start, stop = spec.chunk_range(e.chunk, layout.chunk_elems)
-        held = replica.layout.tensors[replica.layout.index[spec.name]] if spec.name in replica.layout.index else None
-        if held != spec:
-            out[spec.name] = None
-        elif out.get(spec.name, []) is not None:
-            out.setdefault(spec.name, []).append((start, replica.flat(spec.name)[start:stop].copy()))
-    return out
-
-
-def _delta_tensors(replica: Replica, before: dict, index_format: str):
+def _delta_tensors(before: dict, after: dict, index_format: str):
     tensors = {}
     n_params = n_changed = 0
-    for name in sorted(n for n in before if n in replica.layout.index):
-        cur = replica.flat(name)
-        if before[name] is None or sum(old.size for _, old in before[name]) > cur.size:
+    for name in sorted(after):
+        cur = after[name].reshape(-1)
+        old = before.get(name)
+        if old is None or old.shape != after[name].shape or old.dtype != cur.dtype:
             pos = np.arange(cur.size, dtype=np.int64)  # new or reshaped: every element is "changed"
         else:
-            parts = [
-                start + np.flatnonzero(words(cur[start : start + old.size]) != words(old))
-                for start, old in before[name]
-            ]
-            pos = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            pos = np.flatnonzero(words(cur) != words(old.reshape(-1)))
         if not pos.size:
             continue
         n_params += 1
