@@ -50,6 +50,7 @@ def _make_zdtype(name: str, native: np.dtype):
             return np.asarray(data).astype(native)[()]
 
     MLFloat.__name__ = MLFloat.__qualname__ = "".join(p.capitalize() for p in name.split("_"))
+    globals()[MLFloat.__name__] = MLFloat  # pickles by reference (dask workers, distributed)
     return MLFloat
 
 
@@ -72,6 +73,15 @@ def register() -> None:
                 pass
             data_type_registry.register(name, _make_zdtype(name, native))
     _registered = True
+
+
+def __getattr__(name: str):
+    # unpickling looks the classes up here, maybe in a process that registered nothing yet
+    if not _registered:
+        register()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def zarr_dtype(dtype: np.dtype):
