@@ -342,3 +342,58 @@ def test_caching_urls_with_default_threads(tmp_path, cache):
         assert_state_equal(cached.read(2), states[2])
         again = ulstore.open(f"{cache}::{path}", mode="r", storage_options=options)  # served from the cache
         assert_state_equal({"t3": again[2]["t3"][:]}, {"t3": states[2]["t3"]})
+
+
+# -- opening like zarr: a filesystem, a mapper, a relative path --------------------------
+
+
+def test_open_accepts_a_filesystem_or_a_mapper(tmp_path, monkeypatch):
+    fsspec = pytest.importorskip("fsspec")
+    monkeypatch.chdir(tmp_path)
+    state = _state(3)
+    local = fsspec.filesystem("file")
+    traj = ulstore.open("runs/rel", mode="w", fs=local)
+    traj.commit(0, state)
+    assert traj.url == "runs/rel" and (tmp_path / "runs" / "rel" / "zarr.json").exists()
+    assert ulstore.open("runs/rel", mode="r").url == "runs/rel"  # a relative path stays relative
+    assert_state_equal(ulstore.open(local.get_mapper("runs/rel"), mode="r").read(0), state)
+    memory = fsspec.filesystem("memory")
+    traj = ulstore.open("/fs-kw/t", mode="w", fs=memory)
+    traj.commit(0, state)
+    assert_state_equal(ulstore.open("memory://fs-kw/t", mode="r").read(0), state)
+    got = ulstore.open(memory.get_mapper("/fs-kw/t"), mode="r")[0]["emb.weight"][:]
+    assert_state_equal({"w": got}, {"w": state["emb.weight"]})
+    with pytest.raises(ulstore.InvalidInputError, match="storage_options"):
+        ulstore.open("/fs-kw/t", fs=memory, storage_options={"x": 1})
+    with pytest.raises(ulstore.InvalidInputError, match="fsspec filesystem"):
+        ulstore.open("/fs-kw/t", fs=object())
+
+
+# -- a zarr write into the physical hierarchy ------------------------------------------
+
+
+def test_a_zarr_write_to_a_step_document_is_named(tmp_path):
+    path = str(tmp_path / "t")
+    traj = ulstore.open(path, mode="w")
+    for step in range(3):
+        traj.commit(step, _state(step))
+    zarr.open_group(path, mode="r+")["steps/1"].attrs["note"] = "best so far"
+    ro = ulstore.open(path, mode="r")
+    assert_state_equal(ro.read(0), _state(0))  # other steps' documents are untouched
+    for read in (lambda: ro.read(1), lambda: ro.read(2)):  # the step and its descendants
+        with pytest.raises(ulstore.CorruptManifestError, match="plain zarr write") as e:
+            read()
+        assert e.value.key == "steps/1/zarr.json" and "'note'" in str(e.value) and "intact" in str(e.value)
+    report = ro.verify(raise_on_error=False)
+    assert [(err["key"], err["error"]) for err in report.errors] == [("steps/1/zarr.json", "CorruptManifestError")]
+    assert "plain zarr write" in report.errors[0]["message"] and "'note'" in report.errors[0]["message"]
+    # a rewrite that changed ulstore's own fields says so; bytes that are not a step document are damage
+    doc_path = tmp_path / "t" / "steps" / "0" / "zarr.json"
+    doc = json.loads(doc_path.read_bytes())
+    doc["attributes"]["ulstore"]["metadata"] = {"loss": 0.1}
+    doc_path.write_text(json.dumps(doc, indent=2))
+    with pytest.raises(ulstore.CorruptManifestError, match="sealed fields changed too"):
+        ulstore.open(path, mode="r").read(0)
+    doc_path.write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}, indent=2))
+    with pytest.raises(ulstore.CorruptManifestError, match="^step document is not in canonical form"):
+        ulstore.open(path, mode="r").read(0)

@@ -70,6 +70,7 @@ def open(
     url,
     mode: str = "a",
     *,
+    fs=None,
     storage_options: dict | None = None,
     anchor_every: int | None = None,
     chunk_bytes: int | None = None,
@@ -83,9 +84,15 @@ def open(
 
     Parameters
     ----------
-    url : str or os.PathLike
-        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``) or a
-        local path.
+    url : str, os.PathLike or fsspec.FSMap
+        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``,
+        ``filecache::s3://...``) or a local path; with ``fs``, a path on that
+        filesystem; or a mapper (``fs.get_mapper(path)``), whose filesystem and
+        root are used.  ``traj.url`` is ``url`` as given (a relative path
+        stays relative).
+    fs : fsspec.AbstractFileSystem, optional
+        An already configured filesystem (as zarr's ``FsspecStore(fs, path=...)``):
+        ``url`` is then a path on it.  Not with ``storage_options``.
     mode : {"r", "r+", "a", "w", "w-"}, default "a"
         ``"r"`` read only, must exist; ``"r+"`` read/write, must exist; ``"a"``
         read/write, created if missing; ``"w"`` create, **deleting** anything
@@ -143,8 +150,7 @@ def open(
     """
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
-    url = os.fspath(url)
-    io = ObjectStore.from_url(url, storage_options)
+    url, io = _object_store(url, fs, storage_options)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
@@ -182,6 +188,26 @@ def open(
         executor=executor,
         threads=threads,
     )
+
+
+def _object_store(url, fs, storage_options) -> tuple[str, ObjectStore]:
+    """(url as shown, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
+    from fsspec.mapping import FSMap
+
+    if isinstance(url, FSMap):
+        if fs is not None and fs is not url.fs:
+            raise InvalidInputError("pass either a mapper or fs=, not both")
+        fs, url = url.fs, url.root
+    if fs is None:
+        url = os.fspath(url)
+        return url, ObjectStore.from_url(url, storage_options)
+    if storage_options:
+        raise InvalidInputError("storage_options go to the filesystem: configure fs= with them instead")
+    if not hasattr(fs, "_strip_protocol") or not hasattr(fs, "cat_file"):
+        raise InvalidInputError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
+    url = os.fspath(url)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol)
 
 
 def _group(attributes: dict) -> dict:
