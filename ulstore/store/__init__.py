@@ -27,6 +27,7 @@ imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 
 from ._changes import ChunkChange
 from ._integrity import Inventory
+from ._logical import LogicalStore
 from ._upgrade import upgrade
 from ._writer import PieceRecord, PieceWriter
 from .trajectory import HEAD, StepInfo, Trajectory, VerifyReport, open
@@ -42,4 +43,5 @@ __all__ = [
     "PieceWriter",
     "PieceRecord",
     "ChunkChange",
+    "LogicalStore",
 ]
