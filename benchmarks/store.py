@@ -172,7 +172,9 @@ def _hash_speeds(state: dict, raw: int, blake3_chunks: float) -> str:
 
     bufs = [memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for v in state.values()]
     out = {"BLAKE3-128": _mbs(raw, blake3_chunks)}
-    out["blake2b-128 (format 1)"] = _mbs(raw, _timed(lambda: [hashlib.blake2b(b, digest_size=16).digest() for b in bufs]))
+    out["blake2b-128 (format 1)"] = _mbs(
+        raw, _timed(lambda: [hashlib.blake2b(b, digest_size=16).digest() for b in bufs])
+    )
     try:
         import xxhash
 

@@ -9,10 +9,21 @@ the one before::
 
 This script trains a base model (numpy only: ``ulstore.toytrain``), stores it
 on ``main``, then runs two fine-tunes from its last step on branches ``ft-a``
-(lr 1e-4) and ``ft-b`` (lr 3e-6, like an RL run), and compares what each
-branch costs with what the same fine-tune costs stored on its own.
+(lr 1e-4) and ``ft-b`` (lr 3e-6, like an RL run), and checks two things,
+reported separately: every branch head reads back exactly, and each branch
+costs less than the same fine-tune stored on its own.
 
-    python examples/finetune_branch.py --out runs/branches --base-steps 30 --ft-steps 10
+Anchors decide the second.  A chain gets a full (intra) anchor every
+``anchor_every`` steps (16 here) so that no read walks back further, and a
+branch continues its base's chain: a branch off a step 14 steps past an anchor
+gets its own anchor 2 steps in, and then costs about what it costs alone (one
+anchor each).  Branch off an anchor, or shortly after one, and the branch is
+all deltas.  With 32 base steps the base's last step (32) is an anchor:
+
+    python examples/finetune_branch.py --out runs/branches --base-steps 32 --ft-steps 10
+
+(``--base-steps 30`` puts the base head 14 steps past an anchor: the script
+then says that the branches cost about what they cost alone, and exits 1.)
 """
 
 from __future__ import annotations
@@ -66,25 +77,35 @@ def main(argv=None) -> int:
 
     report = {r["step"]: r for r in storage_report(traj)["steps"]}
     print(f"\nrefs: {traj.refs}")
-    print(f"{'':8}{'steps':>6}{'stored as a branch':>20}{'stored on its own':>20}")
+    print(
+        f"base head {base} is {traj.info(base).anchor_distance} step(s) past an anchor (one every {traj.anchor_every})"
+    )
+    print(f"{'':8}{'steps':>6}{'anchors':>8}{'stored as a branch':>20}{'stored on its own':>20}")
     base_bytes = sum(report[s]["stored_bytes"] for s in range(base + 1))
-    print(f"{'main':8}{base + 1:>6}{human_bytes(base_bytes):>20}{'':>20}")
-    ok = True
+    print(f"{'main':8}{base + 1:>6}{'':>8}{human_bytes(base_bytes):>20}{'':>20}")
+    cheaper = exact = True
     for branch, states in finetuned.items():
         steps = [info.step for info in traj.log(branch) if info.step > base]
+        anchors = [s for s in steps if traj.info(s).anchor_distance == 0]
         as_branch = sum(report[s]["stored_bytes"] for s in steps)
         alone = ulstore.open(f"memory://finetune-alone-{branch}", mode="w")
         for k, state in enumerate(states, 1):
             alone.commit(k, state)
         alone_bytes = alone.stats()["stored_bytes"]
-        print(f"{branch:8}{len(steps):>6}{human_bytes(as_branch):>20}{human_bytes(alone_bytes):>20}")
-        ok &= as_branch < alone_bytes
-        # each step reads back exactly
+        print(f"{branch:8}{len(steps):>6}{len(anchors):>8}{human_bytes(as_branch):>20}{human_bytes(alone_bytes):>20}")
+        cheaper &= as_branch < alone_bytes
+        # each branch head reads back exactly
         head = traj.read(branch)
-        ok &= all(np.array_equal(head[n].view(np.uint16), v.view(np.uint16)) for n, v in states[-1].items())
+        exact &= all(np.array_equal(head[n].view(np.uint16), v.view(np.uint16)) for n, v in states[-1].items())
     print(f"\nancestry of ft-a: {[info.step for info in traj.log('ft-a')][:4]} ... back to step 0")
-    print("branches cheaper than standalone, heads exact:", bool(ok))
-    return 0 if ok else 1
+    print("heads exact:", bool(exact))
+    print("branches cheaper than stored alone:", bool(cheaper))
+    if not cheaper:
+        print(
+            "  (an anchor fell inside a branch: the chain's anchor cadence continues from the base, so the branch "
+            "pays for an anchor as the standalone run does; branch off an anchor to save it, see the docstring)"
+        )
+    return 0 if exact and cheaper else 1
 
 
 if __name__ == "__main__":

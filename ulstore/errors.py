@@ -14,7 +14,8 @@ Errors are grouped by what a handler would do about them::
     │   ├── StepNotFoundError
     │   └── TensorNotFoundError
     ├── ConflictError                          someone else already wrote that name
-    │   └── StepExistsError
+    │   ├── StepExistsError
+    │   └── RefMovedError                      a branch/tag moved since it was read: re-read, retry
     ├── FormatError                            an older on-storage format: convert it (``ulstore upgrade``)
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
@@ -37,6 +38,7 @@ __all__ = [
     "TensorNotFoundError",
     "ConflictError",
     "StepExistsError",
+    "RefMovedError",
     "FormatError",
     "ReadOnlyError",
 ]
@@ -119,6 +121,18 @@ class ConflictError(UlstoreError):
 
 class StepExistsError(ConflictError):
     """The step already exists; steps are immutable."""
+
+
+class RefMovedError(ConflictError):
+    """A branch or tag moved (or was created or deleted) since it was read: nothing was moved.
+
+    ``head`` is the step the ref points at now (None if it does not exist);
+    re-read it and retry on that head.
+    """
+
+    def __init__(self, message: str = "", *, head=None, step=None, tensor=None, key=None):
+        super().__init__(message, step=step, tensor=tensor, key=key)
+        self.head = head
 
 
 class FormatError(UlstoreError):

@@ -295,8 +295,11 @@ def train(
     config : ToyConfig
     steps : int
         Number of yielded optimizer steps; ``steps + 1`` checkpoints result.
-    lr : float, default 1e-3
-        Learning rate of the yielded steps (constant).
+    lr : float or callable, default 1e-3
+        Learning rate of the yielded steps: a constant, or a function of the
+        step index ``k`` giving the rate of the optimizer step that leads from
+        checkpoint ``k`` to ``k + 1`` (a schedule in one run, Adam moments and
+        minibatches carrying on).
     warmup_steps : int, default 0
     warmup_lr : float, default 1e-3
     dtype : {"bfloat16", "float16", "float32", "float64"} or numpy dtype
@@ -341,7 +344,7 @@ def _train(config, steps, lr, warmup_steps, warmup_lr, out_dtype, weight_decay):
         # astype always copies, so the caller's arrays never alias the master weights
         yield step, {k: np.ascontiguousarray(v.astype(out_dtype)) for k, v in params.items()}, loss
         if step < steps:
-            opt.step(params, grads, lr)
+            opt.step(params, grads, lr(step) if callable(lr) else lr)
 
 
 # kind -> (warmup_steps, warmup_lr, lr, weight_decay)

@@ -16,6 +16,7 @@ import pytest
 
 import ulstore
 from tests.helpers.store import entries
+from tests.helpers.terminal import on_a_terminal
 from ulstore import cli
 from ulstore.io import checkpoints as ckpt
 
@@ -148,13 +149,15 @@ def test_add_directory_branch_parent_and_step(tmp_path, store):
     assert "step 1200" in p.stdout and "sharded" in p.stdout
     # an unnamed file needs --step
     ckpt.save_npz({"w": np.ones(3, np.float32)}, tmp_path / "final.npz")
-    assert_one_line_error(run("add", store, tmp_path / "final.npz"), "cannot tell the step", "--step")
+    assert_one_line_error(run("add", store, tmp_path / "final.npz"), "cannot tell the step", "--step", status=2)
     run("add", store, tmp_path / "final.npz", "--step", 1300, "--branch", "sft", check=0)
     traj = ulstore.open(store, mode="r")
     assert traj.refs == {"main": 300, "sft": 1300}
     assert traj.info(1200).parent == 200 and traj.info(1300).parent == 1200
     # --step with several files is a user error; --init creates a missing trajectory
-    assert_one_line_error(run("add", store, tmp_path / "final.npz", tmp_path / "final.npz", "--step", 5), "--step")
+    assert_one_line_error(
+        run("add", store, tmp_path / "final.npz", tmp_path / "final.npz", "--step", 5), "--step", status=2
+    )
     assert_one_line_error(run("add", tmp_path / "new", tmp_path / "final.npz", "--step", 1), "ulstore init")
     run("add", tmp_path / "new", tmp_path / "final.npz", "--step", 1, "--init", check=0)
 
@@ -196,8 +199,8 @@ def test_export_every_format_byte_exact(tmp_path, store):
     assert_one_line_error(run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists")
     assert (tmp_path / "x" / "m.npz").read_bytes() == before
     run("export", store, 300, tmp_path / "x" / "m.npz", "--force", check=0)
-    assert_one_line_error(run("export", store, 999, tmp_path / "y.safetensors"), "no such step")
-    assert_one_line_error(run("export", store, 300, tmp_path / "y.h5"), "cannot tell the export format")
+    assert_one_line_error(run("export", store, 999, tmp_path / "y.safetensors"), "no step 999", "100, 200, 300")
+    assert_one_line_error(run("export", store, 300, tmp_path / "y.h5"), "cannot tell the export format", status=2)
     assert not (tmp_path / "y.safetensors").exists()
     assert not any(p.name.startswith(".") for p in (tmp_path / "x").iterdir())
 
@@ -249,7 +252,7 @@ def test_rm_and_gc(store):
     assert doc["packs"] > 0 and doc["bytes"] > 0
     assert len(objects(store / "packs")) == before - doc["packs"] + (1 if doc["repacked"] else 0)
     run("verify", store, check=0)
-    assert_one_line_error(run("rm", store, 300), "no such step")
+    assert_one_line_error(run("rm", store, 300), "no step 300", "its steps are 100, 200")
 
 
 def test_upgrade_format1(tmp_path):
@@ -398,43 +401,12 @@ def test_s3_store_through_cli(tmp_path, moto_s3):
 
 def test_progress_bar_only_on_a_terminal(tmp_path, store):
     """With a TTY on stderr `add` draws a bar there; --quiet turns it off."""
-    import fcntl
-    import pty
-    import termios
-
     ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000400.safetensors")
     ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000500.safetensors")
 
-    def stderr_of(*args):
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal has a size
-        try:
-            p = subprocess.run(
-                [sys.executable, "-m", "ulstore.cli", *map(str, args)],
-                stdout=subprocess.PIPE,
-                stderr=slave,
-                stdin=subprocess.DEVNULL,
-                timeout=120,
-                env={**os.environ},
-            )
-            os.close(slave)
-            chunks = []
-            while True:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            os.close(master)
-        assert p.returncode == 0, p
-        return b"".join(chunks).decode(errors="replace"), p.stdout.decode()
-
-    err, out = stderr_of("add", store, tmp_path / "step_000400.safetensors")
+    err, out = on_a_terminal("add", store, tmp_path / "step_000400.safetensors")
     assert "importing" in err and "step 400" in out and "step 400" not in err
-    err, out = stderr_of("add", store, tmp_path / "step_000500.safetensors", "--quiet")
+    err, out = on_a_terminal("add", store, tmp_path / "step_000500.safetensors", "--quiet")
     assert err == "" and "step 500" in out
 
 

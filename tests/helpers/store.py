@@ -23,6 +23,8 @@ __all__ = [
     "rewrite_step",
     "Crash",
     "CrashAfter",
+    "record_fsyncs",
+    "file_id",
 ]
 
 CHUNK = 4096  # small chunks: multi-chunk tensors from the tiny model
@@ -222,3 +224,23 @@ class CrashAfter:
     def restore(self):
         for n, fn in self.real.items():
             setattr(self.io, n, fn)
+
+
+def file_id(path) -> tuple[int, int]:
+    """(device, inode) of a file or directory: what an fsync of any descriptor of it records."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def record_fsyncs(monkeypatch) -> set:
+    """Patch ``os.fsync`` to record the :func:`file_id` of everything synced; returns the (live) set."""
+    synced: set = set()
+    real = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced

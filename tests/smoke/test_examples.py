@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import types
@@ -33,6 +34,23 @@ def run_example(name, *args, env=None, cwd=None):
     return p.stdout
 
 
+def documented(name) -> list[list[str]]:
+    """The command lines an example's docstring documents (``python examples/NAME ...``), as argument lists."""
+    doc = (EXAMPLES / name).read_text().split('"""')[1]
+    commands = []
+    for line in doc.splitlines():
+        line = line.split("  #", 1)[0].strip()
+        if line.startswith(f"python examples/{name}"):
+            commands.append(shlex.split(line)[2:])
+    assert commands, f"{name} documents no command"
+    return commands
+
+
+def test_every_example_documents_its_command():
+    for path in sorted(EXAMPLES.glob("*.py")):
+        assert documented(path.name), path.name
+
+
 def load_example(name):
     spec = importlib.util.spec_from_file_location(f"example_{name.removesuffix('.py')}", EXAMPLES / name)
     module = importlib.util.module_from_spec(spec)
@@ -51,16 +69,18 @@ def test_every_example_is_run_by_a_test():
 
 def test_pytorch_training_loop(tmp_path):
     pytest.importorskip("torch")
-    out = run_example("pytorch_training_loop.py", "--steps", 12, "--every", 4, "--width", 32, "--out", tmp_path / "run")
+    (args,) = documented("pytorch_training_loop.py")  # --steps 200 --every 20 --out runs/loop
+    out = run_example("pytorch_training_loop.py", *args, cwd=tmp_path)
     assert "outputs identical: True" in out
-    traj = ulstore.open(tmp_path / "run", mode="r")
-    assert traj.steps == [0, 4, 8, 12] and "loss" in traj.info(8).metadata
+    traj = ulstore.open(tmp_path / "runs" / "loop", mode="r")
+    assert traj.steps == list(range(0, 201, 20)) and "loss" in traj.info(80).metadata
 
 
 def test_hf_trainer_callback_script(tmp_path):
     pytest.importorskip("torch")
-    out = run_example("hf_trainer_callback.py", "--steps", 7, "--every", 3, "--out", tmp_path / "hf")
-    assert "committed steps [0, 3, 6, 7]" in out and "verified: True" in out
+    (args,) = documented("hf_trainer_callback.py")  # --out runs/hf --steps 20 --every 5
+    out = run_example("hf_trainer_callback.py", *args, cwd=tmp_path)
+    assert "committed steps [0, 5, 10, 15, 20]" in out and "verified: True" in out
 
 
 def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
@@ -122,13 +142,28 @@ def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
 
 
 def test_finetune_branch(tmp_path):
-    out = run_example(
-        "finetune_branch.py", "--preset", "tiny", "--base-steps", 6, "--ft-steps", 3, "--out", tmp_path / "br"
+    """The documented command: the base ends on an anchor, so both checks hold."""
+    (args,) = documented("finetune_branch.py")  # --out runs/branches --base-steps 32 --ft-steps 10
+    out = run_example("finetune_branch.py", *args, cwd=tmp_path)
+    assert "heads exact: True" in out and "branches cheaper than stored alone: True" in out
+    assert "base head 32 is 0 step(s) past an anchor" in out
+    traj = ulstore.open(tmp_path / "runs" / "branches", mode="r")
+    assert traj.refs == {"main": 32, "ft-a": 1010, "ft-b": 2010}
+    assert traj.info(1001).parent == 32 and traj.info(2001).parent == 32
+
+
+def test_finetune_branch_reports_the_two_checks_separately(tmp_path):
+    """A base head 14 steps past an anchor: the branches are exact but pay for an anchor, and the script says so."""
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "finetune_branch.py"), "--preset", "tiny", "--base-steps", "30"]
+        + ["--ft-steps", "10", "--out", str(tmp_path / "br")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert "branches cheaper than standalone, heads exact: True" in out
-    traj = ulstore.open(tmp_path / "br", mode="r")
-    assert traj.refs == {"main": 6, "ft-a": 1003, "ft-b": 2003}
-    assert traj.info(1001).parent == 6 and traj.info(2001).parent == 6
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "heads exact: True" in p.stdout and "branches cheaper than stored alone: False" in p.stdout
+    assert "base head 30 is 14 step(s) past an anchor" in p.stdout and "an anchor fell inside a branch" in p.stdout
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +174,13 @@ def s3_endpoint():
 
 
 def test_s3_lazy_slice(tmp_path, s3_endpoint):
+    """The documented local-endpoint command, pointed at this test's moto server and a fresh prefix."""
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     url = f"s3://examples/{uuid.uuid4().hex}"
-    out = run_example("s3_lazy_slice.py", url, "--endpoint-url", s3_endpoint, "--create-bucket", "--steps", 5, env=env)
+    local = [c for c in documented("s3_lazy_slice.py") if "--endpoint-url" in c]
+    assert local == [["s3://test/run", "--endpoint-url", "http://127.0.0.1:5000", "--create-bucket"]]
+    args = [url if a == "s3://test/run" else s3_endpoint if a == "http://127.0.0.1:5000" else a for a in local[0]]
+    out = run_example("s3_lazy_slice.py", *args, env=env)
     assert "equal to the same slice of the fully decoded tensor: True" in out
     assert "fetched only what the slice needs: True" in out
     # a second run reads the existing trajectory without writing
@@ -150,8 +189,17 @@ def test_s3_lazy_slice(tmp_path, s3_endpoint):
     traj = ulstore.open(
         url, mode="r", storage_options={"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
     )
-    assert traj.steps == list(range(6))
-    assert np.asarray(traj[3]["lm_head.weight"][0:2, 0:2]).shape == (2, 2)
+    assert len(traj.steps) > 1
+    step = traj.steps[len(traj.steps) // 2]
+    assert np.asarray(traj[step]["lm_head.weight"][0:2, 0:2]).shape == (2, 2)
+
+
+def test_weight_sync_http_documented_command(tmp_path):
+    """``python examples/weight_sync_http.py``: trainer and replica on localhost, as documented."""
+    commands = documented("weight_sync_http.py")
+    assert [] in commands  # the plain command
+    out = run_example("weight_sync_http.py", cwd=tmp_path)
+    assert "all versions exact: True" in out and "DIFFERENT" not in out
 
 
 def test_readme_python_example(tmp_path):

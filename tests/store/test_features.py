@@ -343,18 +343,25 @@ def test_identical_blobs_are_written_once():
 
 
 def test_a_commit_writes_one_pack_and_two_small_objects(tmp_path):
+    """One pack, the step document, one ref entry; plus the pending marker (put, then deleted)."""
     states = states_bf16(20)
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=CHUNK)
     traj.commit(0, states[0])
-    counter = {"put": 0, "create": 0, "stream": 0}
+    counter: dict = {"put": [], "create": [], "delete": [], "stream": []}
     io = traj._io
-    for name in ("put", "create"):
+    for name in ("put", "create", "delete"):
         real = getattr(io, name)
-        setattr(io, name, lambda k, d, real=real, name=name: counter.__setitem__(name, counter[name] + 1) or real(k, d))
+        setattr(io, name, lambda k, *d, real=real, name=name: counter[name].append(k) or real(k, *d))
     real_open = io.open_writer
-    io.open_writer = lambda k, **kw: counter.__setitem__("stream", counter["stream"] + 1) or real_open(k, **kw)
+    io.open_writer = lambda k, **kw: counter["stream"].append(k) or real_open(k, **kw)
     traj.commit(1, states[1])
-    assert counter == {"put": 1, "create": 1, "stream": 1}  # the ref, the step document, one pack
+    assert counter == {
+        "put": ["pending/commit/0/1.json"],
+        "create": ["steps/1/zarr.json", "refs/main/00000000000000000001.json"],
+        "delete": ["pending/commit/0/1.json"],
+        "stream": [counter["stream"][0]],
+    }
+    assert counter["stream"][0].startswith("packs/")
     assert len(traj._reader.doc(1).tables) == 1 and traj._reader.doc(1).packs[-1] in traj._reader.doc(1).packs
 
 

@@ -67,3 +67,29 @@ def test_upgrade_stops_at_a_damaged_blob(tmp_path):
     with pytest.raises(CorruptBlobError) as info:
         ulstore.upgrade(src, tmp_path / "new")
     assert info.value.key.endswith(blob.name)
+
+
+@pytest.mark.parametrize(
+    "shape, chunks",
+    [([-4], [-4]), ([-4], [4]), ([4], [0]), ([1 << 40], [1 << 40]), ([1 << 62, 1 << 62], [1, 1 << 62]), (["4"], [4])],
+)
+def test_negative_or_huge_shapes_in_a_format1_manifest_are_corrupt(tmp_path, shape, chunks):
+    """The legacy reader trusts a format-1 manifest no more than the store trusted it (nothing huge is allocated)."""
+    import json
+
+    from ulstore.core.sealed import canonical_json, digest128
+    from ulstore.errors import CorruptManifestError
+    from ulstore.store._layout import step_key
+
+    src = tmp_path / "old"
+    shutil.copytree(FIXTURE, src)
+    path = src / step_key(0)
+    doc = json.loads(path.read_bytes())
+    t = doc["attributes"]["ulstore"]["tensors"]["flags"]
+    t["shape"], t["chunks"] = shape, chunks
+    doc["attributes"].pop("ulstore_checksum")
+    doc["attributes"]["ulstore_checksum"] = digest128(canonical_json(doc))
+    path.write_bytes(canonical_json(doc))
+    with pytest.raises(CorruptManifestError) as e:
+        ulstore.upgrade(src, tmp_path / "new")
+    assert e.value.key == step_key(0)

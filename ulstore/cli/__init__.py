@@ -7,6 +7,10 @@ Conventions
     environment (bad checkpoint, missing step, unreachable store, damaged
     blob), 2 a usage error (unknown option, bad argument).  Errors print one
     line, ``ulstore: error: ...``, on stderr; ``--debug`` shows the traceback.
+    With ``--json`` an error is one JSON document on stderr instead, always of
+    the shape ``{"error": {"type", "message", "exit_status", "step", "tensor",
+    "key"}}`` (usage errors too); warnings go to the ``warnings`` list of the
+    document on stdout.
 
 A URL is anything :func:`ulstore.open` accepts: a local path, ``s3://bucket/run``,
 ``gs://...``, ``memory://...``.  Filesystem settings come from ``-o KEY=VALUE``
@@ -28,35 +32,45 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ._commands import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
-from ._parser import build_parser
-from ._ui import PROG, UI, describe, expected, silence_stdout
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
+from ._parser import ArgumentUsageError, build_parser, wants_json
+from ._ui import UI, describe, expected, report_error, silence_stdout
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE"]
 
 
 def main(argv=None) -> int:
     """Run ``ulstore`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+    except SystemExit as e:  # --help and --version
         return int(e.code or 0)
+    except ArgumentUsageError as e:
+        if wants_json(argv):
+            return report_error(True, None, EXIT_USAGE, e.message)
+        e.parser.print_usage(sys.stderr)
+        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
     ui = UI(args)
     try:
         return args.func(args, ui) or EXIT_OK
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if args.json:
+            return report_error(True, e, 130, "interrupted")
+        print("ulstore: interrupted", file=sys.stderr)
         return 130
     except UsageError as e:
-        print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return EXIT_USAGE
+        return report_error(args.json, e, EXIT_USAGE)
     except BrokenPipeError:  # `ulstore log X | head`
         silence_stdout()
         return EXIT_OK
     except Exception as e:  # noqa: BLE001 -- the one place that turns errors into a message
         if args.debug:
             traceback.print_exc()
+        if args.json:
+            return report_error(True, e, EXIT_ERROR)
         hint = "" if args.debug or expected(e) else " (unexpected; rerun with --debug for the traceback)"
-        print(f"{PROG}: error: {describe(e)}{hint}", file=sys.stderr)
+        print(f"ulstore: error: {describe(e)}{hint}", file=sys.stderr)
         return EXIT_ERROR

@@ -2,61 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-
 from ..core.formatting import binary_bytes, human_bytes, plural
 from ..errors import InvalidInputError
+from ._add import _cmd_add
+from ._common import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing, _storage_options
 from ._plot import check_matplotlib, plot_report
-from ._ui import PROG, table
+from ._steps import resolve
+from ._ui import report_error, table
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "UsageError"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-_ENV_OPTIONS = "ULSTORE_STORAGE_OPTIONS"
-
-
-class UsageError(InvalidInputError):
-    """A usage error only found after parsing (``-o``, ``ULSTORE_STORAGE_OPTIONS``): exit status 2, like argparse's."""
-
-
-def _storage_options(args) -> dict | None:
-    options = {}
-    env = os.environ.get(_ENV_OPTIONS)
-    if env:
-        try:
-            options = json.loads(env)
-        except ValueError as e:
-            raise UsageError(f"{_ENV_OPTIONS} is not JSON: {e}") from None
-        if not isinstance(options, dict):
-            raise UsageError(f"{_ENV_OPTIONS} must be a JSON object")
-    for item in getattr(args, "storage_options", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"-o expects KEY=VALUE, got {item!r}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options or None
-
-
-def _open(args, mode: str, **settings):
-    from ..store import open as open_trajectory
-
-    settings = {k: v for k, v in settings.items() if v is not None}
-    return open_trajectory(args.url, mode=mode, storage_options=_storage_options(args), **settings)
-
-
-def _open_existing(args, mode: str = "r"):
-    from ..errors import NotFoundError
-
-    try:
-        return _open(args, mode)
-    except NotFoundError:
-        raise NotFoundError(f"no trajectory at {args.url!r} (create one with `ulstore init {args.url}`)") from None
+__all__ = ["_cmd_add"]
 
 
 def _cmd_init(args, ui) -> int:
@@ -70,83 +24,13 @@ def _cmd_init(args, ui) -> int:
     return EXIT_OK
 
 
-def _cmd_add(args, ui) -> int:
-    from .. import io as uio
-    from ..errors import InvalidInputError, NotFoundError, StepExistsError
-    from ..store import HEAD
-
-    if args.step is not None and len(args.checkpoints) > 1:
-        raise InvalidInputError("--step applies to one CHECKPOINT; name the files by step to add several")
-    if args.init:
-        traj = _open(args, "a", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
-    else:
-        try:
-            traj = _open(args, "r+")
-        except NotFoundError:
-            raise NotFoundError(
-                f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"
-            ) from None
-    # Check everything that can be checked cheaply before the first commit.
-    jobs = []
-    for path in args.checkpoints:
-        uio.checkpoint_format(path)  # exists, known format
-        step = args.step if args.step is not None else uio.step_from_path(path)
-        if step is None:
-            raise InvalidInputError(f"{path}: cannot tell the step from the name; pass --step N")
-        jobs.append((step, path))
-    seen: dict[int, str] = {}
-    for step, path in jobs:
-        if step in seen:
-            raise InvalidInputError(f"{seen[step]} and {path} are both step {step}")
-        seen[step] = path
-    existing = set(traj.steps)
-    for step, path in jobs:
-        if step in existing:
-            raise StepExistsError(
-                f"{path}: step already exists; steps are immutable (`ulstore rm` it first)", step=step
-            )
-    jobs.sort()
-    parent = None if args.root else (args.parent if args.parent is not None else HEAD)
-    rows: list[dict] = []
-    with ui.bar(total=len(jobs), desc="importing", unit="ckpt") as bar:
-        for step, path in jobs:
-            bar.set_postfix_str(Path(path).name)
-            # the first derives from --parent (or the branch head), each next one from the one before
-            uio.import_checkpoint(traj, path, step, parent=parent if not rows else rows[-1]["step"], branch=args.branch)
-            shapes = traj.tensors(step)
-            info = traj.info(step)
-            row = {
-                "step": step,
-                "source": str(path),
-                "parent": info.parent,
-                "tensors": len(shapes),
-                "raw_bytes": sum(_nbytes(shape, dtype) for shape, dtype in shapes.values()),
-                "format": info.metadata["checkpoint"]["format"],
-            }
-            rows.append(row)
-            bar.update(1)
-            ui.out(
-                f"step {step:<8} <- {path}  ({row['format']}, {len(shapes)} tensors, {human_bytes(row['raw_bytes'])}, "
-                f"parent {'-' if info.parent is None else info.parent})"
-            )
-    ui.emit({"url": args.url, "added": rows})
-    return EXIT_OK
-
-
-def _nbytes(shape, dtype) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n * dtype.itemsize
-
-
 def _cmd_log(args, ui) -> int:
     traj = _open_existing(args)
     refs_by_step: dict[int, list[str]] = {}
     for name, step in sorted(traj.refs.items()):
         refs_by_step.setdefault(step, []).append(name)
     if args.start is not None:
-        infos = traj.log(args.start)
+        infos = traj.log(resolve(traj, args.url, args.start).step)
     else:
         infos = [traj.info(s) for s in reversed(traj.steps)]
     rows, docs = [], []
@@ -195,7 +79,7 @@ def _short_meta(meta: dict) -> str:
 
 def _cmd_ls(args, ui) -> int:
     traj = _open_existing(args)
-    info = traj.info(args.step)
+    info = resolve(traj, args.url, args.step)
     shapes = traj.tensors(info.step)
     aliases = (info.metadata.get("checkpoint") or {}).get("aliases") or {}
     rows, docs, total, elements = [], [], 0, 0
@@ -222,8 +106,14 @@ def _cmd_ls(args, ui) -> int:
 def _cmd_export(args, ui) -> int:
     from .. import io as uio
 
+    try:  # a bad OUT suffix or shard size is a usage error (exit 2), found before anything is read
+        uio.output_format(args.out, format=args.format, max_shard_size=args.shard_size)
+        if args.shard_size is not None:
+            uio.checkpoints.parse_size(args.shard_size)
+    except InvalidInputError as e:
+        raise UsageError(e.message) from None
     traj = _open_existing(args)
-    step = traj.info(args.step).step
+    step = resolve(traj, args.url, args.step).step
     raw = sum(_nbytes(shape, dtype) for shape, dtype in traj.tensors(step).values())
     with ui.bar(total=raw, desc=f"reading step {step}", unit="B", unit_scale=True) as bar:
         result = uio.export_checkpoint(
@@ -248,9 +138,10 @@ def _cmd_export(args, ui) -> int:
 
 def _cmd_verify(args, ui) -> int:
     traj = _open_existing(args)
-    if ui.progress:
-        ui.note(f"verifying {'step ' + str(args.step) if args.step is not None else f'{len(traj.steps)} steps'} ...")
-    report = traj.verify(args.step, raise_on_error=False)
+    step = resolve(traj, args.url, args.step).step if args.step is not None else None
+    what = f"step {step}" if step is not None else plural(len(traj.steps), "step")
+    with ui.activity(f"verifying {what}: re-reading and decoding every blob"):
+        report = traj.verify(step, raise_on_error=False)
     ui.emit(
         {
             "url": args.url,
@@ -275,8 +166,23 @@ def _cmd_verify(args, ui) -> int:
         where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
         ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
     if ui.json:
-        print(f"{PROG}: error: verify found {len(report.errors)} damaged object(s)", file=sys.stderr)
+        first = report.errors[0]
+        report_error(
+            True,
+            _Damaged(first),
+            EXIT_ERROR,
+            f"verify found {plural(len(report.errors), 'damaged object')}: "
+            + "; ".join(f"{e.get('key') or '-'}: {e['error']}" for e in report.errors),
+        )
     return EXIT_ERROR
+
+
+class _Damaged(Exception):
+    """What ``verify --json`` reports on stderr: the first damaged object's step, tensor and key."""
+
+    def __init__(self, error: dict):
+        super().__init__(error.get("message", ""))
+        self.step, self.tensor, self.key = error.get("step"), error.get("tensor"), error.get("key")
 
 
 def _cmd_stats(args, ui) -> int:
@@ -285,7 +191,8 @@ def _cmd_stats(args, ui) -> int:
     traj = _open_existing(args)
     if args.plot:
         check_matplotlib()
-    report = uio.storage_report(traj)
+    with ui.activity(f"reading {plural(len(traj.steps), 'step manifest')} and listing blobs"):
+        report = uio.storage_report(traj)
     total = report["total"]
     if args.plot:
         plot_report(report, args.plot, args.url)
@@ -351,7 +258,8 @@ def _ratio(row) -> str:
 
 def _cmd_gc(args, ui) -> int:
     traj = _open_existing(args, "r+")
-    result = traj.gc(older_than=args.older_than)
+    with ui.activity("finding and removing blobs no step uses"):
+        result = traj.gc(older_than=args.older_than)
     ui.emit({"url": args.url, **result})
     ui.out(
         f"removed {plural(result['packs'], 'unreferenced pack')}, {human_bytes(result['bytes'])}"
@@ -379,9 +287,10 @@ def _cmd_upgrade(args, ui) -> int:
 
 def _cmd_rm(args, ui) -> int:
     traj = _open_existing(args, "r+")
-    info = traj.info(args.step)
+    info = resolve(traj, args.url, args.step)
     moved = [name for name, step in traj.refs.items() if step == info.step]
-    traj.delete(info.step)
+    with ui.activity(f"deleting step {info.step}: re-encoding the chunks of other steps coded against it"):
+        traj.delete(info.step)
     ui.emit({"url": args.url, "deleted": info.step, "parent": info.parent, "refs_moved": moved})
     ui.out(
         f"deleted step {info.step}"
@@ -395,6 +304,6 @@ def _cmd_demo(args, ui) -> int:
     from . import demo
 
     kwargs = {k: v for k, v in (("steps", args.steps), ("preset", args.preset)) if v is not None}
-    summary = demo.run(args.dir or demo.DEFAULT_DIR, echo=ui.out, progress=ui.progress, **kwargs)
+    summary = demo.run(args.dir or demo.DEFAULT_DIR, echo=ui.out, progress=ui.progress, activity=ui.activity, **kwargs)
     ui.emit(summary)
     return EXIT_OK if summary["slice_equal"] and summary["verified"] else EXIT_ERROR

@@ -5,18 +5,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_matplotlib", "plot_report"]
+__all__ = ["check_matplotlib", "has_matplotlib", "plot_report"]
+
+
+def has_matplotlib() -> bool:
+    """Whether ``--plot`` can work here (matplotlib imports)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def check_matplotlib() -> None:
     from ..errors import InvalidInputError
 
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InvalidInputError(
-            "--plot needs matplotlib, which is not installed: pip install 'ulstore[plot]'"
-        ) from None
+    if not has_matplotlib():
+        raise InvalidInputError("--plot needs matplotlib, which is not installed: pip install 'ulstore[plot]'")
 
 
 def plot_report(report: dict, out: str, url: str) -> None:

@@ -1,4 +1,4 @@
-"""Where the CLI's output goes, and how an error becomes one line."""
+"""Where the CLI's output goes, and how an error becomes one line (or, under ``--json``, one JSON document)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import contextlib
 import json
 import os
 import sys
+import threading
 
-__all__ = ["PROG", "UI", "table", "describe", "expected", "silence_stdout"]
+from ..core.formatting import strip_ansi
+
+__all__ = ["PROG", "UI", "table", "describe", "expected", "silence_stdout", "error_document", "report_error"]
 
 PROG = "ulstore"
 
@@ -20,6 +23,7 @@ class UI:
         self.quiet = args.quiet
         self.tty = sys.stderr.isatty()
         self._bars = 0
+        self.warnings: list[str] = []
 
     def out(self, line: str = "") -> None:
         if self.json:
@@ -33,10 +37,29 @@ class UI:
 
     def note(self, line: str) -> None:
         if not self.quiet and not self.json:
-            print(line, file=sys.stderr)
+            if self._bars:
+                from tqdm import tqdm
+
+                tqdm.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr)
+
+    def warn(self, line: str) -> None:
+        """A warning: on stderr as ``ulstore: warning: ...`` (not with --quiet), and in ``warnings`` for --json."""
+        self.warnings.append(line)
+        if not self.json and not self.quiet:
+            text = f"{PROG}: warning: {line}"
+            if self._bars:
+                from tqdm import tqdm
+
+                tqdm.write(text, file=sys.stderr)
+            else:
+                print(text, file=sys.stderr)
 
     def emit(self, doc) -> None:
         if self.json:
+            if self.warnings:
+                doc = {**doc, "warnings": list(self.warnings)}
             json.dump(doc, sys.stdout, indent=2, default=_json_default)
             sys.stdout.write("\n")
 
@@ -54,6 +77,30 @@ class UI:
                 yield bar
             finally:
                 self._bars -= not bar.disable
+
+    @contextlib.contextmanager
+    def activity(self, desc: str):
+        """A bar for work whose size is not known in advance: what is being done, and for how long.
+
+        The store reports no progress from inside ``verify``, ``gc``, ``delete`` or
+        ``inventory``; this keeps the terminal alive (elapsed time, ticking) while they run.
+        """
+        with self.bar(desc=desc, total=None, bar_format="{desc} {elapsed}") as bar:
+            stop = threading.Event()
+
+            def tick():
+                while not stop.wait(0.5):
+                    bar.refresh()
+
+            ticker = threading.Thread(target=tick, daemon=True, name="ulstore-activity")
+            if not bar.disable:
+                ticker.start()
+            try:
+                yield bar
+            finally:
+                stop.set()
+                if ticker.is_alive():
+                    ticker.join()
 
 
 def _json_default(obj):
@@ -75,9 +122,10 @@ def expected(e: BaseException) -> bool:
 
 
 def describe(e: BaseException) -> str:
+    """One line for ``e``: its message without terminal escapes, prefixed by its type unless it is ulstore's."""
     from ..errors import UlstoreError
 
-    text = str(e).strip()
+    text = strip_ansi(str(e)).strip()
     if isinstance(e, FileNotFoundError) and not isinstance(e, UlstoreError) and e.filename:
         text = f"{e.filename}: no such file or directory"
     elif isinstance(e, PermissionError) and not isinstance(e, UlstoreError) and e.filename:
@@ -85,6 +133,35 @@ def describe(e: BaseException) -> str:
     elif not isinstance(e, UlstoreError):
         text = f"{type(e).__name__}: {text}" if text else type(e).__name__
     return " ".join(text.split()) or type(e).__name__  # one line
+
+
+def error_document(e: BaseException | None, status: int, message: str | None = None) -> dict:
+    """The JSON form of an error (``--json``), one stable shape for every command and every error.
+
+    ``{"error": {"type", "message", "exit_status", "step", "tensor", "key"}}``: every key is always
+    present; ``step``, ``tensor`` and ``key`` are null unless the error is about one.
+    """
+    return {
+        "error": {
+            "type": type(e).__name__ if e is not None else "UsageError",
+            "message": message if message is not None else (describe(e) if e is not None else ""),
+            "exit_status": status,
+            "step": getattr(e, "step", None),
+            "tensor": getattr(e, "tensor", None),
+            "key": getattr(e, "key", None),
+        }
+    }
+
+
+def report_error(as_json: bool, e: BaseException | None, status: int, message: str | None = None) -> int:
+    """Print an error on stderr: ``ulstore: error: ...`` or, with ``--json``, its :func:`error_document`."""
+    if as_json:
+        json.dump(error_document(e, status, message), sys.stderr, default=_json_default)
+        sys.stderr.write("\n")
+    else:
+        text = message if message is not None else (describe(e) if e is not None else "")
+        print(f"{PROG}: error: {text}", file=sys.stderr)
+    return status
 
 
 def silence_stdout() -> None:

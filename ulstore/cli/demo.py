@@ -11,9 +11,9 @@ checkpoint after every optimizer step to a local trajectory, and then:
 3. verifies every blob and manifest, and says where the data lives.
 
 The run has two phases, as real runs do: the first half of the steps at
-learning rate 1e-3, the second half at 1e-4 (Adam moments carry over).  The
-second phase changes fewer bf16 weights per step, and the table shows what
-that does to the size.
+learning rate 1e-3, the second half at 1e-4 (one run: Adam moments and
+minibatches carry over).  The second phase changes fewer bf16 weights per
+step, and the table shows what that does to the size.
 
 Examples
 --------
@@ -25,6 +25,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from .. import toytrain
 from ..core.formatting import human_bytes
 from ..errors import InvalidInputError, UlstoreError
 from ..store import open as _open
+from ._plot import has_matplotlib
 
 __all__ = ["run", "DEFAULT_DIR", "DEFAULT_STEPS", "DEFAULT_PRESET", "zstd_size"]
 
@@ -98,6 +100,7 @@ def run(
     preset: str = DEFAULT_PRESET,
     echo=print,
     progress: bool = False,
+    activity=None,
 ) -> dict:
     """Run the demo; print as it goes through ``echo``; return a summary dict.
 
@@ -115,6 +118,10 @@ def run(
         Receives each line of the report (``print`` by default).
     progress : bool
         Show a tqdm progress bar (on stderr) while training.
+    activity : callable, optional
+        ``activity(description)`` -> a context manager shown while a phase
+        without a step count runs (clearing an earlier demo, adding up sizes,
+        verifying); the CLI passes its elapsed-time bar.  Default: nothing shown.
 
     Returns
     -------
@@ -128,12 +135,13 @@ def run(
     from safetensors.numpy import save as st_bytes
 
     t_start = time.perf_counter()
+    phase = activity or (lambda desc: contextlib.nullcontext())
     cfg = toytrain.ToyConfig.preset(preset)
     path = Path(directory).expanduser()
     _prepare_dir(path)
-    traj = _open(str(path), mode="w", chunk_bytes=DEMO_CHUNK_BYTES)
+    with phase(f"preparing {path}" + (" (removing the earlier demo)" if path.exists() else "")):
+        traj = _open(str(path), mode="w", chunk_bytes=DEMO_CHUNK_BYTES)
     n1 = steps // 2
-    n2 = steps - n1
     old_step = max(1, steps // 12)
     n_params = cfg.num_params
 
@@ -162,11 +170,12 @@ def run(
     t_train = t_store = t_zstd = 0.0
 
     def runs():
-        # Phase 2 replays phase 1's steps silently (same seed, same batches), so
-        # its step 0 is phase 1's last checkpoint, bit for bit: skip it.
-        yield from ((s, st, loss, LR_HIGH) for s, st, loss in toytrain.train(cfg, n1, lr=LR_HIGH))
-        it = toytrain.train(cfg, n2, lr=LR_LOW, warmup_steps=n1, warmup_lr=LR_HIGH)
-        yield from ((n1 + s, st, loss, LR_LOW) for s, st, loss in it if s > 0)
+        # one run whose rate drops after step n1: checkpoint s comes from the optimizer step at rate(s - 1)
+        def rate(k):
+            return LR_HIGH if k < n1 else LR_LOW
+
+        for s, st, loss in toytrain.train(cfg, steps, lr=rate):
+            yield s, st, loss, rate(max(s - 1, 0))
 
     t0 = time.perf_counter()
     for step, state, loss, lr in runs():
@@ -196,7 +205,8 @@ def run(
     echo("")
 
     # -- sizes ----------------------------------------------------------------
-    report = _io.storage_report(traj)
+    with phase(f"adding up the sizes of {n_ckpt} steps"):
+        report = _io.storage_report(traj)
     stored = {r["step"]: r["stored_bytes"] for r in report["steps"]}
     anchors = [s for s in range(n_ckpt) if traj.info(s).anchor_distance == 0]
 
@@ -261,7 +271,8 @@ def run(
 
     # -- verify ---------------------------------------------------------------
     t0 = time.perf_counter()
-    vr = reader.verify(raise_on_error=False)
+    with phase(f"verifying {n_ckpt} steps: re-reading and decoding every blob"):
+        vr = reader.verify(raise_on_error=False)
     echo(
         f"Verify: re-read and checked {vr.steps} steps, {vr.chunks} chunks, {vr.blobs} blobs in "
         f"{time.perf_counter() - t0:.1f} s: {'OK' if vr.ok else f'{len(vr.errors)} PROBLEM(S)'}"
@@ -274,12 +285,15 @@ def run(
     echo(f"The data lives in {path.resolve()} ({human_bytes(on_disk)} on disk):")
     echo("  steps/<n>/zarr.json   one manifest per step (written last: a step exists once it lands)")
     echo("  blobs/                ULPack chunks, named by their hash and shared between steps")
-    echo(f"  refs/main.json        the branch head (step {traj.head()})")
+    echo(f"  refs/main/            the branch head (step {traj.head()}), one sealed entry per move")
     echo("Next:")
     echo(f"  ulstore log {here}")
     echo(f"  ulstore ls {here} {steps}")
     echo(f"  ulstore export {here} {steps} model.safetensors")
-    echo(f"  ulstore stats {here} --plot sizes.png")
+    if has_matplotlib():
+        echo(f"  ulstore stats {here} --plot sizes.png")
+    else:
+        echo(f"  ulstore stats {here}                  (for a plot: pip install matplotlib, then add --plot sizes.png)")
     echo(f'  python -c "import ulstore; print(ulstore.open({here!r})[{steps}][{name!r}][:2, :4])"')
     seconds = time.perf_counter() - t_start
     echo(f"Done in {seconds:.0f} s.")

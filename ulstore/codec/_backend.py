@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from types import ModuleType
 
 from ..errors import InvalidInputError
@@ -44,6 +45,11 @@ if _cpu_has_x86_64_v3():
         pass
 
 _active: ModuleType = _reference
+_NOT_BUILT = (
+    "ulstore: the compiled ULPack kernels are not built (a source tree used without `pip install -e .`?), "
+    "so the NumPy reference kernels run: same bytes, over 100x slower.  Build them with `pip install -e .`, "
+    "or set ULSTORE_BACKEND=numpy to choose the reference and silence this warning."
+)
 
 
 def available_backends() -> tuple[str, ...]:
@@ -73,6 +79,8 @@ def set_backend(name: str) -> None:
     global _active
     if name == "auto":
         _active = _BACKENDS.get("cython-v3", _BACKENDS.get("cython", _reference))
+        if _active is _reference:  # not chosen, fallen back to: say so once (Python shows a warning once per place)
+            warnings.warn(_NOT_BUILT, UserWarning, stacklevel=2)
     else:
         _active = kernels(name)
 

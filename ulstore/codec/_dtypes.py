@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from ..errors import DtypeError
+from ..errors import DtypeError, InvalidInputError
 
 __all__ = ["FloatFormat", "FORMATS", "format_of", "format_by_code", "as_bits", "from_bits", "tensor_to_numpy"]
 
@@ -109,6 +109,13 @@ def tensor_to_numpy(tensor) -> np.ndarray:
     import torch
 
     t = tensor.detach()
+    if t.device.type == "meta":
+        raise InvalidInputError(
+            "a meta tensor has a shape but no data: materialize it first (e.g. load the weights, "
+            "or model.to_empty(device='cpu') and initialize)"
+        )
+    if t.layout != torch.strided:
+        raise InvalidInputError(f"{t.layout} tensors are not supported: convert with .to_dense() first")
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
@@ -121,7 +128,7 @@ def tensor_to_numpy(tensor) -> np.ndarray:
 def _to_numpy(array) -> np.ndarray:
     """Accept numpy arrays and torch tensors (zero-copy where the layout allows)."""
     if isinstance(array, np.ndarray):
-        return array
+        return array if type(array) is np.ndarray else np.asarray(array)  # np.matrix & co: their plain array
     module = type(array).__module__
     if module.startswith("torch"):
         return tensor_to_numpy(array)

@@ -6,6 +6,7 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray_like, ndarray_copy
 
+from ..errors import InvalidInputError
 from ._api import decode, encode
 from ._dtypes import format_of
 
@@ -57,7 +58,13 @@ class ULPack(Codec):
     def _as_array(self, buf):
         arr = buf if isinstance(buf, np.ndarray) else ensure_ndarray_like(buf)
         if arr.dtype.kind in "biuV" and self.dtype is not None:
-            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).view(format_of(self.dtype).dtype)
+            fmt = format_of(self.dtype)
+            if arr.nbytes % fmt.dtype.itemsize:
+                raise InvalidInputError(
+                    f"a buffer of {arr.nbytes} bytes is not a multiple of the {fmt.dtype.itemsize}-byte "
+                    f"elements of {self.dtype}: pass whole elements"
+                )
+            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).view(fmt.dtype)
         if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous:
             arr = arr.T  # memory order, see Notes
         return arr

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "binary_bytes", "plural"]
+import re
+
+__all__ = ["human_bytes", "binary_bytes", "plural", "strip_ansi"]
+
+# CSI sequences (colours, bold: ESC [ ... letter) and the two-character escapes
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
 def human_bytes(n: float) -> str:
@@ -41,3 +46,12 @@ def plural(count: int, word: str) -> str:
     ('1 step', '1,200 blobs')
     """
     return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, bold), e.g. from a library's error message.
+
+    >>> strip_ansi("\\x1b[1mdo this only if you trust it\\x1b[0m.")
+    'do this only if you trust it.'
+    """
+    return _ANSI.sub("", text)

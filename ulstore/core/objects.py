@@ -10,7 +10,10 @@ Atomicity, per backend (what a crashed or racing writer can leave behind):
   ``os.replace`` (overwrite) or ``os.link`` (create: fails if the key exists),
   so a reader never sees half an object and exactly one of two racing creators
   wins.  A killed writer leaves at most a file in ``.tmp/``, which
-  :meth:`ObjectStore.sweep_tmp` removes.
+  :meth:`ObjectStore.sweep_tmp` removes.  With ``durable=True`` (the default)
+  the file is fsynced before it is linked, and so is every directory whose
+  entries changed (the object's own, and the parent of each directory the
+  write created): when a write returns, a power cut cannot lose it.
 - **S3 (s3fs)**: a single PUT is atomic; create sends ``If-None-Match: *``.
   GCS and Azure PUTs are atomic too.
 - **memory://**: in-process, so a lock around exists-then-write is a real
@@ -29,7 +32,8 @@ assumes nobody truncates the file meanwhile: packs are never modified),
 slices of the object elsewhere.
 
 Streaming writes (:meth:`ObjectStore.open_writer`) hold a bounded buffer:
-local disk writes to ``.tmp/`` and links the file into place at close; S3
+local disk writes to ``.tmp/`` and renames the file into place at close
+(durable: fsynced first, and its directories after, like a put); S3
 uploads parts of ``block_size`` bytes (the object appears at close);
 ``memory://`` keeps the bytes and stores them at close.
 
@@ -117,6 +121,9 @@ class ObjectStore:
         The URL the root was opened from (for messages).
     access_error : callable, optional
         Exception type for backend failures (see the module docstring).
+    durable : bool, default True
+        Local disk only: fsync every written object and the directories it
+        changed before the write returns (object stores are durable on success).
 
     Notes
     -----
@@ -132,8 +139,10 @@ class ObjectStore:
         url: str | None = None,
         protocol: str | None = None,
         access_error: AccessError | None = None,
+        durable: bool = True,
     ):
         self.fs = fs
+        self.durable = bool(durable)
         self.root = root.rstrip("/")
         self.url = url if url is not None else self.root
         self.protocol = protocol or "file"
@@ -144,7 +153,12 @@ class ObjectStore:
 
     @classmethod
     def from_url(
-        cls, url, storage_options: dict | None = None, *, access_error: AccessError | None = None
+        cls,
+        url,
+        storage_options: dict | None = None,
+        *,
+        access_error: AccessError | None = None,
+        durable: bool = True,
     ) -> ObjectStore:
         """Open the objects under an fsspec URL (``s3://bucket/run-7``, ``memory://x``, a local path...).
 
@@ -157,13 +171,17 @@ class ObjectStore:
         protocol = fsspec.core.split_protocol(url)[0] or "file"
         if protocol in ("file", "local"):
             options.setdefault("auto_mkdir", True)  # fsspec's local fs refuses to create parents otherwise
+        elif protocol in _OBJECT_STORES:
+            # several writers share a root: a cached listing would hide their objects from
+            # LIST and from existence checks (s3fs answers HEAD from a cached listing)
+            options.setdefault("use_listings_cache", False)
         try:
             fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
         except Exception as e:  # unknown protocol, missing backend package, bad options
             if access_error is None:
                 raise
             raise access_error(f"cannot open {url!r}: {type(e).__name__}: {e}") from e
-        return cls(fs, root, url=url, protocol=protocol, access_error=access_error)
+        return cls(fs, root, url=url, protocol=protocol, access_error=access_error, durable=durable)
 
     def path(self, key: str) -> str:
         """Backend path of ``key``."""
@@ -337,8 +355,9 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._makedirs(os.path.dirname(path))
                 os.replace(tmp, path)
+                self._sync_dir(os.path.dirname(path))
             else:
                 self.fs.pipe_file(path, data)
 
@@ -354,11 +373,12 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._makedirs(os.path.dirname(path))
                 try:
                     os.link(tmp, path)  # atomic, and fails if path exists
                 finally:
                     os.unlink(tmp)
+                self._sync_dir(os.path.dirname(path))
             elif self.memory:
                 with _MEMORY_LOCK:
                     if self.fs.exists(path):
@@ -452,7 +472,32 @@ class ObjectStore:
         tmp = os.path.join(self.local_tmp_dir(), uuid.uuid4().hex)
         with open(tmp, "wb") as f:
             f.write(data)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
         return tmp
+
+    def _makedirs(self, d: str) -> None:
+        """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
+        missing = []
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        if not missing:
+            return
+        os.makedirs(missing[0], exist_ok=True)
+        for made in reversed(missing):
+            self._sync_dir(os.path.dirname(made))
+
+    def _sync_dir(self, d: str) -> None:
+        """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
+        if not self.durable:
+            return
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class ObjectWriter:
@@ -499,14 +544,19 @@ class ObjectWriter:
         with st._calling("PUT", self.key):
             if st.local:
                 assert self._tmp is not None
-                self._f.close()
                 path = st.path(self.key)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
                 try:
+                    if st.durable:
+                        self._f.flush()
+                        os.fsync(self._f.fileno())
+                    self._f.close()
+                    st._makedirs(os.path.dirname(path))
                     os.replace(self._tmp, path)
                 except BaseException:
+                    self._f.close()
                     self._unlink_tmp()
                     raise
+                st._sync_dir(os.path.dirname(path))
             elif st.memory:
                 st.fs.pipe_file(st.path(self.key), self._f.getvalue())
                 self._f = io.BytesIO()

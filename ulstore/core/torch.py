@@ -57,7 +57,7 @@ def as_numpy(value, *, array_like: bool = False) -> np.ndarray | None:
     ``dtype`` and ``shape``.  None for anything else (lists, Python numbers): callers say why.
     """
     if isinstance(value, np.ndarray):
-        return value
+        return value if type(value) is np.ndarray else np.asarray(value)  # np.matrix & co: the plain array
     if isinstance(value, np.generic):
         return np.asarray(value)
     if is_tensor(value):

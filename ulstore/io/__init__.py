@@ -8,7 +8,10 @@ was imported:
 * file metadata (safetensors ``__metadata__``, a sharded index's ``metadata``),
 * tied-tensor aliases (``lm_head.weight`` sharing ``embed_tokens.weight``'s
   storage in a torch state dict): the tensor is stored once, the alias by name,
-* the tensors' order in the file, and the largest shard of a sharded checkpoint.
+* the tensors' order in the file, and a sharded checkpoint's index (so that an
+  export writes the same shard files holding the same tensors, and the index
+  byte for byte),
+* the file's own tensor names when ``rename_prefix=`` stored them under others.
 
 They travel in the step's metadata under the key ``"checkpoint"``
 (:data:`CHECKPOINT_KEY`)::
@@ -18,7 +21,8 @@ They travel in the step's metadata under the key ``"checkpoint"``
                     "metadata": {"format": "pt"},          # file metadata, str -> str
                     "aliases": {"lm_head.weight": "model.embed_tokens.weight"},
                     "order": ["b", "a"],                   # only when not sorted
-                    "max_shard_bytes": 5000000000}}        # sharded imports only
+                    "renamed": {"encoder.w": "bert.encoder.w"},  # rename_prefix=: stored -> file name
+                    "index": "{\n  \"metadata\": ..."}}      # sharded: the index file's text
 
 Exports
     A step can be written as one ``.safetensors`` file, a sharded Hugging Face
@@ -55,6 +59,7 @@ from . import checkpoints as checkpoints  # the file formats: ulstore.io.checkpo
 from ._export import export_checkpoint, read_checkpoint, to_numpy, to_torch
 from ._import import import_checkpoint
 from ._names import CHECKPOINT_KEY, FORMATS, checkpoint_format, output_format, step_from_path
+from ._rename import FewSharedNamesWarning, name_overlap, suggest_prefixes
 from ._report import storage_report
 
 __all__ = [
@@ -69,4 +74,7 @@ __all__ = [
     "output_format",
     "step_from_path",
     "storage_report",
+    "FewSharedNamesWarning",
+    "name_overlap",
+    "suggest_prefixes",
 ]

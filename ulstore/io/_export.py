@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -61,10 +62,16 @@ def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np
     order = list(meta.get("order") or sorted(list(tensors) + list(aliases)))
     order += sorted(set(tensors).union(aliases) - set(order))  # anything the list misses, by name
     every = {n: tensors[aliases.get(n, n)] for n in order if n in tensors or n in aliases}
+    renamed = meta.get("renamed") or {}  # stored name -> the file's name (import_checkpoint(rename_prefix=))
+    if renamed:
+        every = {renamed.get(n, n): a for n, a in every.items()}
+        aliases = {renamed.get(a, a): renamed.get(c, c) for a, c in aliases.items()}
+    index = meta.get("index")
     ck = _ck.Checkpoint(
         {n: a for n, a in every.items() if n not in aliases},
         {str(k): str(v) for k, v in (meta.get("metadata") or {}).items()},
         aliases,
+        index_text=index if isinstance(index, str) else None,
     )
     return ck, meta, every
 
@@ -138,8 +145,9 @@ def export_checkpoint(
     format : {"safetensors", "sharded", "torch", "npz"}, optional
         Overrides the suffix.
     max_shard_size : int or str, optional
-        Shard limit for ``"sharded"`` (e.g. ``"5GB"``).  Default: the largest
-        shard of the imported checkpoint if it was sharded; otherwise one
+        Shard limit for ``"sharded"`` (e.g. ``"5GB"``).  Default: the imported
+        checkpoint's own layout if it was sharded (the same shard files holding
+        the same tensors, the index byte for byte); otherwise one
         ``model.safetensors`` in the directory.
     overwrite : bool, default False
         Replace an existing ``out`` (only once the new one is complete).
@@ -165,8 +173,8 @@ def export_checkpoint(
         raise InvalidInputError(f"{out}: already exists; choose another name or overwrite it (CLI: --force)")
     ck, meta, tensors = _read(traj, step, progress)
     file_meta = dict(ck.metadata)
-    if meta.get("format") == "sharded" and fmt != "sharded":
-        file_meta.pop("total_size", None)  # the index's, not a file's
+    if meta.get("format") == "sharded" and ck.index_text is None and fmt != "sharded":
+        file_meta.pop("total_size", None)  # steps imported before the index was kept: the index's, not a file's
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         _replace_file(out, lambda p: _ck.save_safetensors(tensors, p, file_meta))
@@ -175,12 +183,8 @@ def export_checkpoint(
     elif fmt == "npz":
         _replace_file(out, lambda p: _ck.save_npz(tensors, p))
     else:
-        shard = max_shard_size if max_shard_size is not None else meta.get("max_shard_bytes")
         with _staging_dir(out, overwrite) as tmp:
-            if shard is None:
-                _ck.save_safetensors(tensors, tmp / "model.safetensors", file_meta)
-            else:
-                _ck.save_safetensors(tensors, tmp, file_meta, max_shard_size=shard)
+            _write_directory(tensors, tmp, file_meta, ck.index_text, max_shard_size, meta.get("max_shard_bytes"))
     files = sorted(str(f) for f in out.iterdir()) if out.is_dir() else [str(out)]
     return {
         "format": fmt,
@@ -189,6 +193,23 @@ def export_checkpoint(
         "bytes": sum(os.path.getsize(f) for f in files),
         "tensors": list(tensors),
     }
+
+
+def _write_directory(tensors, tmp: Path, file_meta: dict, index_text, max_shard_size, old_max_shard) -> None:
+    """A Hugging Face directory: the imported shard layout and index exactly, or resharded, or one file."""
+    if index_text is not None and max_shard_size is None:
+        index = json.loads(index_text)
+        if isinstance(index, dict) and index.get("weight_map") and set(index["weight_map"]) == set(tensors):
+            _ck.save_safetensors(tensors, tmp, file_meta, weight_map=index["weight_map"], index_text=index_text)
+            return
+    if index_text is not None:  # resharded: the index's own metadata keeps its JSON types
+        index_meta = json.loads(index_text).get("metadata") or {}
+        _ck.save_safetensors(tensors, tmp, file_meta, max_shard_size=max_shard_size, index_metadata=index_meta)
+    elif max_shard_size is not None or old_max_shard is not None:
+        shard = max_shard_size if max_shard_size is not None else old_max_shard
+        _ck.save_safetensors(tensors, tmp, file_meta, max_shard_size=shard)
+    else:
+        _ck.save_safetensors(tensors, tmp / "model.safetensors", file_meta)
 
 
 def _replace_file(out: Path, write) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from ..core.dtypes import STORABLE
 from ..errors import DtypeError, InvalidInputError
 
-__all__ = ["Checkpoint", "SUPPORTED_DTYPES"]
+__all__ = ["Checkpoint", "SUPPORTED_DTYPES", "parse_size"]
 
 #: Every dtype this module reads and writes (little-endian forms).
 SUPPORTED_DTYPES: frozenset[np.dtype] = STORABLE
@@ -38,6 +38,10 @@ class Checkpoint:
         File-level metadata (safetensors ``__metadata__``, index ``metadata``).
     aliases : dict[str, str]
         Tied names: alias -> the canonical name it shares storage with.
+    index_text : str or None
+        For a sharded checkpoint, the exact text of its ``*.safetensors.index.json``
+        (its ``metadata`` and ``weight_map``: which shard holds which tensor);
+        ``metadata`` then holds the shards' ``__metadata__``.
 
     Examples
     --------
@@ -49,6 +53,7 @@ class Checkpoint:
     tensors: dict[str, np.ndarray]
     metadata: dict[str, str] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
+    index_text: str | None = None
 
     def all_tensors(self) -> dict[str, np.ndarray]:
         """Return ``tensors`` plus every alias, mapped to the same array object."""
@@ -140,8 +145,12 @@ def _atomic_path(path: Path):
             os.close(fd)
 
 
-def _parse_size(size) -> int:
-    """``5000``, ``"5GB"`` (10**9) or ``"5GiB"`` (2**30) -> bytes."""
+def parse_size(size) -> int:
+    """``5000``, ``"5GB"`` (10**9) or ``"5GiB"`` (2**30) -> bytes.
+
+    >>> parse_size("5GB"), parse_size("500MiB"), parse_size(4096)
+    (5000000000, 524288000, 4096)
+    """
     if isinstance(size, int) and not isinstance(size, bool):
         n = size
     else:

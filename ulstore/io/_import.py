@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import json
+import warnings
 from pathlib import Path
 
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD
 from . import checkpoints as _ck
-from ._names import _GENERIC_NAMES, _INDEX_NAME, CHECKPOINT_KEY, checkpoint_format, step_from_path
+from ._names import _GENERIC_NAMES, CHECKPOINT_KEY, checkpoint_format, step_from_path
+from ._rename import MIN_SHARED, FewSharedNamesWarning, name_overlap, rename_prefixes, suggest_prefixes
 
 __all__ = ["import_checkpoint"]
 
 
-def import_checkpoint(traj, path, step=None, *, parent=HEAD, branch=None, metadata=None, anchor=None) -> int:
+def import_checkpoint(
+    traj, path, step=None, *, parent=HEAD, branch=None, metadata=None, anchor=None, rename_prefix=None
+) -> int:
     """Load a checkpoint file (or directory) and commit it as a new step.
 
     Parameters
@@ -29,6 +32,12 @@ def import_checkpoint(traj, path, step=None, *, parent=HEAD, branch=None, metada
         As for :meth:`Trajectory.commit`.
     metadata : dict, optional
         Extra step metadata; the key ``"checkpoint"`` is taken by this function.
+    rename_prefix : Mapping[str, str], optional
+        OLD -> NEW name prefixes: a tensor whose name starts with OLD is stored
+        as NEW + the rest (the longest matching OLD wins), so that it lines up
+        with its parent's tensor and is delta-coded against it.  Exports give
+        the names of the file back.  E.g. ``{"bert.": ""}`` stores a
+        fine-tune's ``bert.encoder...`` as its base model's ``encoder...``.
 
     Returns
     -------
@@ -46,6 +55,13 @@ def import_checkpoint(traj, path, step=None, *, parent=HEAD, branch=None, metada
         A tensor's dtype cannot be stored.
     StepExistsError
         ``step`` exists already (checked before the file is read).
+
+    Warns
+    -----
+    FewSharedNamesWarning
+        The checkpoint matches less than half of its parent's bytes by tensor
+        name (and shape and dtype), so most of it cannot be delta-coded; the
+        warning suggests a ``rename_prefix`` when one would line the names up.
 
     Examples
     --------
@@ -69,23 +85,66 @@ def import_checkpoint(traj, path, step=None, *, parent=HEAD, branch=None, metada
         raise StepExistsError("step already exists; steps are immutable (rm it first to replace it)", step=step)
     # safetensors are memory-mapped: the commit streams them through a bounded window of chunks
     ck = _ck.load(path, mmap=fmt in ("safetensors", "sharded"))
+    tensors, aliases, names = dict(ck.tensors), dict(ck.aliases), list(ck.tensors) + list(ck.aliases)
+    if ck.aliases and fmt == "torch":
+        names = _torch_key_order(path, names)
+    renamed = rename_prefixes(names, rename_prefix) if rename_prefix else {}
+    if renamed:
+        tensors = {renamed.get(n, n): a for n, a in tensors.items()}
+        aliases = {renamed.get(a, a): renamed.get(c, c) for a, c in aliases.items()}
+        names = [renamed.get(n, n) for n in names]
     info: dict[str, object] = {
         "format": fmt,
         "source": _source_name(path),
         "metadata": dict(ck.metadata),
-        "aliases": dict(ck.aliases),
+        "aliases": aliases,
     }
-    names = list(ck.tensors) + list(ck.aliases)
-    if ck.aliases and fmt == "torch":
-        names = _torch_key_order(path, names)
     if names != sorted(names):
         info["order"] = names
-    if fmt == "sharded":
-        shard = _max_shard_bytes(path, ck)
-        if shard:
-            info["max_shard_bytes"] = shard
+    if renamed:
+        info["renamed"] = {stored: original for original, stored in renamed.items()}  # export restores these
+    if ck.index_text is not None:
+        info["index"] = ck.index_text  # the shard layout and the index's own metadata, exactly
     metadata[CHECKPOINT_KEY] = info
-    return traj.commit(step, ck.tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor)
+    _warn_if_few_shared_names(traj, path, tensors, parent, branch)
+    return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor)
+
+
+def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None:
+    """Warn (FewSharedNamesWarning) when the tensors match under half of the parent's bytes by name."""
+    if parent is None:
+        return
+    if parent is HEAD:
+        parent_step = traj.head(branch) if branch is not None else traj.head()
+    else:
+        parent_step = traj.info(parent).step
+    if parent_step is None:
+        return
+    theirs = traj.tensors(parent_step)
+    ours = {n: (tuple(a.shape), a.dtype) for n, a in tensors.items()}
+    shared = name_overlap(theirs, ours)
+    if shared >= MIN_SHARED:
+        return
+    hint = suggest_prefixes(theirs, ours)
+    after = shared
+    if hint:
+        old, new = next(iter(hint.items()))
+        after = name_overlap(theirs, {(new + n[len(old) :] if n.startswith(old) else n): v for n, v in ours.items()})
+    text = (
+        f"{path}: its tensor names match {shared:.0%} of parent step {parent_step}'s bytes, so the rest is "
+        "stored whole instead of as a delta"
+    )
+    if hint and after > shared:
+        text += (
+            f"; renaming prefix {old!r} to {new!r} would match {after:.0%}: pass rename_prefix={hint!r} "
+            f"(exports keep the file's names)"
+        )
+    else:
+        text += "; if the tensors were renamed, pass rename_prefix={OLD: NEW}"
+    warning = FewSharedNamesWarning(
+        text, shared=shared, parent=parent_step, suggestion=hint if after > shared else {}, suggested_shared=after
+    )
+    warnings.warn(warning, stacklevel=3)
 
 
 def _torch_key_order(path, fallback: list[str]) -> list[str]:
@@ -107,23 +166,3 @@ def _source_name(path) -> str:
     if _GENERIC_NAMES.match(p.name) and p.parent.name:
         return f"{p.parent.name}/{p.name}"
     return p.name or str(p)
-
-
-def _max_shard_bytes(path, ck) -> int | None:
-    """Tensor bytes of the largest shard named by the index (to shard the same way on export)."""
-    p = Path(path)
-    index = p if p.is_file() else (p / _INDEX_NAME if (p / _INDEX_NAME).is_file() else None)
-    if index is None:
-        found = sorted(p.glob("*.safetensors.index.json")) if p.is_dir() else []
-        index = found[0] if len(found) == 1 else None
-    if index is None:
-        return None
-    try:
-        wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    sizes: dict[str, int] = {}
-    for name, shard in wmap.items():
-        if name in ck.tensors:
-            sizes[shard] = sizes.get(shard, 0) + ck.tensors[name].nbytes
-    return max(sizes.values()) if len(sizes) > 1 else None

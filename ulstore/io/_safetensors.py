@@ -15,9 +15,9 @@ from safetensors import numpy as _st_numpy
 
 from ..core.safetensors import MAX_HEADER, first_line, parse_header
 from ..errors import InvalidInputError, NotFoundError
-from ._files import Checkpoint, _atomic_path, _bad, _check_metadata, _parse_size, _prepare, _read_into
+from ._files import Checkpoint, _atomic_path, _bad, _check_metadata, _prepare, _read_into, parse_size
 
-__all__ = ["load_safetensors", "save_safetensors"]
+__all__ = ["load_safetensors", "save_safetensors", "check_shard_name"]
 
 _INDEX_NAME = "model.safetensors.index.json"
 
@@ -75,7 +75,9 @@ def load_safetensors(path, *, mmap: bool = False) -> Checkpoint:
     return Checkpoint({name: tensors[name] for name in entries}, metadata)
 
 
-def save_safetensors(tensors, path, metadata=None, *, max_shard_size=None) -> None:
+def save_safetensors(
+    tensors, path, metadata=None, *, max_shard_size=None, weight_map=None, index_metadata=None, index_text=None
+) -> None:
     """Write tensors as safetensors, atomically.
 
     Parameters
@@ -83,16 +85,28 @@ def save_safetensors(tensors, path, metadata=None, *, max_shard_size=None) -> No
     tensors : Mapping[str, numpy.ndarray]
         Big-endian or non-contiguous arrays are converted (exactly).
     path : str or os.PathLike
-        The file to write; with ``max_shard_size``, the directory to write
-        ``model-00001-of-0000N.safetensors`` shards and
-        ``model.safetensors.index.json`` into (created if needed).
+        The file to write; with ``max_shard_size`` or ``weight_map``, the
+        directory to write the shards and ``model.safetensors.index.json``
+        into (created if needed).
     metadata : dict[str, str], optional
-        Written as ``__metadata__`` (in every shard, and in the index's
-        ``metadata`` next to the recomputed ``total_size``).
+        Written as ``__metadata__`` (in every shard).
     max_shard_size : int or str, optional
         Shard limit in bytes of tensor data, or a string such as ``"5GB"`` or
         ``"500MiB"``. Tensors are packed greedily in order, as Hugging Face
-        does; a tensor larger than the limit gets a shard of its own.
+        does; a tensor larger than the limit gets a shard of its own; shards
+        are named ``model-00001-of-0000N.safetensors``.
+    weight_map : Mapping[str, str], optional
+        Instead of ``max_shard_size``: tensor name -> shard file name, as in
+        an index's ``weight_map`` (every tensor, and only those).  Reproduces
+        a given layout: the same files holding the same tensors.
+    index_metadata : dict, optional
+        The index's ``metadata`` (any JSON values: HF's ``total_parameters``
+        stays a number); ``total_size`` is recomputed from the tensors.
+        Default: ``metadata`` (strings).
+    index_text : str, optional
+        The index file's exact text, written verbatim; its ``weight_map`` must
+        be ``weight_map``.  For an export that gives back an imported index
+        byte for byte.
 
     Examples
     --------
@@ -106,16 +120,39 @@ def save_safetensors(tensors, path, metadata=None, *, max_shard_size=None) -> No
     arrays = _prepare(tensors, reserved=("__metadata__",))
     meta = _check_metadata(metadata)
     p = Path(path)
-    if max_shard_size is None:
+    if max_shard_size is None and weight_map is None:
         if p.is_dir():
             raise InvalidInputError(f"{p}: is a directory; pass max_shard_size to write shards there")
         with _atomic_path(p) as tmp:
             _write_safetensors_file(arrays, tmp, meta)
         return
-
-    limit = _parse_size(max_shard_size)
     if p.exists() and not p.is_dir():
-        raise InvalidInputError(f"{p}: is a file; with max_shard_size the path names a directory")
+        raise InvalidInputError(f"{p}: is a file; a sharded checkpoint is a directory")
+    if weight_map is not None:
+        shards = _shards_from_map(arrays, weight_map)
+    else:
+        shards = _greedy_shards(arrays, parse_size(max_shard_size))
+    if index_text is not None:
+        doc = _parse_index_text(index_text)
+        if doc.get("weight_map") != {name: fname for fname, shard in shards for name in shard}:
+            raise InvalidInputError("index_text names another weight_map than the shards being written")
+    # total_size is derived from the tensors, so a stale value must not travel on.
+    if index_metadata is None:
+        index_metadata = {k: v for k, v in meta.items() if k != "total_size"}
+    index = {
+        "metadata": {**index_metadata, "total_size": sum(a.nbytes for a in arrays.values())},
+        "weight_map": {name: fname for fname, shard in shards for name in shard},
+    }
+    for fname, shard in shards:
+        with _atomic_path(p / fname) as tmp:
+            _write_safetensors_file(shard, tmp, meta)
+    # The index goes last: until it lands, the directory does not claim the new shards.
+    with _atomic_path(p / _INDEX_NAME) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(index_text if index_text is not None else json.dumps(index, indent=2) + "\n")
+
+
+def _greedy_shards(arrays: dict, limit: int) -> list[tuple[str, dict]]:
     shards: list[dict[str, np.ndarray]] = [{}]
     used = 0
     for name, arr in arrays.items():
@@ -124,18 +161,37 @@ def save_safetensors(tensors, path, metadata=None, *, max_shard_size=None) -> No
             used = 0
         shards[-1][name] = arr
         used += arr.nbytes
-    # total_size is derived from the tensors, so a stale value must not travel on.
-    meta.pop("total_size", None)
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        with _atomic_path(p / fname) as tmp:
-            _write_safetensors_file(shard, tmp, meta)
-        weight_map.update(dict.fromkeys(shard, fname))
-    # The index goes last: until it lands, the directory does not claim the new shards.
-    index = {"metadata": {**meta, "total_size": sum(a.nbytes for a in arrays.values())}, "weight_map": weight_map}
-    with _atomic_path(p / _INDEX_NAME) as tmp:
-        Path(tmp).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    n = len(shards)
+    return [(f"model-{i:05d}-of-{n:05d}.safetensors", shard) for i, shard in enumerate(shards, 1)]
+
+
+def _shards_from_map(arrays: dict, weight_map) -> list[tuple[str, dict]]:
+    """Shards in order of first appearance in ``weight_map``; each holds its tensors in ``weight_map`` order."""
+    if not isinstance(weight_map, dict) or set(weight_map) != set(arrays):
+        missing = sorted(set(arrays) - set(weight_map or {}))[:3]
+        extra = sorted(set(weight_map or {}) - set(arrays))[:3]
+        raise InvalidInputError(f"weight_map does not name exactly the tensors (missing {missing}, extra {extra})")
+    shards: dict[str, dict[str, np.ndarray]] = {}
+    for name, fname in weight_map.items():
+        check_shard_name(fname)
+        shards.setdefault(fname, {})[name] = arrays[name]
+    return list(shards.items())
+
+
+def check_shard_name(fname) -> None:
+    """A shard file name from an index (untrusted): a plain relative path inside the model directory."""
+    if not isinstance(fname, str) or not fname or Path(fname).is_absolute() or ".." in Path(fname).parts:
+        raise InvalidInputError(f"shard name {fname!r} leaves the model directory")
+
+
+def _parse_index_text(text: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise InvalidInputError(f"index_text is not JSON: {first_line(e)}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("index_text is not a JSON object")
+    return doc
 
 
 def _write_safetensors_file(arrays: dict, path: str, metadata: dict) -> None:

@@ -6,10 +6,11 @@ zero-copy where the layout allows).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..core.safetensors import first_line
+from ..core.formatting import strip_ansi
 from ..core.torch import dtype_table, from_tensor, import_torch, to_tensor
 from ..errors import DtypeError, InvalidInputError, NotFoundError
 from ._files import Checkpoint, _atomic_path, _bad, _check_aliases, _prepare
@@ -32,20 +33,53 @@ def load_torch(path) -> Checkpoint:
     >>> load_torch(p).aliases
     {'head': 'emb'}
     """
-    torch = import_torch()
     p = Path(path)
-    if not p.is_file():
-        raise NotFoundError(f"{p}: no such torch checkpoint file")
-    try:
-        obj = torch.load(p, weights_only=True, map_location="cpu")
-    except Exception as e:  # torch raises a zoo of types (UnpicklingError, RuntimeError, EOFError...)
-        raise _bad(p, f"cannot read as a torch checkpoint: {first_line(e)}", kind="torch") from e
+    obj = safe_load(p)
     if not isinstance(obj, Mapping):
         raise _bad(p, f"holds a {type(obj).__name__}, not a state dict", kind="torch")
     try:
         return from_torch(obj)
     except InvalidInputError as e:
         raise type(e)(f"{p}: {e.message}") from e
+
+
+def safe_load(p: Path):
+    """``torch.load(p, weights_only=True)`` on the CPU: tensors and plain containers, never code from the file.
+
+    Raises NotFoundError for a missing file and InvalidInputError (one plain line) for anything torch refuses.
+    """
+    torch = import_torch()
+    if not p.is_file():
+        raise NotFoundError(f"{p}: no such torch checkpoint file")
+    try:
+        return torch.load(p, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch raises a zoo of types (UnpicklingError, RuntimeError, EOFError...)
+        raise _bad(p, _load_failure(e), kind="torch") from e
+
+
+_UNSAFE = re.compile(r"WeightsUnpickler error: (.*?)(?: was not an allowed global by default\b.*)?$", re.MULTILINE)
+
+
+def _load_failure(e: BaseException) -> str:
+    """torch.load's error in one plain line (torch colours its weights-only message with terminal escapes).
+
+    >>> _load_failure(RuntimeError("Weights only load failed. \\x1b[1mbold\\x1b[0m.\\n\\tWeightsUnpickler error: "
+    ...                            "Unsupported global: GLOBAL a.B was not an allowed global by default. Please..."))
+    'it holds objects other than tensors (Unsupported global: GLOBAL a.B), which a safe load refuses: ulstore loads \
+torch files with torch.load(weights_only=True), which never runs code from the file; save the tensors alone \
+(torch.save(model.state_dict(), path)) or convert the file to safetensors'
+    """
+    text = strip_ansi(str(e))
+    if "Weights only load failed" in text:
+        m = _UNSAFE.search(text)
+        what = f" ({m.group(1).strip().rstrip('.')})" if m else ""
+        return (
+            f"it holds objects other than tensors{what}, which a safe load refuses: ulstore loads torch files "
+            "with torch.load(weights_only=True), which never runs code from the file; save the tensors alone "
+            "(torch.save(model.state_dict(), path)) or convert the file to safetensors"
+        )
+    lines = text.strip().splitlines()
+    return f"cannot read as a torch checkpoint: {lines[0] if lines else type(e).__name__}"
 
 
 def save_torch(tensors, path, aliases=None) -> None:

@@ -59,9 +59,9 @@ import numpy as np
 from ..core.safetensors import first_line, no_duplicates
 from ..errors import InvalidInputError, NotFoundError
 from . import _safetensors
-from ._files import SUPPORTED_DTYPES, Checkpoint, _bad
+from ._files import SUPPORTED_DTYPES, Checkpoint, _bad, parse_size
 from ._npz import load_npz, save_npz
-from ._safetensors import load_safetensors, save_safetensors
+from ._safetensors import check_shard_name, load_safetensors, save_safetensors
 from ._torch import from_torch, load_torch, save_torch, to_torch
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "save_npz",
     "to_torch",
     "from_torch",
+    "parse_size",
     "SUPPORTED_DTYPES",
 ]
 
@@ -151,9 +152,15 @@ def _load_hf_dir(d: Path, mmap: bool = False) -> Checkpoint:
 
 
 def _load_sharded(index_path: Path, mmap: bool = False) -> Checkpoint:
-    """Load every shard of an index, checking each tensor is where the index says."""
+    """Load every shard of an index, checking each tensor is where the index says.
+
+    ``metadata`` is the shards' ``__metadata__`` (equal in every shard); the
+    index itself, with its own ``metadata`` of any JSON type, is kept verbatim
+    in ``index_text``.
+    """
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"), object_pairs_hook=no_duplicates)
+        text = index_path.read_bytes().decode("utf-8")
+        index = json.loads(text, object_pairs_hook=no_duplicates)
     except FileNotFoundError:
         raise NotFoundError(f"{index_path}: no such index file") from None
     except (UnicodeDecodeError, ValueError) as e:
@@ -168,8 +175,10 @@ def _load_sharded(index_path: Path, mmap: bool = False) -> Checkpoint:
     by_shard: dict[str, list[str]] = {}
     for name, shard in wmap.items():
         # Untrusted names must not reach outside the model directory.
-        if Path(shard).is_absolute() or ".." in Path(shard).parts:
-            raise _bad(index_path, f"shard name {shard!r} leaves the model directory", kind="index")
+        try:
+            check_shard_name(shard)
+        except InvalidInputError:
+            raise _bad(index_path, f"shard name {shard!r} leaves the model directory", kind="index") from None
         by_shard.setdefault(shard, []).append(name)
 
     tensors: dict[str, np.ndarray] = {}
@@ -189,14 +198,7 @@ def _load_sharded(index_path: Path, mmap: bool = False) -> Checkpoint:
                 )
         tensors.update(ck.tensors)
         _merge_metadata(metadata, ck.metadata, index_path, shard)
-    # Index metadata is JSON of any type (HF's total_size is an int); keep it as JSON text.
-    _merge_metadata(
-        metadata,
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in index_meta.items()},
-        index_path,
-        "the index",
-    )
-    return Checkpoint({name: tensors[name] for name in wmap}, metadata)
+    return Checkpoint({name: tensors[name] for name in wmap}, metadata, index_text=text)
 
 
 def _merge_metadata(into: dict, new: dict, index_path: Path, where: str) -> None:

@@ -8,23 +8,32 @@ reading and moving refs.  The jobs on top of it live in their own modules:
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..core.objects import ObjectStore
-from ..core.sealed import canonical_json
-from ..errors import CorruptManifestError, NotFoundError, ReadOnlyError, StepNotFoundError
+from ..errors import NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
 from ._kept import KeptStep
-from ._layout import REFS_DIR, STEPS_DIR, check_ref_name, check_step, ref_key
+from ._layout import STEPS_DIR, check_ref_name, check_step, step_of
 from ._logical import LogicalStore
 from ._packs import DEFAULT_PACK_BYTES
+from ._pending import Pending
 from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
+from ._refs import RefLog
 from ._zarr_dtypes import register as _register_zarr_dtypes
 
-__all__ = ["TrajectoryBase", "MAIN"]
+__all__ = ["TrajectoryBase", "MAIN", "ANY"]
 
 #: Default main branch.
 MAIN = "main"
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+#: ``expected=ANY`` (the default of :meth:`set_ref` / :meth:`delete_ref`): move whatever the ref holds.
+ANY = _Any()
 
 
 class TrajectoryBase:
@@ -55,6 +64,8 @@ class TrajectoryBase:
         self._threads = threads or max(4, os.cpu_count() or 1)  # reads: I/O latency hides behind threads
         self._encode_threads = threads or os.cpu_count() or 1  # commits: CPU-bound, scratch memory per thread
         self._reader = ChunkReader(io, cache_bytes, self._threads)
+        self._refs = RefLog(io)
+        self._pending = Pending(io)
         self._store = LogicalStore(self._reader)
         budget = None if keep_parent is True else 0 if keep_parent is False else int(keep_parent)
         self._kept = KeptStep(budget)
@@ -85,7 +96,7 @@ class TrajectoryBase:
         out = []
         for k in keys:
             parts = k.split("/")
-            if len(parts) == 3 and parts[2] == "zarr.json" and parts[1].isdigit():
+            if len(parts) == 3 and parts[2] == "zarr.json" and step_of(parts[1]) is not None:
                 out.append(int(parts[1]))
         return sorted(out)
 
@@ -102,54 +113,72 @@ class TrajectoryBase:
     @property
     def refs(self) -> dict[str, int]:
         """Branches and tags: name -> step."""
-        out = {}
-        for k in self._io.find(REFS_DIR):
-            name = k[len(REFS_DIR) + 1 :]
-            if name.endswith(".json") and "/" not in name:
-                step = self._get_ref(name[: -len(".json")])
-                if step is not None:
-                    out[name[: -len(".json")]] = step
-        return out
+        return self._refs.names()
 
     def head(self, branch: str = MAIN) -> int | None:
-        """The step ``branch`` points to (None if the branch does not exist)."""
-        return self._get_ref(check_ref_name(branch))
+        """The step ``branch`` points to (None if the branch does not exist).
 
-    def _get_ref(self, name: str) -> int | None:
-        key = ref_key(name)
-        raw = self._io.get(key)
-        if raw is None:
-            return None
-        try:
-            return check_step(json.loads(raw)["step"])
-        except Exception as e:
-            raise CorruptManifestError(f"ref is damaged: {e}", key=key) from e
+        Raises
+        ------
+        CorruptManifestError
+            The ref is damaged (its key is named): never an older value instead.
+        """
+        return self._refs.read(check_ref_name(branch)).step
 
-    def set_ref(self, name: str, step) -> None:
-        """Point branch or tag ``name`` at ``step`` (creating or moving it)."""
+    def set_ref(self, name: str, step, *, expected=ANY) -> None:
+        """Point branch or tag ``name`` at ``step`` (creating or moving it).
+
+        Parameters
+        ----------
+        expected : int, str or None, optional
+            Compare-and-swap: move only if ``name`` points at this step (None:
+            only if it does not exist).  By default, move whatever it holds.
+
+        Raises
+        ------
+        RefMovedError
+            ``name`` is not at ``expected`` (its ``head`` is where it is).
+        """
         self._check_writable()
         step = self._resolve(step)
-        self._move_ref(check_ref_name(name), self._get_ref(name), step)
+        self._move_ref(check_ref_name(name), step, expected)
 
-    def _move_ref(self, name: str, old: int | None, new: int) -> None:
-        """Move ref ``name`` from ``old`` (None: absent) to ``new``.
-
-        The one place refs are written.  Today a plain PUT (last writer wins);
-        compare-and-swap on ``old`` slots in here.
-        """
-        self._io.put(ref_key(name), canonical_json({"step": new}))
-
-    def delete_ref(self, name: str) -> None:
-        """Remove branch or tag ``name`` (its steps stay)."""
+    def delete_ref(self, name: str, *, expected=ANY) -> None:
+        """Remove branch or tag ``name`` (its steps stay); ``expected`` as for :meth:`set_ref`."""
         self._check_writable()
-        self._io.delete(ref_key(check_ref_name(name)))
+        self._move_ref(check_ref_name(name), None, expected)
+
+    def _move_ref(self, name: str, step: int | None, expected) -> None:
+        if expected is not ANY and expected is not None:
+            expected = self._resolve(expected) if isinstance(expected, str) else check_step(expected)
+        for _ in range(16):  # without expected, a concurrent move only means: read again
+            state = self._refs.read(name)
+            if expected is not ANY and state.step != expected:
+                want = "absent" if expected is None else f"at step {expected}"
+                raise RefMovedError(
+                    f"ref {name!r} is not {want}: it is "
+                    + ("absent" if state.step is None else f"at step {state.step}")
+                    + "; nothing was moved",
+                    head=state.step,
+                    key=state.key,
+                )
+            if state.step == step:
+                return
+            try:
+                self._refs.move(state, step)
+                return
+            except RefMovedError:
+                if expected is not ANY:
+                    raise
+        raise RefMovedError(f"ref {name!r} keeps moving under concurrent writers; retry", key=state.key)
 
     def _resolve(self, step_or_ref) -> int:
         """A step number, or a ref name resolved to its step; the step must exist."""
         if isinstance(step_or_ref, str):
-            step = self._get_ref(check_ref_name(step_or_ref))
-            if step is None:
-                raise StepNotFoundError(f"no step or ref named {step_or_ref!r}", key=ref_key(step_or_ref))
+            state = self._refs.read(check_ref_name(step_or_ref))
+            if state.step is None:
+                raise StepNotFoundError(f"no step or ref named {step_or_ref!r}", key=state.key)
+            step = state.step
         else:
             step = check_step(step_or_ref)
         self._reader.doc(step)  # raises StepNotFoundError

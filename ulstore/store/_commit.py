@@ -22,13 +22,14 @@ import numpy as np
 from ..core.dtypes import numpy_dtype
 from ..core.sealed import canonical_json
 from ..core.torch import as_numpy
-from ..errors import ConflictError, DtypeError, InvalidInputError, StepExistsError
+from ..errors import ConflictError, DtypeError, InvalidInputError, NotFoundError, StepExistsError
 from ._base import MAIN, TrajectoryBase
-from ._chunkcodec import ULPACK, codec_for, digest, zstd_compress
-from ._layout import check_file_names, check_ref_name, check_step, check_tensor_names, ref_key, step_key
+from ._chunkcodec import ULPACK, codec_for, content_digest, digest, zstd_compress
+from ._layout import check_file_names, check_ref_name, check_step, check_tensor_names, step_key
 from ._packs import PackStream
+from ._refs import RefState
 from ._stepdoc import FileRef, StepDoc, TableRef
-from ._tables import TensorTable, content_checksum, encode_block, pieces_problem
+from ._tables import Piece, TensorTable, content_checksum, encode_block, pieces_problem
 from ._writer import PieceRecord, PieceWriter
 
 __all__ = ["CommitMixin", "HEAD", "TABLE_BLOCK_BYTES"]
@@ -48,7 +49,10 @@ HEAD = _Head()
 
 def _as_array(name: str, value) -> np.ndarray:
     """Accept numpy arrays/scalars, torch tensors and other ``__array__`` objects; never lists."""
-    arr = as_numpy(value, array_like=True)
+    try:
+        arr = as_numpy(value, array_like=True)
+    except InvalidInputError as e:  # a torch tensor with no plain data (meta, sparse)
+        raise type(e)(e.message, tensor=name) from None
     if arr is None:
         raise InvalidInputError(
             f"tensor values must be arrays (numpy, torch, ...), got {type(value).__name__}; "
@@ -72,7 +76,9 @@ def _check_metadata(metadata) -> dict:
         raise InvalidInputError("the metadata key 'ulstore' is reserved")
     try:
         return json.loads(canonical_json(metadata))
-    except (TypeError, ValueError, RecursionError) as e:
+    except RecursionError:
+        raise InvalidInputError("metadata is nested too deeply to store as JSON") from None
+    except (TypeError, ValueError) as e:
         raise InvalidInputError(
             f"metadata must be JSON-serializable (finite numbers, str, lists, dicts): {e}"
         ) from None
@@ -160,13 +166,23 @@ class CommitMixin(TrajectoryBase):
         ------
         StepExistsError
             ``step`` exists, or another writer created it during this commit.
+            (Retrying a commit that was interrupted after its commit point,
+            with the same state, completes it instead: the branch moves.)
         StepNotFoundError
-            ``parent`` does not exist.
+            ``parent`` does not exist, or was deleted during the commit.
+        NotFoundError
+            ``parent`` is HEAD, the branch does not exist and the trajectory has
+            steps: pass ``parent=None`` for a new root, or a step.
         InvalidInputError, DtypeError
             A value is not an array, a name, file or metadata is invalid, or
             ``anchor=False`` and a tensor cannot be delta-coded.
+        RefMovedError
+            The branch moved while committing (another writer won): re-read the
+            head and retry; the message says whether the step was created.
         ConflictError
-            ``branch`` was given and points at a step other than ``parent``.
+            ``branch`` was given and points at a step other than ``parent``; a
+            step this commit refers to is being deleted; or an earlier commit on
+            the same head created its step but never moved the branch.
         ReadOnlyError
             The trajectory was opened with mode="r".
         """
@@ -178,7 +194,11 @@ class CommitMixin(TrajectoryBase):
         arrays = {name: _as_array(name, v) for name, v in state.items()}
         metadata = _check_metadata(metadata)
         files_ = _check_files(files)
-        parent, move = self._prepare(step, parent, branch)
+        ref = self._refs.read(check_ref_name(branch if branch is not None else MAIN))
+        if self._io.exists(step_key(step)):
+            doc = self._existing(step, parent, ref)
+            return self._complete(step, doc, ref, self._state_content(doc, step, arrays, files_, metadata))
+        parent, move = self._prepare(step, parent, ref, branch is not None)
         is_anchor = self._is_anchor(parent, anchor)
         if anchor is False:
             self._check_strict(step, parent, arrays)
@@ -188,31 +208,93 @@ class CommitMixin(TrajectoryBase):
             parent=parent,
             is_anchor=is_anchor,
             strict=anchor is False,
-            branch=check_ref_name(branch if branch is not None else MAIN) if move else None,
+            branch=ref if move else None,
             metadata=metadata,
             files=files_,
             snapshot=snapshot,
             executor=executor or self._executor,
         )
 
-    def _prepare(self, step: int, parent, branch) -> tuple[int | None, bool]:
-        """Check the step is new; resolve ``parent``; whether ``branch`` (or main) moves."""
-        if self._io.exists(step_key(step)):
-            raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
-        branch_given = branch is not None
-        name = check_ref_name(branch if branch_given else MAIN)
-        head = self._get_ref(name)
+    def _prepare(self, step: int, parent, ref: RefState, branch_given: bool) -> tuple[int | None, bool]:
+        """Resolve ``parent`` against the branch as read (``ref``); whether the branch moves to ``step``."""
+        head = ref.step
         if parent is HEAD:
+            if head is None and self.steps:
+                raise NotFoundError(
+                    f"branch {ref.name!r} does not exist, so it has no head to commit on; pass parent=<step> "
+                    "(CLI: --parent) to start it from a step, or parent=None (CLI: --root) for a new root",
+                    step=step,
+                    key=ref.key,
+                )
             parent = head
         elif parent is not None:
             parent = self._resolve(parent)
         if branch_given and head is not None and head != parent:
             raise ConflictError(
-                f"branch {name!r} is at step {head}, not at parent {parent}; pass parent=None/HEAD or another branch name",
+                f"branch {ref.name!r} is at step {head}, not at parent {parent}; "
+                "pass parent=None/HEAD or another branch name",
                 step=step,
-                key=ref_key(name),
+                key=ref.key,
             )
         return parent, head is None or head == parent
+
+    # -- an existing step: the retry of an interrupted commit (D12) ---------------------
+
+    def _existing(self, step: int, parent, ref: RefState) -> StepDoc:
+        """``step`` exists: its document if this commit may retry one interrupted after its commit point.
+
+        That is: ``step``'s parent is the head of the branch (as read) and the
+        parent this commit asks for.  Otherwise ``StepExistsError``.
+        """
+        doc = self._reader.doc(step)
+        wanted = ref.step if parent is HEAD else (None if parent is None else self._resolve(parent))
+        if ref.step == step or doc.parent != wanted or doc.parent != ref.step:
+            raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
+        return doc
+
+    def _complete(self, step: int, doc: StepDoc, ref: RefState, content: str | None) -> int:
+        """Finish the interrupted commit of ``step`` if ``content`` is what it stored: move the branch (D12).
+
+        ``content`` is the logical content checksum (format 2: tensor names,
+        dtypes, shapes, pieces, every chunk's BLAKE3, files, metadata) of what
+        the retry would commit; any other content is refused.
+        """
+        if content != doc.content:
+            raise StepExistsError(
+                f"step already exists with different contents (parent {doc.parent}, not on branch "
+                f"{ref.name!r}); steps are immutable: delete({step}) first, or use a new step number",
+                step=step,
+                key=step_key(step),
+            )
+        self._refs.move(ref, step)
+        if doc.parent is not None:
+            self._pending.clear(step, doc.parent)
+        return step
+
+    def _state_content(self, doc: StepDoc, step: int, arrays: dict, files: dict, metadata: dict) -> str | None:
+        """The content checksum ``arrays``, ``files`` and ``metadata`` would have on ``step``'s piece grids.
+
+        Hashes every chunk (BLAKE3), decodes nothing; None if the tensors' names,
+        dtypes or shapes already differ.
+        """
+        stored = self._reader.tables(step)
+        if set(stored) != set(arrays):
+            return None
+        tables = []
+        for name, t in stored.items():
+            arr = arrays[name]
+            if arr.dtype != t.dtype or tuple(arr.shape) != t.shape:
+                return None
+            pieces = []
+            for p in t.pieces:
+                box = arr[(..., *(slice(o, o + n) for o, n in zip(p.offset, p.shape)))]
+                content = np.zeros((p.n, 16), np.uint8)
+                for i, coord in enumerate(p.coords()):
+                    region = np.ascontiguousarray(box[p.region(coord)]).reshape(p.region_shape(coord))
+                    content[i] = np.frombuffer(content_digest(region), np.uint8)
+                pieces.append(Piece(p.offset, p.shape, p.chunks, content, p.ref, p.pack, p.off, p.length))
+            tables.append(TensorTable(name, t.dtype, t.shape, t.codec, tuple(pieces)))
+        return content_checksum(tables, {n: digest(d).hex() for n, d in files.items()}, metadata)
 
     def _is_anchor(self, parent: int | None, anchor: bool | None) -> bool:
         if anchor is False and parent is None:
@@ -253,7 +335,7 @@ class CommitMixin(TrajectoryBase):
         parent: int | None,
         is_anchor: bool,
         strict: bool = False,
-        branch: str | None,
+        branch: RefState | None,
         metadata: dict,
         files: dict,
         snapshot: bool = False,
@@ -334,14 +416,22 @@ class CommitMixin(TrajectoryBase):
         Use ``writer.write(name, array, offset=..., shape=...)`` per piece, then
         ``records = writer.close()``, and give every writer's records to one
         :meth:`finalize`.  This writer codes against the kept parent if no
-        other writer of this trajectory object holds it.
+        other writer of this trajectory object holds it.  If ``step`` exists
+        because its finalize was interrupted after the commit point (its parent
+        is still the branch head), a writer is made anyway: :meth:`finalize`
+        of the same content then completes that commit.
         """
         self._check_writable()
         step = check_step(step)
-        parent, _ = self._prepare(step, parent, branch)
+        ref = self._refs.read(check_ref_name(branch if branch is not None else MAIN))
+        if self._io.exists(step_key(step)):
+            parent = self._existing(step, parent, ref).parent  # finalize completes it if the content is the same
+        else:
+            parent, _ = self._prepare(step, parent, ref, branch is not None)
         is_anchor = self._is_anchor(parent, anchor)
         kept = self._kept if self._kept.enabled and self._kept.lock.acquire(blocking=False) else None
         w = self._new_writer(step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._executor)
+        w.ref = ref
         if kept is not None:
             shutdown = w._shutdown
 
@@ -376,11 +466,16 @@ class CommitMixin(TrajectoryBase):
             A still-open writer of this process: its records are added and the
             tables go into its pack (one pack for the whole commit).
 
+        The branch moves by compare-and-swap from where it was when ``writer``
+        was made (without ``writer``: when finalize starts).  If ``step``
+        exists because an earlier finalize of the same records was interrupted
+        after its commit point, this one completes it (moves the branch).
+
         Raises
         ------
         InvalidInputError
             Records disagree (step, parent, anchor, dtype, shape) or pieces do not tile a tensor.
-        StepExistsError, ConflictError
+        StepExistsError, ConflictError, RefMovedError
             As for :meth:`commit`.
         """
         self._check_writable()
@@ -394,16 +489,30 @@ class CommitMixin(TrajectoryBase):
             raise InvalidInputError("finalize needs the records of at least one piece writer (or the writer)")
         first = records[0] if records else writer
         parent, anchor = first.parent, first.anchor  # type: ignore[union-attr]
-        _, move = self._prepare(step, parent, branch)
+        name = check_ref_name(branch if branch is not None else MAIN)
+        ref = writer.ref if writer is not None else None
+        if ref is None or ref.name != name:
+            ref = self._refs.read(name)
+        metadata = _check_metadata(metadata)
+        files_ = _check_files(files)
         try:
+            if self._io.exists(step_key(step)):
+                doc = self._existing(step, parent, ref)
+                pdoc = self._reader.doc(parent) if parent is not None else None
+                tables, _ = self._tables(step, records, parent, pdoc, anchor)
+                content = content_checksum(tables, {n: digest(d).hex() for n, d in files_.items()}, metadata)
+                if writer is not None:
+                    writer.abort()  # its blobs are already in the step
+                return self._complete(step, doc, ref, content)
+            _, move = self._prepare(step, parent, ref, branch is not None)
             self._finalize(
                 step,
                 records,
                 parent,
                 stream or PackStream(self._io, self.pack_bytes),
-                branch=check_ref_name(branch if branch is not None else MAIN) if move else None,
-                metadata=_check_metadata(metadata),
-                files=_check_files(files),
+                branch=ref if move else None,
+                metadata=metadata,
+                files=files_,
                 anchor=anchor,
             )
         except BaseException:
@@ -415,10 +524,35 @@ class CommitMixin(TrajectoryBase):
                 writer._shutdown()
         return step
 
-    def _finalize(self, step, records, parent, stream: PackStream, *, branch, metadata, files, anchor, created=None):
-        """Tables and files into ``stream``, close it, create the step document, move the ref."""
-        pdoc = self._reader.doc(parent) if parent is not None else None
+    def _tables(self, step, records, parent, pdoc, anchor) -> tuple[list[TensorTable], list[str]]:
+        """The tensor tables of ``records`` (checked, see :meth:`_gather`) and the packs they point into."""
         tensors, packs = self._gather(step, records, parent, pdoc, anchor)
+        index = {p: i for i, p in enumerate(packs)}
+        tables = [TensorTable(n, t[0], t[1], t[2], tuple(r.piece(index) for r in t[3])) for n, t in tensors.items()]
+        return tables, packs
+
+    def _finalize(
+        self,
+        step,
+        records,
+        parent,
+        stream: PackStream,
+        *,
+        branch: RefState | None,
+        metadata,
+        files,
+        anchor,
+        created=None,
+    ):
+        """Tables and files into ``stream``, close it, then the commit point and the ref move.
+
+        ``branch``: the branch as read before the commit (None: move no ref);
+        it moves by compare-and-swap, through :meth:`Pending.publish` (which
+        first refuses a commit on a step being deleted, or on a head whose
+        previous commit was interrupted; see ``_pending.py``).
+        """
+        pdoc = self._reader.doc(parent) if parent is not None else None
+        tables, packs = self._tables(step, records, parent, pdoc, anchor)
         index = {p: i for i, p in enumerate(packs)}
 
         def number(pid: str) -> int:
@@ -427,7 +561,6 @@ class CommitMixin(TrajectoryBase):
                 packs.append(pid)
             return index[pid]
 
-        tables = [TensorTable(n, t[0], t[1], t[2], tuple(r.piece(index) for r in t[3])) for n, t in tensors.items()]
         file_refs = {}
         for name in sorted(files):
             data = files[name]
@@ -468,14 +601,16 @@ class CommitMixin(TrajectoryBase):
             created=created or _now(),
         )
         key = step_key(step)
-        try:
-            # the commit point: conditional create, so of two writers exactly one wins
-            self._io.create(key, doc.to_bytes())
-        except FileExistsError:
-            raise StepExistsError("another writer committed this step first", step=step, key=key) from None
-        self._reader.remember(doc, tables)
-        if branch is not None:
-            self._move_ref(branch, parent, step)
+
+        def create() -> None:  # the commit point: conditional create, so of two writers exactly one wins
+            try:
+                self._io.create(key, doc.to_bytes())
+            except FileExistsError:
+                raise StepExistsError("another writer committed this step first", step=step, key=key) from None
+            self._reader.remember(doc, tables)
+
+        refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
+        self._pending.publish(step, parent, refers, create, refs=self._refs, branch=branch, steps=lambda: self.steps)
 
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
         """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""

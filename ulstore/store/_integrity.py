@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
 from ._chunkcodec import content_digest, decode_chunk
-from ._layout import PACK_SUFFIX, PACKS_DIR, REFS_DIR, is_pack_id, pack_key, step_key
+from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ._reader import _BATCH_BYTES, _LRU, ChunkReader, _Plan
 from ._stepdoc import StepDoc
 from ._tables import TensorTable, content_checksum
@@ -127,11 +127,7 @@ class IntegrityMixin(TrajectoryBase):
                 )
 
         if step is None:
-            for name in list(self._io.find(REFS_DIR)):
-                try:
-                    self._get_ref(name[len(REFS_DIR) + 1 : -len(".json")])
-                except IntegrityError as e:
-                    note(e, None)
+            self._verify_refs(note)
         for s in steps:
             try:
                 d = fresh.doc(s)
@@ -178,6 +174,21 @@ class IntegrityMixin(TrajectoryBase):
                 )
         elif d.parent_content is not None:
             raise CorruptManifestError("a root step names a parent content", step=d.step, key=key)
+
+    def _verify_refs(self, note) -> None:
+        """Every ref entry sealed and chained; every ref's head step present."""
+        for name, errors in self._refs.problems().items():
+            for e in errors:
+                note(e, None)
+            try:
+                head = self._refs.read(name)
+            except IntegrityError:
+                continue  # reported above
+            if head.step is not None and not self._io.exists(step_key(head.step)):
+                note(
+                    CorruptManifestError(f"ref {name!r} points at step {head.step}, which is missing", key=head.key),
+                    head.step,
+                )
 
     def inventory(self) -> Inventory:
         """Every step's tables (parsed and checked, as for reading) and every pack's size; nothing decoded.

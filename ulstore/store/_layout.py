@@ -9,7 +9,9 @@ The physical layout of format 2 (see ``docs/layout.md``)::
                                    iff this object exists.
     packs/<id>.pack                immutable packs of blobs and table blocks; id = 32
                                    lowercase hex (random), checked before any key is built
-    refs/<name>.json               mutable {"step": n}: branch heads and tags
+    refs/<name>/<seq>.json         branch heads and tags: append-only logs of sealed entries,
+                                   the highest <seq> is the value (see _refs.py)
+    pending/                       commits and deletes in flight (see _pending.py)
     .tmp/                          local disk only: staging for atomic writes
 
 Every key here is relative to the root and uses ``/``; :class:`~ulstore.core.objects.ObjectStore`
@@ -37,6 +39,7 @@ __all__ = [
     "is_pack_id",
     "ref_key",
     "check_step",
+    "step_of",
     "check_ref_name",
     "check_tensor_names",
     "tensor_name_problem",
@@ -54,6 +57,7 @@ REFS_DIR = "refs"
 
 _REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}$")
 _PACK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_STEP_RE = re.compile(r"^(0|[1-9][0-9]*)$")
 #: longest tensor or file name, in UTF-8 bytes
 MAX_NAME_BYTES = 4096
 
@@ -100,6 +104,11 @@ def check_step(step) -> int:
     if step < 0:
         raise InvalidInputError(f"a step is a non-negative integer, got {step}")
     return step
+
+
+def step_of(name: str) -> int | None:
+    """The step a directory name under ``steps/`` stands for, or None (only canonical ASCII decimals are steps)."""
+    return int(name) if _STEP_RE.match(name) else None
 
 
 def check_ref_name(name) -> str:

@@ -16,11 +16,12 @@ import time
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, RefMovedError
 from ._base import TrajectoryBase
 from ._chunkcodec import digest, encode_chunk
-from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, ref_key, step_key
+from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ._packs import Location, PackStream
+from ._pending import PENDING_DIR
 from ._stepdoc import FileRef, StepDoc, TableRef
 from ._tables import Piece, TensorTable, encode_block
 
@@ -134,10 +135,34 @@ class RetentionMixin(TrajectoryBase):
         parent (or are removed if it had none).  Packs are not removed: run
         :meth:`gc`.
 
-        Not safe while another process commits a child of ``step``.
+        Safe against concurrent commits: if a commit on ``step`` or on a step
+        that depends on it is in flight, or another delete is, it refuses
+        (ConflictError) before changing anything; a commit that would refer to
+        a step being deleted refuses likewise (see ``_pending.py``).
+
+        Raises
+        ------
+        ConflictError
+            A commit depending on ``step``, or another delete, is in flight: retry later.
         """
         self._check_writable()
         step = self._resolve(step)
+        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps):
+            self._delete(step)
+
+    def _dependants(self, step: int) -> set[int]:
+        """Steps whose parent is ``step`` or whose chunks are coded against it."""
+        out = set()
+        for s in self.steps:
+            if s == step:
+                continue
+            if self._reader.doc(s).parent == step or any(
+                (p.ref == step).any() for t in self._reader.tables(s).values() for p in t.pieces
+            ):
+                out.add(s)
+        return out
+
+    def _delete(self, step: int) -> None:
         reader = self._reader
         dead = reader.doc(step)
         dead_tables = reader.tables(step)
@@ -179,10 +204,10 @@ class RetentionMixin(TrajectoryBase):
             reader.forget([nd.step])
         for name, target in self.refs.items():
             if target == step:
-                if dead.parent is None:
-                    self._io.delete(ref_key(name))
-                else:
-                    self._move_ref(name, step, dead.parent)
+                try:
+                    self._move_ref(name, dead.parent, step)  # compare-and-swap; None deletes the ref
+                except RefMovedError:  # moved away from step meanwhile: nothing to do
+                    pass
         self._io.delete(step_key(step))
         reader.forget([step])
 
@@ -308,6 +333,9 @@ class RetentionMixin(TrajectoryBase):
         io.delete_many([pack_key(p) for p in removed])
         io.delete_many([f"{RETIRED_DIR}/{p}" for p in retired if p in removed or p in listed])
         io.sweep_tmp(older_than)
+        # markers of commits/deletes killed mid-way (see _pending.py): past the grace period only
+        pending = io.find(PENDING_DIR, detail=True)
+        io.delete_many([k for k, info in pending.items() if not older_than or (_age(info, now) or 0.0) >= older_than])
         reader.forget()
         return {"packs": len(removed), "bytes": freed, "repacked": len(repack), "steps_rewritten": rewritten}
 

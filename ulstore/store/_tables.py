@@ -56,8 +56,10 @@ __all__ = [
     "encode_block",
     "decode_block",
     "pieces_problem",
+    "chunk_nbytes",
     "content_checksum",
     "MAX_BLOCK_RAW",
+    "MAX_CHUNK_BYTES",
 ]
 
 _MAGIC = b"ULTB"
@@ -66,6 +68,9 @@ _HEAD = struct.Struct("<4sBBHQ")
 _CODECS = (ULPACK, ZSTD)
 #: the largest table block a reader inflates (a tensor with millions of chunks fits)
 MAX_BLOCK_RAW = 1 << 30
+#: Largest chunk a table may declare (and ``chunk_bytes`` may ask for): a bound
+#: on what one chunk read allocates, whatever a crafted table says.
+MAX_CHUNK_BYTES = 1 << 32
 _MAX_NDIM = 64
 _MAX_PIECES = 1 << 20
 _MAX_DIM = 1 << 62
@@ -179,11 +184,16 @@ class TensorTable:
 # -- piece layouts ----------------------------------------------------------------
 
 
+def chunk_nbytes(shape, chunks, itemsize: int) -> int:
+    """Bytes of the largest chunk of a piece of ``shape`` cut into ``chunks`` (a chunk never exceeds its piece)."""
+    return math.prod(min(int(c), int(s)) for s, c in zip(shape, chunks)) * itemsize
+
+
 def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     """Why ``layouts`` (``(offset, shape, chunks)`` each) do not tile a tensor of ``shape`` exactly, or None.
 
     Each piece must lie inside the tensor with chunks of at least one element
-    per axis, and together they must cover every element exactly once:
+    and at most the piece's length per axis, and together they must cover every element exactly once:
     checked on the grid the pieces' boundaries cut the tensor into.
     """
     ndim = len(shape)
@@ -192,7 +202,9 @@ def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     for off, shp, ch in layouts:
         if not (len(off) == len(shp) == len(ch) == ndim):
             return "a piece has the wrong number of dimensions"
-        if any(c < 1 or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
+        # a chunk never exceeds its piece (writers clamp it): a crafted table cannot make a
+        # reader pad a chunk of a few elements out to gigabytes
+        if any(c < 1 or c > max(s, 1) or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
             return f"piece at {list(off)} of shape {list(shp)} (chunks {list(ch)}) is outside {list(shape)}"
     if len(layouts) == 1:
         off, shp, _ = layouts[0]
@@ -346,6 +358,8 @@ def decode_block(data, *, n_packs: int) -> list[TensorTable]:
             (has_snap,) = cur.unpack("<B")
             if any(c < 1 or c > _MAX_DIM for c in ch):
                 raise TableError(f"tensor {name!r} has a chunk shape {list(ch)}")
+            if chunk_nbytes(shp, ch, dtype.itemsize) > MAX_CHUNK_BYTES:
+                raise TableError(f"tensor {name!r} has chunks {list(ch)} of more than {MAX_CHUNK_BYTES} bytes")
             layouts.append((off, shp, ch, bool(has_snap)))
         why = pieces_problem(shape, [x[:3] for x in layouts])
         if why is not None:

@@ -24,10 +24,18 @@ from ..core.sealed import canonical_json
 from ..errors import ConflictError, CorruptBlobError, CorruptManifestError, InvalidInputError, NotFoundError
 from ._chunkcodec import decode_chunk, le_bytes
 from ._layout import ROOT_META, STEPS_DIR, chunk_grid, step_key
+from ._tables import MAX_CHUNK_BYTES, chunk_nbytes
 
 __all__ = ["upgrade", "LegacyTrajectory"]
 
 _MAX_CHAIN = 1 << 16
+
+
+def _count(n, least: int) -> int:
+    """A shape (``least`` 0) or chunk (``least`` 1) extent read from a manifest."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < least or n >= 1 << 62:
+        raise ValueError(f"extent {n!r} is not an int in [{least}, 2**62)")
+    return n
 
 
 def _b2(data, size: int) -> str:
@@ -96,9 +104,13 @@ class LegacyTrajectory:
             if body["format"] != 1 or body["step"] != step:
                 raise ValueError("format or step")
             for t in body["tensors"].values():
-                t["shape"] = tuple(int(n) for n in t["shape"])
-                t["chunks"] = tuple(int(n) for n in t["chunks"])
+                t["shape"] = tuple(_count(n, 0) for n in t["shape"])
+                t["chunks"] = tuple(_count(n, 1) for n in t["chunks"])
                 t["dtype"] = numpy_dtype(t["dtype"])
+                if len(t["chunks"]) != len(t["shape"]):
+                    raise ValueError("chunks and shape differ in rank")
+                if chunk_nbytes(t["shape"], t["chunks"], t["dtype"].itemsize) > MAX_CHUNK_BYTES:
+                    raise ValueError(f"chunks {list(t['chunks'])} exceed {MAX_CHUNK_BYTES} bytes")
                 if len(t["entries"]) != math.prod(chunk_grid(t["shape"], t["chunks"])):
                     raise ValueError("chunk table")
         except Exception as e:
@@ -241,5 +253,5 @@ def upgrade(src, dest, *, storage_options: dict | None = None, dest_storage_opti
             progress(done, len(order))
     for name, step in sorted(legacy.refs.items()):
         if step in traj:
-            traj._move_ref(name, None, step)
+            traj._move_ref(name, step, None)  # a new trajectory: create each ref
     return traj

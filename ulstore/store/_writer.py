@@ -35,7 +35,8 @@ from ._kept import KeptPiece, KeptStep
 from ._layout import choose_chunks, chunk_grid
 from ._packs import Location, PackStream
 from ._reader import ChunkReader
-from ._tables import Piece, TensorTable
+from ._refs import RefState
+from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nbytes
 
 __all__ = ["PieceRecord", "PieceWriter"]
 
@@ -169,6 +170,9 @@ class PieceWriter:
         self._intra: dict = {}  # dedup key of an intra blob -> Location, from the parent's entries
         self._failed = False
         self.closed = False
+        #: the branch as read when :meth:`Trajectory.piece_writer` made this writer: a
+        #: finalize given this writer moves it by compare-and-swap from there
+        self.ref: RefState | None = None
 
     # -- input ----------------------------------------------------------------------
 
@@ -211,6 +215,10 @@ class PieceWriter:
             raise InvalidInputError(
                 f"chunk shape {list(chunks)} does not fit a piece of rank {len(shape)}", tensor=name
             )
+        # a chunk longer than its piece holds the same elements as one of the piece's length
+        chunks = tuple(min(c, max(s, 1)) for c, s in zip(chunks, pshape))
+        if chunk_nbytes(pshape, chunks, dtype.itemsize) > MAX_CHUNK_BYTES:
+            raise InvalidInputError(f"chunks {list(chunks)} exceed {MAX_CHUNK_BYTES} bytes", tensor=name)
         layout = (offset, pshape, chunks)
         if (name, offset) in self._written:
             raise InvalidInputError(f"piece at {list(offset)} was written twice", tensor=name)

@@ -14,10 +14,11 @@ Read me first
   from an intra entry), so no read walks back further.
 - A writer keeps the step it committed last (the kept parent) and codes the
   next commit against it without decoding anything (``keep_parent``).
-- Refs (``main``, ``rl-run-2``) are small mutable JSON objects, last writer
-  wins.  Steps themselves are never overwritten, except by :meth:`delete` and
-  :meth:`gc` (repacking), which rewrite step documents with unchanged
-  contents (one PUT each).
+- Refs (``main``, ``rl-run-2``) are append-only logs of sealed entries, moved
+  by compare-and-swap: of two writers that read the same head, one moves it and
+  the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never
+  overwritten, except by :meth:`delete` and :meth:`gc` (repacking), which
+  rewrite step documents with unchanged contents (one PUT each).
 
 Examples
 --------
@@ -55,6 +56,7 @@ from ._read import ReadMixin, StepInfo
 from ._reader import DEFAULT_CACHE_BYTES
 from ._retention import RetentionMixin
 from ._stepdoc import FORMAT
+from ._tables import MAX_CHUNK_BYTES
 
 __all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "HEAD", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_BYTES"]
 
@@ -79,6 +81,7 @@ def open(
     keep_parent: bool | int = True,
     executor: cf.Executor | None = None,
     threads: int | None = None,
+    durable: bool = True,
 ) -> Trajectory:
     """Open (or create) the trajectory at ``url``.
 
@@ -124,6 +127,12 @@ def open(
         Threads of reads (default: at least 4, for I/O) and of encoding
         (default: the CPU count; each encoding thread holds a few chunks of
         scratch memory).
+    durable : bool, default True
+        Local disk: fsync every pack, step document and ref (and the
+        directories they enter) before a commit returns, so a power cut cannot
+        lose an acknowledged step.  False trades that for speed (see
+        docs/concepts.md).  Object stores are durable when a PUT returns,
+        whatever this says.
 
     Returns
     -------
@@ -150,7 +159,10 @@ def open(
     """
     if mode not in _MODES:
         raise InvalidInputError(f"mode must be one of {_MODES}, got {mode!r}")
-    url, io = _object_store(url, fs, storage_options)
+    cache_bytes = _check_positive("cache_bytes", cache_bytes, zero=True)
+    if threads is not None:
+        threads = _check_positive("threads", threads)
+    url, io = _object_store(url, fs, storage_options, durable)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
@@ -190,7 +202,7 @@ def open(
     )
 
 
-def _object_store(url, fs, storage_options) -> tuple[str, ObjectStore]:
+def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, ObjectStore]:
     """(url as shown, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
     from fsspec.mapping import FSMap
 
@@ -200,23 +212,30 @@ def _object_store(url, fs, storage_options) -> tuple[str, ObjectStore]:
         fs, url = url.fs, url.root
     if fs is None:
         url = os.fspath(url)
-        return url, ObjectStore.from_url(url, storage_options)
+        return url, ObjectStore.from_url(url, storage_options, durable=durable)
     if storage_options:
         raise InvalidInputError("storage_options go to the filesystem: configure fs= with them instead")
     if not hasattr(fs, "_strip_protocol") or not hasattr(fs, "cat_file"):
         raise InvalidInputError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
     url = os.fspath(url)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol)
+    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
 
 
 def _group(attributes: dict) -> dict:
     return {"zarr_format": 3, "node_type": "group", "attributes": attributes}
 
 
-def _check_positive(name, value, zero=False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise InvalidInputError(f"{name} must be an int >= {0 if zero else 1}, got {value!r}")
+def _check_positive(name, value, zero=False, error=InvalidInputError, key=None) -> int:
+    top = MAX_CHUNK_BYTES if name == "chunk_bytes" else None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < (0 if zero else 1)
+        or (top is not None and value > top)
+    ):
+        limit = f" and <= {top}" if top is not None else ""
+        raise error(f"{name} must be an int >= {0 if zero else 1}{limit}, got {value!r}", key=key)
     return value
 
 
@@ -237,7 +256,8 @@ def _parse_settings(raw: bytes, url: str = "") -> dict:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise CorruptManifestError(f"root zarr.json is not JSON: {e}", key=ROOT_META) from e
-    settings = doc.get("attributes", {}).get("ulstore") if isinstance(doc, dict) else None
+    attributes = doc.get("attributes") if isinstance(doc, dict) else None
+    settings = attributes.get("ulstore") if isinstance(attributes, dict) else None
     if not isinstance(settings, dict):
         raise InvalidInputError("this Zarr hierarchy is not a ulstore trajectory", key=ROOT_META)
     if settings.get("format") == 1:
@@ -250,9 +270,7 @@ def _parse_settings(raw: bytes, url: str = "") -> dict:
         raise CorruptManifestError(f"unsupported trajectory format {settings.get('format')!r}", key=ROOT_META)
     out = dict(settings)
     for name, zero in (("anchor_every", True), ("chunk_bytes", False), ("pack_bytes", False)):
-        v = out.get(name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero else 1):
-            raise CorruptManifestError(f"root zarr.json has a bad setting {name}={v!r}", key=ROOT_META)
+        _check_positive(name, out.get(name), zero, error=CorruptManifestError, key=ROOT_META)
     return out
 
 
@@ -260,8 +278,8 @@ class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):
     """A trajectory of checkpoints: immutable steps, branches, lazy exact reads.
 
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
-    several threads or processes are safe (each step is created at most once)
-    but a branch moves to whichever commit wrote its ref last.
+    several threads or processes are safe: each step is created at most once,
+    and a branch moves by compare-and-swap (a loser gets ``RefMovedError``).
     """
 
     # the jobs live in their own modules; the reversed MRO (base, read, commit,

@@ -1,0 +1,138 @@
+"""The CLI tells the user what happened: JSON errors, suggestions, missing steps, exit statuses, no ANSI codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from tests.cli.test_cli import assert_one_line_error, run, write_steps
+from ulstore import cli
+from ulstore.io import checkpoints as ckpt
+
+ERROR_KEYS = {"type", "message", "exit_status", "step", "tensor", "key"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    paths = write_steps(tmp_path)
+    url = tmp_path / "traj"
+    run("add", url, *paths, "--init", check=0)
+    return url
+
+
+def json_error(p, status: int) -> dict:
+    """stderr holds exactly one JSON document of the one error shape, and the exit status agrees."""
+    assert p.returncode == status, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "usage:" not in p.stderr
+    doc = json.loads(p.stderr)
+    assert set(doc) == {"error"} and set(doc["error"]) == ERROR_KEYS, doc
+    assert doc["error"]["exit_status"] == status and doc["error"]["message"]
+    assert "\n" not in doc["error"]["message"]
+    return doc["error"]
+
+
+def test_errors_under_json_are_json_on_stderr(tmp_path, store):
+    # usage errors, found by argparse and after parsing
+    e = json_error(run("lgo", store, "--json"), 2)
+    assert e["type"] == "UsageError" and "did you mean 'log'?" in e["message"]
+    e = json_error(run("log", store, "--json", "--frmat"), 2)
+    assert "unrecognized arguments: --frmat" in e["message"]
+    e = json_error(run("log", store, "-o", "noequals", "--json"), 2)
+    assert "-o expects KEY=VALUE" in e["message"]
+    e = json_error(run("export", store, 300, tmp_path / "x.h5", "--json"), 2)
+    assert "cannot tell the export format" in e["message"]
+    # data errors carry the step they are about
+    e = json_error(run("ls", store, 150, "--json"), 1)
+    assert e["type"] == "StepNotFoundError" and e["step"] == 150
+    assert e["message"] == f"no step 150 in {store}; its steps are 100, 200, 300"
+    e = json_error(run("log", tmp_path / "nowhere", "--json"), 1)
+    assert e["type"] == "NotFoundError" and "ulstore init" in e["message"]
+    e = json_error(run("add", store, tmp_path / "step_000900.safetensors", "--json"), 1)
+    assert "no such checkpoint" in e["message"]
+    # verify: the report on stdout, the error on stderr
+    blob = max((store / "packs").rglob("*.pack"), key=lambda f: f.stat().st_size)  # the pack holding blobs
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    blob.write_bytes(bytes(data))
+    p = run("verify", store, "--json")
+    assert json.loads(p.stdout)["ok"] is False
+    e = json_error(p, 1)
+    assert blob.name in e["message"] and e["key"] and blob.name in e["key"]
+
+
+def test_interrupt_under_json(tmp_path, monkeypatch, capsys):
+    def interrupted(args, ui):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli._commands, "_cmd_log", interrupted)
+    assert cli.main(["log", str(tmp_path), "--json"]) == 130
+    doc = json.loads(capsys.readouterr().err)
+    assert doc["error"]["type"] == "KeyboardInterrupt" and doc["error"]["exit_status"] == 130
+
+
+def test_did_you_mean(store):
+    p = run("lgo", store)
+    assert p.returncode == 2 and "usage: ulstore" in p.stderr
+    assert "did you mean 'log'?" in p.stderr.splitlines()[-1]
+    p = run("log", store, "--jsn")
+    assert p.returncode == 2 and "usage: ulstore log" in p.stderr and "did you mean '--json'?" in p.stderr
+    p = run("export", store, 300, "o.pt", "--format", "trch")
+    assert p.returncode == 2 and "did you mean 'torch'?" in p.stderr
+    p = run("zzzzzz", store)
+    assert p.returncode == 2 and "did you mean" not in p.stderr  # nothing close: no guess
+
+
+def test_missing_step_shows_the_steps_that_exist(tmp_path, store):
+    p = run("ls", store, 250)
+    assert_one_line_error(p, f"no step 250 in {store}; its steps are 100, 200, 300")
+    assert "zarr.json" not in p.stderr and "key" not in p.stderr  # no internal key
+    assert_one_line_error(run("ls", store, "mian"), "no step or ref named 'mian'", "did you mean 'main'?", "refs: main")
+    assert_one_line_error(run("log", store, 7), "no step 7", "100, 200, 300")
+    assert_one_line_error(run("verify", store, 7), "no step 7")
+    ckpt.save_safetensors({"model.w": np.ones((4, 4), np.float32)}, tmp_path / "step_000400.safetensors")
+    assert_one_line_error(run("add", store, tmp_path / "step_000400.safetensors", "--parent", 7), "no step 7")
+    # a long run: the nearest steps and where to find the rest
+    paths = write_steps(tmp_path / "many", steps=range(10, 130, 10))
+    run("add", tmp_path / "many" / "traj", *paths, "--init", check=0)
+    p = run("export", tmp_path / "many" / "traj", 55, tmp_path / "o.safetensors")
+    assert_one_line_error(p, "no step 55", "the nearest are 40, 50, 60, 70", "12 steps from 10 to 120", "ulstore log")
+
+
+def test_torch_weights_only_error_reaches_the_user_plainly(tmp_path, store):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "step_000400.pt"
+    torch.save({"w": torch.ones(2), "args": argparse.Namespace(lr=1e-3)}, path)  # not a weights-only type
+    p = run("add", store, path)
+    assert_one_line_error(p, "holds objects other than tensors", "weights_only=True", "state_dict")
+    assert "\x1b" not in p.stderr and "[1m" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["add", "{store}", "{a}", "{b}", "--step", "5"], "--step applies to one CHECKPOINT"),
+        (["add", "{store}", "{plain}"], "cannot tell the step"),
+        (["add", "{store}", "{a}", "{a}"], "are both step"),
+        (["add", "{store}", "{a}", "--rename-prefix", "nothing"], "expected OLD=NEW"),
+        (["export", "{store}", "300", "{tmp}/o.h5"], "cannot tell the export format"),
+        (["export", "{store}", "300", "{tmp}/o", "--shard-size", "lots"], "not a byte count"),
+        (["export", "{store}", "300", "{tmp}/o.pt", "--shard-size", "5GB"], "sharded output is a directory"),
+        (["stats", "{store}", "--top", "-1"], "non-negative integer"),
+        (["log", "{store}", "-o", "x"], "-o expects KEY=VALUE"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path, store, argv, fragment):
+    ckpt.save_npz({"w": np.ones(2, np.float32)}, tmp_path / "plain.npz")
+    names = {
+        "store": store,
+        "tmp": tmp_path,
+        "a": tmp_path / "step_000100.safetensors",
+        "b": tmp_path / "step_000200.safetensors",
+        "plain": tmp_path / "plain.npz",
+    }
+    p = run(*[a.format(**names) for a in argv])
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert fragment in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr

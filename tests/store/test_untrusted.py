@@ -1,0 +1,122 @@
+"""Bad settings, metadata and crafted store objects raise named errors (issue 14, "unnamed exceptions")."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import ulstore
+from tests.helpers.store import rewrite_step
+from ulstore.errors import CorruptManifestError, InvalidInputError, UlstoreError
+from ulstore.store._layout import ROOT_META
+
+
+def test_deeply_nested_metadata_is_invalid_input():
+    d: dict = {"a": 1}
+    for _ in range(5000):
+        d = {"a": d}
+    traj = ulstore.open("memory://untrusted-deep", mode="w")
+    with pytest.raises(InvalidInputError, match="nested"):
+        traj.commit(0, {"w": np.zeros(2, np.float32)}, metadata=d)
+    assert traj.steps == []
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"cache_bytes": "x"},
+        {"cache_bytes": -1},
+        {"cache_bytes": 1.5},
+        {"threads": "2"},
+        {"threads": 0},
+        {"threads": -3},
+        {"threads": True},
+        {"chunk_bytes": 1 << 40},
+    ],
+)
+def test_bad_settings_are_invalid_input(kw):
+    with pytest.raises(InvalidInputError, match=next(iter(kw))):
+        ulstore.open("memory://untrusted-settings", mode="w", **kw)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["no chunk_bytes", "anchor_every is a string", "anchor_every negative", "chunk_bytes zero", "attributes a list"],
+)
+def test_damaged_root_settings_are_named(tmp_path, damage):
+    root = str(tmp_path / "t")
+    ulstore.open(root, mode="w").commit(0, {"w": np.zeros(4, np.float32)})
+    path = os.path.join(root, ROOT_META)
+    doc = json.load(open(path))
+    s = doc["attributes"]["ulstore"]
+    if damage == "no chunk_bytes":
+        del s["chunk_bytes"]
+    elif damage == "anchor_every is a string":
+        s["anchor_every"] = "x"
+    elif damage == "anchor_every negative":
+        s["anchor_every"] = -2
+    elif damage == "chunk_bytes zero":
+        s["chunk_bytes"] = 0
+    else:
+        doc["attributes"] = [1]
+    open(path, "w").write(json.dumps(doc))
+    with pytest.raises(UlstoreError) as e:
+        ulstore.open(root, mode="a").commit(1, {"w": np.ones(4, np.float32)})
+    assert e.value.key == ROOT_META
+
+
+@pytest.mark.parametrize("name", ["\u00b2", "0012", "1e3", "-1", " 7"])
+def test_odd_entries_under_steps_are_not_steps(tmp_path, name):
+    root = str(tmp_path / "t")
+    traj = ulstore.open(root, mode="w")
+    traj.commit(5, {"w": np.zeros(4, np.float32)})
+    os.makedirs(os.path.join(root, "steps", name))
+    with open(os.path.join(root, "steps", name, "zarr.json"), "w") as f:
+        f.write("{}")
+    traj = ulstore.open(root, mode="r")
+    assert traj.steps == [5]
+    assert traj.verify().ok
+
+
+@pytest.mark.parametrize(
+    "shape, chunks",
+    [([-4], [-4]), ([-4], [4]), ([4], [0]), ([1 << 40], [1 << 40]), ([1 << 62, 1 << 62], [1, 1 << 62]), ([4], [8, 1])],
+)
+def test_negative_or_huge_shapes_in_a_table_are_corrupt(tmp_path, monkeypatch, shape, chunks):
+    """Format 2: a crafted table block (its hash in the step document recomputed) with a bad shape or chunk grid."""
+    from ulstore.store import _tables
+
+    root = str(tmp_path / "t")
+    traj = ulstore.open(root, mode="w")
+    traj.commit(0, {"w": np.arange(4, dtype=np.float32)})
+    # what a crafted binary holds: negative numbers are their two's complement as u64
+    monkeypatch.setattr(_tables, "_u64s", lambda vs: struct.pack(f"<{len(vs)}Q", *(v % (1 << 64) for v in vs)))
+
+    def craft(tables, append):
+        t = tables["w"]
+        (p,) = t.pieces
+        t.shape = tuple(shape)
+        p.offset, p.shape, p.chunks = (0,) * len(shape), tuple(shape), tuple(chunks)
+
+    rewrite_step(traj, 0, craft)
+    monkeypatch.undo()
+    traj = ulstore.open(root, mode="r")
+    with pytest.raises(CorruptManifestError) as e:
+        traj.read(0)
+    assert e.value.key is not None and e.value.key.startswith("packs/")  # the pack holding the table block
+    with pytest.raises(CorruptManifestError):
+        traj[0]["w"][:]
+    assert not traj.verify(raise_on_error=False).ok
+
+
+def test_a_chunk_larger_than_the_bound_is_refused_at_commit():
+    traj = ulstore.open("memory://untrusted-big-chunk", mode="w")
+    w = traj.piece_writer(0)
+    with pytest.raises(InvalidInputError, match="exceed"):
+        huge = np.broadcast_to(np.zeros(1, np.float32), (1 << 16, 1 << 15))  # 8 GiB, never allocated
+        w.write("w", huge, chunks=(1 << 16, 1 << 15))
+    w.abort()
