@@ -81,6 +81,9 @@ def test_a_model_directory_round_trips_with_config_and_tokenizer(tmp_path, model
     traj = ulstore.open(url, mode="r")
     assert traj.files(2) == small
     assert [traj.read_file(2, n) for n in small] == [traj.read_file(1, n) for n in small]
+    docs = traj._reader.doc(1), traj._reader.doc(2)
+    where = [{n: (d.packs[f.pack], f.offset) for n, f in d.files.items()} for d in docs]
+    assert where[1] == where[0]  # content-addressed: step 2's files are step 1's bytes, not new copies
     rows = {r["step"]: r for r in uio.storage_report(traj)["steps"]}
     weights = sum(a.nbytes for a in traj.read(2).values())
     assert rows[2]["stored_bytes"] < 0.5 * weights  # a delta of the weights; the files cost nothing again
