@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 import ulstore
 from tests.cli.test_cli import assert_one_line_error, objects, run, write_steps
 from tests.helpers.terminal import on_a_terminal
@@ -99,11 +97,6 @@ def test_demo_suggests_a_plot_only_with_matplotlib(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store: delete() keeps each rewritten manifest's anchor_distance although its chunks were re-encoded "
-    "against another reference (format 2 rewrites the step documents: fix it there)",
-)
 def test_log_shows_the_anchor_distance_after_rm(tmp_path):
     paths = write_steps(tmp_path, steps=(1, 2, 3, 4))
     url = tmp_path / "traj"

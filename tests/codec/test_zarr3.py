@@ -147,12 +147,15 @@ def test_fill_value_skipping_is_zarrs_and_documented(tmp_path):
 
 
 def test_the_docs_example_runs_as_written(tmp_path):
-    """docs/zarr.md's Python block, in a fresh interpreter in a scratch directory."""
+    """docs/zarr.md's Python blocks (ULPack in a plain array; a step's store with xarray and dask), each in a
+    fresh interpreter in a scratch directory."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "zarr.md").read_text()
-    (code,) = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    code, *more = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     assert "serializer=ULPack()" in code and "compressors=None" in code
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert len(more) == 1 and "traj.zarr_store(1200)" in more[0]
+    for block in (code, *more):
+        p = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
     assert zarr.open_array(str(tmp_path / "weights.zarr")).metadata.to_dict()["codecs"][0]["name"] == "ulpack"
 
 

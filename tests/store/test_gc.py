@@ -86,3 +86,20 @@ def test_repack_keeps_every_live_blob_and_drops_the_rest(tmp_path):
     traj.gc(repack_below=1.0)
     assert {s: traj.info(s).content for s in traj.steps} == contents  # repacking never changes a step's content
     assert ulstore.open(str(base), mode="r").verify().ok
+
+
+def test_delete_updates_the_anchor_distances_below_it(tmp_path):
+    states = states_bf16(20)
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=4)
+    for i in range(7):  # 0 (anchor) 1 2 3, 4 (anchor) 5 6; a branch off 2
+        traj.commit(i, states[i])
+    traj.commit(50, states[9], parent=2, branch="side")
+    assert [traj.info(s).anchor_distance for s in (0, 1, 2, 3, 4, 5, 6, 50)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    traj.delete(1)
+    # 2 re-coded against 0 and re-parented: one step nearer its anchor, and so is everything below it up to 4
+    assert {s: traj.info(s).anchor_distance for s in traj.steps} == {0: 0, 2: 1, 3: 2, 4: 0, 5: 1, 6: 2, 50: 2}
+    ro = ulstore.open(str(tmp_path / "t"), mode="r")
+    assert ro.verify().ok
+    for s in (2, 3, 6):
+        assert_state_equal(ro.read(s), states[s])
+    assert_state_equal(ro.read(50), states[9])

@@ -77,6 +77,8 @@ def _cmd_add(args, ui) -> int:
                     f"step {step:<8} <- {path}  ({r['format']}, {r['tensors']} tensors, {human_bytes(r['raw_bytes'])}, "
                     f"parent {'-' if r['parent'] is None else r['parent']})"
                 )
+                if r["kept"]:
+                    ui.out(f"{'':13}{r['kept']}")
     except BaseException:
         if created and not rows:
             _remove_new_trajectory(args, existed)  # a failed `add --init` leaves nothing behind
@@ -95,7 +97,21 @@ def _row(traj, step: int, path) -> dict:
         "tensors": len(shapes),
         "raw_bytes": sum(_nbytes(shape, dtype) for shape, dtype in shapes.values()),
         "format": info.metadata["checkpoint"]["format"],
+        "files": traj.files(step),
+        "kept": _kept(info.metadata["checkpoint"]),
     }
+
+
+def _kept(meta: dict) -> str:
+    """What a directory brought besides weights: "kept 7 files (config.json, ...), optimizer state (12 tensors)"."""
+    said = []
+    files = meta.get("files") or []
+    if files:
+        shown = ", ".join(files[:4]) + (", ..." if len(files) > 4 else "")
+        said.append(f"kept {len(files)} file{'s' if len(files) != 1 else ''} ({shown})")
+    for name, entry in (meta.get("state") or {}).items():
+        said.append(f"{name.rsplit('.', 1)[0].rsplit('/', 1)[-1]} state ({entry.get('tensors', 0)} tensors)")
+    return ", ".join(said)
 
 
 def _moving_back(traj, args, step: int, parent) -> str | None:

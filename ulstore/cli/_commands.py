@@ -93,13 +93,28 @@ def _cmd_ls(args, ui) -> int:
         shape, dtype = shapes[canon]
         docs.append({"name": alias, "dtype": dtype.name, "shape": list(shape), "bytes": 0, "alias_of": canon})
         rows.append([alias, dtype.name, "x".join(map(str, shape)) or "scalar", f"= {canon}"])
-    ui.emit({"url": args.url, "step": info.step, "tensors": docs, "raw_bytes": total, "elements": elements})
+    files = {name: f.size for name, f in sorted(traj._reader.doc(info.step).files.items())}
+    ui.emit(
+        {
+            "url": args.url,
+            "step": info.step,
+            "tensors": docs,
+            "raw_bytes": total,
+            "elements": elements,
+            "files": [{"name": n, "bytes": b} for n, b in files.items()],
+        }
+    )
     for line in table(rows, ["name", "dtype", "shape", "size"], "<<>>"):
         ui.out(line)
     ui.out(
         f"{len(shapes)} tensors{f' (+{len(aliases)} tied)' if aliases else ''}, {elements:,} elements, "
         f"{human_bytes(total)} (step {info.step})"
     )
+    if files:
+        ui.out("")
+        for line in table([[n, human_bytes(b)] for n, b in files.items()], ["file", "size"], "<>"):
+            ui.out(line)
+        ui.out(f"{len(files)} file{'s' if len(files) != 1 else ''}, {human_bytes(sum(files.values()))}")
     return EXIT_OK
 
 
@@ -114,7 +129,8 @@ def _cmd_export(args, ui) -> int:
         raise UsageError(e.message) from None
     traj = _open_existing(args)
     step = resolve(traj, args.url, args.step).step
-    raw = sum(_nbytes(shape, dtype) for shape, dtype in traj.tensors(step).values())
+    weights = {n: v for n, v in traj.tensors(step).items() if not uio.is_state_tensor(n)}
+    raw = sum(_nbytes(shape, dtype) for shape, dtype in weights.values())
     with ui.bar(total=raw, desc=f"reading step {step}", unit="B", unit_scale=True) as bar:
         result = uio.export_checkpoint(
             traj,

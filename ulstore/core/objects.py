@@ -58,10 +58,12 @@ import stat
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import fsspec
+from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -71,6 +73,29 @@ __all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "TMP_DIR"]
 MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
+
+_SERIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SERIAL_GUARD = threading.Lock()
+
+
+def _serial_lock(fs) -> threading.RLock | None:
+    """The lock serialising calls into ``fs``, for fsspec's caching wrappers; None for everything else.
+
+    ``filecache::`` and ``blockcache::`` keep their cache metadata in memory and
+    on disk without locking: two threads reading at once can see each other's
+    half-updated metadata (``TypeError: cannot unpack non-iterable bool
+    object``, ``mmap length is greater than file size``).  Reads through them
+    take turns; they are local once cached.
+    """
+    if not isinstance(fs, CachingFileSystem):
+        return None
+    with _SERIAL_GUARD:
+        lock = _SERIAL.get(fs)
+        if lock is None:
+            lock = _SERIAL[fs] = threading.RLock()
+        return lock
+
+
 _MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 TMP_DIR = ".tmp"
 # Protocols whose first path component is a bucket/container that must exist.
@@ -167,9 +192,15 @@ class ObjectStore:
 
     @contextlib.contextmanager
     def _calling(self, what: str, key: str | None) -> Iterator[None]:
-        """Map a backend failure to ``access_error`` when the client has one."""
+        """Map a backend failure to ``access_error`` when the client has one.
+
+        Calls into a filesystem that cannot be shared between threads (fsspec's
+        ``filecache::`` and ``blockcache::`` wrappers) are serialised.
+        """
+        lock = _serial_lock(self.fs)
         try:
-            yield
+            with lock if lock is not None else contextlib.nullcontext():
+                yield
         except FileExistsError:
             raise
         except Exception as e:
@@ -271,7 +302,9 @@ class ObjectStore:
                 # immutable packs; the views keep the mapping alive)
                 view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
                 return [view[min(a, st.st_size) : min(b, st.st_size)] for a, b in ranges]
-            return [os.pread(fd, b - a, a) if b > a else b"" for a, b in ranges]
+            # a range past the end comes back short (crafted offsets up to 2**63 included: no EINVAL, no huge buffer)
+            size = st.st_size
+            return [os.pread(fd, min(b, size) - a, a) if min(b, size) > a else b"" for a, b in ranges]
         finally:
             os.close(fd)
 

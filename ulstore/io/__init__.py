@@ -22,7 +22,18 @@ They travel in the step's metadata under the key ``"checkpoint"``
                     "aliases": {"lm_head.weight": "model.embed_tokens.weight"},
                     "order": ["b", "a"],                   # only when not sorted
                     "renamed": {"encoder.w": "bert.encoder.w"},  # rename_prefix=: stored -> file name
-                    "index": "{\n  \"metadata\": ..."}}      # sharded: the index file's text
+                    "index": "{\n  \"metadata\": ..."},     # sharded: the index file's text
+                    # a directory (_dirstate.py): the rest of it
+                    "files": ["config.json", "tokenizer.json", ...],  # kept as step files, byte for byte
+                    "state": {"optimizer.pt": {"skeleton": "_state/optimizer.json", "tensors": 24}},
+                    "not_kept": {"huge.bin": 123456789}}}   # too large, not weights: add warned
+
+A directory's small files are the step's files (``traj.files(step)``); a torch
+state file (``optimizer.pt``) is flattened: its tensors are the step's tensors
+under ``_state/`` (:data:`STATE_DIR`; Adam's moments are delta-coded like
+weights), its skeleton the file ``_state/optimizer.json``.  A directory export
+writes the files back and rebuilds each state file (``torch.load`` of it equals
+the original's).
 
 Exports
     A step can be written as one ``.safetensors`` file, a sharded Hugging Face
@@ -56,6 +67,7 @@ Examples
 """
 
 from . import checkpoints as checkpoints  # the file formats: ulstore.io.checkpoints
+from ._dirstate import STATE_DIR, is_state_tensor
 from ._export import export_checkpoint, read_checkpoint, to_numpy, to_torch
 from ._import import import_checkpoint
 from ._names import CHECKPOINT_KEY, FORMATS, checkpoint_format, output_format, step_from_path
@@ -65,6 +77,8 @@ from ._report import storage_report
 __all__ = [
     "CHECKPOINT_KEY",
     "FORMATS",
+    "STATE_DIR",
+    "is_state_tensor",
     "import_checkpoint",
     "read_checkpoint",
     "export_checkpoint",

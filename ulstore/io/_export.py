@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import CorruptManifestError, InvalidInputError
 from . import checkpoints as _ck
+from ._dirstate import is_state_tensor, restore_extras
 from ._names import CHECKPOINT_KEY, output_format
 
 __all__ = ["read_checkpoint", "to_numpy", "to_torch", "export_checkpoint"]
@@ -46,11 +47,12 @@ def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np
     meta = info.metadata.get(CHECKPOINT_KEY) or {}
     if not isinstance(meta, dict):
         raise CorruptManifestError(f"step metadata {CHECKPOINT_KEY!r} is not an object", step=info.step)
+    shapes = {n: v for n, v in traj.tensors(info.step).items() if not is_state_tensor(n)}  # weights, not training state
     if progress is None:
-        tensors = traj.read(info.step)
+        tensors = traj.read(info.step, list(shapes))
     else:
         tensors = {}
-        for group in _groups(traj.tensors(info.step), _PROGRESS_BYTES):
+        for group in _groups(shapes, _PROGRESS_BYTES):
             tensors.update(traj.read(info.step, group))
             progress(sum(tensors[n].nbytes for n in group))
     aliases = dict(meta.get("aliases") or {})
@@ -185,7 +187,8 @@ def export_checkpoint(
     else:
         with _staging_dir(out, overwrite) as tmp:
             _write_directory(tensors, tmp, file_meta, ck.index_text, max_shard_size, meta.get("max_shard_bytes"))
-    files = sorted(str(f) for f in out.iterdir()) if out.is_dir() else [str(out)]
+            restore_extras(traj, traj.info(step).step, meta, tmp)  # config, tokenizer, optimizer.pt...
+    files = sorted(str(f) for f in out.rglob("*") if f.is_file()) if out.is_dir() else [str(out)]
     return {
         "format": fmt,
         "path": str(out),

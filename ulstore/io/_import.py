@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD
 from . import checkpoints as _ck
+from ._dirstate import directory_extras
 from ._names import _GENERIC_NAMES, CHECKPOINT_KEY, checkpoint_format, step_from_path
 from ._rename import MIN_SHARED, FewSharedNamesWarning, name_overlap, rename_prefixes, suggest_prefixes
 
@@ -105,9 +106,17 @@ def import_checkpoint(
         info["renamed"] = {stored: original for original, stored in renamed.items()}  # export restores these
     if ck.index_text is not None:
         info["index"] = ck.index_text  # the shard layout and the index's own metadata, exactly
-    metadata[CHECKPOINT_KEY] = info
     _warn_if_few_shared_names(traj, path, tensors, parent, branch)
-    return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor)
+    files = None
+    if Path(path).is_dir():  # the rest of the directory: small files, training state (_dirstate.py)
+        state, files, kept = directory_extras(path, names)
+        tensors.update(state)
+        info.update({k: v for k, v in kept.items() if v})
+        if kept["not_kept"]:
+            sizes = ", ".join(f"{n} ({s} bytes)" for n, s in sorted(kept["not_kept"].items()))
+            warnings.warn(f"{path}: not kept (too large for a step file, and not weights): {sizes}", stacklevel=2)
+    metadata[CHECKPOINT_KEY] = info
+    return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor, files=files)
 
 
 def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None:

@@ -28,6 +28,7 @@ imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 from ._changes import ChunkChange
 from ._integrity import Inventory
 from ._layout import tensor_name_problem
+from ._logical import LogicalStore
 from ._upgrade import upgrade
 from ._writer import PieceRecord, PieceWriter
 from .trajectory import HEAD, StepInfo, Trajectory, VerifyReport, open
@@ -44,4 +45,5 @@ __all__ = [
     "PieceRecord",
     "ChunkChange",
     "tensor_name_problem",
+    "LogicalStore",
 ]

@@ -9,6 +9,23 @@ Keys it serves (``<step>`` is a decimal step number)::
     <step>/<tensor>/zarr.json          array metadata: real dtype, plain ``bytes`` codec
     <step>/<tensor>/c/<i>/<j>          a decoded chunk, padded to the full chunk shape
 
+Steps and chunk indices are canonical decimal numbers: ``00/zarr.json`` or
+``c/00/0`` name nothing (one key per object, no aliases).
+:meth:`~ulstore.store.Trajectory.zarr_store` gives a store rooted at one step
+(its keys are the ones above without ``<step>/``).
+
+Every array has ``dimension_names`` ``["<tensor>.dim_0", "<tensor>.dim_1", ...]``
+(the full tensor name, so no two tensors of a step share a dimension: xarray
+opens a step as a Dataset, or a DataTree for names with ``/``, without size
+conflicts between tensors).
+
+The store is read-only (zarr's conventions: constructed with ``read_only=True``
+only, writes raise zarr's ``ValueError``, which is also a
+:class:`~ulstore.errors.ReadOnlyError`), and picklable: a pickled store
+carries the trajectory's location, not its caches, so arrays of a step travel
+to dask workers (``processes=True``, ``distributed``) that can reach the same
+storage.
+
 The array metadata declares only the ``bytes`` codec: zarr sees raw values,
 and all ULPack decoding, reference walking, checking and caching happens in
 :class:`~._reader.ChunkReader`, because a zarr codec never learns which chunk
@@ -34,14 +51,26 @@ import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.dtype.common import HasEndianness
 
-from ..errors import NotFoundError, ReadOnlyError
+from ..errors import InvalidInputError, NotFoundError, ReadOnlyError
 from ._layout import chunk_grid
 from ._reader import ChunkReader
 from ._stepdoc import StepDoc
 from ._tables import TensorTable
 from ._zarr_dtypes import zarr_dtype
 
-__all__ = ["LogicalStore", "array_metadata"]
+__all__ = ["LogicalStore", "array_metadata", "dimension_names"]
+
+_WRITE = "store was opened in read-only mode and does not support writing"  # zarr's wording (StoreTests match it)
+
+
+class StoreReadOnlyError(ReadOnlyError, ValueError):
+    """A write to the logical store: zarr's ``ValueError`` and ulstore's :class:`ReadOnlyError` at once."""
+
+
+def _canonical(part: str) -> bool:
+    """``part`` is a decimal number written the one way (no sign, no leading zero)."""
+    return part.isascii() and part.isdigit() and (part == "0" or part[0] != "0")
+
 
 _ROOT = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": {"kind": "trajectory"}}}
 
@@ -49,6 +78,11 @@ _ROOT = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": {"kin
 def logical_chunks(t: TensorTable) -> tuple[int, ...]:
     """The chunk grid the zarr view presents: the first piece's (the only one's, unsharded)."""
     return t.pieces[0].chunks
+
+
+def dimension_names(name: str, ndim: int) -> list[str]:
+    """The dimension names of tensor ``name``: ``<name>.dim_<i>`` (unique within a step)."""
+    return [f"{name}.dim_{i}" for i in range(ndim)]
 
 
 def array_metadata(t: TensorTable, name: str) -> dict:
@@ -67,6 +101,7 @@ def array_metadata(t: TensorTable, name: str) -> dict:
         if isinstance(z, HasEndianness)
         else [{"name": "bytes"}],
         "attributes": {"ulstore": {"codec": t.codec, "tensor": name}},
+        "dimension_names": dimension_names(name, len(t.shape)),
     }
 
 
@@ -91,13 +126,21 @@ def step_attributes(d: StepDoc) -> dict:
 
 
 class LogicalStore(Store):
-    """Read-only zarr store over a :class:`ChunkReader`.
+    """Read-only zarr store presenting the steps of a trajectory as plain zarr v3 arrays.
+
+    Get one with :meth:`Trajectory.zarr_store <ulstore.store.Trajectory.zarr_store>`
+    (``traj[step]`` opens a group on it).
 
     Parameters
     ----------
-    reader : ChunkReader
-        Shared with the :class:`~ulstore.store.Trajectory`, so its caches serve
-        ``traj[step]`` and ``traj.read`` alike.
+    source : Trajectory or ChunkReader
+        The trajectory (its chunk reader, so its caches serve ``traj[step]``
+        and ``traj.read`` alike).
+    step : int, optional
+        Root the store at this step (keys ``zarr.json``, ``<tensor>/c/0/0``);
+        default: the whole trajectory (keys ``<step>/...``).
+    read_only : bool, default True
+        Must be True: steps are immutable (``False`` raises ``ValueError``).
     """
 
     supports_writes = False
@@ -105,23 +148,58 @@ class LogicalStore(Store):
     supports_partial_writes = False
     supports_listing = True
 
-    def __init__(self, reader: ChunkReader):
+    def __init__(self, source, *, step: int | None = None, read_only: bool = True):
+        if not read_only:
+            raise ValueError("a trajectory's zarr store is read-only (read_only=True): commit a new step instead")
         super().__init__(read_only=True)
+        reader = getattr(source, "_reader", source)
+        if not isinstance(reader, ChunkReader):
+            raise InvalidInputError(f"LogicalStore needs a Trajectory or a ChunkReader, got {type(source).__name__}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
         self.reader = reader
+        self.step = step
+        self._prefix = "" if step is None else f"{step}/"
+
+    def _where(self) -> tuple:
+        """What a store reads: equal for a store and its unpickled copy (fsspec's tokens are not)."""
+        io = self.reader.io
+        return (type(io.fs), getattr(io.fs, "storage_options", None), io.root, self.step)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LogicalStore) and other.reader is self.reader
+        return isinstance(other, LogicalStore) and (other.reader is self.reader or other._where() == self._where())
 
     def __hash__(self) -> int:
-        return id(self.reader)
+        return hash((self.reader.io.root, self.step))
 
     def __repr__(self) -> str:
-        return f"LogicalStore({self.reader.io!r})"
+        at = "" if self.step is None else f", step={self.step}"
+        return f"LogicalStore({self.reader.io.url!r}{at})"
+
+    def with_read_only(self, read_only: bool = False) -> LogicalStore:
+        """A new (unopened) store over the same steps; ``read_only=False`` is not possible."""
+        if not read_only:
+            raise NotImplementedError(
+                f"with_read_only is not implemented for the {type(self)} store type. "
+                "A trajectory's steps are immutable: commit a new step instead."
+            )
+        return type(self)(self.reader, step=self.step, read_only=True)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_is_open"] = False  # zarr's stores unpickle unopened; zarr opens them on first use
+        return state
 
     # -- resolving keys ---------------------------------------------------------
 
+    def _full(self, key: str) -> str:
+        """The trajectory-level key of ``key`` (``key`` itself unless rooted at a step)."""
+        if not self._prefix:
+            return key
+        return self._prefix + key if key else self._prefix[:-1]
+
     def _doc(self, part: str) -> StepDoc | None:
-        if not part.isdigit() or not part.isascii():
+        if not _canonical(part):
             return None
         try:
             return self.reader.doc(int(part))
@@ -134,8 +212,12 @@ class LogicalStore(Store):
         except NotFoundError:
             return None
 
-    def _find_chunk(self, d: StepDoc, rest: str):
-        """Split ``<tensor>/c/<i>/<j>`` into (tensor table, coord), or None."""
+    def _find_chunk(self, d: StepDoc, rest: str, *, partial: bool = False):
+        """Split ``<tensor>/c/<i>/<j>`` into (tensor table, coord), or None.
+
+        With ``partial``, a prefix of a chunk key (``<tensor>/c/<i>``) is
+        accepted too: the coord then has fewer entries than the tensor has axes.
+        """
         parts = rest.split("/")
         for i, p in enumerate(parts):
             if p != "c":
@@ -145,7 +227,9 @@ class LogicalStore(Store):
             if t is None:
                 continue
             idx = parts[i + 1 :]
-            if len(idx) != len(t.shape) or not all(s.isdigit() and s.isascii() for s in idx):
+            if len(idx) > len(t.shape) or (len(idx) < len(t.shape) and not partial):
+                return None
+            if not all(_canonical(s) for s in idx):
                 return None
             coord = tuple(int(s) for s in idx)
             if any(c >= g for c, g in zip(coord, chunk_grid(t.shape, logical_chunks(t)))):
@@ -159,6 +243,7 @@ class LogicalStore(Store):
 
     def _resolve(self, key: str) -> bytes | None:
         """The bytes of logical ``key``, or None (runs in a worker thread)."""
+        key = self._full(key)
         if key == "zarr.json":
             return json.dumps(_ROOT).encode()
         step, _, rest = key.partition("/")
@@ -190,6 +275,10 @@ class LogicalStore(Store):
     # -- Store API --------------------------------------------------------------
 
     async def get(self, key: str, prototype, byte_range: ByteRequest | None = None):
+        if byte_range is not None and not isinstance(
+            byte_range, (RangeByteRequest, OffsetByteRequest, SuffixByteRequest)
+        ):
+            raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
         data = await asyncio.to_thread(self._resolve, key)
         if data is None:
             return None
@@ -203,7 +292,7 @@ class LogicalStore(Store):
     async def exists(self, key: str) -> bool:
         if key.endswith("zarr.json"):
             return await asyncio.to_thread(self._resolve, key) is not None
-        step, _, rest = key.partition("/")
+        step, _, rest = self._full(key).partition("/")
 
         def find():
             d = self._doc(step)
@@ -211,34 +300,52 @@ class LogicalStore(Store):
 
         return await asyncio.to_thread(find)
 
+    def _refuse(self, key: str, hint: str = "commit a new step instead"):
+        raise StoreReadOnlyError(f"{_WRITE}: a trajectory step is read-only; {hint}", key=self._full(key))
+
     async def set(self, key: str, value) -> None:
-        raise ReadOnlyError("a trajectory step is read-only; commit a new step instead", key=key)
+        self._refuse(key)
 
     async def set_if_not_exists(self, key: str, value) -> None:
-        raise ReadOnlyError("a trajectory step is read-only; commit a new step instead", key=key)
+        self._refuse(key)
 
     async def delete(self, key: str) -> None:
-        raise ReadOnlyError("a trajectory step is read-only; use Trajectory.delete", key=key)
+        self._refuse(key, "use Trajectory.delete")
+
+    async def delete_dir(self, prefix: str) -> None:
+        self._refuse(prefix, "use Trajectory.delete")
+
+    async def clear(self) -> None:
+        self._refuse("", "use Trajectory.delete")
 
     async def list(self) -> AsyncIterator[str]:
-        for key in await asyncio.to_thread(self._all_keys, ""):
+        for key in await asyncio.to_thread(self._keys, ""):
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        for key in await asyncio.to_thread(self._all_keys, prefix):
+        for key in await asyncio.to_thread(self._keys, prefix):
             yield key
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        for name in await asyncio.to_thread(self._children, prefix.rstrip("/")):
+        for name in await asyncio.to_thread(self._children, self._full(prefix.rstrip("/"))):
             yield name
 
-    # -- listing ----------------------------------------------------------------
+    # -- listing (trajectory-level keys) ------------------------------------------
 
     def _steps(self) -> builtins.list[str]:
+        if self.step is not None:
+            return [str(self.step)] if self._doc(str(self.step)) is not None else []
         from ._layout import STEPS_DIR
 
         keys = self.reader.io.find(STEPS_DIR)
-        return sorted({k.split("/")[1] for k in keys if k.count("/") == 2 and k.endswith("/zarr.json")}, key=int)
+        return sorted(
+            {
+                k.split("/")[1]
+                for k in keys
+                if k.count("/") == 2 and k.endswith("/zarr.json") and _canonical(k.split("/")[1])
+            },
+            key=int,
+        )
 
     def _children(self, prefix: str) -> builtins.list[str]:
         if prefix == "":
@@ -249,13 +356,24 @@ class LogicalStore(Store):
             return []
         tensors = self.reader.tables(d.step)
         if node in tensors:
-            return ["zarr.json", "c"]
+            return ["c", "zarr.json"]
+        found = self._find_chunk(d, node, partial=True)
+        if found is not None:  # a chunk prefix <tensor>/c[/<i>...]: the next chunk index
+            t, coord = found
+            grid = chunk_grid(t.shape, logical_chunks(t))
+            return [str(i) for i in range(grid[len(coord)])] if len(coord) < len(grid) else []
         head = node + "/" if node else ""
         names = {n[len(head) :].split("/")[0] for n in tensors if n.startswith(head)}
         return ["zarr.json", *sorted(names)] if names or not node else []
 
+    def _keys(self, prefix: str) -> builtins.list[str]:
+        """Keys (relative to this store) starting with ``prefix``."""
+        full = self._full(prefix) if prefix else self._prefix
+        cut = len(self._prefix)
+        return [k[cut:] for k in self._all_keys(full) if k.startswith(self._prefix)]
+
     def _all_keys(self, prefix: str) -> builtins.list[str]:
-        keys = ["zarr.json"]
+        keys = [] if self._prefix else ["zarr.json"]
         for step in self._steps():
             if not (step + "/").startswith(prefix[: len(step) + 1]) and not prefix.startswith(step):
                 continue

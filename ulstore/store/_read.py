@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import InvalidInputError
 from ._base import MAIN, TrajectoryBase
 from ._changes import ChunkChange, changes_of
+from ._logical import LogicalStore
 
 __all__ = ["ReadMixin", "StepInfo"]
 
@@ -50,6 +51,31 @@ class ReadMixin(TrajectoryBase):
 
         step = self._resolve(step_or_ref)
         return zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
+
+    def zarr_store(self, step_or_ref=None) -> LogicalStore:
+        """The read-only zarr v3 store of one step (or, with no step, of every step).
+
+        Rooted at the step: ``zarr.json`` is the step's group, ``<tensor>/zarr.json``
+        an array, ``<tensor>/c/0/0`` a decoded chunk.  Follows zarr's store
+        conventions (``read_only=True``, ``with_read_only``, writes raise
+        ``ValueError``), pickles (dask workers that reach the same storage read
+        it), and its arrays carry ``dimension_names`` (``<tensor>.dim_<i>``), so
+        ``xarray.open_zarr(traj.zarr_store(step))`` opens a step as a Dataset
+        (``xarray.open_datatree`` for tensor names with ``/``).  A ref is
+        resolved now: the store keeps the step, not the branch.
+
+        Examples
+        --------
+        >>> import numpy as np, ulstore, zarr
+        >>> traj = ulstore.open("memory://doctest-zarr-store", mode="w")
+        >>> traj.commit(3, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+        3
+        >>> z = zarr.open_array(traj.zarr_store(3), path="w", mode="r")
+        >>> z[1].tolist(), z.metadata.dimension_names
+        ([3.0, 4.0, 5.0], ('w.dim_0', 'w.dim_1'))
+        """
+        step = None if step_or_ref is None else self._resolve(step_or_ref)
+        return LogicalStore(self._reader, step=step)
 
     def read(self, step_or_ref, names=None) -> dict[str, np.ndarray]:
         """Decode whole tensors of a step (all by default) into fresh, writable arrays.

@@ -110,6 +110,14 @@ class ChunkReader:
         self._chunks = _LRU(self.cache_bytes)
         self._inflight: dict = {}
 
+    def __getstate__(self) -> dict:
+        # where to read and how, not the caches (locks, decoded chunks): a process that
+        # unpickles a reader (a dask worker) starts with empty caches of the same budgets
+        return {"io": self.io, "cache_bytes": self.cache_bytes, "threads": self.threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["io"], state["cache_bytes"], state["threads"])  # type: ignore[misc]
+
     # -- single flight ------------------------------------------------------------
 
     def _once(self, key, compute):

@@ -199,7 +199,7 @@ class RetentionMixin(TrajectoryBase):
         except BaseException:
             stream.abort()
             raise
-        for nd in rewritten:
+        for nd in self._new_anchor_distances(rewritten, step):
             self._io.put(step_key(nd.step), nd.to_bytes())  # contents unchanged: one atomic PUT
             reader.forget([nd.step])
         for name, target in self.refs.items():
@@ -210,6 +210,37 @@ class RetentionMixin(TrajectoryBase):
                     pass
         self._io.delete(step_key(step))
         reader.forget([step])
+
+    def _new_anchor_distances(self, rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
+        """The step documents to write once ``gone`` is deleted: ``rewritten``, and every step whose anchor distance changes.
+
+        A step's anchor distance is its parent's plus one, unless it is an anchor
+        (0), as a commit sets it.  Chunks re-encoded against the deleted step's
+        reference shorten the chains of the steps below it (and a re-parented
+        step's parent is one step nearer the root), so their descendants' distances
+        change too: their documents are rewritten with the new number (content and
+        checksum unchanged).
+        """
+        docs = {s: self._reader.doc(s) for s in self.steps if s != gone}
+        docs.update({d.step: d for d in rewritten})
+        new: dict[int, int] = {}
+        for start in docs:
+            chain, s = [], start
+            while s not in new:
+                d = docs[s]
+                if d.anchor_distance == 0 or d.parent is None or d.parent not in docs or s in chain:
+                    new[s] = 0 if d.anchor_distance == 0 or d.parent is None else d.anchor_distance
+                    break
+                chain.append(s)
+                s = d.parent
+            for c in reversed(chain):
+                if c not in new:
+                    new[c] = new[docs[c].parent] + 1  # type: ignore[index]
+        out = {d.step: d for d in rewritten}
+        for s, d in docs.items():
+            if new[s] != d.anchor_distance:
+                out[s] = dataclasses.replace(d, anchor_distance=new[s])
+        return [out[s] for s in sorted(out)]
 
     def _recode(
         self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, recoded, packs: list[str]

@@ -37,6 +37,32 @@ _HEX128 = re.compile(r"^[0-9a-f]{32}$")
 _MAX = 1 << 62
 
 
+def _not_canonical(doc, key: str) -> str:
+    """Why a JSON step document is not canonical: a zarr write (which re-indents and adds attributes), or damage."""
+    try:
+        attrs = dict(doc["attributes"])
+        checksum = attrs.pop("ulstore_checksum")
+        body = attrs.pop("ulstore")
+        sealed = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": body}}
+        intact = checksum == _checksum(canonical_json(sealed))
+        extra = sorted(set(doc) - {"zarr_format", "node_type", "attributes"})
+    except Exception:  # not even the shape of a step document: plain damage
+        return "step document is not in canonical form"
+    added = f"attributes added: {sorted(attrs)}; " if attrs else ""
+    fields = f"fields added: {extra}; " if extra else ""
+    state = (
+        "its sealed fields are intact (no tensor data is lost), but a step document must stay byte for byte as "
+        "ulstore wrote it"
+        if intact
+        else "its sealed fields changed too"
+    )
+    return (
+        f"step document was rewritten outside ulstore, as a plain zarr write does (e.g. setting an attribute "
+        f"on the group {key.rsplit('/', 1)[0]!r}): {added}{fields}{state}. Steps are immutable: never write into a "
+        "trajectory with zarr; put metadata into commit(..., metadata=...) of a new step (docs/layout.md)"
+    )
+
+
 def is_hex128(value) -> bool:
     return isinstance(value, str) and _HEX128.match(value) is not None
 
@@ -136,7 +162,7 @@ class StepDoc:
             # the stored bytes must be exactly the canonical form, and the checksum
             # covers the whole document: no flipped byte can go unnoticed
             if canonical_json(doc) != bytes(data):
-                raise CorruptManifestError("step document is not in canonical form", step=step, key=key)
+                raise CorruptManifestError(_not_canonical(doc, key), step=step, key=key)
             attrs = doc["attributes"]
             checksum = attrs.pop("ulstore_checksum")
             if checksum != _checksum(canonical_json(doc)):

@@ -72,6 +72,7 @@ def open(
     url,
     mode: str = "a",
     *,
+    fs=None,
     storage_options: dict | None = None,
     anchor_every: int | None = None,
     chunk_bytes: int | None = None,
@@ -86,10 +87,17 @@ def open(
 
     Parameters
     ----------
-    url : str, os.PathLike or ObjectStore
-        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``), a
-        local path, or an :class:`ulstore.core.objects.ObjectStore` already opened
-        (e.g. with an ``access_error``; ``storage_options`` are then ignored).
+    url : str, os.PathLike, fsspec.FSMap or ObjectStore
+        Any fsspec URL (``s3://bucket/run-7``, ``memory://x``, ``gs://...``,
+        ``filecache::s3://...``) or a local path; with ``fs``, a path on that
+        filesystem; a mapper (``fs.get_mapper(path)``), whose filesystem and
+        root are used; or an :class:`ulstore.core.objects.ObjectStore` already
+        opened (e.g. with an ``access_error``; ``storage_options`` are then
+        ignored).  ``traj.url`` is ``url`` as given (a relative path stays
+        relative).
+    fs : fsspec.AbstractFileSystem, optional
+        An already configured filesystem (as zarr's ``FsspecStore(fs, path=...)``):
+        ``url`` is then a path on it.  Not with ``storage_options``.
     mode : {"r", "r+", "a", "w", "w-"}, default "a"
         ``"r"`` read only, must exist; ``"r+"`` read/write, must exist; ``"a"``
         read/write, created if missing; ``"w"`` create, **deleting** anything
@@ -156,11 +164,7 @@ def open(
     cache_bytes = _check_positive("cache_bytes", cache_bytes, zero=True)
     if threads is not None:
         threads = _check_positive("threads", threads)
-    if isinstance(url, ObjectStore):
-        io, url = url, url.url
-    else:
-        url = os.fspath(url)
-        io = ObjectStore.from_url(url, storage_options, durable=durable)
+    url, io = _object_store(url, fs, storage_options, durable)
     if mode == "w":
         io.remove_tree()
     raw = io.get(ROOT_META)
@@ -198,6 +202,28 @@ def open(
         executor=executor,
         threads=threads,
     )
+
+
+def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, ObjectStore]:
+    """(url as shown, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
+    from fsspec.mapping import FSMap
+
+    if isinstance(url, ObjectStore):
+        return url.url, url
+    if isinstance(url, FSMap):
+        if fs is not None and fs is not url.fs:
+            raise InvalidInputError("pass either a mapper or fs=, not both")
+        fs, url = url.fs, url.root
+    if fs is None:
+        url = os.fspath(url)
+        return url, ObjectStore.from_url(url, storage_options, durable=durable)
+    if storage_options:
+        raise InvalidInputError("storage_options go to the filesystem: configure fs= with them instead")
+    if not hasattr(fs, "_strip_protocol") or not hasattr(fs, "cat_file"):
+        raise InvalidInputError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
+    url = os.fspath(url)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
 
 
 def _group(attributes: dict) -> dict:
