@@ -8,8 +8,18 @@ import warnings
 from urllib.parse import quote
 
 from ..errors import InvalidInputError
+from ..store import Trajectory
+from ..store import open as open_trajectory
 
-__all__ = ["step_of", "object_file", "METADATA_FILE", "encode_metadata", "decode_metadata", "FORMAT"]
+__all__ = [
+    "step_of",
+    "object_file",
+    "METADATA_FILE",
+    "encode_metadata",
+    "decode_metadata",
+    "FORMAT",
+    "TrajectoryEndpoint",
+]
 
 #: the step file describing what DCP saved besides tensors (sorted JSON, identical from step to step)
 METADATA_FILE = "dcp/metadata.json"
@@ -28,6 +38,42 @@ def step_of(checkpoint_id) -> int:
     if checkpoint_id < 0:
         raise InvalidInputError(f"a step is a non-negative integer, got {checkpoint_id}")
     return checkpoint_id
+
+
+class TrajectoryEndpoint:
+    """What a DCP writer and reader share: a step, and a trajectory opened lazily from a url.
+
+    The url (not an open trajectory) is what travels when the object is pickled,
+    so it reopens on the worker it lands on.  Subclasses set ``_mode`` ("a" to
+    write, "r" to read), ``url``, ``open_options`` and ``_traj``.
+    """
+
+    _mode = "r"
+    url: object
+    open_options: dict
+    _traj: Trajectory | None
+
+    def __getstate__(self) -> dict:
+        if self.url is None:
+            raise InvalidInputError(
+                f"a {type(self).__name__} made from an open Trajectory cannot be pickled; pass the url"
+            )
+        return {**self.__dict__, "_traj": None}  # reopened where it lands (without the kept parent)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The trajectory saved into or read (opened on first use, then kept)."""
+        if self._traj is None:
+            self._traj = open_trajectory(self.url, mode=self._mode, **self.open_options)
+        return self._traj
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        try:
+            step_of(checkpoint_id)
+        except InvalidInputError:
+            return False
+        return True
 
 
 def object_file(fqn: str) -> str:

@@ -28,13 +28,12 @@ from torch.futures import Future
 from ..core.torch import dtype_table, to_tensor
 from ..errors import ConflictError, InvalidInputError
 from ..store import Trajectory
-from ..store import open as open_trajectory
-from ._common import METADATA_FILE, decode_metadata, step_of
+from ._common import METADATA_FILE, TrajectoryEndpoint, decode_metadata, step_of
 
 __all__ = ["Reader"]
 
 
-class Reader(StorageReader):
+class Reader(TrajectoryEndpoint, StorageReader):
     """A DCP storage reader for one step of a ulstore trajectory.
 
     Parameters
@@ -47,6 +46,8 @@ class Reader(StorageReader):
         Passed to :func:`ulstore.open` (``storage_options``, ``threads``, ...).
     """
 
+    _mode = "r"
+
     def __init__(self, url, step=None, *, branch: str | None = None, **open_options):
         super().__init__()
         self._traj = url if isinstance(url, Trajectory) else None
@@ -58,30 +59,10 @@ class Reader(StorageReader):
         self._step: int | None = None  # the step this load reads (resolved in read_metadata)
         self._objects: dict[str, str] = {}
 
-    def __getstate__(self) -> dict:
-        if self.url is None:
-            raise InvalidInputError("a Reader made from an open Trajectory cannot be pickled; pass the url")
-        return {**self.__dict__, "_traj": None}
-
-    @property
-    def trajectory(self) -> Trajectory:
-        """The trajectory read (opened on first use, read-only)."""
-        if self._traj is None:
-            self._traj = open_trajectory(self.url, mode="r", **self.open_options)
-        return self._traj
-
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id is not None:
             self.step = step_of(checkpoint_id)
         self.load_id = uuid.uuid4().hex
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        try:
-            step_of(checkpoint_id)
-        except InvalidInputError:
-            return False
-        return True
 
     @property
     def checkpoint_id(self):

@@ -34,8 +34,7 @@ from torch.futures import Future
 from ..core.torch import from_tensor
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD, PieceRecord, Trajectory, tensor_name_problem
-from ..store import open as open_trajectory
-from ._common import METADATA_FILE, encode_metadata, object_file, step_of
+from ._common import METADATA_FILE, TrajectoryEndpoint, encode_metadata, object_file, step_of
 
 __all__ = ["Writer"]
 
@@ -55,7 +54,7 @@ class _Object:
     data: bytes
 
 
-class Writer(StorageWriter):
+class Writer(TrajectoryEndpoint, StorageWriter):
     """A DCP storage writer that saves each ``dcp.save`` as one step of a ulstore trajectory.
 
     Parameters
@@ -97,6 +96,8 @@ class Writer(StorageWriter):
     (3, 5.0)
     """
 
+    _mode = "a"
+
     def __init__(
         self,
         url,
@@ -122,34 +123,12 @@ class Writer(StorageWriter):
 
     # -- pickling (async_save with a process executor ships the writer to another process) ----
 
-    def __getstate__(self) -> dict:
-        if self.url is None:
-            raise InvalidInputError("a Writer made from an open Trajectory cannot be pickled; pass the url")
-        state = dict(self.__dict__)
-        state["_traj"] = None  # reopened where it lands (without the kept parent)
-        return state
-
-    @property
-    def trajectory(self) -> Trajectory:
-        """The trajectory this writer saves into (opened on first use, then kept)."""
-        if self._traj is None:
-            self._traj = open_trajectory(self.url, mode="a", **self.open_options)
-        return self._traj
-
     # -- the StorageWriter protocol ---------------------------------------------------------
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id is not None:
             self.step = step_of(checkpoint_id)
         self.save_id = uuid.uuid4().hex
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        try:
-            step_of(checkpoint_id)
-        except InvalidInputError:
-            return False
-        return True
 
     @property
     def checkpoint_id(self) -> int | None:
