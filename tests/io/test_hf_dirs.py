@@ -9,6 +9,7 @@ import pytest
 
 import ulstore
 from tests.cli.test_cli import run
+from tests.helpers.hf import tiny_bert_config
 from tests.io.test_training_state import same
 from ulstore import io as uio
 
@@ -18,17 +19,6 @@ torch = pytest.importorskip("torch")
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", "the", "store", "keeps", "##s"]
 
 
-def tiny_config():
-    return transformers.BertConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-    )
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny BERT classifier and its tokenizer (from a generated vocab.txt), saved with save_pretrained."""
@@ -36,7 +26,7 @@ def model_dir(tmp_path_factory):
     (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(d / "vocab.txt"))
     torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(tiny_config())
+    model = transformers.BertForSequenceClassification(tiny_bert_config(len(VOCAB), hidden_size=32))
     out = d / "model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -100,7 +90,7 @@ def trainer_run(tmp_path_factory):
 
     def trainer(out, max_steps):
         torch.manual_seed(0)
-        model = transformers.BertForSequenceClassification(tiny_config())
+        model = transformers.BertForSequenceClassification(tiny_bert_config(len(VOCAB), hidden_size=32))
         args = transformers.TrainingArguments(
             output_dir=str(out),
             max_steps=max_steps,

@@ -10,22 +10,12 @@ import pytest
 
 import ulstore
 from tests.cli.test_cli import run
+from tests.helpers.hf import tiny_bert_config
 from ulstore import io as uio
 from ulstore.io import checkpoints as ckpt
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-
-
-def tiny_bert_config():
-    return transformers.BertConfig(
-        vocab_size=512,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-    )
 
 
 @pytest.fixture(scope="module")
