@@ -81,6 +81,7 @@ def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bo
         tables = {n: tables[n] for n in sorted(names)}
     parent = reader.tables(doc.parent) if doc.parent is not None and against_parent else {}
     out = []
+    packs = doc.packs
     for name, t in tables.items():
         pt = parent.get(name)
         if pt is None:
@@ -91,18 +92,25 @@ def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bo
             tensor_kind = None
         for j, p in enumerate(t.pieces):
             pj = pt.find_piece(p.layout) if pt is not None and tensor_kind is None else None
-            same = None
-            if pj is not None:
-                same = (p.content == pt.pieces[pj].content).all(axis=1)  # type: ignore[union-attr]
+            # per piece, not per chunk: columns as Python lists, contents as one hex string
+            content = p.content.tobytes()
+            hexes = content.hex()
+            width = p.content.shape[1] if p.content.ndim == 2 else 0
+            parent_content = pt.pieces[pj].content.tobytes() if pj is not None else None  # type: ignore[union-attr]
+            refs, pack, off, length = p.ref.tolist(), p.pack.tolist(), p.off.tolist(), p.length.tolist()
+            snaps = p.snap.tolist() if p.snap is not None else None
             for i, coord in enumerate(p.coords()):
-                ref = int(p.ref[i])
+                ref = refs[i]
                 if tensor_kind is not None:
                     kind = tensor_kind
-                elif same is not None and same[i]:
+                elif (
+                    parent_content is not None
+                    and parent_content[i * width : (i + 1) * width] == content[i * width : (i + 1) * width]
+                ):
                     kind = "unchanged"
                 else:
                     kind = "intra" if ref < 0 else "delta"
-                snap = p.snapshot(i)
+                snap = snaps[i] if snaps is not None and snaps[i][0] >= 0 else None
                 start, stop = p.box(coord)
                 out.append(
                     ChunkChange(
@@ -113,10 +121,10 @@ def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bo
                         stop,
                         t.dtype,
                         kind,
-                        p.content[i].tobytes().hex(),
+                        hexes[2 * i * width : 2 * (i + 1) * width],
                         None if ref < 0 else ref,
-                        (doc.packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])),
-                        None if snap is None else (doc.packs[snap[0]], snap[1], snap[2]),
+                        (packs[pack[i]], off[i], length[i]),
+                        None if snap is None else (packs[snap[0]], snap[1], snap[2]),
                     )
                 )
     return out

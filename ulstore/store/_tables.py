@@ -37,6 +37,7 @@ Zstd frame may not inflate beyond its declared ``raw_len``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import struct
 from dataclasses import dataclass
@@ -113,7 +114,7 @@ class Piece:
 
     def coords(self) -> list[tuple[int, ...]]:
         """Chunk coordinates in C order (the order of the columns)."""
-        return list(np.ndindex(*self.grid))
+        return list(itertools.product(*map(range, self.grid)))
 
     def region(self, coord: tuple[int, ...]) -> tuple[slice, ...]:
         """The slice of the piece that chunk ``coord`` covers (edge chunks are short)."""
