@@ -201,16 +201,40 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     ReferenceMismatchError
         ``reference`` is not the one the blob was coded against (or is missing).
     """
+    return _decode(blob, reference, backend, None)
+
+
+def decode_into(blob, reference, out: np.ndarray, *, backend: str | None = None) -> np.ndarray:
+    """:func:`decode` into ``out`` (C-contiguous, the blob's dtype and element count); returns ``out``.
+
+    What ``out`` holds when this raises is unspecified.  ``out`` must not
+    overlap ``reference``.
+    """
+    return _decode(blob, reference, backend, out)
+
+
+def _decode(blob, reference, backend, dest) -> np.ndarray:
     header, rd, rf = _open(blob, reference)
     fmt = header.fmt
     k = kernels(backend)
     n = header.size
+    words = None
+    if dest is not None:
+        if dest.dtype != fmt.dtype or dest.size != n or not dest.flags.c_contiguous or not dest.flags.writeable:
+            raise InvalidInputError(
+                f"out must be a writable C-contiguous {fmt.name} array of {n} elements, got {dest.dtype}{list(dest.shape)}"
+            )
+        words = dest.reshape(-1).view(fmt.word)
     if header.mode == F.MODE_SPARSE:
         assert rf is not None  # open_blob refuses SPARSE blobs that are not deltas
         pos, values, _ = _sparse_changes(k, header, rd, rf, k.hash_sum64(rf))
-        out = rf.copy()
+        if words is None:
+            out = rf.copy()
+        else:
+            out = words
+            out[...] = rf
         out[pos] = values
-        return from_bits(fmt, out).reshape(header.shape)
+        return _shaped(fmt, out, header.shape, dest)
     if header.mode == F.MODE_RANS:
         # one pass over the reference yields its checksum and the context sizes
         emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
@@ -222,18 +246,28 @@ def decode(blob, reference=None, *, backend: str | None = None) -> np.ndarray:
     if rf is not None and ref_hash != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     if header.mode == F.MODE_RANS:
-        out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))  # residuals
+        out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64), words)  # residuals
         values_hash = k.reconstruct(ref, out)  # now the values
     else:
+        raw: np.ndarray | None
         if header.mode == F.MODE_RAW:
-            out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
+            raw = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word)
         else:
-            out = rf.copy() if rf is not None else np.zeros(n, dtype=fmt.word)
+            raw = rf
+        if words is None:
+            out = raw.copy() if raw is not None else np.zeros(n, dtype=fmt.word)
+        else:
+            out = words
+            out[...] = raw if raw is not None else 0
         values_hash = k.hash64(out)
     _check_end(rd)
     if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
-    return from_bits(fmt, out).reshape(header.shape)
+    return _shaped(fmt, out, header.shape, dest)
+
+
+def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray | None) -> np.ndarray:
+    return from_bits(fmt, words).reshape(shape) if dest is None else dest
 
 
 def _open(blob, reference) -> tuple[F.Header, F.Reader, np.ndarray | None]:
