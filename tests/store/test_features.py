@@ -390,3 +390,16 @@ def test_add_of_a_sharded_checkpoint_streams_it(tmp_path):
         tracemalloc.stop()
     assert peak < 0.25 * sum(v.nbytes for v in state.values()), peak
     assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(1), state)
+
+
+def test_the_kept_step_copies_nothing_for_a_chunk_it_already_holds():
+    from ulstore.store._kept import KeptPiece
+
+    kp = KeptPiece(((0,), (4,), (4,)), np.dtype(np.float32), 1)
+    a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    kp.put(0, a, b"x" * 16)
+    held = kp.arrays[0]
+    kp.put(0, b, b"x" * 16)  # the same content hash: an unchanged chunk, nothing to copy
+    assert kp.arrays[0] is held and (held == a).all()
+    kp.put(0, b, b"y" * 16)  # new content: copied in place
+    assert kp.arrays[0] is held and (held == b).all() and kp.get(0, b"y" * 16) is held

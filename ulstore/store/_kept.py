@@ -57,7 +57,13 @@ class KeptPiece:
         return a
 
     def put(self, i: int, values: np.ndarray, content: bytes) -> None:
-        """Copy ``values`` (content hash ``content``) into chunk ``i``, in place when the shape allows."""
+        """Copy ``values`` (content hash ``content``) into chunk ``i``, in place when the shape allows.
+
+        Nothing is copied if chunk ``i`` already holds values of that content
+        hash (an unchanged chunk of a commit, e.g. a frozen layer).
+        """
+        if self.get(i, content) is not None:
+            return
         self.content[i] = 0
         a = self.arrays[i]
         if a is not None and a.shape == values.shape and a.dtype == values.dtype:
