@@ -214,13 +214,14 @@ def memory(args, raw: int, workdir: Path) -> None:
             {"kind": "memory", "preset": args.preset, "url": str(workdir / f"mem-{keep}"), "keep": keep, "cache": 0}
         )
         rss_note = (
-            f"; RSS {got['peak_rss'] / 1e6:8.1f} MB = {got['peak_rss'] / raw:.2f}x (held {got['before_rss'] / 1e6:.1f} MB)"
+            f"; RSS {got['peak_rss'] / 1e6:.1f} MB = {got['peak_rss'] / raw:.2f}x (held {got['before_rss'] / 1e6:.1f} MB)"
             if got.get("peak_rss") is not None
             else "; RSS peak not measurable here"
         )
         print(
-            f"  kept parent {'on ' if keep else 'off'}: tracemalloc {got['peak'] / 1e6:8.1f} MB = {got['peak'] / raw:.2f}x "
-            f"the step (target <= {target}; held between commits {got['before'] / 1e6:.1f} MB){rss_note}"
+            f"  kept parent {'on ' if keep else 'off'}: peak tracemalloc {got['peak'] / 1e6:.1f} MB = "
+            f"{got['peak'] / raw:.2f}x the step (target <= {target}; held between commits {got['before'] / 1e6:.1f} MB)"
+            f"{rss_note}"
         )
 
 

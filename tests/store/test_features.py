@@ -403,3 +403,17 @@ def test_the_kept_step_copies_nothing_for_a_chunk_it_already_holds():
     assert kp.arrays[0] is held and (held == a).all()
     kp.put(0, b, b"y" * 16)  # new content: copied in place
     assert kp.arrays[0] is held and (held == b).all() and kp.get(0, b"y" * 16) is held
+
+
+def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
+    from ulstore.store import _commit, _kept
+
+    _kept.release_free_memory()  # glibc: malloc_trim; elsewhere a no-op; never raises
+    calls = []
+    monkeypatch.setattr(_commit, "release_free_memory", lambda: calls.append(1))
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    traj.commit(0, states[0])
+    assert calls == [1]  # the kept step was allocated
+    traj.commit(1, states[1])
+    assert calls == [1]  # overwritten in place: nothing to return

@@ -21,11 +21,37 @@ Within one owner, worker threads touch disjoint chunk regions.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["KeptStep", "KeptPiece"]
+__all__ = ["KeptStep", "KeptPiece", "release_free_memory"]
+
+_trim: Callable[[int], int] | None = None
+_trim_known = False
+
+
+def release_free_memory() -> None:
+    """Hand the C allocator's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Called after a commit that grew the kept step: its long-lived
+    chunk arrays were allocated between short-lived blobs and scratch
+    buffers, whose freed space glibc would otherwise keep resident.
+    """
+    global _trim, _trim_known
+    if not _trim_known:
+        _trim_known = True
+        if sys.platform.startswith("linux"):
+            try:
+                _trim = ctypes.CDLL("libc.so.6").malloc_trim
+            except (OSError, AttributeError):  # not glibc
+                pass
+    if _trim is not None:
+        _trim(0)
+
 
 _UNKNOWN = bytes(16)
 
