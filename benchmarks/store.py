@@ -63,16 +63,33 @@ if job["kind"] == "read":
     t.read(job["step"])
     print(json.dumps({{"seconds": time.perf_counter() - s}}))
 else:  # peak memory of one delta commit on top of a kept (or not) parent
-    from store import load_states
+    from store import load_states, rss
     states = load_states(job["preset"], 1)  # loaded before tracing: the caller's arrays are not counted
     t = ulstore.open(job["url"], mode="w", keep_parent=job["keep"], cache_bytes=job["cache"])
+    base = rss()[0]
     tracemalloc.start()
     t.commit(0, states[0])
     kept = tracemalloc.get_traced_memory()[0]
+    kept_rss = rss()[0] - base
     tracemalloc.reset_peak()
+    reset = rss(reset=True)[1] is not None
     t.commit(1, states[1])
-    print(json.dumps({{"peak": tracemalloc.get_traced_memory()[1], "before": kept}}))
+    peak_rss = rss()[1] - base if reset else None
+    print(json.dumps({{"peak": tracemalloc.get_traced_memory()[1], "before": kept, "peak_rss": peak_rss,
+                      "before_rss": kept_rss}}))
 """
+
+
+def rss(reset: bool = False) -> tuple[int, int | None]:
+    """This process's resident bytes now and at their peak (Linux ``/proc``), after resetting the peak if asked."""
+    if reset:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
+        except OSError:
+            return 0, None
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    kib = {k: int(v.split()[0]) * 1024 for k, v in fields.items() if k in ("VmRSS", "VmHWM")}
+    return kib.get("VmRSS", 0), kib.get("VmHWM")
 
 
 def load_states(preset: str, steps: int) -> list[dict[str, np.ndarray]]:
@@ -188,14 +205,23 @@ def _hash_speeds(state: dict, raw: int, blake3_chunks: float) -> str:
 
 
 def memory(args, raw: int, workdir: Path) -> None:
-    print("\n== peak memory of a delta commit (tracemalloc, fresh process; the caller's arrays not counted)")
+    print(
+        "\n== peak memory of a delta commit (fresh process; the caller's arrays not counted): tracemalloc (numpy "
+        "buffers, Python objects) and RSS (peak resident during the commit minus resident before the first commit)"
+    )
     for keep, target in ((True, 1.2), (False, 0.2)):
         got = _child(
             {"kind": "memory", "preset": args.preset, "url": str(workdir / f"mem-{keep}"), "keep": keep, "cache": 0}
         )
+        rss_note = (
+            f"; RSS {got['peak_rss'] / 1e6:.1f} MB = {got['peak_rss'] / raw:.2f}x (held {got['before_rss'] / 1e6:.1f} MB)"
+            if got.get("peak_rss") is not None
+            else "; RSS peak not measurable here"
+        )
         print(
-            f"  kept parent {'on ' if keep else 'off'}: peak {got['peak'] / 1e6:8.1f} MB = {got['peak'] / raw:.2f}x the "
-            f"step (target <= {target}); held between commits {got['before'] / 1e6:.1f} MB"
+            f"  kept parent {'on ' if keep else 'off'}: peak tracemalloc {got['peak'] / 1e6:.1f} MB = "
+            f"{got['peak'] / raw:.2f}x the step (target <= {target}; held between commits {got['before'] / 1e6:.1f} MB)"
+            f"{rss_note}"
         )
 
 

@@ -285,7 +285,12 @@ def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
     decodes.n = 0
     for i in range(8):
         assert_state_equal(ro.read(i), states[i])
-    assert decodes.n <= 8 * n  # one decode per chunk per step (unchanged chunks cost none)
+    # the first read is a one-off (it keeps nothing), so the second decodes its chains from step 0;
+    # from then on one decode per chunk per step (unchanged chunks cost none)
+    assert decodes.n <= 9 * n
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    assert_state_equal(ro.read(0), states[0])  # a one-off read of a root step keeps nothing
+    assert ro._kept.nbytes == 0
 
 
 def test_a_failed_commit_leaves_the_kept_parent_sound():
@@ -403,3 +408,30 @@ def test_add_of_a_sharded_checkpoint_streams_it(tmp_path):
         tracemalloc.stop()
     assert peak < 0.25 * sum(v.nbytes for v in state.values()), peak
     assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(1), state)
+
+
+def test_the_kept_step_copies_nothing_for_a_chunk_it_already_holds():
+    from ulstore.store._kept import KeptPiece
+
+    kp = KeptPiece(((0,), (4,), (4,)), np.dtype(np.float32), 1)
+    a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    kp.put(0, a, b"x" * 16)
+    held = kp.arrays[0]
+    kp.put(0, b, b"x" * 16)  # the same content hash: an unchanged chunk, nothing to copy
+    assert kp.arrays[0] is held and (held == a).all()
+    kp.put(0, b, b"y" * 16)  # new content: copied in place
+    assert kp.arrays[0] is held and (held == b).all() and kp.get(0, b"y" * 16) is held
+
+
+def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
+    from ulstore.store import _commit, _kept
+
+    _kept.release_free_memory()  # glibc: malloc_trim; elsewhere a no-op; never raises
+    calls = []
+    monkeypatch.setattr(_commit, "release_free_memory", lambda: calls.append(1))
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    traj.commit(0, states[0])
+    assert calls == [1]  # the kept step was allocated
+    traj.commit(1, states[1])
+    assert calls == [1]  # overwritten in place: nothing to return

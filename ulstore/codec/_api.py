@@ -243,16 +243,40 @@ def decode(blob, reference=None, *, shape=None, backend: str | None = None) -> n
     ReferenceMismatchError
         ``reference`` is not the one the blob was coded against (or is missing).
     """
+    return _decode(blob, reference, backend, None, shape)
+
+
+def decode_into(blob, reference, out: np.ndarray, *, shape=None, backend: str | None = None) -> np.ndarray:
+    """:func:`decode` into ``out`` (C-contiguous, the blob's dtype and element count); returns ``out``.
+
+    ``shape`` as for :func:`decode` (the blob must declare it).  What ``out``
+    holds when this raises is unspecified.  ``out`` must not overlap ``reference``.
+    """
+    return _decode(blob, reference, backend, out, shape)
+
+
+def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
     header, rd, rf = _open(blob, reference, shape)
     fmt = header.fmt
     k = kernels(backend)
     n = header.size
+    words = None
+    if dest is not None:
+        if dest.dtype != fmt.dtype or dest.size != n or not dest.flags.c_contiguous or not dest.flags.writeable:
+            raise InvalidInputError(
+                f"out must be a writable C-contiguous {fmt.name} array of {n} elements, got {dest.dtype}{list(dest.shape)}"
+            )
+        words = dest.reshape(-1).view(fmt.word)
     if header.mode == F.MODE_SPARSE:
         assert rf is not None  # open_blob refuses SPARSE blobs that are not deltas
         pos, values, _ = _sparse_changes(k, header, rd, rf, k.hash_sum64(rf))
-        out = rf.copy()
+        if words is None:
+            out = rf.copy()
+        else:
+            out = words
+            out[...] = rf
         out[pos] = values
-        return from_bits(fmt, out).reshape(header.shape)
+        return _shaped(fmt, out, header.shape, dest)
 
     def verify(values_hash: int) -> None:
         if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
@@ -269,7 +293,7 @@ def decode(blob, reference=None, *, shape=None, backend: str | None = None) -> n
         if rf is not None and _fold32(ref_hash) != header.ref_hash:
             raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
         verify(values_hash)
-        return from_bits(fmt, out).reshape(header.shape)
+        return _shaped(fmt, out, header.shape, dest)
     if header.mode == F.MODE_RANS:
         if rf is None:
             _check_v1_intra_size(k, fmt, header, rd, verify)
@@ -283,21 +307,43 @@ def decode(blob, reference=None, *, shape=None, backend: str | None = None) -> n
     if rf is not None and ref_hash != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     if header.mode == F.MODE_RANS:
-        out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64))  # residuals
+        out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64), words)  # residuals
         values_hash = k.reconstruct(ref, out)  # now the values
     elif header.mode == F.MODE_RAW:
-        out = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word).copy()
+        raw = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word)
+        if words is None:
+            out = raw.copy()
+        else:
+            out = words
+            out[...] = raw
         values_hash = k.hash64(out)
     elif rf is not None:  # SAME: the target is the reference
-        out = rf.copy()
+        if words is None:
+            out = rf.copy()
+        else:
+            out = words
+            out[...] = rf
         values_hash = ref_full
     else:  # all +0.0: check before allocating (the declared size is all there is)
         _check_end(rd)
         verify(k.hash_fill(0, n, fmt.width // 8))
+        if words is not None:
+            words[...] = 0
+            return dest
         return from_bits(fmt, np.zeros(n, dtype=fmt.word)).reshape(header.shape)
     _check_end(rd)
     verify(values_hash)
-    return from_bits(fmt, out).reshape(header.shape)
+    return _shaped(fmt, out, header.shape, dest)
+
+
+def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray | None) -> np.ndarray:
+    """The decoded words as the caller's array: a new one, or ``dest`` (filled unless decoded in place)."""
+    if dest is None:
+        return from_bits(fmt, words).reshape(shape)
+    flat = dest.reshape(-1).view(fmt.word)
+    if not np.shares_memory(flat, words):  # (format-3 sections and SAME decode into their own buffers)
+        flat[...] = words
+    return dest
 
 
 def _check_reference(k, header: F.Header, rf) -> None:

@@ -118,11 +118,12 @@ def status_error(status: int) -> CorruptBlobError:
     return CorruptBlobError(f"ULPack blob is corrupt: {STATUS.get(status, f'status {status}')}")
 
 
-def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.ndarray:
+def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c, out=None) -> np.ndarray:
     """Read a section of ``len(r)`` words whose contexts come from reference words ``r``.
 
     ``n_c`` counts the elements of each context (it fixes the table rows, which
-    the blob never names).  Returns the coded words ``z`` as a new array.
+    the blob never names).  Returns the coded words ``z``: a new array, or
+    ``out`` (``len(r)`` contiguous words of ``fmt.word``) filled in place.
     """
     n = len(r)
     f = read_fields(rd, n, fmt)
@@ -140,7 +141,7 @@ def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c) -> np.
     k.slot_table(freqs, slots)
     tokens = scratch("tokens", n, np.uint8)
     status = k.rans_decode(r, fmt.mant_bits, emask, ctx_rows, slots, f.words, f.states, tokens)
-    z = np.empty(n, dtype=fmt.word)
+    z = np.empty(n, dtype=fmt.word) if out is None else out
     if not status:
         status = k.unpack_tails(tokens, f.tail, f.tail_bits, z)
     if status:

@@ -26,6 +26,7 @@ import numpy as np
 from numcodecs import zstd as _zstd
 
 from .. import codec as _ulpack
+from ..codec._api import decode_into
 from ..codec._dtypes import format_of
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
@@ -132,12 +133,21 @@ def _frame_content_size(buf: memoryview) -> int | None:
 
 
 def decode_chunk(
-    blob, reference: np.ndarray | None, codec: str, dtype: np.dtype, shape: tuple[int, ...], *, key: str
+    blob,
+    reference: np.ndarray | None,
+    codec: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    *,
+    key: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode one chunk to an array of ``dtype`` and ``shape`` (unpadded).
 
     Declared sizes are checked against ``shape`` before decoding.  Any failure
     of the blob itself becomes a :class:`CorruptBlobError` naming ``key``.
+    ``out`` (optional): a C-contiguous array of ``dtype`` and ``shape`` to
+    decode into (returned); what it holds after a failure is unspecified.
     """
     shape = tuple(shape)
     n = 1
@@ -146,10 +156,16 @@ def decode_chunk(
     try:
         if codec == ULPACK:
             # the codec refuses a blob declaring another shape before it allocates anything
-            out = _ulpack.decode(blob, reference, shape=shape)
+            if out is None:
+                value = _ulpack.decode(blob, reference, shape=shape)
+            else:
+                value = decode_into(blob, reference, out, shape=shape)
         elif codec == ZSTD:
             raw = zstd_decompress(blob, n * dtype.itemsize, what="zstd chunk")
-            out = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+            value = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+            if out is not None:
+                out[...] = value.reshape(out.shape)
+                value = out
         else:
             raise CorruptBlobError(f"unknown chunk codec {codec!r}", key=key)
     except UlstoreError as e:
@@ -159,8 +175,8 @@ def decode_chunk(
         raise cls(f"chunk blob does not decode: {e.message}", key=key) from e
     except Exception as e:  # zstd or numpy choking on damaged bytes
         raise CorruptBlobError(f"chunk blob does not decode: {e}", key=key) from e
-    if out.dtype != dtype or out.size != n:
+    if value.dtype != dtype or value.size != n:
         raise CorruptBlobError(
-            f"chunk blob decodes to {out.dtype}{list(out.shape)}, expected {dtype}{list(shape)}", key=key
+            f"chunk blob decodes to {value.dtype}{list(value.shape)}, expected {dtype}{list(shape)}", key=key
         )
-    return out.reshape(shape)
+    return value.reshape(shape)

@@ -25,6 +25,7 @@ from ..core.torch import as_numpy
 from ..errors import ConflictError, DtypeError, InvalidInputError, NotFoundError, StepExistsError
 from ._base import MAIN, TrajectoryBase
 from ._chunkcodec import ULPACK, codec_for, content_digest, digest, zstd_compress
+from ._kept import release_free_memory
 from ._layout import check_file_names, check_ref_name, check_step, check_tensor_names, step_key
 from ._packs import PackStream
 from ._refs import RefState
@@ -362,6 +363,7 @@ class CommitMixin(TrajectoryBase):
         lock = self._kept.lock
         owned = self._kept.enabled and lock.acquire(blocking=False)
         kept = self._kept if owned else None
+        held = kept.nbytes if kept is not None else 0
         try:
             w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor, sparse)
             try:
@@ -387,6 +389,8 @@ class CommitMixin(TrajectoryBase):
             if kept is not None:
                 kept.retain({n: {r.layout for r in records if r.name == n} for n in arrays})
                 kept.step, kept.origin = step, "commit"
+                if kept.nbytes > held:  # new kept arrays: return the freed space around them
+                    release_free_memory()
         finally:
             if owned:
                 lock.release()

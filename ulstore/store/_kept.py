@@ -21,11 +21,37 @@ Within one owner, worker threads touch disjoint chunk regions.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["KeptStep", "KeptPiece"]
+__all__ = ["KeptStep", "KeptPiece", "release_free_memory"]
+
+_trim: Callable[[int], int] | None = None
+_trim_known = False
+
+
+def release_free_memory() -> None:
+    """Hand the C allocator's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Called after a commit that grew the kept step: its long-lived
+    chunk arrays were allocated between short-lived blobs and scratch
+    buffers, whose freed space glibc would otherwise keep resident.
+    """
+    global _trim, _trim_known
+    if not _trim_known:
+        _trim_known = True
+        if sys.platform.startswith("linux"):
+            try:
+                _trim = ctypes.CDLL("libc.so.6").malloc_trim
+            except (OSError, AttributeError):  # not glibc
+                pass
+    if _trim is not None:
+        _trim(0)
+
 
 _UNKNOWN = bytes(16)
 
@@ -57,7 +83,13 @@ class KeptPiece:
         return a
 
     def put(self, i: int, values: np.ndarray, content: bytes) -> None:
-        """Copy ``values`` (content hash ``content``) into chunk ``i``, in place when the shape allows."""
+        """Copy ``values`` (content hash ``content``) into chunk ``i``, in place when the shape allows.
+
+        Nothing is copied if chunk ``i`` already holds values of that content
+        hash (an unchanged chunk of a commit, e.g. a frozen layer).
+        """
+        if self.get(i, content) is not None:
+            return
         self.content[i] = 0
         a = self.arrays[i]
         if a is not None and a.shape == values.shape and a.dtype == values.dtype:

@@ -102,7 +102,9 @@ class ReadMixin(TrajectoryBase):
         if kept.enabled and kept.lock.acquire(blocking=False):
             try:
                 parent = self._reader.doc(step).parent
-                sequential = kept.step is not None and kept.step == parent or last in (parent, step)
+                sequential = (
+                    kept.step is not None and kept.step == parent or last is not None and last in (parent, step)
+                )
                 refresh = names is None and kept.origin != "commit" and sequential
                 return self._reader.read(step, names, kept=kept, refresh_kept=refresh)
             finally:

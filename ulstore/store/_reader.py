@@ -368,11 +368,17 @@ class ChunkReader:
 
         def run(batch):
             plan = _Plan(self, kept=kept, lru=lru)
-            for tgt in batch:
-                plan.add(tgt[0], root=True)
+            for node, dest, region, kp, _ in batch:
+                plan.add(node, root=True)
+                if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array
+                    view = dest[region] if region else dest
+                    if view.flags.c_contiguous and view.flags.writeable:
+                        plan.outs[node] = view
             plan.run()
             for node, dest, region, kp, i in batch:
                 value = plan.values[node]
+                if node in plan.into:
+                    continue
                 if dest is not None:
                     if region:
                         dest[region] = value
@@ -450,6 +456,10 @@ class _Plan:
         self.order: list[Node] = []
         self.uses: dict[Node, int] = {}
         self.roots: set[Node] = set()
+        #: where to decode a node when this plan decodes it (a view of the caller's array), and
+        #: the nodes that were decoded there
+        self.outs: dict[Node, np.ndarray] = {}
+        self.into: set[Node] = set()
 
     def content(self, node: Node) -> bytes:
         return self.need[node].content
@@ -568,7 +578,12 @@ class _Plan:
                 for d, (clo, chi) in zip(need.deps, need.boxes):
                     _paste(ref, need.lo, self.values[d], clo, chi)
             key = pack_key(need.loc[0])
-            value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key)
+            out = self.outs.get(node)
+            if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
+                out = None
+            value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key, out=out)
+            if out is not None:
+                self.into.add(node)
             if content_digest(value) != need.content:
                 raise CorruptBlobError(
                     f"chunk at byte {need.loc[1]} decodes to values that fail its content hash",
