@@ -12,7 +12,9 @@ numcodecs codec :class:`ULPack` (entry point ``ulstore.codec:ULPack``).
 
 Modules, top to bottom (each imports only those below it)::
 
-    _api.py         encode / decode / decode_changes of one tensor (blob <-> array)
+    _analysis.py    inspect_blob, model_entropy_bits
+    _changes.py     decode_changes / Changes: a delta as the elements it changes
+    _api.py         encode / decode of one tensor (blob <-> array)
     _batch.py       encode_many / decode_many on a thread pool
     _numcodecs.py   ULPack, the numcodecs codec
     _sparse.py      SPARSE payloads: positions + residuals of the changed elements
@@ -29,9 +31,11 @@ Modules, top to bottom (each imports only those below it)::
     _checksum.py    finishing and folding the word-sum checksum
     _scratch.py     per-thread reusable buffers
 """
-from ._api import HEADER_BOUND, Changes, content_sum, decode, decode_changes, encode, inspect_blob, model_entropy_bits
+from ._analysis import inspect_blob, model_entropy_bits
+from ._api import HEADER_BOUND, decode, encode
 from ._backend import available_backends, backend, set_backend
 from ._batch import decode_many, encode_many
+from ._changes import Changes, content_sum, decode_changes
 from ._format import header_bound
 from ._numcodecs import ULPack
 

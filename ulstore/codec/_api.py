@@ -30,8 +30,6 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import CorruptBlobError, InvalidInputError, ReferenceMismatchError
@@ -42,20 +40,11 @@ from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
 from ._section import decode_section, read_fields
-from ._section3 import band_of, decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
+from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 from ._tables import SCALE_BITS
 
-__all__ = [
-    "encode",
-    "decode",
-    "decode_changes",
-    "Changes",
-    "content_sum",
-    "inspect_blob",
-    "model_entropy_bits",
-    "HEADER_BOUND",
-]
+__all__ = ["encode", "decode", "decode_into", "HEADER_BOUND"]
 
 #: Bytes a 1-d blob may exceed the raw tensor by (header + CRC); see :func:`header_bound`.
 HEADER_BOUND = F.header_bound(1)
@@ -420,168 +409,3 @@ def _sparse_changes(k, header: F.Header, rd: F.Reader, rf: np.ndarray, ref_sum: 
     if _target_hash(k, fmt, header.shape, finish_sum(target_sum, nbytes)) != header.target_hash:
         raise CorruptBlobError("ULPack blob decodes to values that fail the target checksum")
     return pos, values, target_sum
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What a delta blob changes in its reference: ``reference.flat[positions] = values`` is the target.
-
-    Attributes
-    ----------
-    positions : numpy.ndarray
-        int64 flat (C-order) indices of the elements that change, ascending.
-    values : numpy.ndarray
-        Their new values (1-d, the blob's dtype).
-    content_sum : int
-        :func:`content_sum` of the target, for the next :func:`decode_changes`.
-    """
-
-    positions: np.ndarray
-    values: np.ndarray
-    content_sum: int
-
-    def apply_to(self, out, *, backend: str | None = None) -> None:
-        """Write the changed values into ``out``, in place (``out.flat[positions] = values``).
-
-        ``out`` holds the reference (or a copy of it): a writeable C-contiguous
-        array of the blob's dtype, any shape, with every position inside it.
-        Nothing is written unless the positions ascend inside ``out``, one
-        value each.
-        """
-        if not isinstance(out, np.ndarray) or out.dtype != self.values.dtype:
-            raise InvalidInputError(
-                f"changes of {self.values.dtype} values cannot be applied to "
-                f"{getattr(out, 'dtype', type(out).__name__)}"
-            )
-        if not (out.flags.c_contiguous and out.flags.writeable):
-            raise InvalidInputError("changes are applied in place: pass a writeable C-contiguous array")
-        word = f"<u{out.dtype.itemsize}"
-        positions = np.ascontiguousarray(self.positions, dtype=np.int64)
-        values = np.ascontiguousarray(self.values).reshape(-1)
-        if kernels(backend).scatter(out.reshape(-1).view(word), positions, values.view(word)):
-            raise InvalidInputError(
-                f"changes do not fit an array of {out.size}: positions must ascend inside it, one value each"
-            )
-
-
-def content_sum(array, *, backend: str | None = None) -> int:
-    """The 64-bit word sum behind ULPack's checksums, of ``array``'s bytes (C order).
-
-    A caller that keeps it for an array it updates with :func:`decode_changes`
-    (which returns the next one) lets SPARSE blobs check their reference in O(1).
-    """
-    _, x = as_bits(array)
-    return kernels(backend).hash_sum64(x.reshape(-1))
-
-
-def decode_changes(blob, reference, *, reference_sum: int | None = None, backend: str | None = None) -> Changes:
-    """Decode a delta blob into the elements it changes in ``reference``.
-
-    For a SPARSE blob (``encode(..., sparse=True)``) with ``reference_sum`` given,
-    this costs time in proportion to the changed elements, not the tensor: the
-    reference is checked through its sum, the target through the sum's update.
-    Other blobs are decoded whole and compared with ``reference``.
-
-    Parameters
-    ----------
-    blob : bytes-like
-        A delta blob from :func:`encode`.
-    reference : array-like
-        The reference it was coded against.  Not modified.
-    reference_sum : int, optional
-        ``content_sum(reference)``, if the caller keeps it (else it is computed).
-
-    Returns
-    -------
-    Changes
-
-    Raises
-    ------
-    ReferenceMismatchError
-        ``reference`` (or ``reference_sum``) is not the blob's reference, or the blob is intra.
-    CorruptBlobError, UnsupportedVersionError
-        As :func:`decode`.
-    """
-    header, rd, rf = _open(blob, reference)
-    if rf is None:
-        raise ReferenceMismatchError("decode_changes needs a delta blob; this one is intra-coded")
-    k = kernels(backend)
-    if header.mode == F.MODE_SPARSE:
-        ref_sum = k.hash_sum64(rf) if reference_sum is None else int(reference_sum)
-        pos, values, target_sum = _sparse_changes(k, header, rd, rf, ref_sum)
-    else:
-        _, out = as_bits(decode(blob, reference, backend=backend))
-        out = out.reshape(-1)
-        pos = np.flatnonzero(out != rf)
-        values, target_sum = out[pos], k.hash_sum64(out)
-    return Changes(pos, from_bits(header.fmt, values), target_sum)
-
-
-# -- analysis -------------------------------------------------------------------
-
-
-def inspect_blob(blob) -> dict:
-    """Header fields of a blob (after its integrity checks), for tools and debugging."""
-    header, _ = F.open_blob(blob)
-    mode = {
-        F.MODE_RAW: "raw",
-        F.MODE_SAME: "same",
-        F.MODE_RANS: "rans",
-        F.MODE_SPARSE: "sparse",
-        F.MODE_INTRA: "intra",
-    }[header.mode]
-    return {
-        "version": memoryview(blob).cast("B")[4],
-        "dtype": header.fmt.name,
-        "shape": header.shape,
-        "mode": mode,
-        "delta": header.is_delta,
-        "econd": not header.flags & F.FLAG_NO_ECOND,
-        "nbytes": len(memoryview(blob)),
-    }
-
-
-def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
-    """Ideal size in bits of ``target`` under ULPack's own model (no tables, no coder loss).
-
-    ``sum over table rows and symbols of -count * log2(count / row total)`` plus the
-    raw bits: what a perfect entropy coder with free tables would reach, for the
-    model :func:`encode` uses.  Deltas: residual tokens in rows of reference
-    exponents (the contexts from the first to the last holding 256 elements or
-    more have a row each, the others share one), plus their raw tails.  Intra:
-    the INTRA symbols (exponent and top mantissa bits) plus the sign and low
-    mantissa bits, or, where ``encode`` picks it, the residual model against +0.0.
-    """
-    fmt, x, r = _prepare(target, reference)
-    xf = x.reshape(-1)
-    if xf.size == 0:
-        return 0.0
-    k = kernels()
-    rf = None if r is None else r.reshape(-1)
-    if rf is None:
-        mode, plan, _ = _intra_mode(k, fmt, xf, econd)
-        if mode == F.MODE_SAME:
-            return 0.0
-        if mode == F.MODE_INTRA:
-            _, (_, kk, _, _, _) = plan
-            k_max = min(3, fmt.mant_bits)
-            hist = intra_plan(k, fmt, xf)[1]
-            counts = hist.reshape(-1, 1 << (k_max - kk)).sum(axis=1, dtype=np.int64)[None, :]
-            return _entropy_bits(counts) + xf.size * (fmt.mant_bits - kk + 1)
-    counts, emask = _analyze(k, fmt, xf, rf, econd)[2:4]
-    hist = counts.reshape(emask + 1, -1)[:, : fmt.alphabet].astype(np.int64)
-    tokens = np.arange(fmt.alphabet)
-    tail_bits = int((hist.sum(axis=0) * np.maximum((tokens >> 2) - 1, 0)).sum())
-    count, lo = band_of(hist.sum(axis=1)) if emask else (0, 0)
-    rows = np.zeros((count + 1, fmt.alphabet), dtype=np.int64)  # the model's own rows
-    rows[1:] = hist[lo : lo + count]
-    rows[0] = hist.sum(axis=0) - rows[1:].sum(axis=0)
-    return _entropy_bits(rows) + tail_bits
-
-
-def _entropy_bits(rows: np.ndarray) -> float:
-    """``sum -count * log2(count / row total)`` over the rows of a count matrix."""
-    h = rows.astype(np.float64)
-    totals = h.sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(-np.where(h > 0, h * np.log2(h / totals), 0.0).sum())
