@@ -48,7 +48,8 @@ from ..core.objects import ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
 from ._chunkcodec import HASH_NAME
-from ._commit import HEAD, CommitMixin
+from ._commit import CommitMixin
+from ._commit_input import HEAD
 from ._integrity import IntegrityMixin, VerifyReport
 from ._layout import ROOT_META, STEPS_META
 from ._packs import DEFAULT_PACK_BYTES
