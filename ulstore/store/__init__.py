@@ -29,8 +29,9 @@ from ._changes import ChunkChange
 from ._integrity import Inventory
 from ._layout import tensor_name_problem
 from ._logical import LogicalStore
+from ._piece_columns import PieceRecord
 from ._upgrade import upgrade
-from ._writer import PieceRecord, PieceWriter
+from ._writer import PieceWriter
 from .trajectory import HEAD, StepInfo, Trajectory, VerifyReport, open
 
 __all__ = [

@@ -20,10 +20,10 @@ from ._base import TrajectoryBase
 from ._chunkcodec import digest, zstd_compress
 from ._layout import check_tensor_names, step_key
 from ._packs import PackStream
+from ._piece_columns import PieceRecord
 from ._refs import RefState
 from ._stepdoc import FileRef, StepDoc, TableRef
 from ._tables import TensorTable, content_checksum, encode_block, pieces_problem
-from ._writer import PieceRecord
 
 __all__ = ["FinalizerMixin", "TABLE_BLOCK_BYTES"]
 
