@@ -23,7 +23,8 @@ from ._packs import PackStream
 from ._piece_columns import PieceRecord
 from ._refs import RefState
 from ._stepdoc import FileRef, StepDoc, TableRef
-from ._tables import TensorTable, content_checksum, encode_block, pieces_problem
+from ._table_block import encode_block
+from ._tables import TensorTable, content_checksum, pieces_problem
 
 __all__ = ["FinalizerMixin", "TABLE_BLOCK_BYTES"]
 

@@ -37,7 +37,8 @@ from ._layout import pack_key, step_key
 from ._lru import _LRU
 from ._packs import Location, fetch
 from ._stepdoc import StepDoc
-from ._tables import TableError, TensorTable, decode_block
+from ._table_block import TableError, decode_block
+from ._tables import TensorTable
 
 __all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
 

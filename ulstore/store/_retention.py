@@ -23,7 +23,8 @@ from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ._packs import Location, PackStream
 from ._pending import PENDING_DIR
 from ._stepdoc import FileRef, StepDoc, TableRef
-from ._tables import Piece, TensorTable, encode_block
+from ._table_block import encode_block
+from ._tables import Piece, TensorTable
 
 __all__ = ["RetentionMixin"]
 
