@@ -14,6 +14,9 @@
     _relocate.py      a step document with its bytes at new places (delete and gc)
     _upgrade.py       format 1 -> format 2 (``ulstore upgrade``), with a small legacy reader
     _base.py          state, steps and refs every job stands on
+    _refs.py          refs (branches, tags) as append-only logs of sealed entries, moved by CAS
+    _pending.py       commits and deletes in flight (markers a delete and a commit both respect)
+    _pool.py          the bounded thread pool commits, deletes and re-encodes run on
     _writer.py        the piece writer: hash, reuse, encode in a bounded window, append to packs
     _piece_columns.py a piece's columns as the writer fills them; PieceRecord
     _changes.py       the change feed of a step against its parent
