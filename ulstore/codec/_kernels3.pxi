@@ -1,4 +1,4 @@
-# Format-version-3 kernels, included by _kernels.pyx (twins: _reference3.py).
+# Format-version-3 kernels, included by _kernels.pyx (twins: _reference3.py, _reference3_tables.py).
 #
 # READ ME FIRST
 # * One section = one rANS stream on 4 or 32 lanes (element i on lane i % lanes)
@@ -595,7 +595,7 @@ def slot_table3(const uint32_t[:, ::1] freqs, int rank_mode, uint32_t[::1] slots
                     o += 1
 
 
-# -- choosing table scales (twin: _reference3.quantize_rows3) ------------------------------
+# -- choosing table scales (twin: _reference3_tables.quantize_rows3) ------------------------------
 
 
 cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
@@ -603,7 +603,7 @@ cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
 
 
 cdef void normalize_scaled_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, int64_t* f) noexcept nogil:
-    """One row of ``_reference3.normalize_scaled`` (n > 0)."""
+    """One row of ``_reference3_tables.normalize_scaled`` (n > 0)."""
     cdef int64_t total = (<int64_t>1) << scale, used = 0, diff, deficit, take
     cdef Py_ssize_t t, top = 0, j
     for t in range(alphabet):

@@ -90,7 +90,7 @@ COST = np.array([0] + [(SCALE_BITS << 16) - _ilog2_q16(f) for f in range(1, _M +
 def quantize_rows(k, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, int]:
     """Each row's frequencies at the scale 2**S (S <= 12) that minimises its estimated
     table plus data bits, among the three around ``bitlen(n) - 1`` (kernel
-    ``quantize_rows3``; see its twin in ``_reference3``).
+    ``quantize_rows3``; see its twin in ``_reference3_tables``).
 
     Returns (frequencies at the rows' scales, (scales, Exp-Golomb orders of their
     table codes), the same frequencies at scale 2**12, estimated bits of the rows
