@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from ..errors import CorruptBlobError, UnsupportedVersionError
 from ._dtypes import FloatFormat, format_by_code
 
+try:  # the same function as zlib.crc32, several times faster on x86-64 (PCLMULQDQ; _crc32.h)
+    from ._kernels import crc32 as _crc32
+except ImportError:  # never built: zlib's
+    _crc32 = zlib.crc32
+
 __all__ = [
     "MAGIC",
     "VERSION",
@@ -161,7 +166,7 @@ def seal(*parts) -> bytes:
     """Join the blob's parts (bytes-like) and append the CRC-32 of them all: one copy."""
     crc = 0
     for part in parts:
-        crc = zlib.crc32(part, crc)
+        crc = _crc32(part, crc)
     return b"".join((*parts, crc.to_bytes(4, "little")))
 
 
@@ -185,7 +190,7 @@ def open_blob(blob) -> tuple[Header, Reader]:
         raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
     body_end = len(buf) - CRC_BYTES
     stored = int.from_bytes(buf[body_end:], "little")
-    if zlib.crc32(buf[:body_end]) != stored:
+    if _crc32(buf[:body_end]) != stored:
         raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
     r = Reader(buf, 5, body_end)
     if version < 3:
