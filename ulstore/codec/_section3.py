@@ -27,6 +27,8 @@ INTRA against RANS for intra blobs.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..errors import CorruptBlobError
@@ -49,6 +51,7 @@ _M = 1 << SCALE_BITS
 # rANS on one lane can decode at most this many tokens per 16 bits it reads (each
 # step with f < 2**12 shrinks the state by at least 1/2**12; see decode_section3).
 _STEPS_PER_WORD = 46000
+_STATES_FORMAT = {lanes: f"<{lanes}I" for lanes in LANE_COUNTS}
 
 STATUS3 = {
     -1: "the rANS word stream ends early",
@@ -308,15 +311,17 @@ def decode_section3(
     rd.take(used, "table")
     count, lo = int(band[0]), int(band[1])
     freqs = freqs[: count + 1]
-    states = np.frombuffer(rd.take(4 * lanes, "lane states"), dtype="<u4")
-    if not ((states >= STATE_LOW) & (states < 1 << 31)).all():
+    state_bytes = rd.take(4 * lanes, "lane states")
+    lane_states = struct.unpack(_STATES_FORMAT[lanes], state_bytes)  # (cheaper than numpy for 4 or 32 values)
+    if min(lane_states) < STATE_LOW or max(lane_states) >= 1 << 31:
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
+    states = np.frombuffer(state_bytes, dtype="<u4")
     n_bytes = rd.end - rd.pos
     if n_bytes % 2:
         raise CorruptBlobError("ULPack blob has an odd number of bytes of rANS words")
     words = np.frombuffer(rd.take(n_bytes, "rANS words"), dtype=np.uint8)
     n_words = n_bytes // 2
-    if not freqs.any():
+    if not np.count_nonzero(freqs):
         raise CorruptBlobError("ULPack blob table has no token at all")
     # What the payload can hold, checked before n elements are allocated.  Each lane
     # starts with 31 bits of state and gains 16 per word; every raw bit costs one,
