@@ -172,10 +172,21 @@ def _hash32(k, words: np.ndarray) -> int:
 
 def _target_hash(k, fmt: FloatFormat, shape: tuple, values_hash: int) -> int:
     """Checksum of the values (their ``hash64``), bound to the dtype and shape they are read as."""
-    meta = bytearray((fmt.code,))
-    for d in shape:
-        F.write_varint(meta, d)
-    return _fold32(values_hash ^ k.hash64(meta))
+    key = (fmt.code, shape)
+    meta_hash = _META_HASHES.get(key)
+    if meta_hash is None:
+        meta = bytearray((fmt.code,))
+        for d in shape:
+            F.write_varint(meta, d)
+        meta_hash = k.hash64(meta)  # (every backend gives the same value)
+        if len(_META_HASHES) >= 4096:  # a model has a few hundred shapes; a stream of odd ones must not grow this
+            _META_HASHES.clear()
+        _META_HASHES[key] = meta_hash
+    return _fold32(values_hash ^ meta_hash)
+
+
+#: hash64 of (dtype code, shape varints) by (code, shape): the target hash's salt.
+_META_HASHES: dict[tuple[int, tuple], int] = {}
 
 
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
@@ -274,7 +285,7 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
     emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
     if header.version >= 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
         try:
-            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify)
+            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify, words)
             _check_end(rd)
         except CorruptBlobError:
             _check_reference(k, header, rf)  # a wrong reference is the likelier cause: say so
@@ -330,7 +341,7 @@ def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray 
     if dest is None:
         return from_bits(fmt, words).reshape(shape)
     flat = dest.reshape(-1).view(fmt.word)
-    if not np.shares_memory(flat, words):  # (format-3 sections and SAME decode into their own buffers)
+    if not np.shares_memory(flat, words):  # (a path that decoded into a buffer of its own)
         flat[...] = words
     return dest
 

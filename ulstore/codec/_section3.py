@@ -280,9 +280,11 @@ def _status_error(status: int) -> CorruptBlobError:
 
 
 def decode_section3(
-    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None
+    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None,
+    out: np.ndarray | None = None,
 ):
-    """Decode a version-3 RANS or INTRA payload into a new array of words.
+    """Decode a version-3 RANS or INTRA payload into a new array of words (or into ``out``,
+    the caller's C-contiguous words of the declared size, apart from ``r``).
 
     ``r``: the reference words of a delta (None: intra).  Returns ``(values,
     hash64(values), hash64(r) or None)``.  Raises CorruptBlobError on any damage;
@@ -355,7 +357,8 @@ def decode_section3(
         mode, p_a, p_b, p_c, phases = 1, fmt.mant_bits - kk, fmt.width, 0, intra_phases(fmt, kk)
     else:
         mode, p_a, p_b, p_c, phases = (0 if r is not None else 2), fmt.token_bits, lo, count, delta_phases(fmt)
-    out = np.empty(n, dtype=fmt.word)
+    if out is None:
+        out = np.empty(n, dtype=fmt.word)
     hashes = np.zeros(2, dtype=np.uint64)
     status = k.rans_decode3(
         r if r is not None else out,
