@@ -7,16 +7,28 @@ every parse failure raises :class:`~ulstore.errors.CorruptBlobError`.
 
 from __future__ import annotations
 
+import platform
 import zlib
 from dataclasses import dataclass
 
 from ..errors import CorruptBlobError, UnsupportedVersionError
 from ._dtypes import FloatFormat, format_by_code
 
-try:  # the same function as zlib.crc32, several times faster on x86-64 (PCLMULQDQ; _crc32.h)
-    from ._kernels import crc32 as _crc32
-except ImportError:  # never built: zlib's
-    _crc32 = zlib.crc32
+
+def _blob_crc32():
+    """zlib.crc32, or the kernels' (the same function, several times faster: PCLMULQDQ folding, _crc32.h)
+    on x86-64, where they are built; elsewhere theirs is a plain byte loop."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        try:
+            from ._kernels import crc32
+
+            return crc32
+        except ImportError:  # never built
+            pass
+    return zlib.crc32
+
+
+_crc32 = _blob_crc32()
 
 __all__ = [
     "MAGIC",
