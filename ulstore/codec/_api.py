@@ -39,10 +39,9 @@ from ._checksum import finish_sum
 from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
-from ._section import decode_section, read_fields
+from ._section import check_v1_intra_size, decode_section
 from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
-from ._tables import SCALE_BITS
 
 __all__ = ["encode", "decode", "decode_into", "HEADER_BOUND"]
 
@@ -296,7 +295,7 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
         return _shaped(fmt, out, header.shape, dest)
     if header.mode == F.MODE_RANS:
         if rf is None:
-            _check_v1_intra_size(k, fmt, header, rd, verify)
+            check_v1_intra_size(k, fmt, header, rd, verify)
         # one pass over the reference yields its checksum and the context sizes
         ref = rf if rf is not None else np.zeros(n, dtype=fmt.word)
         n_c = np.zeros((8, emask + 1), dtype=np.uint32)
@@ -349,33 +348,6 @@ def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray 
 def _check_reference(k, header: F.Header, rf) -> None:
     if rf is not None and _hash32(k, rf) != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
-
-
-def _check_v1_intra_size(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, verify) -> None:
-    """Refuse a version-1 intra RANS blob whose declared size its payload cannot code,
-    before anything of that size is allocated (see ``_section3.decode_section3``)."""
-    n = header.size
-    peek = F.Reader(rd.buf, rd.pos, rd.end)
-    fields = read_fields(peek, n, fmt)
-    q = np.zeros((1, fmt.alphabet), dtype=np.int64)
-    if k.read_table(fields.table, np.array([n], dtype=np.int64), SCALE_BITS, q):
-        return  # the decoder reports the damage, and allocates nothing of size n first
-    present = np.flatnonzero(q[0])
-    n_words = len(fields.words) // 2
-    if len(present) == 1:  # one token: every element has the same residual
-        t = int(present[0])
-        nb = max((t >> 2) - 1, 0)
-        if nb:
-            if n * nb != fields.tail_bits:
-                raise CorruptBlobError(
-                    f"ULPack blob declares {n} elements but its raw tail holds {fields.tail_bits // nb}"
-                )
-        else:  # a constant tensor: check its values from their hash alone
-            w = fmt.width
-            key = ((1 << (w - 1)) + ((t >> 1) ^ -(t & 1))) & ((1 << w) - 1)
-            verify(k.hash_fill(key & ~(1 << (w - 1)) if key >> (w - 1) else ~key & ((1 << w) - 1), n, w // 8))
-    elif n > 46000 * (F.LANES + n_words):
-        raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")
 
 
 def _open(blob, reference, shape=None) -> tuple[F.Header, F.Reader, np.ndarray | None]:
