@@ -23,6 +23,7 @@ def kernels(name, source, flags=()):
         # the C and Cython files the module includes: a change to one rebuilds it
         depends=[
             "ulstore/codec/_simd3.h",
+            "ulstore/codec/_crc32.h",
             "ulstore/codec/_kernels3.pxi",
             "ulstore/codec/_constants.pxi",
             "ulstore/codec/_kernels.pyx",

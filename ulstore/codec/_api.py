@@ -39,10 +39,9 @@ from ._checksum import finish_sum
 from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
-from ._section import decode_section, read_fields
+from ._section import check_v1_intra_size, decode_section
 from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
-from ._tables import SCALE_BITS
 
 __all__ = ["encode", "decode", "decode_into", "HEADER_BOUND"]
 
@@ -172,10 +171,21 @@ def _hash32(k, words: np.ndarray) -> int:
 
 def _target_hash(k, fmt: FloatFormat, shape: tuple, values_hash: int) -> int:
     """Checksum of the values (their ``hash64``), bound to the dtype and shape they are read as."""
-    meta = bytearray((fmt.code,))
-    for d in shape:
-        F.write_varint(meta, d)
-    return _fold32(values_hash ^ k.hash64(meta))
+    key = (fmt.code, shape)
+    meta_hash = _META_HASHES.get(key)
+    if meta_hash is None:
+        meta = bytearray((fmt.code,))
+        for d in shape:
+            F.write_varint(meta, d)
+        meta_hash = k.hash64(meta)  # (every backend gives the same value)
+        if len(_META_HASHES) >= 4096:  # a model has a few hundred shapes; a stream of odd ones must not grow this
+            _META_HASHES.clear()
+        _META_HASHES[key] = meta_hash
+    return _fold32(values_hash ^ meta_hash)
+
+
+#: hash64 of (dtype code, shape varints) by (code, shape): the target hash's salt.
+_META_HASHES: dict[tuple[int, tuple], int] = {}
 
 
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
@@ -274,7 +284,7 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
     emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
     if header.version >= 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
         try:
-            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify)
+            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify, words)
             _check_end(rd)
         except CorruptBlobError:
             _check_reference(k, header, rf)  # a wrong reference is the likelier cause: say so
@@ -285,7 +295,7 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
         return _shaped(fmt, out, header.shape, dest)
     if header.mode == F.MODE_RANS:
         if rf is None:
-            _check_v1_intra_size(k, fmt, header, rd, verify)
+            check_v1_intra_size(k, fmt, header, rd, verify)
         # one pass over the reference yields its checksum and the context sizes
         ref = rf if rf is not None else np.zeros(n, dtype=fmt.word)
         n_c = np.zeros((8, emask + 1), dtype=np.uint32)
@@ -330,7 +340,7 @@ def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray 
     if dest is None:
         return from_bits(fmt, words).reshape(shape)
     flat = dest.reshape(-1).view(fmt.word)
-    if not np.shares_memory(flat, words):  # (format-3 sections and SAME decode into their own buffers)
+    if not np.shares_memory(flat, words):  # (a path that decoded into a buffer of its own)
         flat[...] = words
     return dest
 
@@ -338,33 +348,6 @@ def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray 
 def _check_reference(k, header: F.Header, rf) -> None:
     if rf is not None and _hash32(k, rf) != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
-
-
-def _check_v1_intra_size(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, verify) -> None:
-    """Refuse a version-1 intra RANS blob whose declared size its payload cannot code,
-    before anything of that size is allocated (see ``_section3.decode_section3``)."""
-    n = header.size
-    peek = F.Reader(rd.buf, rd.pos, rd.end)
-    fields = read_fields(peek, n, fmt)
-    q = np.zeros((1, fmt.alphabet), dtype=np.int64)
-    if k.read_table(fields.table, np.array([n], dtype=np.int64), SCALE_BITS, q):
-        return  # the decoder reports the damage, and allocates nothing of size n first
-    present = np.flatnonzero(q[0])
-    n_words = len(fields.words) // 2
-    if len(present) == 1:  # one token: every element has the same residual
-        t = int(present[0])
-        nb = max((t >> 2) - 1, 0)
-        if nb:
-            if n * nb != fields.tail_bits:
-                raise CorruptBlobError(
-                    f"ULPack blob declares {n} elements but its raw tail holds {fields.tail_bits // nb}"
-                )
-        else:  # a constant tensor: check its values from their hash alone
-            w = fmt.width
-            key = ((1 << (w - 1)) + ((t >> 1) ^ -(t & 1))) & ((1 << w) - 1)
-            verify(k.hash_fill(key & ~(1 << (w - 1)) if key >> (w - 1) else ~key & ((1 << w) - 1), n, w // 8))
-    elif n > 46000 * (F.LANES + n_words):
-        raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")
 
 
 def _open(blob, reference, shape=None) -> tuple[F.Header, F.Reader, np.ndarray | None]:

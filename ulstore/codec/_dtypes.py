@@ -64,6 +64,8 @@ FORMATS: tuple[FloatFormat, ...] = (
 )
 _BY_NAME = {f.name: f for f in FORMATS}
 _BY_CODE = {f.code: f for f in FORMATS}
+#: The formats by their native little-endian dtypes: the common case, one dict lookup.
+_BY_DTYPE = {f.dtype.newbyteorder("<"): f for f in FORMATS}
 
 
 def format_of(dtype) -> FloatFormat:
@@ -74,6 +76,10 @@ def format_of(dtype) -> FloatFormat:
     DtypeError
         If the dtype is not one of the six supported floating-point formats.
     """
+    if isinstance(dtype, np.dtype) and dtype.byteorder != ">":
+        fmt = _BY_DTYPE.get(dtype)  # (equal dtypes hash equal: "=" and "<" alike on little-endian hosts)
+        if fmt is not None and np.little_endian:
+            return fmt
     try:
         name = np.dtype(dtype).newbyteorder("=").name if not isinstance(dtype, str) else dtype
     except TypeError:
@@ -144,8 +150,11 @@ def as_bits(array) -> tuple[FloatFormat, np.ndarray]:
     values are never changed.
     """
     arr = _to_numpy(array)
-    fmt = format_of(arr.dtype)
-    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+    dtype = arr.dtype
+    fmt = format_of(dtype)
+    if np.little_endian and dtype.byteorder != ">" and arr.flags.c_contiguous:  # the common case: a view
+        return fmt, arr.view(fmt.word)
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not np.little_endian):
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)

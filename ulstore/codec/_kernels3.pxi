@@ -1,4 +1,4 @@
-# Format-version-3 kernels, included by _kernels.pyx (twins: _reference3.py).
+# Format-version-3 kernels, included by _kernels.pyx (twins: _reference3.py, _reference3_tables.py).
 #
 # READ ME FIRST
 # * One section = one rANS stream on 4 or 32 lanes (element i on lane i % lanes)
@@ -21,6 +21,9 @@
 
 cdef extern from "_simd3.h" nogil:
     int ULP3_HAVE_AVX2
+    void ulp_hash_sum_words(const uint8_t *p, int64_t nw, uint64_t salt, uint64_t *acc)
+    void ulp_hash_sum_pair(const uint8_t *pa, const uint8_t *pb, int64_t nw, uint64_t salt, uint64_t *acc_a,
+                           uint64_t *acc_b)
     int64_t ulp3_encode_p1(const void *v, int word_bytes, const uint16_t *sym, int64_t hi, int mode, int tb,
                            int s, int width, const void *table, int lanes, uint64_t *x, uint16_t *words,
                            int64_t pos, int rare)
@@ -238,6 +241,13 @@ cdef inline void hash_pair_words(Hasher* hr, Hasher* ho, const uint8_t* pr, cons
     """``hash_words`` of the reference and of the values over the same words at once: a word
     the delta left unchanged (most of them, in sparse deltas) is mixed once for both."""
     cdef uint64_t a, b, m
+    cdef int64_t nw
+    if ULP3_HAVE_AVX2:  # whole groups of 8 words in AVX2 registers (the same sums)
+        nw = ((upto - hr.done) >> 3) & ~(<int64_t>7)
+        if nw > 0:
+            ulp_hash_sum_pair(pr + hr.done, po + hr.done, nw, hr.salt, &hr.acc, &ho.acc)
+            hr.salt += <uint64_t>nw * <uint64_t>0x9E3779B97F4A7C15ULL
+            hr.done += nw * 8
     while hr.done + 8 <= upto:
         hr.salt += <uint64_t>0x9E3779B97F4A7C15ULL
         a = load64(pr + hr.done)
@@ -595,7 +605,7 @@ def slot_table3(const uint32_t[:, ::1] freqs, int rank_mode, uint32_t[::1] slots
                     o += 1
 
 
-# -- choosing table scales (twin: _reference3.quantize_rows3) ------------------------------
+# -- choosing table scales (twin: _reference3_tables.quantize_rows3) ------------------------------
 
 
 cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
@@ -603,7 +613,7 @@ cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
 
 
 cdef void normalize_scaled_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, int64_t* f) noexcept nogil:
-    """One row of ``_reference3.normalize_scaled`` (n > 0)."""
+    """One row of ``_reference3_tables.normalize_scaled`` (n > 0)."""
     cdef int64_t total = (<int64_t>1) << scale, used = 0, diff, deficit, take
     cdef Py_ssize_t t, top = 0, j
     for t in range(alphabet):

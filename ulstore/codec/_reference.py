@@ -1,9 +1,16 @@
-"""Pure-NumPy ULPack kernels: the executable specification.
+"""Pure-NumPy ULPack kernels: the executable specification, and the ``numpy`` backend.
 
-Every function here has a compiled twin in ``_kernels.pyx`` with the same
-signature and byte-identical results; tests hold the two to that.  The element-wise
-stages are vectorised; the rANS loops are inherently serial and run in plain Python
-(slow, but short and obviously right).
+Every kernel has a compiled twin in ``_kernels.pyx`` with the same signature and
+byte-identical results; tests hold the two to that.  The element-wise stages are
+vectorised; the rANS loops are inherently serial and run in plain Python (slow,
+but short and obviously right).  This module is the namespace the backend switch
+hands out (``kernels().<name>``); the twins live in modules by job:
+
+    _reference_hash.py      hash64, hash_sum64, hash_fill (checksums)
+    _reference1.py          version 1: residuals, rANS, raw tails, tables
+    _reference_sparse.py    SPARSE payloads: split, gaps, word-sum update, decode
+    _reference3.py          version 3: intra symbols, the one-stream rANS
+    _reference3_tables.py   version 3 tables: pack, read, slots, scale choice
 
 Conventions shared with the compiled kernels
 --------------------------------------------
@@ -16,14 +23,29 @@ Conventions shared with the compiled kernels
   symbol ``sym = context << token_bits | t``.
 * rANS: 4 lanes, element i on lane ``i % 4``; states in [2**15, 2**31); 16-bit words.
 """
+
 from __future__ import annotations
 
-import numpy as np
-
-from . import _tables
-from ._checksum import GOLDEN, MASK64, finish_sum
-from ._format import LANES
-from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
+from ._reference1 import (
+    context_histogram,
+    encoder_table,
+    histogram,
+    normalize_rows,
+    pack_table,
+    pack_tails,
+    rans_decode,
+    rans_encode,
+    read_table,
+    reconstruct,
+    residuals,
+    slot_table,
+    table_model,
+    unpack_tails,
+)
+from ._reference3 import intra_symbols, rans_decode3, rans_encode3
+from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
+from ._reference_hash import hash64, hash_fill, hash_sum64
+from ._reference_sparse import gap_gather, scatter, sparse_decode, sparse_split, sum_update
 
 __all__ = [
     "BACKEND",
@@ -48,7 +70,7 @@ __all__ = [
     "sum_update",
     "scatter",
     "sparse_decode",
-    # format version 3 (_reference3)
+    # format version 3
     "intra_symbols",
     "rans_encode3",
     "rans_decode3",
@@ -60,468 +82,3 @@ __all__ = [
 ]
 
 BACKEND = "numpy"
-
-_M64 = MASK64
-_GOLDEN = np.uint64(GOLDEN)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, a bijection on 64-bit words (the final avalanche)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def hash_sum64(data) -> int:
-    """The word sum :func:`hash64` finishes.
-
-    Words are the little-endian u64s of the bytes zero-padded to a multiple of 8;
-    the sum is ``sum_j mix(word_j + (j+1) * golden) mod 2**64``.  Being a sum, it
-    can be updated word by word when a few elements change.
-    """
-    b = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    pad = (-len(b)) % 8
-    if pad:
-        b = np.concatenate([b, np.zeros(pad, np.uint8)])
-    words = b.view("<u8").astype(np.uint64)
-    with np.errstate(over="ignore"):
-        salt = (np.arange(1, len(words) + 1, dtype=np.uint64)) * _GOLDEN
-        return int(_mix(words + salt).sum(dtype=np.uint64))
-
-
-def hash64(data) -> int:
-    """64-bit checksum of a byte buffer: ``mix(hash_sum64(data) + nbytes * golden)``.
-
-    A sum of full-avalanche bijections of position-salted words: any single
-    changed word changes it, flips do not cancel in pairs, and it has no serial
-    chain.
-    """
-    return finish_sum(hash_sum64(data), memoryview(data).cast("B").nbytes)
-
-
-# -- residuals -------------------------------------------------------------------
-
-
-def _key(u: np.ndarray, width: int) -> np.ndarray:
-    """Order-preserving map of float bit patterns to unsigned ints (sign-magnitude -> offset)."""
-    h = u.dtype.type(1 << (width - 1))
-    return np.where(u & h, ~u, u | h)
-
-
-def _unkey(k: np.ndarray, width: int) -> np.ndarray:
-    h = k.dtype.type(1 << (width - 1))
-    return np.where(k & h, k & ~h, ~k)
-
-
-def _bitlen(z: np.ndarray, width: int) -> np.ndarray:
-    """Number of significant bits of each unsigned word (0 for 0)."""
-    b = np.zeros(z.shape, dtype=np.int64)
-    v = z.copy()
-    s = width // 2
-    while s:
-        hi = (v >> z.dtype.type(s)) != 0
-        b += s * hi
-        v = np.where(hi, v >> z.dtype.type(s), v)
-        s //= 2
-    return b + (v != 0)
-
-
-def _tail_len(tokens: np.ndarray) -> np.ndarray:
-    return np.maximum((tokens.astype(np.int64) >> 2) - 1, 0)
-
-
-def residuals(x, r, mant_bits, emask, token_bits, z_out, sym_out) -> tuple[int, int]:
-    """z = zigzag(key(x) - key(r)) and sym = (r's exponent & emask) << token_bits | token(z).
-
-    Returns ``(hash64(x), hash64(r))`` (the compiled twin hashes in the same pass).
-    """
-    width = x.dtype.itemsize * 8
-    w = x.dtype.type
-    with np.errstate(over="ignore"):
-        d = _key(x, width) - _key(r, width)  # wraps mod 2**w
-        z = (d << w(1)) ^ ((d >> w(width - 1)) * w((1 << width) - 1))
-    nb = np.maximum(_bitlen(z, width) - 3, 0)
-    tokens = (z >> nb.astype(z.dtype)).astype(np.int64) + 4 * nb
-    ctx = ((r >> w(mant_bits)) & w(emask)).astype(np.int64)
-    z_out[:] = z
-    sym_out[:] = (ctx << token_bits) | tokens
-    return hash64(x), hash64(r)
-
-
-def histogram(sym, hist_out) -> None:
-    """Symbol counts, returned in row 0 of ``hist_out`` (whose contents on entry do not matter)."""
-    hist_out[:] = 0
-    hist_out[0] = np.bincount(np.asarray(sym, dtype=np.int64), minlength=hist_out.shape[1])
-
-
-def context_histogram(r, mant_bits, emask, hist_out) -> int:
-    """Count reference elements per context ``(r >> mant_bits) & emask``; element i in row i % 8.
-
-    Returns ``hash64`` of ``r``'s bytes (the compiled twin computes both in one pass).
-    """
-    copies, size = hist_out.shape
-    ctx = ((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)
-    row = np.arange(len(r)) % copies
-    hist_out += np.bincount(row * size + ctx, minlength=hist_out.size).reshape(hist_out.shape).astype(hist_out.dtype)
-    return hash64(r)
-
-
-def pack_tails(sym, z, token_bits, tail_out) -> int:
-    """Write every residual's raw low bits, LSB-first, into ``tail_out``; returns the bit count."""
-    nb = _tail_len(np.asarray(sym) & ((1 << token_bits) - 1))
-    total = int(nb.sum())
-    if total:
-        tails = (z & ((z.dtype.type(1) << nb.astype(z.dtype)) - z.dtype.type(1))).astype(np.uint64)
-        owner = np.repeat(np.arange(len(z)), nb)
-        k = (np.arange(total) - np.repeat(np.cumsum(nb) - nb, nb)).astype(np.uint64)
-        packed = np.packbits(((tails[owner] >> k) & np.uint64(1)).astype(np.uint8), bitorder="little")
-        tail_out[: len(packed)] = packed
-    return total
-
-
-# -- rANS -------------------------------------------------------------------------
-
-
-def rans_encode(sym, table, words_out, states_out, mostly_zero=False) -> int:
-    """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
-
-    ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
-    symbol value.  Plain integer division here; the compiled twin uses the exact
-    reciprocal the table carries.  ``mostly_zero`` is the compiled twin's speed hint.
-    """
-    entries = np.frombuffer(table, dtype=ENC_ENTRY)
-    total = 1 << SCALE_BITS
-    freq = (entries["xmax"].astype(np.int64) >> (31 - SCALE_BITS)).tolist()
-    start, xmax = entries["start"].tolist(), entries["xmax"].tolist()
-    state = [STATE_LOW] * LANES
-    out = []
-    syms = np.asarray(sym).tolist()
-    for i in range(len(syms) - 1, -1, -1):
-        e = syms[i]
-        lane = i & 3
-        x = state[lane]
-        if x >= xmax[e]:
-            out.append(x & 0xFFFF)
-            x >>= 16
-        f = freq[e]
-        state[lane] = (x // f) * total + x % f + start[e]
-    count = len(out)
-    # the decoder reads words in the reverse order of their emission
-    words_out[len(words_out) - count :] = np.array(out[::-1], dtype=np.uint16)
-    states_out[:] = state
-    return count
-
-
-def rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out) -> int:
-    """Decode one token per element into ``tokens_out``; returns 0 or a negative status.
-
-    ``ctx_rows[(r >> mant_bits) & emask]`` is the context's first entry in ``slots``,
-    which holds ``token << 24 | (f - 1) << 12 | (slot - start)`` per (context, slot);
-    ``words`` is the little-endian 16-bit word stream as bytes.
-    """
-    n = len(tokens_out)
-    mask = (1 << SCALE_BITS) - 1
-    rows = ctx_rows[((r >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64)].tolist()
-    words = np.frombuffer(words, dtype="<u2").tolist()
-    table = slots.tolist()
-    state = [int(s) for s in states]
-    pos = 0
-    tokens = [0] * n
-    for i in range(n):
-        lane = i & 3
-        x = state[lane]
-        e = table[rows[i] + (x & mask)]
-        x = (((e >> 12) & 0xFFF) + 1) * (x >> SCALE_BITS) + (e & 0xFFF)
-        if x < STATE_LOW:
-            if pos >= len(words):
-                return -1
-            x = (x << 16) | words[pos]
-            pos += 1
-        state[lane] = x
-        tokens[i] = e >> 24
-    tokens_out[:] = tokens
-    if pos != len(words):
-        return -5
-    if any(s != STATE_LOW for s in state):
-        return -3
-    return 0
-
-
-def slot_table(freqs, out) -> None:
-    """Fill one entry per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)``."""
-    out[:] = decoder_table(freqs, SCALE_BITS)
-
-
-def unpack_tails(tokens, tail, tail_bits, z_out) -> int:
-    """Rebuild residuals from tokens and raw tail bits; returns 0, or -2 if the bit count disagrees."""
-    nb = _tail_len(np.asarray(tokens))
-    if int(nb.sum()) != tail_bits or len(tail) * 8 < tail_bits:
-        return -2
-    bits = np.unpackbits(np.frombuffer(tail, dtype=np.uint8), bitorder="little")[:tail_bits].astype(np.uint64)
-    k = (np.arange(tail_bits) - np.repeat(np.cumsum(nb) - nb, nb)).astype(np.uint64)
-    tails = np.zeros(len(z_out), dtype=np.uint64)
-    np.add.at(tails, np.repeat(np.arange(len(z_out)), nb), bits << k)
-    base = (np.asarray(tokens, dtype=np.int64) - 4 * nb).astype(np.uint64) << nb.astype(np.uint64)
-    z_out[:] = (base | tails).astype(z_out.dtype)
-    return 0
-
-
-def reconstruct(r, values) -> int:
-    """In place: residuals in, values out: unkey(key(r) + unzigzag(z)) in w-bit arithmetic.
-
-    Returns ``hash64`` of the values.
-    """
-    width = values.dtype.itemsize * 8
-    w = values.dtype.type
-    with np.errstate(over="ignore"):
-        delta = (values >> w(1)) ^ (w(0) - (values & w(1)))
-        values[:] = _unkey(_key(r, width) + delta, width)
-    return hash64(values)
-
-
-# -- frequency tables (bit-level, MSB-first; see docs/format.md) --------------------
-
-
-def _gamma(value: int) -> str:
-    """Elias gamma code of value >= 1, MSB first."""
-    bits = bin(value)[2:]
-    return "0" * (len(bits) - 1) + bits
-
-
-def pack_table(q, out) -> int:
-    """Write the table of quantised counts ``q`` (rows x tokens) into zeroed ``out``; returns bits."""
-    parts = []
-    for row in q.tolist():
-        others = [t for t, count in enumerate(row) if count and t]
-        parts.append("1" if row[0] else "0")
-        parts.append(_gamma(len(others) + 1))
-        prev = 0
-        for t in others:
-            parts.append(_gamma(t - prev))
-            prev = t
-        parts.extend(_gamma(row[t]) for t in others)
-    bits = "".join(parts)
-    nbytes = (len(bits) + 7) // 8
-    if nbytes:
-        out[:nbytes] = np.frombuffer(int(bits.ljust(nbytes * 8, "0"), 2).to_bytes(nbytes, "big"), dtype=np.uint8)
-    return len(bits)
-
-
-class _TableError(Exception):
-    def __init__(self, status: int):
-        self.status = status
-
-
-def read_table(data, n_rows, scale_bits, q_out) -> int:
-    """Parse a table for rows of ``n_rows`` elements into zeroed ``q_out``; returns 0 or a status:
-    -1 truncated, -2 value out of range, -3 token beyond the alphabet, -4 row without tokens,
-    -5 trailing bytes."""
-    data = bytes(data)
-    bits = bin(int.from_bytes(data, "big") | (1 << (8 * len(data))))[3:] if data else ""
-    end = len(bits)
-    alphabet = q_out.shape[1]
-    pos = 0
-
-    def gamma(limit: int) -> int:
-        nonlocal pos
-        one = bits.find("1", pos)
-        if one < 0:
-            raise _TableError(-1)
-        if one - pos > 40:
-            raise _TableError(-2)
-        stop = 2 * one - pos + 1
-        if stop > end:
-            raise _TableError(-1)
-        value = int(bits[one:stop], 2)
-        if value > limit:
-            raise _TableError(-2)
-        pos = stop
-        return value
-
-    try:
-        for i, n in enumerate(np.asarray(n_rows).tolist()):
-            top = (n >> max(0, n.bit_length() - scale_bits)) or 1
-            if pos >= end:
-                raise _TableError(-1)
-            has_zero = bits[pos] == "1"
-            pos += 1
-            k = gamma(alphabet) - 1
-            tokens = []
-            t = 0
-            for _ in range(k):
-                t += gamma(alphabet)
-                if t >= alphabet:
-                    raise _TableError(-3)
-                tokens.append(t)
-            counts = [gamma(top) for _ in tokens]
-            q_out[i, tokens] = counts
-            if has_zero:
-                q_out[i, 0] = max(1, top - sum(counts))
-            elif k == 0:
-                raise _TableError(-4)
-    except _TableError as exc:
-        return exc.status
-    return -5 if end - pos >= 8 else 0
-
-
-# -- table construction -------------------------------------------------------------
-
-
-def normalize_rows(q, scale_bits, freqs_out) -> None:
-    """Scale each row of counts to sum 2**scale_bits exactly (``_tables.normalize``)."""
-    freqs_out[:] = _tables.normalize(q, scale_bits)
-
-
-def encoder_table(rows, freqs, scale_bits, token_bits, out) -> None:
-    """Write one ENC_ENTRY per symbol of every context with a row (``_tables.encoder_table``)."""
-    table = _tables.encoder_table(rows, freqs, scale_bits, token_bits)
-    entries = out.view(ENC_ENTRY)
-    occupied = np.repeat(rows >= 0, 1 << token_bits)
-    entries[occupied] = table[occupied]
-
-
-def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, q_out) -> int:
-    """From symbol counts to table rows and quantised counts (``_tables`` functions)."""
-    hist = np.asarray(counts, dtype=np.int64).reshape(len(rows_out), -1)[:, :alphabet]
-    n_c = hist.sum(axis=1)
-    rows_out[:] = _tables.table_rows(n_c)
-    assert _tables.POOL_BELOW == pool_below
-    row_hist = _tables.sum_rows(hist, n_c)
-    q_out[:] = 0
-    q_out[: len(row_hist)] = _tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
-    return len(row_hist)
-
-
-# -- SPARSE payloads ---------------------------------------------------------------
-
-
-def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:
-    """The changed elements of residuals ``z``: gaps between their positions and the gaps' tokens,
-    their residuals and symbols.  The outputs must hold exactly the non-zero count: returns it,
-    or -1 if they do not."""
-    pos = np.flatnonzero(z)
-    if len(pos) != len(gaps_out):
-        return -1
-    gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint32)
-    nb = np.maximum(_bitlen(gaps, 32) - 3, 0)
-    gaps_out[:] = gaps
-    gsym_out[:] = (gaps >> nb.astype(np.uint32)) + 4 * nb
-    z_out[:] = z[pos]
-    sym_out[:] = sym[pos]
-    return len(pos)
-
-
-def gap_gather(gaps, r, pos_out, r_out) -> int:
-    """Positions ``p_k = p_(k-1) + gaps_k + 1`` (``p_(-1) = -1``) and the reference words there.
-
-    Returns 0, or -6 when a position lies past the end of ``r``.
-    """
-    pos = np.cumsum(np.asarray(gaps, dtype=np.int64) + 1) - 1
-    if len(pos) and pos[-1] >= len(r):
-        return -6
-    pos_out[:] = pos
-    r_out[:] = r[pos]
-    return 0
-
-
-def sum_update(r, pos, values) -> int:
-    """How ``hash_sum64(r)`` changes when ``r[pos] = values`` (pos ascending), mod 2**64.
-
-    Visits only the 8-byte words that hold a changed element.
-    """
-    pos = np.asarray(pos)
-    if len(values) != len(pos) or (len(pos) and (pos[0] < 0 or pos[-1] >= len(r) or (np.diff(pos) <= 0).any())):
-        raise ValueError("sum_update needs ascending positions inside r, one value each")
-    if not len(pos):
-        return 0
-    per = 8 // r.itemsize
-    word = pos // per
-    starts = np.diff(word, prepend=-1) != 0
-    touched = word[starts]
-    idx = touched[:, None] * per + np.arange(per)
-    old = np.zeros(idx.shape, dtype=r.dtype)  # the last word is zero-padded, as in hash64
-    inside = idx < len(r)
-    old[inside] = r[idx[inside]]
-    new = old.copy()
-    new[np.cumsum(starts) - 1, pos % per] = values
-    with np.errstate(over="ignore"):
-        salt = (touched.astype(np.uint64) + np.uint64(1)) * _GOLDEN
-        gained = int(_mix(new.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
-        lost = int(_mix(old.view(np.uint64).reshape(-1) + salt).sum(dtype=np.uint64))
-    return (gained - lost) & _M64
-
-
-def scatter(dst, pos, values) -> int:
-    """``dst[pos] = values``; returns 0, or -1 without writing anything unless the positions
-    strictly ascend inside ``dst`` and match ``values`` one to one."""
-    pos = np.asarray(pos)
-    if len(values) != len(pos) or (len(pos) and (pos[0] < 0 or pos[-1] >= len(dst) or (np.diff(pos) <= 0).any())):
-        return -1
-    dst[pos] = values
-    return 0
-
-
-def _section_tokens(r, mant_bits, emask, n_c, table, states, words, alphabet, tokens_out) -> int:
-    """Tables for rows of ``n_c`` (per context), then the tokens of one section: 0 or a status (tables: -100 + s)."""
-    rows = _tables.table_rows(n_c)
-    row_n = _tables.sum_rows(n_c, n_c)
-    q = np.zeros((len(row_n), alphabet), dtype=np.int64)
-    status = read_table(table, row_n, SCALE_BITS, q)
-    if status:
-        return status - 100
-    freqs = np.empty(q.shape, dtype=np.uint32)
-    normalize_rows(q, SCALE_BITS, freqs)
-    slots = np.empty(len(freqs) << SCALE_BITS, dtype=np.uint32)
-    slot_table(freqs, slots)
-    ctx_rows = (np.maximum(rows, 0) << SCALE_BITS).astype(np.int32)
-    return rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out)
-
-
-def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g_tail, g_tail_bits, g_alphabet,
-                  t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos_out, values_out, sum_out) -> int:
-    """Decode a SPARSE payload's gap and residual sections (the compiled twin does it in one call).
-
-    Writes the m = len(pos_out) changed positions, their new words, and in
-    ``sum_out[0]`` what :func:`sum_update` returns for them.  Returns 0,
-    a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
-    end, -7 a zero residual, -9 bad arguments), or a table status minus 100.
-    """
-    assert pool_below == _tables.POOL_BELOW
-    m = len(pos_out)
-    if (m == 0 or m > len(r) or g_alphabet > 256 or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m
-            or len(sum_out) < 1 or len(g_states) != LANES or len(t_states) != LANES):
-        return -9
-    tokens = np.empty(m, dtype=np.uint8)
-    status = _section_tokens(r[:m], 0, 0, np.array([m]), g_table, g_states, g_words, g_alphabet, tokens)
-    gaps = np.empty(m, dtype=np.uint32)
-    if not status:
-        status = unpack_tails(tokens, g_tail, g_tail_bits, gaps)
-    rs = np.empty(m, dtype=r.dtype)
-    if not status:
-        status = gap_gather(gaps, r, pos_out, rs)
-    if not status:
-        n_c = np.bincount(((rs >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64),
-                          minlength=emask + 1)
-        status = _section_tokens(rs, mant_bits, emask, n_c, t_table, t_states, t_words, t_alphabet, tokens)
-    if not status:
-        status = unpack_tails(tokens, t_tail, t_tail_bits, values_out)
-    if not status and not values_out.all():
-        status = -7
-    if not status:
-        reconstruct(rs, values_out)
-        sum_out[0] = sum_update(r, pos_out, values_out)
-    return status
-
-
-# -- format version 3 ----------------------------------------------------------------
-
-from ._reference3 import (  # noqa: E402  (the twins of _kernels3.pxi)
-    hash_fill,
-    intra_symbols,
-    pack_table3,
-    quantize_rows3,
-    rans_decode3,
-    rans_encode3,
-    read_table3,
-    slot_table3,
-)

@@ -21,7 +21,7 @@ from ._dtypes import FloatFormat
 from ._scratch import scratch
 from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
 
-__all__ = ["encode_section", "decode_section", "read_fields", "Fields", "STATUS", "TABLE_STATUS"]
+__all__ = ["encode_section", "decode_section", "read_fields", "check_v1_intra_size", "Fields", "STATUS", "TABLE_STATUS"]
 
 # Status codes the kernels return, and what they mean for the user.
 STATUS = {
@@ -147,3 +147,31 @@ def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c, out=No
     if status:
         raise status_error(status)
     return z
+
+
+def check_v1_intra_size(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, verify) -> None:
+    """Refuse a version-1 intra RANS blob whose declared size its payload cannot code,
+    before anything of that size is allocated (see ``_section3.decode_section3``); ``verify(hash64)``
+    checks a constant tensor's values from their hash alone."""
+    n = header.size
+    peek = F.Reader(rd.buf, rd.pos, rd.end)
+    fields = read_fields(peek, n, fmt)
+    q = np.zeros((1, fmt.alphabet), dtype=np.int64)
+    if k.read_table(fields.table, np.array([n], dtype=np.int64), SCALE_BITS, q):
+        return  # the decoder reports the damage, and allocates nothing of size n first
+    present = np.flatnonzero(q[0])
+    n_words = len(fields.words) // 2
+    if len(present) == 1:  # one token: every element has the same residual
+        t = int(present[0])
+        nb = max((t >> 2) - 1, 0)
+        if nb:
+            if n * nb != fields.tail_bits:
+                raise CorruptBlobError(
+                    f"ULPack blob declares {n} elements but its raw tail holds {fields.tail_bits // nb}"
+                )
+        else:  # a constant tensor: check its values from their hash alone
+            w = fmt.width
+            key = ((1 << (w - 1)) + ((t >> 1) ^ -(t & 1))) & ((1 << w) - 1)
+            verify(k.hash_fill(key & ~(1 << (w - 1)) if key >> (w - 1) else ~key & ((1 << w) - 1), n, w // 8))
+    elif n > 46000 * (F.LANES + n_words):
+        raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")

@@ -27,6 +27,8 @@ INTRA against RANS for intra blobs.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..errors import CorruptBlobError
@@ -49,6 +51,7 @@ _M = 1 << SCALE_BITS
 # rANS on one lane can decode at most this many tokens per 16 bits it reads (each
 # step with f < 2**12 shrinks the state by at least 1/2**12; see decode_section3).
 _STEPS_PER_WORD = 46000
+_STATES_FORMAT = {lanes: f"<{lanes}I" for lanes in LANE_COUNTS}
 
 STATUS3 = {
     -1: "the rANS word stream ends early",
@@ -90,7 +93,7 @@ COST = np.array([0] + [(SCALE_BITS << 16) - _ilog2_q16(f) for f in range(1, _M +
 def quantize_rows(k, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, int]:
     """Each row's frequencies at the scale 2**S (S <= 12) that minimises its estimated
     table plus data bits, among the three around ``bitlen(n) - 1`` (kernel
-    ``quantize_rows3``; see its twin in ``_reference3``).
+    ``quantize_rows3``; see its twin in ``_reference3_tables``).
 
     Returns (frequencies at the rows' scales, (scales, Exp-Golomb orders of their
     table codes), the same frequencies at scale 2**12, estimated bits of the rows
@@ -277,9 +280,11 @@ def _status_error(status: int) -> CorruptBlobError:
 
 
 def decode_section3(
-    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None
+    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None,
+    out: np.ndarray | None = None,
 ):
-    """Decode a version-3 RANS or INTRA payload into a new array of words.
+    """Decode a version-3 RANS or INTRA payload into a new array of words (or into ``out``,
+    the caller's C-contiguous words of the declared size, apart from ``r``).
 
     ``r``: the reference words of a delta (None: intra).  Returns ``(values,
     hash64(values), hash64(r) or None)``.  Raises CorruptBlobError on any damage;
@@ -308,15 +313,17 @@ def decode_section3(
     rd.take(used, "table")
     count, lo = int(band[0]), int(band[1])
     freqs = freqs[: count + 1]
-    states = np.frombuffer(rd.take(4 * lanes, "lane states"), dtype="<u4")
-    if not ((states >= STATE_LOW) & (states < 1 << 31)).all():
+    state_bytes = rd.take(4 * lanes, "lane states")
+    lane_states = struct.unpack(_STATES_FORMAT[lanes], state_bytes)  # (cheaper than numpy for 4 or 32 values)
+    if min(lane_states) < STATE_LOW or max(lane_states) >= 1 << 31:
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
+    states = np.frombuffer(state_bytes, dtype="<u4")
     n_bytes = rd.end - rd.pos
     if n_bytes % 2:
         raise CorruptBlobError("ULPack blob has an odd number of bytes of rANS words")
     words = np.frombuffer(rd.take(n_bytes, "rANS words"), dtype=np.uint8)
     n_words = n_bytes // 2
-    if not freqs.any():
+    if not np.count_nonzero(freqs):
         raise CorruptBlobError("ULPack blob table has no token at all")
     # What the payload can hold, checked before n elements are allocated.  Each lane
     # starts with 31 bits of state and gains 16 per word; every raw bit costs one,
@@ -350,7 +357,8 @@ def decode_section3(
         mode, p_a, p_b, p_c, phases = 1, fmt.mant_bits - kk, fmt.width, 0, intra_phases(fmt, kk)
     else:
         mode, p_a, p_b, p_c, phases = (0 if r is not None else 2), fmt.token_bits, lo, count, delta_phases(fmt)
-    out = np.empty(n, dtype=fmt.word)
+    if out is None:
+        out = np.empty(n, dtype=fmt.word)
     hashes = np.zeros(2, dtype=np.uint64)
     status = k.rans_decode3(
         r if r is not None else out,

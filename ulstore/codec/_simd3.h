@@ -603,8 +603,96 @@ static int64_t ulp3_avx2_encode32(const uint32_t *v, const uint16_t *sym, int64_
     return ulp3_avx2_enc32(v, sym, hi, 1, tb, s, vt, x, words, pos);
 }
 
+/* ---- hash64 word sums, 4 words per register ------------------------------------------
+ *
+ * The checksum is sum_j mix(word_j + (j + 1) * golden) mod 2^64 (splitmix64's finaliser
+ * as mix), a sum, so any grouping of the words gives the same value.  AVX2 has no 64-bit
+ * multiply: a * C = lo(a) lo(C) + ((hi(a) lo(C) + lo(a) hi(C)) << 32) mod 2^64, three
+ * 32x32->64 multiplies.  nw words from p (a multiple of 8); salt is (index of the word
+ * before the first) * golden; the sums are added to *acc (and *acc_o). */
+static inline __attribute__((always_inline)) __m256i ulp_mul64c(__m256i a, __m256i c_lo, __m256i c_hi) {
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), c_lo), _mm256_mul_epu32(a, c_hi));
+    return _mm256_add_epi64(_mm256_mul_epu32(a, c_lo), _mm256_slli_epi64(cross, 32));
+}
+
+#define ULP_MIX4(Z)                                                                             \
+    Z = _mm256_xor_si256(Z, _mm256_srli_epi64(Z, 30));                                        \
+    Z = ulp_mul64c(Z, c1lo, c1hi);                                                             \
+    Z = _mm256_xor_si256(Z, _mm256_srli_epi64(Z, 27));                                        \
+    Z = ulp_mul64c(Z, c2lo, c2hi);                                                             \
+    Z = _mm256_xor_si256(Z, _mm256_srli_epi64(Z, 31));
+
+#define ULP_MIX_CONSTANTS                                                                        \
+    const __m256i c1lo = _mm256_set1_epi64x((long long)0xBF58476D1CE4E5B9ULL);                 \
+    const __m256i c1hi = _mm256_set1_epi64x((long long)(0xBF58476D1CE4E5B9ULL >> 32));         \
+    const __m256i c2lo = _mm256_set1_epi64x((long long)0x94D049BB133111EBULL);                 \
+    const __m256i c2hi = _mm256_set1_epi64x((long long)(0x94D049BB133111EBULL >> 32));         \
+    const uint64_t G = 0x9E3779B97F4A7C15ULL;                                                   \
+    const __m256i step = _mm256_set1_epi64x((long long)(8 * G));
+
+static inline uint64_t ulp_hsum64(__m256i v) {
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, v);
+    return t[0] + t[1] + t[2] + t[3];
+}
+
+static void ulp_hash_sum_words(const uint8_t *p, int64_t nw, uint64_t salt, uint64_t *acc) {
+    ULP_MIX_CONSTANTS
+    __m256i s0 = _mm256_set_epi64x((long long)(salt + 4 * G), (long long)(salt + 3 * G), (long long)(salt + 2 * G),
+                                   (long long)(salt + G));
+    __m256i s1 = _mm256_add_epi64(s0, _mm256_set1_epi64x((long long)(4 * G)));
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (int64_t j = 0; j < nw; j += 8) {
+        __m256i z0 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(p + 8 * j)), s0);
+        __m256i z1 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(p + 8 * j + 32)), s1);
+        ULP_MIX4(z0)
+        ULP_MIX4(z1)
+        a0 = _mm256_add_epi64(a0, z0);
+        a1 = _mm256_add_epi64(a1, z1);
+        s0 = _mm256_add_epi64(s0, step);
+        s1 = _mm256_add_epi64(s1, step);
+    }
+    *acc += ulp_hsum64(_mm256_add_epi64(a0, a1));
+}
+
+/* Both sums over the same words of two buffers (a reference and the values decoded from it). */
+static void ulp_hash_sum_pair(const uint8_t *pa, const uint8_t *pb, int64_t nw, uint64_t salt, uint64_t *acc_a,
+                              uint64_t *acc_b) {
+    ULP_MIX_CONSTANTS
+    __m256i s0 = _mm256_set_epi64x((long long)(salt + 4 * G), (long long)(salt + 3 * G), (long long)(salt + 2 * G),
+                                   (long long)(salt + G));
+    __m256i s1 = _mm256_add_epi64(s0, _mm256_set1_epi64x((long long)(4 * G)));
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    __m256i b0 = _mm256_setzero_si256(), b1 = _mm256_setzero_si256();
+    for (int64_t j = 0; j < nw; j += 8) {
+        __m256i y0 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(pa + 8 * j)), s0);
+        __m256i y1 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(pa + 8 * j + 32)), s1);
+        __m256i z0 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(pb + 8 * j)), s0);
+        __m256i z1 = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(pb + 8 * j + 32)), s1);
+        ULP_MIX4(y0)
+        ULP_MIX4(y1)
+        ULP_MIX4(z0)
+        ULP_MIX4(z1)
+        a0 = _mm256_add_epi64(a0, y0);
+        a1 = _mm256_add_epi64(a1, y1);
+        b0 = _mm256_add_epi64(b0, z0);
+        b1 = _mm256_add_epi64(b1, z1);
+        s0 = _mm256_add_epi64(s0, step);
+        s1 = _mm256_add_epi64(s1, step);
+    }
+    *acc_a += ulp_hsum64(_mm256_add_epi64(a0, a1));
+    *acc_b += ulp_hsum64(_mm256_add_epi64(b0, b1));
+}
+
 #else /* the portable build: no vector loop */
 #define ULP3_HAVE_AVX2 0
+static void ulp_hash_sum_words(const uint8_t *p, int64_t nw, uint64_t salt, uint64_t *acc) {
+    (void)p; (void)nw; (void)salt; (void)acc;  /* never called: the Cython loop hashes */
+}
+static void ulp_hash_sum_pair(const uint8_t *pa, const uint8_t *pb, int64_t nw, uint64_t salt, uint64_t *acc_a,
+                              uint64_t *acc_b) {
+    (void)pa; (void)pb; (void)nw; (void)salt; (void)acc_a; (void)acc_b;
+}
 static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
                                   int mant_bits, int emask, int lo, int count, int s,
                                   const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
