@@ -25,6 +25,7 @@ def kernels(name, source, flags=()):
             "ulstore/codec/_simd3.h",
             "ulstore/codec/_kernels3.pxi",
             "ulstore/codec/_constants.pxi",
+            "ulstore/codec/_apply.pxi",
             "ulstore/codec/_kernels.pyx",
         ],
         extra_compile_args=["-O3", *flags],

@@ -525,3 +525,4 @@ from ._reference3 import (  # noqa: E402  (the twins of _kernels3.pxi)
     read_table3,
     slot_table3,
 )
+from ._reference_apply import sparse_apply  # noqa: E402,F401  (the twin of _apply.pxi)

@@ -127,7 +127,7 @@ class Follower(CatchUp, WorkerOwner):
         self.check_every = max(1, int(check_every))
         self._scan = 0  # position of the default mode's rotating scan
         self._workers = Workers(threads, "ulstore-follow")
-        self._replica = Replica(state, pool=self._workers.compute)
+        self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
