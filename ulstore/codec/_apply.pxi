@@ -16,6 +16,9 @@ from libc.string cimport memcmp
 import numpy as np
 
 cdef enum:
+    AHEAD = 64  # random reads and writes prefetched this many changes ahead (more than PREFETCH: the loops are short)
+
+cdef enum:
     APPLY_HEADER = -20     # not a format-2 SPARSE delta blob of this dtype and shape
     APPLY_REFERENCE = -21  # the reference's word sum does not match the blob's reference hash
     APPLY_FIELDS = -22     # a malformed payload field (truncated, out of range, padding, trailing bytes)
@@ -155,11 +158,11 @@ cdef int gather_old(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t
         if p >= n:
             return -6
         pos[k] = p
-    for k in range(min(m, PREFETCH)):
+    for k in range(min(m, AHEAD)):
         __builtin_prefetch(&r[pos[k]])
     for k in range(m):
-        if k + PREFETCH < m:
-            __builtin_prefetch(&r[pos[k + PREFETCH]])
+        if k + AHEAD < m:
+            __builtin_prefetch(&r[pos[k + AHEAD]])
         base = pos[k] & ~(<int64_t>per - 1)
         if base + per <= n:
             w = load64(<const uint8_t*>&r[base])
@@ -194,11 +197,11 @@ cdef uint64_t sum_delta(const uint64_t* old64, const int64_t* pos, Py_ssize_t m,
 
 cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
     cdef Py_ssize_t k
-    for k in range(min(m, PREFETCH)):
+    for k in range(min(m, AHEAD)):
         __builtin_prefetch(&dst[pos[k]])
     for k in range(m):
-        if k + PREFETCH < m:
-            __builtin_prefetch(&dst[pos[k + PREFETCH]])
+        if k + AHEAD < m:
+            __builtin_prefetch(&dst[pos[k + AHEAD]])
         dst[pos[k]] = values[k]
 
 
@@ -288,7 +291,7 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
 
 
 def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas, int code, int width, int mant_bits,
-                 uint32_t emask, int pool_below, int g_alphabet, int t_alphabet, bint write):
+                 uint32_t emask, int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None):
     """Decode SPARSE blobs (format version 2) against the arrays they were coded against and, ``write``, apply them.
 
     ``blobs[i]`` (bytes-like, CRC-32 already checked by the caller) was coded
@@ -304,7 +307,9 @@ def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas
     ``sparse_decode`` status) and no array changed (earlier writes are undone).
     ``pos[starts[i]:starts[i+1]]``, ``new[...]`` and ``old[...]`` are blob i's
     changed positions, new and old words (for blobs before ``index``);
-    ``sums[i]`` is ``hash_sum64`` of its target.
+    ``sums[i]`` is ``hash_sum64`` of its target.  ``buffers``: optional
+    ``(pos, new, old)`` arrays (int64 and words) that these three are views of
+    when they are large enough (no fresh pages per call).
     """
     cdef Py_ssize_t c = len(blobs), i
     cdef int status = 0, parse_status = 0, failed = -1, upto, got_b = 0, got_m = 0, got_d = 0, wb = width // 8
@@ -356,10 +361,14 @@ def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas
             starts_v[i + 1] = total
         for i in range(upto, c):
             starts_v[i + 1] = total
-        pos = np.empty(max(total, 1), dtype=np.int64)
         word = np.dtype(f"<u{wb}")
-        new = np.empty(max(total, 1), dtype=word)
-        old = np.empty(max(total, 1), dtype=word)
+        if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
+                and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
+            pos, new, old = buffers[0][:max(total, 1)], buffers[1][:max(total, 1)], buffers[2][:max(total, 1)]
+        else:
+            pos = np.empty(max(total, 1), dtype=np.int64)
+            new = np.empty(max(total, 1), dtype=word)
+            old = np.empty(max(total, 1), dtype=word)
         sums = np.zeros(c, dtype=np.uint64)
         pos_v, sums_v = pos, sums
         new_b, old_b = new.view(np.uint8), old.view(np.uint8)

@@ -64,13 +64,18 @@ def _crc_ok(blob) -> bool:
 
 
 def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, pool=None, parts: int = 1,
-                 backend: str | None = None) -> list[Applied] | None:
+                 buffers: dict | None = None, backend: str | None = None) -> list[Applied] | None:
     """Apply SPARSE ``blobs[i]`` to ``arrays[i]`` in place; all or nothing.
 
     ``arrays[i]``: the 1-d, C-contiguous, writeable array of ``dtype`` the blob
     was coded against (seen as the blob's ``shapes[i]``), whose
     :func:`content_sum` is ``sums[i]``.  The blobs are split into ``parts``
     runs, decoded in ``pool`` (the kernel releases the GIL).
+
+    ``buffers``: a dict this function keeps output arrays in between calls
+    (per run and word size), so that a version does not fault in fresh pages;
+    the :class:`Applied` results are views of them, valid until the next call
+    with the same dict.
 
     Returns one :class:`Applied` per blob, or None when any blob fails (or is
     not a SPARSE blob of that dtype and shape): then no array changed.
@@ -88,15 +93,21 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     bounds = [0, *(int(np.searchsorted(sizes, sizes[-1] * j / parts)) for j in range(1, parts)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
-    def run(ab):
-        a, b = ab
+    def run(j):
+        a, b = runs[j]
         if not all(_crc_ok(x) for x in blobs[a:b]):
             return None
+        key = (j, word.itemsize)
+        bufs = None if buffers is None else buffers.get(key)
         out = k.sparse_apply(blobs[a:b], views[a:b], ref_sums[a:b], metas[a:b], fmt.code, fmt.width, fmt.mant_bits,
-                             fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True)
+                             fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs)
+        if buffers is not None and (bufs is None or len(out[2]) > len(bufs[0])):  # keep the larger (with headroom)
+            total = len(out[2]) + len(out[2]) // 4
+            buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
         return out if out[0] == 0 else None
 
-    results = list(pool.map(run, runs)) if pool is not None and len(runs) > 1 else [run(ab) for ab in runs]
+    idx = range(len(runs))
+    results = list(pool.map(run, idx)) if pool is not None and len(runs) > 1 else [run(j) for j in idx]
     if any(r is None for r in results):
         for (a, _), r in zip(runs, results):  # undo the runs that were written
             if r is not None:

@@ -106,7 +106,7 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
 
 
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
-                 write):
+                 write, buffers=None):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
     from ._reference import hash64, sparse_decode  # noqa: PLC0415  (imported into _reference: a cycle)
 
@@ -135,7 +135,11 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
     starts[1 : upto + 1] = np.cumsum([p[0] for p in parsed])
     starts[upto + 1 :] = starts[upto]
     total = int(starts[-1])
-    pos, new, old = np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
+    if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
+            and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
+        pos, new, old = (b[:total] for b in buffers)
+    else:
+        pos, new, old = np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
     sums = np.zeros(c, dtype=np.uint64)
     failed, parse_status, status = -1, status, 0
     for i in range(upto):

@@ -94,6 +94,7 @@ class Replica:
         self._bindings: dict[str, Binding] = {}
         self._contents: dict[Key, tuple] = {}  # (BLAKE3 hex, start, stop) of each chunk held, from the tables
         self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
+        self._buffers: dict = {}  # apply_sparse's outputs, reused from version to version
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
@@ -200,7 +201,10 @@ class Replica:
                 arrays.append(self._bindings[c.tensor].mirror[first:stop])
                 shapes.append(box)
             sums = [self._sums[(c.tensor, c.piece, c.coord)] for c, _ in group]
-            out = apply_sparse(dtype, [b for _, b in group], arrays, sums, shapes, pool=self.pool, parts=self.threads)
+            out = apply_sparse(
+                dtype, [b for _, b in group], arrays, sums, shapes, pool=self.pool, parts=self.threads,
+                buffers=self._buffers.setdefault(dtype, {}),
+            )
             if out is None:
                 for a, r in written:  # undo the dtypes applied before
                     a.view(r.old.dtype)[r.positions] = r.old
