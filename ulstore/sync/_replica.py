@@ -202,7 +202,13 @@ class Replica:
                 shapes.append(box)
             sums = [self._sums[(c.tensor, c.piece, c.coord)] for c, _ in group]
             out = apply_sparse(
-                dtype, [b for _, b in group], arrays, sums, shapes, pool=self.pool, parts=self.threads,
+                dtype,
+                [b for _, b in group],
+                arrays,
+                sums,
+                shapes,
+                pool=self.pool,
+                parts=self.threads,
                 buffers=self._buffers.setdefault(dtype, {}),
             )
             if out is None:
