@@ -162,6 +162,17 @@ def test_apply_sparse_is_all_or_nothing(parts):
             assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
 
 
+def test_apply_sparse_undoes_the_other_runs_when_one_raises():
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [2000] * 4, seed=8)
+    arrays = [r.copy() for r in refs]
+    arrays[3].flags.writeable = False  # the second run cannot write (numpy: ValueError)
+    with cf.ThreadPoolExecutor(2) as pool, pytest.raises((ValueError, BufferError)):
+        apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays], pool=pool,
+                     parts=2)
+    assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_apply_sparse_reuses_its_buffers(backend):
     """Outputs land in the caller's buffers from the second call on (no fresh pages per version)."""

@@ -1,14 +1,10 @@
-# SPARSE blobs applied in place, many per call: the weight-sync follower's hot path.
-# Included from _kernels.pyx (it uses that file's section, table and checksum cores);
-# the NumPy twin is _reference_apply.py.
-#
-# Per blob, in one GIL release for all of them: parse the header and both sections'
-# fields, check the reference through its word sum, decode the gaps, gather the
-# reference words (saving each one's aligned 8-byte word, so the checksum update
-# never reads the array again), decode the residuals, check the target checksum,
-# and only then write the new words.  A blob that fails stops the call and the
-# writes of the blobs before it are undone from the saved old words: the arrays
-# are left exactly as they were.
+# SPARSE blobs applied in place, many per call: the weight-sync follower's hot path.  Included
+# from _kernels.pyx (it uses that file's section, table and checksum cores); twin: _reference_apply.py.
+# Per blob, in one GIL release for all of them: parse the header and both sections' fields, check
+# the reference through its word sum, decode the gaps, gather the reference words (saving each
+# one's aligned 8-byte word, so the checksum update never reads the array again), decode the
+# residuals, check the target checksum, and only then write the new words.  A blob that fails
+# stops the call and the writes of the blobs before it are undone from the saved old words.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memcmp
@@ -17,8 +13,6 @@ import numpy as np
 
 cdef enum:
     AHEAD = 64  # random reads and writes prefetched this many changes ahead (more than PREFETCH: the loops are short)
-
-cdef enum:
     APPLY_HEADER = -20     # not a format-2 SPARSE delta blob of this dtype and shape
     APPLY_REFERENCE = -21  # the reference's word sum does not match the blob's reference hash
     APPLY_FIELDS = -22     # a malformed payload field (truncated, out of range, padding, trailing bytes)

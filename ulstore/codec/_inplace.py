@@ -94,6 +94,12 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
     def run(j):
+        try:
+            return attempt(j)
+        except Exception as e:  # noqa: BLE001  (re-raised below, once the other runs are undone)
+            return e
+
+    def attempt(j):
         a, b = runs[j]
         if not all(_crc_ok(x) for x in blobs[a:b]):
             return None
@@ -108,12 +114,15 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
 
     idx = range(len(runs))
     results = list(pool.map(run, idx)) if pool is not None and len(runs) > 1 else [run(j) for j in idx]
-    if any(r is None for r in results):
+    if any(r is None or isinstance(r, Exception) for r in results):
         for (a, _), r in zip(runs, results):  # undo the runs that were written
-            if r is not None:
+            if isinstance(r, tuple):
                 _, _, pos, _, old, starts, _ = r
                 for i in range(len(starts) - 1):
                     k.scatter(views[a + i], pos[starts[i] : starts[i + 1]], old[starts[i] : starts[i + 1]])
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
         return None
     applied = []
     for r in results:

@@ -62,6 +62,12 @@ def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None,
     return first, (first + n if contiguous else None), box
 
 
+def _undo(written: list) -> None:
+    """Restore the old words of chunks :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
+    for a, r in written:
+        a.view(r.old.dtype)[r.positions] = r.old
+
+
 class Replica:
     """A state dict held equal to one step.
 
@@ -201,19 +207,22 @@ class Replica:
                 arrays.append(self._bindings[c.tensor].mirror[first:stop])
                 shapes.append(box)
             sums = [self._sums[(c.tensor, c.piece, c.coord)] for c, _ in group]
-            out = apply_sparse(
-                dtype,
-                [b for _, b in group],
-                arrays,
-                sums,
-                shapes,
-                pool=self.pool,
-                parts=self.threads,
-                buffers=self._buffers.setdefault(dtype, {}),
-            )
+            try:
+                out = apply_sparse(
+                    dtype,
+                    [b for _, b in group],
+                    arrays,
+                    sums,
+                    shapes,
+                    pool=self.pool,
+                    parts=self.threads,
+                    buffers=self._buffers.setdefault(dtype, {}),
+                )
+            except BaseException:
+                _undo(written)
+                raise
             if out is None:
-                for a, r in written:  # undo the dtypes applied before
-                    a.view(r.old.dtype)[r.positions] = r.old
+                _undo(written)
                 return None
             written += zip(arrays, out)
             done.update({id(c): r for (c, _), r in zip(group, out)})
