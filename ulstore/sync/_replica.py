@@ -1,10 +1,12 @@
 """A replica: a state dict held equal to one step of a trajectory, updated in place from the change feed.
 
 :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
-decides what to do (re-bootstrap, wait, report).  Every version is applied in
-two phases: (1) fetch and decode every changed chunk, checking each one
-(ULPack checksums; whole chunks also against the store's BLAKE3 content
-hash), (2) only then write into the caller's memory.
+decides what to do (re-bootstrap, wait, report).  Every version is applied all
+or nothing: (1) fetch and decode every changed chunk that is not a contiguous
+SPARSE delta, checking each one (ULPack checksums; whole chunks also against
+the store's BLAKE3 content hash); (2) apply the SPARSE deltas in place with
+:func:`~ulstore.codec._inplace.apply_sparse` (each chunk written once it
+verifies, every write undone if any chunk fails); (3) write the rest.
 """
 
 from __future__ import annotations
@@ -289,7 +291,7 @@ class Replica:
         self._bindings, self.specs = bindings, dict(specs)
 
     def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
-        """Phase 2: every chunk verified; write them all, then record the step held."""
+        """Every chunk verified (SPARSE deltas already in the mirror): write the rest, then record the step held."""
         self.version = None  # the state is in flux until every chunk is written
         changed = f.changes if f.snapshot else [c for c in f.changes if c.kind != "unchanged"]
         try:
