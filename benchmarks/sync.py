@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -312,6 +313,8 @@ def main(argv=None) -> None:
     trusted.close()
     pub.close()
     follower.close()
+    for path in (store, dense_store):  # the buckets are scratch: 2 x (anchor + deltas) of the model
+        shutil.rmtree(path, ignore_errors=True)
 
     def mean(key):
         return statistics.mean(r[key] for r in rows)
