@@ -26,6 +26,7 @@ def kernels(name, source, flags=()):
             "ulstore/codec/_crc32.h",
             "ulstore/codec/_kernels3.pxi",
             "ulstore/codec/_constants.pxi",
+            "ulstore/codec/_apply.pxi",
             "ulstore/codec/_kernels.pyx",
         ],
         extra_compile_args=["-O3", *flags],

@@ -130,20 +130,20 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
-    orig_write, orig_apply = Binding.write, Binding.apply
+    orig_write, orig_push = Binding.write, Binding.push
     Binding.write = lambda self, start, values: (
         writes.append(("write", self.name, start, values.size)),
         orig_write(self, start, values),
     )[1]
-    Binding.apply = lambda self, start, stop, ch: (
-        writes.append(("apply", self.name, start, ch.positions.tolist())),
-        orig_apply(self, start, stop, ch),
+    Binding.push = lambda self, start, positions, values: (  # every element write reaches it (mirror written)
+        writes.append(("changes", self.name, start, positions.tolist())),
+        orig_push(self, start, positions, values),
     )[1]
     try:
         assert f.poll() == 3
     finally:
-        Binding.write, Binding.apply = orig_write, orig_apply
-    assert writes == [("apply", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
+        Binding.write, Binding.push = orig_write, orig_push
+    assert writes == [("changes", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 
 
@@ -710,21 +710,21 @@ def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
     f.bootstrap()
     with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
         pub.publish(3, states[3])
-    orig = Binding.apply
+    orig = Binding.push
     calls = []
 
-    def failing(self, start, stop, changes):
+    def failing(self, start, positions, values):  # the device copy of a chunk's changes
         calls.append(self.name)
         if len(calls) == 2:  # after one chunk was written
             raise RuntimeError("device lost")
-        return orig(self, start, stop, changes)
+        return orig(self, start, positions, values)
 
-    Binding.apply = failing
+    Binding.push = failing
     try:
         with pytest.raises(RuntimeError, match="device lost"):
             f.poll()
     finally:
-        Binding.apply = orig
+        Binding.push = orig
     assert f.version is None and f._replica._sums == {}
     assert f.poll() == 3
     assert_same_bits(f.state, states[3])

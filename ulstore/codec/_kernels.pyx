@@ -1190,3 +1190,4 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
 
 
 include "_kernels3.pxi"  # format version 3: one-stream sections, band rows, intra symbols
+include "_apply.pxi"  # SPARSE blobs applied in place, many per call (weight sync)

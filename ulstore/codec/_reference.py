@@ -9,6 +9,7 @@ hands out (``kernels().<name>``); the twins live in modules by job:
     _reference_hash.py      hash64, hash_sum64, hash_fill (checksums)
     _reference1.py          version 1: residuals, rANS, raw tails, tables
     _reference_sparse.py    SPARSE payloads: split, gaps, word-sum update, decode
+    _reference_apply.py     a version's SPARSE deltas applied in place (twin of _apply.pxi)
     _reference3.py          version 3: intra symbols, the one-stream rANS
     _reference3_tables.py   version 3 tables: pack, read, slots, scale choice
 
@@ -44,6 +45,7 @@ from ._reference1 import (
 )
 from ._reference3 import intra_symbols, rans_decode3, rans_encode3
 from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
+from ._reference_apply import sparse_apply
 from ._reference_hash import hash64, hash_fill, hash_sum64
 from ._reference_sparse import gap_gather, scatter, sparse_decode, sparse_split, sum_update
 
@@ -70,6 +72,7 @@ __all__ = [
     "sum_update",
     "scatter",
     "sparse_decode",
+    "sparse_apply",
     # format version 3
     "intra_symbols",
     "rans_encode3",

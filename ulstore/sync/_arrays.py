@@ -82,15 +82,19 @@ class Binding:
     def apply(self, start: int, stop: int, changes) -> None:
         """Write the :class:`~ulstore.codec.Changes` of chunk ``[start, stop)`` (positions relative to ``start``)."""
         changes.apply_to(self.mirror[start:stop])  # checks every position lies inside the chunk
+        self.push(start, changes.positions, words(changes.values))
+
+    def push(self, start: int, positions: np.ndarray, values: np.ndarray) -> None:
+        """Device tensors: copy the changed elements (``positions`` from ``start``, ``values`` as words) from the mirror."""
         if self.device is not None:
             import torch
 
             # through same-width integer views: index_copy_ has no float8 kernels, and bits are bits
             signed = signed_int(torch, self.mirror.dtype.itemsize)
             dev = self.device.device
-            index = torch.from_numpy(changes.positions + start).to(dev)
-            values = torch.from_numpy(words(changes.values).view(f"<i{self.mirror.dtype.itemsize}")).to(dev)
-            self.device.view(signed).index_copy_(0, index, values)
+            index = torch.from_numpy(positions + start).to(dev)
+            new = torch.from_numpy(values.view(f"<i{self.mirror.dtype.itemsize}")).to(dev)
+            self.device.view(signed).index_copy_(0, index, new)
 
 
 def bind(spec: Spec, value) -> Binding:

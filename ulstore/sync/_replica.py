@@ -1,10 +1,12 @@
 """A replica: a state dict held equal to one step of a trajectory, updated in place from the change feed.
 
 :class:`Replica` holds no policy: it raises.  :class:`~ulstore.sync.Follower`
-decides what to do (re-bootstrap, wait, report).  Every version is applied in
-two phases: (1) fetch and decode every changed chunk, checking each one
-(ULPack checksums; whole chunks also against the store's BLAKE3 content
-hash), (2) only then write into the caller's memory.
+decides what to do (re-bootstrap, wait, report).  Every version is applied all
+or nothing: (1) fetch and decode every changed chunk that is not a contiguous
+SPARSE delta, checking each one (ULPack checksums; whole chunks also against
+the store's BLAKE3 content hash); (2) apply the SPARSE deltas in place with
+:func:`~ulstore.codec._inplace.apply_sparse` (each chunk written once it
+verifies, every write undone if any chunk fails); (3) write the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import Changes, content_sum, decode_changes
+from ..codec._inplace import Applied, apply_sparse, is_sparse_blob
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
 from ..store import StepInfo
 from ..store._chunkcodec import codec_for, content_digest, decode_chunk
@@ -61,6 +64,12 @@ def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None,
     return first, (first + n if contiguous else None), box
 
 
+def _undo(written: list) -> None:
+    """Restore the old words of chunks :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
+    for a, r in written:
+        a.view(r.old.dtype)[r.positions] = r.old
+
+
 class Replica:
     """A state dict held equal to one step.
 
@@ -81,10 +90,11 @@ class Replica:
         That step's content checksum (the next step's ``parent_content``).
     """
 
-    def __init__(self, state=None, *, pool=None) -> None:
+    def __init__(self, state=None, *, pool=None, threads: int = 1) -> None:
         self.owned = state is None
         self.state = {} if state is None else state
         self.pool = pool
+        self.threads = threads  # compiled calls that apply a version's SPARSE deltas side by side
         self.version: int | None = None
         self.content: str | None = None
         self.metadata: dict = {}
@@ -92,6 +102,7 @@ class Replica:
         self._bindings: dict[str, Binding] = {}
         self._contents: dict[Key, tuple] = {}  # (BLAKE3 hex, start, stop) of each chunk held, from the tables
         self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
+        self._buffers: dict = {}  # apply_sparse's outputs, reused from version to version
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
@@ -153,11 +164,71 @@ class Replica:
             c, blob = cb
             return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
 
-        decoded = self._map(run, list(zip(changed, f.blobs)))
-        if set(f.specs) != set(self.specs) or any(self.specs[n] != s for n, s in f.specs.items()):
-            self._rebind(f.specs, fresh=False)
+        respec = set(f.specs) != set(self.specs) or any(self.specs[n] != s for n, s in f.specs.items())
+        items = list(zip(changed, f.blobs))
+        fast = [] if respec else [i for i, (c, blob) in enumerate(items) if self._in_place(c, blob)]
+        decoded: list = [None] * len(items)
+        skip = set(fast)
+        rest = [i for i in range(len(items)) if i not in skip]
+        for i, item in zip(rest, self._map(run, [items[i] for i in rest])):  # verified, nothing written yet
+            decoded[i] = item
+        if fast:
+            applied = self._apply_in_place(f, [items[i] for i in fast])
+            if applied is None:  # nothing was written: decode them one by one, for the precise error
+                applied = self._map(run, [items[i] for i in fast])
+            for i, item in zip(fast, applied):
+                decoded[i] = item
+        try:
+            if respec:
+                self._rebind(f.specs, fresh=False)
+        except BaseException:
+            if fast:  # in-place deltas are written: the state is not the version held any more
+                self.invalidate()
+            raise
         self._write(f, decoded, fresh=False)
         return f.nbytes
+
+    def _in_place(self, c, blob) -> bool:
+        """Whether delta chunk ``c`` is applied by :func:`apply_sparse` (contiguous, SPARSE, its sum known)."""
+        if c.kind != "delta" or (c.tensor, c.piece, c.coord) not in self._sums or not is_sparse_blob(blob):
+            return False
+        spec = self.specs[c.tensor]
+        return _geometry(spec.shape, c.start, c.stop)[1] is not None
+
+    def _apply_in_place(self, f: Fetched, items: list) -> list | None:
+        """Decode, check and write SPARSE delta chunks into the state: all of them, or (None) none."""
+        by_dtype: dict = {}
+        for c, blob in items:
+            by_dtype.setdefault(self.specs[c.tensor].dtype, []).append((c, blob))
+        done: dict = {}
+        written: list = []
+        for dtype, group in by_dtype.items():
+            arrays, shapes = [], []
+            for c, _ in group:
+                first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
+                arrays.append(self._bindings[c.tensor].mirror[first:stop])
+                shapes.append(box)
+            sums = [self._sums[(c.tensor, c.piece, c.coord)] for c, _ in group]
+            try:
+                out = apply_sparse(
+                    dtype,
+                    [b for _, b in group],
+                    arrays,
+                    sums,
+                    shapes,
+                    pool=self.pool,
+                    parts=self.threads,
+                    buffers=self._buffers.setdefault(dtype, {}),
+                )
+            except BaseException:
+                _undo(written)
+                raise
+            if out is None:
+                _undo(written)
+                return None
+            written += zip(arrays, out)
+            done.update({id(c): r for (c, _), r in zip(group, out)})
+        return [done[id(c)] for c, _ in items]
 
     def _whole(self, f: Fetched, c, blob) -> np.ndarray:
         box = tuple(b - a for a, b in zip(c.start, c.stop))
@@ -220,7 +291,7 @@ class Replica:
         self._bindings, self.specs = bindings, dict(specs)
 
     def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
-        """Phase 2: every chunk verified; write them all, then record the step held."""
+        """Every chunk verified (SPARSE deltas already in the mirror): write the rest, then record the step held."""
         self.version = None  # the state is in flux until every chunk is written
         changed = f.changes if f.snapshot else [c for c in f.changes if c.kind != "unchanged"]
         try:
@@ -229,7 +300,10 @@ class Replica:
                 b = self._bindings[c.tensor]
                 first, stop, box = _geometry(spec.shape, c.start, c.stop)
                 key = (c.tensor, c.piece, c.coord)
-                if isinstance(item, Changes):
+                if isinstance(item, Applied):  # already in the mirror (apply_sparse)
+                    b.push(first, item.positions, item.words)
+                    self._sums[key] = item.content_sum
+                elif isinstance(item, Changes):
                     if stop is not None:
                         b.apply(first, stop, item)
                     else:

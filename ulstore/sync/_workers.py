@@ -18,7 +18,7 @@ class Workers:
     """
 
     def __init__(self, threads: int | None, name: str):
-        n = default_threads(threads)
+        n = self.threads = default_threads(threads)
         self.compute = cf.ThreadPoolExecutor(n, thread_name_prefix=f"{name}-compute")
         self.io = cf.ThreadPoolExecutor(max(8, 2 * n), thread_name_prefix=f"{name}-io")
         self.prefetch = cf.ThreadPoolExecutor(2, thread_name_prefix=f"{name}-prefetch")

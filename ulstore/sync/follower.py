@@ -29,13 +29,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from ..errors import IntegrityError, InvalidInputError, NotFoundError
+from ..errors import InvalidInputError, NotFoundError
 from ..store._base import MAIN
 from ..store._layout import check_ref_name
 from . import _open
+from ._catchup import CatchUp
 from ._errors import BucketAccessError
 from ._events import FollowerStats, SyncEvent
-from ._replica import ChainBroken, Fetched, Replica
+from ._replica import Replica
 from ._workers import WorkerOwner, Workers
 
 __all__ = ["Follower", "SyncEvent", "FollowerStats"]
@@ -43,7 +44,7 @@ __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 log = logging.getLogger("ulstore.sync")
 
 
-class Follower(WorkerOwner):
+class Follower(CatchUp, WorkerOwner):
     """Keep a state dict equal to the newest version published on a branch, in place.
 
     Parameters
@@ -126,7 +127,7 @@ class Follower(WorkerOwner):
         self.check_every = max(1, int(check_every))
         self._scan = 0  # position of the default mode's rotating scan
         self._workers = Workers(threads, "ulstore-follow")
-        self._replica = Replica(state, pool=self._workers.compute)
+        self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
@@ -277,53 +278,6 @@ class Follower(WorkerOwner):
         assert self.version is not None
         return self.version
 
-    def _wait_head(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while True:
-            head = self._head()
-            if head is not None:
-                return head
-            if time.monotonic() >= deadline:
-                raise NotFoundError(f"nothing has been published to {self.url!r} on {self.branch!r} yet")
-            time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())) or 0.01)
-
-    def _bootstrap(self, head: int, reason: str) -> None:
-        """Load a snapshot and replay to ``head``; a bad version on the way stalls at the last good one.
-
-        The state is written only once a snapshot has been fully decoded and
-        verified, so if every snapshot fails the state still holds its
-        previous version (if it held one) and IntegrityError is raised.
-        """
-        traj = self._trajectory()
-        path = []  # step infos from head back to the snapshot
-        tried = []
-        step: int | None = head
-        while step is not None:
-            try:
-                info = traj.info(step)
-            except (IntegrityError, NotFoundError) as e:
-                self._problem(step, e)
-                break
-            path.append(info)
-            if info.anchor_distance == 0:
-                tried.append(step)
-                try:
-                    fetched = Replica.fetch(traj, step, snapshot=True)
-                    self.stats.bytes_downloaded += self._replica.load(fetched)
-                except (IntegrityError, NotFoundError) as e:
-                    self._problem(step, e)
-                    step = info.parent
-                    continue
-                self.stats.bootstraps += 1
-                if reason == "rebootstrap":
-                    self.stats.rebootstraps += 1
-                self._event(reason, step, f"snapshot {step}, {len(path) - 1} version(s) to replay")
-                for _ in self._replay_iter([i.step for i in reversed(path[:-1])], None):
-                    pass
-                return
-            step = info.parent
-        raise IntegrityError(f"no usable snapshot on {self.branch!r} in {self.url!r} (tried {tried})")
-
     # -- polling ----------------------------------------------------------------------
 
     def poll(self) -> int | None:
@@ -383,142 +337,3 @@ class Follower(WorkerOwner):
                 time.sleep(self.poll_interval)
 
     __iter__ = follow
-
-    def _newest_snapshot(self, head: int) -> int | None:
-        traj = self._trajectory()
-        step: int | None = head
-        while step is not None:
-            info = traj.info(step)
-            if info.anchor_distance == 0:
-                return step
-            step = info.parent
-        return None
-
-    def _chain(self, head: int, stop_at: int) -> list[int]:
-        """Steps ``stop_at`` (exclusive) .. ``head`` along parent links, oldest first, the chain proven."""
-        traj = self._trajectory()
-        infos: list = []
-        step = head
-        while True:
-            if len(infos) > self.max_replay:
-                raise ChainBroken(f"more than {self.max_replay} versions between {stop_at} and {head}", far=True)
-            info = traj.info(step)
-            infos.append(info)
-            if info.parent == stop_at:
-                break
-            if info.parent is None or info.parent < stop_at:
-                raise ChainBroken(f"version {stop_at} is not an ancestor of version {head}")
-            step = info.parent
-        infos.reverse()
-        if infos[0].parent_content != self._replica.content:
-            raise ChainBroken(f"version {stop_at} in the store is not the one held")
-        for a, b in zip(infos, infos[1:]):
-            if b.parent_content != a.content:
-                raise ChainBroken(f"version {b.step} was not coded against version {a.step} as stored")
-        return [i.step for i in infos]
-
-    def _advance(self, one_by_one: bool) -> Iterator[int]:
-        """Generator behind poll/follow: yields each version reached."""
-        try:
-            head = self._head()
-        except IntegrityError as e:  # a damaged ref: nothing is applied
-            self._problem(None, e)
-            return
-        if head is None:
-            return
-        start = self.version
-        if start is None:
-            try:
-                self._bootstrap(head, "rebootstrap" if self._stalled_at is not None else "bootstrap")
-            except IntegrityError as e:
-                if self._stalled_at is None:
-                    raise
-                self._event("stalled", None, f"no snapshot could be loaded: {e}", e)
-                return
-            yield self.version  # type: ignore[misc]
-            return
-        if head == start:
-            return
-        if self._stalled_at is not None:
-            try:
-                snap = self._newest_snapshot(head)
-            except (IntegrityError, NotFoundError):
-                return
-            if snap is not None and snap >= self._stalled_at:  # a snapshot past the bad version: try again
-                yield from self._recover(head, self._stalled_at, "rebootstrap")
-            return
-        try:
-            chain = self._chain(head, start)
-        except ChainBroken as e:
-            if e.far:  # far behind: a snapshot is cheaper than the replay
-                yield from self._recover(head, start + 1, "bootstrap")
-            else:  # the history held is no longer the branch's (reset, deleted steps)
-                self._event("reset", head, str(e))
-                yield from self._recover(head, start + 1, "rebootstrap")
-            return
-        except (IntegrityError, NotFoundError) as e:
-            self._problem(head, e)
-            yield from self._recover(head, start + 1, "rebootstrap")
-            return
-        if one_by_one:
-            yield from self._replay_iter(chain, head)
-        else:
-            for _ in self._replay_iter(chain, head):
-                pass
-            if self.version != start:
-                yield self.version  # type: ignore[misc]
-
-    def _replay_iter(self, steps: list[int], head: int | None) -> Iterator[int]:
-        """Apply steps in order, fetching the next ones' blobs while applying.
-
-        On a version that cannot be applied: with ``head``, re-bootstrap from
-        a snapshot (:meth:`_recover`); without (already inside a bootstrap),
-        stall on the last good version.
-        """
-        traj = self._trajectory()
-
-        def fetch(s):
-            return self._workers.prefetch.submit(Replica.fetch, traj, s)
-
-        futures = [fetch(s) for s in steps[:2]]
-        for i, s in enumerate(steps):
-            if i + 2 < len(steps):
-                futures.append(fetch(steps[i + 2]))
-            try:
-                fetched: Fetched = futures[i].result()
-                self.stats.bytes_downloaded += self._replica.apply(fetched)
-                if not self.trust_state and not self._scan_some():
-                    raise ChainBroken(f"the state held diverged from version {s}")
-            except (IntegrityError, NotFoundError, ChainBroken) as e:
-                for f in futures[i + 1 :]:
-                    f.cancel()
-                if not isinstance(e, ChainBroken) or self.version is not None:
-                    self._problem(s, e)
-                if head is None:
-                    self._stalled_at = s
-                    self._event(
-                        "stalled", self.version, f"version {s} cannot be applied; waiting for a snapshot after it"
-                    )
-                else:
-                    yield from self._recover(head, s, "rebootstrap")
-                return
-            self.stats.versions_applied += 1
-            self._stalled_at = None
-            self._event("apply", s)
-            yield s
-
-    def _recover(self, head: int, failed: int, reason: str) -> Iterator[int]:
-        """Re-bootstrap after version ``failed`` could not be reached; yields the version reached, if new."""
-        before = self.version
-        self._stalled_at = failed
-        try:
-            self._bootstrap(head, reason)
-        except IntegrityError as e:
-            self._event("stalled", self.version, f"no snapshot could be loaded: {e}", e)
-            if self.version is None:
-                raise
-            return
-        if self.version is not None and self.version >= failed:
-            self._stalled_at = None
-        if self.version != before:
-            yield self.version  # type: ignore[misc]

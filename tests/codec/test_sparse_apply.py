@@ -1,0 +1,201 @@
+"""``sparse_apply`` (many SPARSE blobs applied in place, one call) and its wrapper ``apply_sparse``.
+
+The compiled kernel and its NumPy twin must agree on everything: the changed
+positions, new and old words, target sums, and on corrupt input the same
+status for the same blob.  Whatever fails, no array may change.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ulstore
+from tests.helpers.bits import flat_bits
+from tests.helpers.blobs import reseal
+from ulstore import content_sum
+from ulstore.codec._backend import kernels
+from ulstore.codec._dtypes import FORMATS, format_of
+from ulstore.codec._inplace import _meta, apply_sparse, is_sparse_blob
+from ulstore.codec._sparse import GAPS
+from ulstore.codec._tables import POOL_BELOW
+
+BACKENDS = ulstore.available_backends()
+DTYPES = {f.name: f.dtype for f in FORMATS}
+
+
+def chunks(dtype, sizes, seed=0, density=0.03):
+    """(references, targets, SPARSE blobs) for chunks of ``sizes`` elements."""
+    rng = np.random.default_rng(seed)
+    refs, targets, blobs = [], [], []
+    for n in sizes:
+        r = (rng.standard_normal(n) * 2).astype(np.float32).astype(dtype)
+        u = flat_bits(r).copy()
+        pos = np.union1d(rng.choice(n, max(1, int(n * density)), replace=False), [n - 1])  # the padded last word
+        u[pos] = (u[pos].astype(np.int64) + rng.choice([-2, -1, 1, 2], size=len(pos))).astype(u.dtype)
+        t = u.view(r.dtype)
+        refs.append(r)
+        targets.append(t)
+        blobs.append(ulstore.encode(t, r, sparse=True))
+        assert is_sparse_blob(blobs[-1])
+    return refs, targets, blobs
+
+
+def call(backend, dtype, blobs, arrays, sums=None, shapes=None, write=True):
+    fmt = format_of(np.dtype(dtype))
+    sums = [content_sum(a) for a in arrays] if sums is None else sums
+    shapes = [a.shape for a in arrays] if shapes is None else shapes
+    return kernels(backend).sparse_apply(
+        list(blobs), [a.view(fmt.word) for a in arrays], np.array(sums, dtype=np.uint64),
+        [_meta(fmt.code, tuple(s)) for s in shapes], fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
+        POOL_BELOW, GAPS.alphabet, fmt.alphabet, write)
+
+
+def same(a, b):
+    assert a[:2] == b[:2]
+    starts = a[5]
+    upto = len(starts) - 1 if a[1] < 0 else a[1]
+    end = int(starts[upto])
+    assert np.array_equal(a[5], b[5])
+    for x, y in zip(a[2:5], b[2:5]):
+        assert np.array_equal(x[:end], y[:end])
+    assert np.array_equal(a[6][:upto], b[6][:upto])
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_backends_agree_and_apply_exactly(name):
+    dtype = DTYPES[name]
+    refs, targets, blobs = chunks(dtype, [999, 1000, 1001, 1003, 4099], seed=len(name))
+    results = []
+    for backend in BACKENDS:
+        arrays = [r.copy() for r in refs]
+        out = call(backend, dtype, blobs, arrays)
+        assert out[0] == 0 and out[1] == -1
+        for a, t in zip(arrays, targets):
+            assert np.array_equal(flat_bits(a), flat_bits(t))
+        assert [int(s) for s in out[6]] == [content_sum(t) for t in targets]
+        results.append(out)
+    for out in results[1:]:
+        same(results[0], out)
+
+
+def test_every_byte_of_a_blob_corrupted_changes_nothing():
+    """Each byte of the middle blob changed (CRC recomputed): same status on every backend, arrays as before."""
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [500, 3000, 700], seed=3)
+    good = blobs[1]
+    statuses = set()
+    for i in range(len(good) - 4):
+        for flip in (0x01, 0x80):
+            body = bytearray(good[:-4])
+            body[i] ^= flip
+            bad = [blobs[0], reseal(body), blobs[2]]
+            outs = []
+            for backend in BACKENDS:
+                arrays = [r.copy() for r in refs]
+                out = call(backend, dtype, bad, arrays)
+                if out[0]:
+                    assert out[1] == 1
+                    for a, r in zip(arrays, refs):
+                        assert flat_bits(a).tobytes() == flat_bits(r).tobytes(), f"byte {i} ^ {flip:#x} wrote"
+                else:  # only padding bits may be ignored, and then the values are exact
+                    for a, t in zip(arrays, targets):
+                        assert np.array_equal(flat_bits(a), flat_bits(t)), f"byte {i} ^ {flip:#x} WRONG values"
+                outs.append(out)
+            for out in outs[1:]:
+                same(outs[0], out)
+            statuses.add(outs[0][0])
+    assert {-20, -22, -23} <= statuses and any(s <= -100 for s in statuses), statuses
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrong_reference_shape_or_dtype_changes_nothing(backend):
+    dtype = np.float16
+    refs, targets, blobs = chunks(dtype, [300, 400], seed=4)
+
+    def run(**kw):
+        arrays = [r.copy() for r in refs]
+        out = call(backend, dtype, blobs, arrays, **kw)
+        assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+        return out[:2]
+
+    sums = [content_sum(r) for r in refs]
+    assert run(sums=[sums[0], sums[1] ^ 1]) == (-21, 1)
+    assert run(shapes=[(300,), (20, 20)]) == (-20, 1)
+    assert run(shapes=[(301,), (400,)]) == (-20, 0)
+    fmt = format_of(np.dtype(np.float32))
+    assert kernels(backend).sparse_apply(
+        blobs, [r.view(np.uint16) for r in refs], np.array(sums, dtype=np.uint64),
+        [_meta(fmt.code, (300,)), _meta(fmt.code, (400,))], fmt.code, 16, 10, 31, POOL_BELOW, GAPS.alphabet,
+        60, True)[:2] == (-20, 0)
+    stale = [r.copy() for r in refs]
+    at = np.flatnonzero(flat_bits(refs[1]) != flat_bits(targets[1]))[0]
+    stale[1].view(np.uint16)[at] ^= 1  # not the reference its sum claims, at a changed element: the target check fails
+    stale_before = [flat_bits(a).tobytes() for a in stale]
+    out = call(backend, dtype, blobs, stale, sums=sums)
+    assert out[0] in (-23, -7) and out[1] == 1
+    assert [flat_bits(a).tobytes() for a in stale] == stale_before
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_apply_sparse_is_all_or_nothing(parts):
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [2000] * 5, seed=5)
+    sums = [content_sum(r) for r in refs]
+    with cf.ThreadPoolExecutor(2) as pool:
+        arrays = [r.copy() for r in refs]
+        out = apply_sparse(dtype, blobs, arrays, sums, [a.shape for a in arrays], pool=pool, parts=parts)
+        assert out is not None
+        for a, t, r in zip(arrays, targets, out):
+            assert np.array_equal(flat_bits(a), flat_bits(t))
+            assert r.content_sum == content_sum(t)
+        for bad_at in (0, 4):
+            body = bytearray(blobs[bad_at])
+            body[-6] ^= 0x40  # CRC fails
+            bad = list(blobs)
+            bad[bad_at] = bytes(body)
+            arrays = [r.copy() for r in refs]
+            assert apply_sparse(dtype, bad, arrays, sums, [a.shape for a in arrays], pool=pool, parts=parts) is None
+            assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+
+
+def test_apply_sparse_undoes_the_other_runs_when_one_raises():
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [2000] * 4, seed=8)
+    arrays = [r.copy() for r in refs]
+    arrays[3].flags.writeable = False  # the second run cannot write (numpy: ValueError)
+    with cf.ThreadPoolExecutor(2) as pool, pytest.raises((ValueError, BufferError)):
+        apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays], pool=pool,
+                     parts=2)
+    assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_sparse_reuses_its_buffers(backend):
+    """Outputs land in the caller's buffers from the second call on (no fresh pages per version)."""
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [3000] * 3, seed=7)
+    sums = [content_sum(r) for r in refs]
+    buffers: dict = {}
+    for _ in range(3):
+        arrays = [r.copy() for r in refs]
+        out = apply_sparse(dtype, blobs, arrays, sums, [a.shape for a in arrays], buffers=buffers, backend=backend)
+        assert out is not None and len(buffers) == 1
+        for a, t in zip(arrays, targets):
+            assert np.array_equal(flat_bits(a), flat_bits(t))
+    (pos, new, old), = buffers.values()
+    assert all(np.shares_memory(r.positions, pos) and np.shares_memory(r.words, new) for r in out)
+    assert all(np.shares_memory(r.old, old) for r in out)
+
+
+def test_is_sparse_blob():
+    rng = np.random.default_rng(6)
+    r = rng.standard_normal(100).astype(np.float32)
+    t = r.copy()
+    t[3] += 1
+    assert is_sparse_blob(ulstore.encode(t, r, sparse=True))
+    assert not is_sparse_blob(ulstore.encode(t, r))
+    assert not is_sparse_blob(b"ULPK")

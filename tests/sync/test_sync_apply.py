@@ -1,0 +1,113 @@
+"""A version's SPARSE deltas are applied in place in a few compiled calls: all of them, or none.
+
+Whatever chunk of a version is corrupt or does not fit the state held (first,
+middle or last; in the compiled batch or decoded on its own), applying the
+version raises and leaves every array of the state byte-identical to before,
+and the replica still holds its version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.helpers.blobs import reseal
+from tests.helpers.sync import assert_same_bits, rl_states
+from ulstore.errors import IntegrityError
+from ulstore.sync import Publisher
+from ulstore.sync._open import objects, trajectory
+from ulstore.sync._replica import Replica
+
+CHUNK = 1 << 12
+
+
+@pytest.fixture(scope="module")
+def states():
+    return rl_states(4)
+
+
+@pytest.fixture
+def store(tmp_path, states):
+    url = str(tmp_path / "store")
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
+        for v, s in enumerate(states):
+            pub.publish(v, s)
+    traj = trajectory(objects(url, None), "r", keep_parent=False)
+    yield traj
+    traj.close()
+
+
+def replica_at(traj, version, pool, threads=2):
+    rep = Replica(None, pool=pool, threads=threads)
+    rep.load(Replica.fetch(traj, 0, snapshot=True))
+    for v in range(1, version + 1):
+        rep.apply(Replica.fetch(traj, v))
+    return rep
+
+
+def snapshot(rep) -> dict:
+    return {k: np.asarray(v).copy() for k, v in rep.state.items()}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_in_place_apply_matches_every_version(store, states, threads):
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 0, pool, threads)
+        for v in range(1, len(states)):
+            f = Replica.fetch(store, v)
+            assert any(c.kind == "delta" for c in f.changes)
+            rep.apply(f)
+            assert rep.version == v
+            assert_same_bits(rep.state, states[v])
+            assert not rep.verify()
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("how", ["payload resealed", "crc", "truncated", "not sparse"])
+def test_a_bad_chunk_anywhere_leaves_the_state_untouched(store, states, where, how):
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 1, pool)
+        f = Replica.fetch(store, 2)
+        changed = [i for i, c in enumerate(c for c in f.changes if c.kind != "unchanged")]
+        deltas = [i for i, c in zip(changed, [c for c in f.changes if c.kind != "unchanged"]) if c.kind == "delta"]
+        assert len(deltas) >= 3
+        i = {"first": deltas[0], "middle": deltas[len(deltas) // 2], "last": deltas[-1]}[where]
+        blobs = list(f.blobs)
+        blob = bytearray(blobs[i])
+        if how == "payload resealed":
+            blob[len(blob) // 2] ^= 0x24
+            blob = bytearray(reseal(blob[:-4]))
+        elif how == "crc":
+            blob[-1] ^= 1
+        elif how == "truncated":
+            blob = bytearray(reseal(blob[: len(blob) // 2]))
+        else:
+            blob[6] = 2  # a dense-mode header on a sparse payload: decoded on its own, and rejected
+            blob = bytearray(reseal(blob[:-4]))
+        blobs[i] = bytes(blob)
+        before = snapshot(rep)
+        with pytest.raises(IntegrityError):
+            rep.apply(dataclasses.replace(f, blobs=blobs))
+        assert_same_bits(rep.state, before)
+        assert rep.version == 1
+        rep.apply(f)  # the good version still applies
+        assert_same_bits(rep.state, states[2])
+
+
+def test_a_state_that_diverged_at_a_changed_element_is_left_as_it_is(store, states):
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 1, pool)
+        f = Replica.fetch(store, 2)
+        c = [c for c in f.changes if c.kind == "delta"][-1]
+        name = c.tensor
+        flat = rep.flat(name).view(np.uint16)
+        ref, tgt = states[1][name].reshape(-1).view(np.uint16), states[2][name].reshape(-1).view(np.uint16)
+        pos = int(np.flatnonzero(ref != tgt)[-1])
+        flat[pos] ^= 1  # a foreign write where the delta changes an element: its checksums cannot hold
+        before = snapshot(rep)
+        with pytest.raises(IntegrityError):
+            rep.apply(f)
+        assert_same_bits(rep.state, before)

@@ -1,0 +1,133 @@
+"""A version's SPARSE delta blobs applied in place, in one compiled call per thread.
+
+This is the weight-sync follower's hot path (:class:`ulstore.sync.Follower`):
+each blob is decoded against the array it was coded against (the replica's own
+memory), checked (reference through its word sum, target checksum) and written
+there, all blobs of a call in one GIL release (kernel ``sparse_apply``, see
+``_apply.pxi``).  All or nothing: if any blob fails, every array is left as it
+was, and the caller decodes the blobs again with :func:`decode_changes` for
+the precise error.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _format as F
+from ._backend import kernels
+from ._dtypes import format_of
+from ._sparse import GAPS
+from ._tables import POOL_BELOW
+
+__all__ = ["Applied", "is_sparse_blob", "apply_sparse"]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One blob applied in place: its changed positions (int64, in the array), new and old words, target word sum."""
+
+    positions: np.ndarray
+    words: np.ndarray
+    old: np.ndarray
+    content_sum: int
+
+
+def is_sparse_blob(blob) -> bool:
+    """Whether ``blob`` is a format-2 SPARSE blob (what :func:`apply_sparse` applies); nothing is checked."""
+    mv = memoryview(blob)
+    return len(mv) > 9 and mv[4] == 2 and mv[6] == F.MODE_SPARSE and bytes(mv[:4]) == F.MAGIC
+
+
+_metas: dict[tuple, bytes] = {}
+
+
+def _meta(code: int, shape: tuple) -> bytes:
+    """The dtype-and-shape bytes a blob's target checksum binds (``_api._target_hash``)."""
+    key = (code, shape)
+    out = _metas.get(key)
+    if out is None:
+        buf = bytearray((code,))
+        for d in shape:
+            F.write_varint(buf, d)
+        out = _metas[key] = bytes(buf)
+        if len(_metas) > 4096:
+            _metas.clear()
+    return out
+
+
+def _crc_ok(blob) -> bool:
+    mv = memoryview(blob).cast("B")
+    return zlib.crc32(mv[:-4]) == int.from_bytes(mv[-4:], "little")
+
+
+def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, pool=None, parts: int = 1,
+                 buffers: dict | None = None, backend: str | None = None) -> list[Applied] | None:
+    """Apply SPARSE ``blobs[i]`` to ``arrays[i]`` in place; all or nothing.
+
+    ``arrays[i]``: the 1-d, C-contiguous, writeable array of ``dtype`` the blob
+    was coded against (seen as the blob's ``shapes[i]``), whose
+    :func:`content_sum` is ``sums[i]``.  The blobs are split into ``parts``
+    runs, decoded in ``pool`` (the kernel releases the GIL).
+
+    ``buffers``: a dict this function keeps output arrays in between calls
+    (per run and word size), so that a version does not fault in fresh pages;
+    the :class:`Applied` results are views of them, valid until the next call
+    with the same dict.
+
+    Returns one :class:`Applied` per blob, or None when any blob fails (or is
+    not a SPARSE blob of that dtype and shape): then no array changed.
+    """
+    fmt = format_of(np.dtype(dtype))
+    k = kernels(backend)
+    word = fmt.word
+    views = [a.view(word) for a in arrays]
+    metas = [_meta(fmt.code, tuple(s)) for s in shapes]
+    ref_sums = np.array(sums, dtype=np.uint64)
+    n = len(blobs)
+    parts = max(1, min(parts, n))
+    # contiguous runs of about equal bytes (a blob's decode time follows its size)
+    sizes = np.cumsum([len(b) for b in blobs])
+    bounds = [0, *(int(np.searchsorted(sizes, sizes[-1] * j / parts)) for j in range(1, parts)), n]
+    runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def run(j):
+        try:
+            return attempt(j)
+        except Exception as e:  # noqa: BLE001  (re-raised below, once the other runs are undone)
+            return e
+
+    def attempt(j):
+        a, b = runs[j]
+        if not all(_crc_ok(x) for x in blobs[a:b]):
+            return None
+        key = (j, word.itemsize)
+        bufs = None if buffers is None else buffers.get(key)
+        out = k.sparse_apply(blobs[a:b], views[a:b], ref_sums[a:b], metas[a:b], fmt.code, fmt.width, fmt.mant_bits,
+                             fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs)
+        if buffers is not None and (bufs is None or len(out[2]) > len(bufs[0])):  # keep the larger (with headroom)
+            total = len(out[2]) + len(out[2]) // 4
+            buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
+        return out if out[0] == 0 else None
+
+    idx = range(len(runs))
+    results = list(pool.map(run, idx)) if pool is not None and len(runs) > 1 else [run(j) for j in idx]
+    if any(r is None or isinstance(r, Exception) for r in results):
+        for (a, _), r in zip(runs, results):  # undo the runs that were written
+            if isinstance(r, tuple):
+                _, _, pos, _, old, starts, _ = r
+                for i in range(len(starts) - 1):
+                    k.scatter(views[a + i], pos[starts[i] : starts[i + 1]], old[starts[i] : starts[i + 1]])
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return None
+    applied = []
+    for r in results:
+        _, _, pos, new, old, starts, target = r
+        for i in range(len(starts) - 1):
+            s, e = int(starts[i]), int(starts[i + 1])
+            applied.append(Applied(pos[s:e], new[s:e], old[s:e], int(target[i])))
+    return applied

@@ -1,0 +1,173 @@
+"""NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
+
+Same arguments, results and statuses as the compiled ``sparse_apply``; see its
+docstring there.  Imported into ``_reference`` (the numpy backend).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._checksum import finish_sum, fold32
+from ._format import LANES
+from ._tables import SCALE_BITS, STATE_LOW
+
+__all__ = ["sparse_apply"]
+
+APPLY_HEADER, APPLY_REFERENCE, APPLY_FIELDS, APPLY_TARGET = -20, -21, -22, -23
+
+
+class _Bad(Exception):
+    def __init__(self, status: int):
+        self.status = status
+
+
+def _varint(b, pos: int, end: int, limit: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end:
+            raise _Bad(APPLY_FIELDS)
+        byte = b[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise _Bad(APPLY_FIELDS)
+    if value > limit or value >= 1 << 64:
+        raise _Bad(APPLY_FIELDS)
+    return value, pos
+
+
+def _section(b, pos: int, end: int, m: int, width: int) -> tuple[tuple, int]:
+    if pos >= end or b[pos] != SCALE_BITS:
+        raise _Bad(APPLY_FIELDS)
+    size, pos = _varint(b, pos + 1, end, 1 << 24)
+    if size > end - pos:
+        raise _Bad(APPLY_FIELDS)
+    table = np.frombuffer(b[pos : pos + size], dtype=np.uint8)
+    pos += size
+    if end - pos < 4 * LANES:
+        raise _Bad(APPLY_FIELDS)
+    states = np.frombuffer(b[pos : pos + 4 * LANES], dtype="<u4")
+    if not all(STATE_LOW <= int(x) < 1 << 31 for x in states):
+        raise _Bad(APPLY_FIELDS)
+    pos += 4 * LANES
+    n_words, pos = _varint(b, pos, end, m)
+    if 2 * n_words > end - pos:
+        raise _Bad(APPLY_FIELDS)
+    words = np.frombuffer(b[pos : pos + 2 * n_words], dtype=np.uint8)
+    pos += 2 * n_words
+    tail_bits, pos = _varint(b, pos, end, m * (width - 3))
+    tail_len = (tail_bits + 7) // 8
+    if tail_len > end - pos:
+        raise _Bad(APPLY_FIELDS)
+    tail = np.frombuffer(b[pos : pos + tail_len], dtype=np.uint8)
+    pos += tail_len
+    if tail_bits % 8 and tail[-1] >> (tail_bits % 8):
+        raise _Bad(APPLY_FIELDS)
+    return (table, states.copy(), words, tail, tail_bits), pos
+
+
+def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
+    end = len(b) - 4
+    if (
+        end < 9
+        or len(meta) < 1
+        or bytes(b[:4]) != b"ULPK"
+        or b[4] != 2
+        or b[5] != code
+        or b[5] != meta[0]
+        or b[6] != 3
+        or b[7] & ~3
+        or not b[7] & 1
+    ):
+        raise _Bad(APPLY_HEADER)
+    ndim = sum(not x & 0x80 for x in meta[1:])
+    pos = 9
+    if b[8] != ndim or end - pos < len(meta) - 1 or bytes(b[pos : pos + len(meta) - 1]) != bytes(meta[1:]):
+        raise _Bad(APPLY_HEADER)
+    pos += len(meta) - 1
+    if end - pos < 8:
+        raise _Bad(APPLY_FIELDS)
+    ref_hash = int.from_bytes(b[pos : pos + 4], "little")
+    target_hash = int.from_bytes(b[pos + 4 : pos + 8], "little")
+    pos += 8
+    emask = 0 if b[7] & 2 else emask
+    m, pos = _varint(b, pos, end, n)
+    if m == 0:
+        raise _Bad(APPLY_FIELDS)
+    g, pos = _section(b, pos, end, m, 32)
+    t, pos = _section(b, pos, end, m, width)
+    if pos != end:
+        raise _Bad(APPLY_FIELDS)
+    return m, ref_hash, target_hash, emask, g, t
+
+
+def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
+                 write, buffers=None):
+    """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
+    from ._reference import hash64, sparse_decode  # noqa: PLC0415  (imported into _reference: a cycle)
+
+    c = len(blobs)
+    wb = width // 8
+    if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb
+            or not 0 < g_alphabet <= 256 or not 0 < t_alphabet <= 256):
+        raise ValueError("sparse_apply needs one array, word sum and shape per blob, and a word width of 8-64 bits")
+    word = np.dtype(f"<u{wb}")
+    views = []
+    for blob, meta, dst in zip(blobs, metas, dsts):
+        memoryview(blob), memoryview(meta)
+        if write and not memoryview(dst).contiguous or write and memoryview(dst).readonly:
+            raise BufferError("sparse_apply writes its arrays: pass writeable contiguous ones")
+        if memoryview(dst).nbytes % wb:
+            raise ValueError("sparse_apply: an array is not a whole number of words")
+        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write else np.asarray(dst).view(word))
+    parsed, status, upto = [], 0, c
+    for i in range(c):
+        try:
+            parsed.append(_parse(memoryview(blobs[i]).cast("B"), bytes(metas[i]), code, len(views[i]), emask, width))
+        except _Bad as bad:
+            status, upto = bad.status, i
+            break
+    starts = np.zeros(c + 1, dtype=np.int64)
+    starts[1 : upto + 1] = np.cumsum([p[0] for p in parsed])
+    starts[upto + 1 :] = starts[upto]
+    total = int(starts[-1])
+    if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
+            and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
+        pos, new, old = (b[:total] for b in buffers)
+    else:
+        pos, new, old = np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
+    sums = np.zeros(c, dtype=np.uint64)
+    failed, parse_status, status = -1, status, 0
+    for i in range(upto):
+        m, ref_hash, target_hash, em, g, t = parsed[i]
+        r, s, e = views[i], int(starts[i]), int(starts[i + 1])
+        nbytes = r.nbytes
+        if fold32(finish_sum(int(ref_sums[i]), nbytes)) != ref_hash:
+            status = APPLY_REFERENCE
+        else:
+            delta = np.zeros(1, dtype=np.uint64)
+            status = sparse_decode(r, mant_bits, em, pool_below, *g, g_alphabet, *t, t_alphabet, pos[s:e], new[s:e],
+                                   delta)
+            if not status:
+                old[s:e] = r[pos[s:e]]
+                acc = (int(ref_sums[i]) + int(delta[0])) & 0xFFFFFFFFFFFFFFFF
+                if fold32(finish_sum(acc, nbytes) ^ hash64(bytes(metas[i]))) != target_hash:
+                    status = APPLY_TARGET
+                else:
+                    sums[i] = acc
+        if status:
+            failed = i
+            break
+        if write:
+            r[pos[s:e]] = new[s:e]
+    if not status and parse_status:
+        status, failed = parse_status, upto
+    if status and write:
+        for j in range(failed - 1, -1, -1):
+            s, e = int(starts[j]), int(starts[j + 1])
+            views[j][pos[s:e]] = old[s:e]
+    return status, failed, pos, new, old, starts, sums
