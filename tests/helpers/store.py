@@ -134,7 +134,8 @@ def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False)
     from ulstore.store._packs import PackStream
     from ulstore.store._reader import ChunkReader
     from ulstore.store._stepdoc import TableRef
-    from ulstore.store._tables import Piece, content_checksum, encode_block
+    from ulstore.store._table_block import encode_block
+    from ulstore.store._tables import Piece, content_checksum
 
     io = traj._io
     reader = ChunkReader(io, 0, 1)

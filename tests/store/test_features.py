@@ -13,7 +13,7 @@ import ulstore
 from tests.helpers.bits import bits_of as bits
 from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, states_bf16
 from ulstore.errors import CorruptBlobError, InvalidInputError, TensorNotFoundError
-from ulstore.store import _reader, _writer
+from ulstore.store import _decode_plan, _writer
 from ulstore.store._layout import pack_key
 
 
@@ -157,7 +157,7 @@ def test_snapshots_alongside_deltas_bound_the_chain(monkeypatch):
     assert all(ulstore.inspect_blob(b)["delta"] for b in blobs)  # ...a late joiner the snapshot
     assert not any(ulstore.inspect_blob(b)["delta"] for b in snaps)
     ro = ulstore.open(traj.url, mode="r")
-    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
     assert_state_equal(ro.read(5), states[5])
     n = sum(len(t.pieces[0].ref) for t in ro._reader.tables(5).values())
     assert decodes.n <= 2 * n  # step 5 walks back to the snapshots of step 4, not to step 0
@@ -254,7 +254,7 @@ def _chunks(traj, step) -> int:
 def test_kept_parent_a_training_loop_never_decodes(monkeypatch):
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
-    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
     for i in range(5):
         traj.commit(i, states[i])
     assert decodes.n == 0
@@ -277,7 +277,7 @@ def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
     for i in range(8):
         traj.commit(i, states[i])
     ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
-    decodes = _Count(monkeypatch, _reader, "decode_chunk")
+    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
     assert_state_equal(ro.read(7), states[7])  # depth 7 from nothing: each chain once
     n = _chunks(traj, 7)
     assert n < decodes.n <= 8 * n

@@ -15,15 +15,8 @@ from ulstore.store._chunkcodec import decode_chunk, encode_chunk, zstd_compress,
 from ulstore.store._layout import is_pack_id, new_pack_id, pack_key
 from ulstore.store._packs import PackStream, coalesce, fetch
 from ulstore.store._stepdoc import FileRef, StepDoc, TableRef
-from ulstore.store._tables import (
-    Piece,
-    TableError,
-    TensorTable,
-    content_checksum,
-    decode_block,
-    encode_block,
-    pieces_problem,
-)
+from ulstore.store._table_block import TableError, decode_block, encode_block
+from ulstore.store._tables import Piece, TensorTable, content_checksum, pieces_problem
 
 
 def _piece(offset, shape, chunks, rng, n_packs=3, snapshots=False) -> Piece:

@@ -88,13 +88,13 @@ def test_odd_entries_under_steps_are_not_steps(tmp_path, name):
 )
 def test_negative_or_huge_shapes_in_a_table_are_corrupt(tmp_path, monkeypatch, shape, chunks):
     """Format 2: a crafted table block (its hash in the step document recomputed) with a bad shape or chunk grid."""
-    from ulstore.store import _tables
+    from ulstore.store import _table_block
 
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w")
     traj.commit(0, {"w": np.arange(4, dtype=np.float32)})
     # what a crafted binary holds: negative numbers are their two's complement as u64
-    monkeypatch.setattr(_tables, "_u64s", lambda vs: struct.pack(f"<{len(vs)}Q", *(v % (1 << 64) for v in vs)))
+    monkeypatch.setattr(_table_block, "_u64s", lambda vs: struct.pack(f"<{len(vs)}Q", *(v % (1 << 64) for v in vs)))
 
     def craft(tables, append):
         t = tables["w"]

@@ -24,18 +24,10 @@ Atomicity, per backend (what a crashed or racing writer can leave behind):
 
 Byte ranges (:meth:`ObjectStore.get_ranges`): one GET with a ``Range``
 header per range on S3 (no HEAD first; ranges of one call run
-concurrently), ``os.pread`` on one descriptor on local disk (opened without
-following a final symlink, and refused unless it is a regular file, so a
-FIFO or device planted in the root can neither hang nor flood a reader;
-reads of 1 MiB or more map the file read-only instead of copying, which
-assumes nobody truncates the file meanwhile: packs are never modified),
-slices of the object elsewhere.
-
-Streaming writes (:meth:`ObjectStore.open_writer`) hold a bounded buffer:
-local disk writes to ``.tmp/`` and renames the file into place at close
-(durable: fsynced first, and its directories after, like a put); S3
-uploads parts of ``block_size`` bytes (the object appears at close);
-``memory://`` keeps the bytes and stores them at close.
+concurrently), ``os.pread`` or a read-only mapping on local disk (refusing
+symlinks, FIFOs and devices: ``local_disk.py``), slices of the object
+elsewhere.  Streaming writes (:meth:`ObjectStore.open_writer`) hold a
+bounded buffer: ``object_writer.py``.
 
 Errors: a missing object is ``None`` from :meth:`ObjectStore.get` (and an
 empty listing).  Anything else the backend raises (network, permission,
@@ -51,21 +43,18 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
-import io
-import mmap
 import os
-import stat
 import threading
-import time
-import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import fsspec
-from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
+
+from . import local_disk
+from .backends import OBJECT_STORES, is_s3, serial_lock
+from .object_writer import ObjectWriter
 
 __all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "TMP_DIR"]
 
@@ -74,39 +63,10 @@ MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
 
-_SERIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SERIAL_GUARD = threading.Lock()
-
-
-def _serial_lock(fs) -> threading.RLock | None:
-    """The lock serialising calls into ``fs``, for fsspec's caching wrappers; None for everything else.
-
-    ``filecache::`` and ``blockcache::`` keep their cache metadata in memory and
-    on disk without locking: two threads reading at once can see each other's
-    half-updated metadata (``TypeError: cannot unpack non-iterable bool
-    object``, ``mmap length is greater than file size``).  Reads through them
-    take turns; they are local once cached.
-    """
-    if not isinstance(fs, CachingFileSystem):
-        return None
-    with _SERIAL_GUARD:
-        lock = _SERIAL.get(fs)
-        if lock is None:
-            lock = _SERIAL[fs] = threading.RLock()
-        return lock
-
-
-_MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 TMP_DIR = ".tmp"
-# Protocols whose first path component is a bucket/container that must exist.
-_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
 
 #: Builds the error raised for a failed backend call: ``access_error(message, key=key)``.
 AccessError = Callable[..., Exception]
-
-
-def _is_s3(fs) -> bool:
-    return type(fs).__name__ == "S3FileSystem"
 
 
 class ObjectStore:
@@ -149,7 +109,7 @@ class ObjectStore:
         self.access_error = access_error
         self.local = isinstance(fs, LocalFileSystem)
         self.memory = isinstance(fs, MemoryFileSystem)
-        self.s3 = _is_s3(fs)
+        self.s3 = is_s3(fs)
 
     @classmethod
     def from_url(
@@ -171,7 +131,7 @@ class ObjectStore:
         protocol = fsspec.core.split_protocol(url)[0] or "file"
         if protocol in ("file", "local"):
             options.setdefault("auto_mkdir", True)  # fsspec's local fs refuses to create parents otherwise
-        elif protocol in _OBJECT_STORES:
+        elif protocol in OBJECT_STORES:
             # several writers share a root: a cached listing would hide their objects from
             # LIST and from existence checks (s3fs answers HEAD from a cached listing)
             options.setdefault("use_listings_cache", False)
@@ -197,7 +157,7 @@ class ObjectStore:
         Calls into a filesystem that cannot be shared between threads (fsspec's
         ``filecache::`` and ``blockcache::`` wrappers) are serialised.
         """
-        lock = _serial_lock(self.fs)
+        lock = serial_lock(self.fs)
         try:
             with lock if lock is not None else contextlib.nullcontext():
                 yield
@@ -217,7 +177,7 @@ class ObjectStore:
         *bucket*, an unreachable endpoint or denied access is not.
         """
         fail = self.access_error or (lambda message, key=None: OSError(message))
-        if self.protocol in _OBJECT_STORES:
+        if self.protocol in OBJECT_STORES:
             container = self.root.split("/", 1)[0]
             try:
                 self.fs.ls(container, detail=False)
@@ -263,7 +223,7 @@ class ObjectStore:
             return []
         with self._calling("GET", key):
             if self.local:
-                return self._local_ranges(key, ranges)
+                return local_disk.read_ranges(self.path(key), ranges)
             path = self.path(key)
             wanted = [r for r in ranges if r[1] > r[0]]  # an empty range would read as the whole object on S3
             if not wanted:
@@ -282,31 +242,6 @@ class ObjectStore:
                     raise r
             got = iter(out)
             return [bytes(next(got)) if b > a else b"" for a, b in ranges]
-
-    def _local_ranges(self, key: str, ranges) -> builtins.list | None:
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(self.path(key), flags)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symlink: never followed
-                return None
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
-                return None
-            if st.st_size and sum(b - a for a, b in ranges) >= _MMAP_BYTES:
-                # large reads: views of a read-only mapping, no copy (objects read this way are
-                # immutable packs; the views keep the mapping alive)
-                view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
-                return [view[min(a, st.st_size) : min(b, st.st_size)] for a, b in ranges]
-            # a range past the end comes back short (crafted offsets up to 2**63 included: no EINVAL, no huge buffer)
-            size = st.st_size
-            return [os.pread(fd, min(b, size) - a, a) if min(b, size) > a else b"" for a, b in ranges]
-        finally:
-            os.close(fd)
 
     def size(self, key: str) -> int | None:
         """Size in bytes of the object, or None if there is none."""
@@ -442,158 +377,19 @@ class ObjectStore:
         """
         if not self.local:
             return 0
-        d = self.path(TMP_DIR)
-        if os.path.islink(d) or not os.path.isdir(d):
-            return 0
-        now = time.time()
-        n = 0
-        with os.scandir(d) as entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-                        continue
-                    if older_than and now - st.st_mtime < older_than:
-                        continue
-                    os.unlink(entry.path)
-                    n += 1
-                except FileNotFoundError:
-                    pass
-        return n
+        return local_disk.sweep_staging(self.path(TMP_DIR), older_than)
 
     def local_tmp_dir(self) -> str:
         """The local staging directory ``.tmp/`` (created); refused if it is a symlink or not a directory."""
-        d = self.path(TMP_DIR)
-        if not os.path.islink(d):
-            os.makedirs(d, exist_ok=True)
-        if os.path.islink(d) or not os.path.isdir(d):
-            raise OSError(errno.ENOTDIR, f"{TMP_DIR} under the root is not a real directory (a symlink?)", d)
-        return d
+        return local_disk.staging_dir(self.path(TMP_DIR), TMP_DIR)
 
     def _local_tmp(self, data: bytes) -> str:
-        tmp = os.path.join(self.local_tmp_dir(), uuid.uuid4().hex)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if self.durable:
-                f.flush()
-                os.fsync(f.fileno())
-        return tmp
+        return local_disk.write_staged(self.local_tmp_dir(), data, self.durable)
 
     def _makedirs(self, d: str) -> None:
         """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
-        missing = []
-        while not os.path.isdir(d):
-            missing.append(d)
-            d = os.path.dirname(d)
-        if not missing:
-            return
-        os.makedirs(missing[0], exist_ok=True)
-        for made in reversed(missing):
-            self._sync_dir(os.path.dirname(made))
+        local_disk.makedirs(d, self.durable)
 
     def _sync_dir(self, d: str) -> None:
         """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
-        if not self.durable:
-            return
-        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-class ObjectWriter:
-    """Streams one new object (see :meth:`ObjectStore.open_writer`); not thread-safe.
-
-    ``tell()`` is the number of bytes written so far.  Memory held: nothing on
-    local disk (the file is written as it goes), one part (``block_size``) on
-    S3 and other object stores, the whole object on ``memory://``.
-    """
-
-    def __init__(self, store: ObjectStore, key: str, block_size: int):
-        self.store = store
-        self.key = key
-        self._n = 0
-        self._done = False
-        self._tmp: str | None = None
-        self._f: Any
-        with store._calling("PUT", key):
-            if store.local:
-                self._tmp = os.path.join(store.local_tmp_dir(), uuid.uuid4().hex)
-                self._f = builtins.open(self._tmp, "wb")
-            elif store.memory:
-                self._f = io.BytesIO()
-            else:
-                self._f = store.fs.open(store.path(key), "wb", block_size=max(5 << 20, int(block_size)))
-
-    def tell(self) -> int:
-        return self._n
-
-    def write(self, data) -> int:
-        """Append ``data`` (bytes-like); returns the offset it starts at."""
-        at = self._n
-        with self.store._calling("PUT", self.key):
-            self._f.write(data)
-        self._n += memoryview(data).nbytes
-        return at
-
-    def close(self) -> None:
-        """Finish the object: it exists from now on."""
-        if self._done:
-            return
-        self._done = True
-        st = self.store
-        with st._calling("PUT", self.key):
-            if st.local:
-                assert self._tmp is not None
-                path = st.path(self.key)
-                try:
-                    if st.durable:
-                        self._f.flush()
-                        os.fsync(self._f.fileno())
-                    self._f.close()
-                    st._makedirs(os.path.dirname(path))
-                    os.replace(self._tmp, path)
-                except BaseException:
-                    self._f.close()
-                    self._unlink_tmp()
-                    raise
-                st._sync_dir(os.path.dirname(path))
-            elif st.memory:
-                st.fs.pipe_file(st.path(self.key), self._f.getvalue())
-                self._f = io.BytesIO()
-            else:
-                self._f.close()
-
-    def abort(self) -> None:
-        """Give up: no object appears (a partial upload is discarded)."""
-        if self._done:
-            return
-        self._done = True
-        with contextlib.suppress(Exception):
-            if self.store.local:
-                self._f.close()
-                self._unlink_tmp()
-            elif self.store.memory:
-                self._f = io.BytesIO()
-            else:
-                discard = getattr(self._f, "discard", None)  # s3fs: abort the multipart upload
-                if discard is not None:
-                    discard()
-                    self._f.closed = True  # nothing left to flush (fsspec would try again when collected)
-                else:
-                    self._f.close()
-
-    def _unlink_tmp(self) -> None:
-        if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._tmp)
-
-    def __enter__(self) -> ObjectWriter:
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+        local_disk.sync_dir(d, self.durable)

@@ -3,7 +3,7 @@
 :class:`TrajectoryBase` holds the state (the object client, the chunk reader,
 the settings) and the naming: listing steps, resolving a step or ref name,
 reading and moving refs.  The jobs on top of it live in their own modules:
-``_read.py``, ``_commit.py``, ``_integrity.py``, ``_retention.py``.
+``_read.py``, ``_commit.py``, ``_integrity.py``, ``_delete.py``, ``_gc.py``.
 """
 
 from __future__ import annotations

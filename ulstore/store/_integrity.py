@@ -9,8 +9,10 @@ import numpy as np
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
 from ._chunkcodec import content_digest, decode_chunk
+from ._decode_plan import _Plan
 from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
-from ._reader import _BATCH_BYTES, _LRU, ChunkReader, _Plan
+from ._lru import _LRU
+from ._reader import _BATCH_BYTES, ChunkReader
 from ._stepdoc import StepDoc
 from ._tables import TensorTable, content_checksum
 

@@ -2,7 +2,7 @@
 
 One code path for every writer: :meth:`Trajectory.commit` runs one piece
 writer over the whole state; a torch DCP rank runs one over its shards; the
-finalizer (``_commit.py``) then writes tables, the step document and the ref.
+finalizer (``_finalize.py``) then writes tables, the step document and the ref.
 
 Per chunk, in a bounded window (``2 * threads`` chunks in flight), on worker
 threads: hash the chunk (BLAKE3-128, once); if it equals the parent's
@@ -25,104 +25,20 @@ import concurrent.futures as cf
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InvalidInputError
 from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
-from ._kept import KeptPiece, KeptStep
+from ._kept import KeptStep
 from ._layout import choose_chunks, chunk_grid
 from ._packs import Location, PackStream
+from ._piece_columns import PieceRecord, _PieceState
 from ._reader import ChunkReader
 from ._refs import RefState
-from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nbytes
+from ._tables import MAX_CHUNK_BYTES, TensorTable, chunk_nbytes
 
 __all__ = ["PieceRecord", "PieceWriter"]
-
-
-@dataclass
-class PieceRecord:
-    """What a piece writer wrote for one piece of one tensor: picklable, handed to the finalizer.
-
-    ``pack`` and ``snap[:, 0]`` index :attr:`packs` (this record's own list of pack ids).
-    """
-
-    step: int
-    parent: int | None
-    parent_content: str | None
-    anchor: bool
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    codec: str
-    offset: tuple[int, ...]
-    piece_shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    packs: tuple[str, ...]
-    content: np.ndarray
-    ref: np.ndarray
-    pack: np.ndarray
-    off: np.ndarray
-    length: np.ndarray
-    snap: np.ndarray | None = None
-
-    @property
-    def layout(self) -> tuple:
-        return self.offset, self.piece_shape, self.chunks
-
-    def piece(self, index: dict[str, int]) -> Piece:
-        """This record as a :class:`Piece` whose pack numbers index a step's pack list (``index``: id -> number)."""
-        remap = np.array([index[p] for p in self.packs] or [0], np.int64)
-        snap = None
-        if self.snap is not None:
-            snap = self.snap.copy()
-            has = snap[:, 0] >= 0
-            snap[has, 0] = remap[snap[has, 0]]
-        return Piece(
-            self.offset,
-            self.piece_shape,
-            self.chunks,
-            self.content,
-            self.ref,
-            remap[self.pack] if len(self.pack) else self.pack,
-            self.off,
-            self.length,
-            snap,
-        )
-
-
-class _PieceState:
-    """A piece being written: its input, its parent piece, its columns as they fill."""
-
-    def __init__(self, name, arr, dtype, shape, codec, layout, parent_table, parent_piece, parent_packs, mode, kp):
-        self.name, self.arr, self.dtype, self.shape, self.codec = name, arr, dtype, shape, codec
-        self.layout = layout
-        self.offset, self.pshape, self.chunks = layout
-        self.grid = chunk_grid(self.pshape, self.chunks)
-        self.n = math.prod(self.grid)
-        self.pt: TensorTable | None = parent_table
-        self.pp: Piece | None = parent_piece
-        self.parent_packs = parent_packs
-        self.mode = mode  # "intra", "colocated" or "box"
-        self.kp: KeptPiece | None = kp
-        self.content = np.zeros((self.n, 16), np.uint8)
-        self.ref = np.full(self.n, -1, np.int64)
-        self.locs: list = [None] * self.n
-        self.snaps: list = [None] * self.n
-        self.left = self.n
-
-    def region(self, coord) -> tuple[slice, ...]:
-        return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coord, self.chunks, self.pshape))
-
-    def parent_loc(self, i: int) -> Location:
-        assert self.pp is not None
-        return self.parent_packs[int(self.pp.pack[i])], int(self.pp.off[i]), int(self.pp.length[i])
-
-    def parent_snap(self, i: int) -> Location | None:
-        assert self.pp is not None
-        s = self.pp.snapshot(i)
-        return None if s is None else (self.parent_packs[s[0]], s[1], s[2])
 
 
 _PLACED = object()

@@ -48,13 +48,15 @@ from ..core.objects import ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
 from ._chunkcodec import HASH_NAME
-from ._commit import HEAD, CommitMixin
+from ._commit import CommitMixin
+from ._commit_input import HEAD
+from ._delete import DeleteMixin
+from ._gc import GcMixin
 from ._integrity import IntegrityMixin, VerifyReport
 from ._layout import ROOT_META, STEPS_META
 from ._packs import DEFAULT_PACK_BYTES
 from ._read import ReadMixin, StepInfo
 from ._reader import DEFAULT_CACHE_BYTES
-from ._retention import RetentionMixin
 from ._stepdoc import FORMAT
 from ._tables import MAX_CHUNK_BYTES
 
@@ -278,7 +280,7 @@ def _parse_settings(raw: bytes, url: str = "") -> dict:
     return out
 
 
-class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):
+class Trajectory(GcMixin, DeleteMixin, IntegrityMixin, CommitMixin, ReadMixin):
     """A trajectory of checkpoints: immutable steps, branches, lazy exact reads.
 
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
@@ -287,4 +289,4 @@ class Trajectory(RetentionMixin, IntegrityMixin, CommitMixin, ReadMixin):
     """
 
     # the jobs live in their own modules; the reversed MRO (base, read, commit,
-    # integrity, retention) is the order docs/api.md lists the methods in
+    # integrity, delete, gc) is the order docs/api.md lists the methods in

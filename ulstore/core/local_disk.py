@@ -1,0 +1,122 @@
+"""Local-disk primitives of the object client: durable files and directories, safe range reads, temp sweeps.
+
+Writes: a file is written whole under the staging directory, fsynced when
+durable, then linked or renamed into place by the caller; every directory
+whose entries changed is fsynced too (:func:`sync_dir`, :func:`makedirs`),
+so when a write returns a power cut cannot lose it.
+
+Reads (:func:`read_ranges`): ``os.pread`` on one descriptor, opened without
+following a final symlink and refused unless it is a regular file, so a FIFO
+or device planted in the root can neither hang nor flood a reader; reads of
+1 MiB or more map the file read-only instead of copying, which assumes
+nobody truncates the file meanwhile (packs are never modified).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+import time
+import uuid
+
+__all__ = ["read_ranges", "staging_dir", "write_staged", "makedirs", "sync_dir", "sweep_staging"]
+
+_MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
+
+
+def read_ranges(path: str, ranges: list[tuple[int, int]]) -> list | None:
+    """The bytes ``[start, end)`` of file ``path`` per range; None if it is missing, a symlink or not a regular file."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink: never followed
+            return None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
+            return None
+        if st.st_size and sum(b - a for a, b in ranges) >= _MMAP_BYTES:
+            # large reads: views of a read-only mapping, no copy (objects read this way are
+            # immutable packs; the views keep the mapping alive)
+            view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+            return [view[min(a, st.st_size) : min(b, st.st_size)] for a, b in ranges]
+        # a range past the end comes back short (crafted offsets up to 2**63 included: no EINVAL, no huge buffer)
+        size = st.st_size
+        return [os.pread(fd, min(b, size) - a, a) if min(b, size) > a else b"" for a, b in ranges]
+    finally:
+        os.close(fd)
+
+
+def staging_dir(d: str, name: str) -> str:
+    """Directory ``d`` (created), refused if it is a symlink or not a directory (``name``: for the message)."""
+    if not os.path.islink(d):
+        os.makedirs(d, exist_ok=True)
+    if os.path.islink(d) or not os.path.isdir(d):
+        raise OSError(errno.ENOTDIR, f"{name} under the root is not a real directory (a symlink?)", d)
+    return d
+
+
+def write_staged(d: str, data: bytes, durable: bool) -> str:
+    """Write ``data`` to a fresh file in directory ``d`` (fsynced if ``durable``); returns its path."""
+    tmp = os.path.join(d, uuid.uuid4().hex)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    return tmp
+
+
+def makedirs(d: str, durable: bool) -> None:
+    """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
+    missing = []
+    while not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    if not missing:
+        return
+    os.makedirs(missing[0], exist_ok=True)
+    for made in reversed(missing):
+        sync_dir(os.path.dirname(made), durable)
+
+
+def sync_dir(d: str, durable: bool) -> None:
+    """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
+    if not durable:
+        return
+    fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sweep_staging(d: str, older_than: float) -> int:
+    """Remove regular files and symlinks directly in ``d`` at least ``older_than`` seconds old; returns how many.
+
+    A symlink is removed itself, never followed, and a ``d`` that is not a
+    real directory is left alone.
+    """
+    if os.path.islink(d) or not os.path.isdir(d):
+        return 0
+    now = time.time()
+    n = 0
+    with os.scandir(d) as entries:
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                    continue
+                if older_than and now - st.st_mtime < older_than:
+                    continue
+                os.unlink(entry.path)
+                n += 1
+            except FileNotFoundError:
+                pass
+    return n

@@ -1,0 +1,141 @@
+"""Before a commit writes anything: its parent, whether its branch moves, anchor or delta, a retry.
+
+:class:`CommitPlanMixin` holds the decisions :meth:`Trajectory.commit`,
+:meth:`Trajectory.piece_writer` and :meth:`Trajectory.finalize` share:
+resolve ``parent`` against the branch as read, choose between a full anchor
+and delta coding (``anchor_every``, ``anchor=``), refuse up front what
+``anchor=False`` forbids, and recognise a step that exists because an earlier
+commit of the same content was interrupted after its commit point (D12):
+that commit is completed (the branch moves) instead of refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConflictError, InvalidInputError, NotFoundError, StepExistsError
+from ._base import TrajectoryBase
+from ._chunkcodec import ULPACK, codec_for, content_digest, digest
+from ._commit_input import HEAD
+from ._layout import step_key
+from ._refs import RefState
+from ._stepdoc import StepDoc
+from ._tables import Piece, TensorTable, content_checksum
+
+__all__ = ["CommitPlanMixin"]
+
+
+class CommitPlanMixin(TrajectoryBase):
+    """Parent, branch, anchoring and retry decisions of a commit (see the module docstring)."""
+
+    def _prepare(self, step: int, parent, ref: RefState, branch_given: bool) -> tuple[int | None, bool]:
+        """Resolve ``parent`` against the branch as read (``ref``); whether the branch moves to ``step``."""
+        head = ref.step
+        if parent is HEAD:
+            if head is None and self.steps:
+                raise NotFoundError(
+                    f"branch {ref.name!r} does not exist, so it has no head to commit on; pass parent=<step> "
+                    "(CLI: --parent) to start it from a step, or parent=None (CLI: --root) for a new root",
+                    step=step,
+                    key=ref.key,
+                )
+            parent = head
+        elif parent is not None:
+            parent = self._resolve(parent)
+        if branch_given and head is not None and head != parent:
+            raise ConflictError(
+                f"branch {ref.name!r} is at step {head}, not at parent {parent}; "
+                "pass parent=None/HEAD or another branch name",
+                step=step,
+                key=ref.key,
+            )
+        return parent, head is None or head == parent
+
+    # -- an existing step: the retry of an interrupted commit (D12) ---------------------
+
+    def _existing(self, step: int, parent, ref: RefState) -> StepDoc:
+        """``step`` exists: its document if this commit may retry one interrupted after its commit point.
+
+        That is: ``step``'s parent is the head of the branch (as read) and the
+        parent this commit asks for.  Otherwise ``StepExistsError``.
+        """
+        doc = self._reader.doc(step)
+        wanted = ref.step if parent is HEAD else (None if parent is None else self._resolve(parent))
+        if ref.step == step or doc.parent != wanted or doc.parent != ref.step:
+            raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
+        return doc
+
+    def _complete(self, step: int, doc: StepDoc, ref: RefState, content: str | None) -> int:
+        """Finish the interrupted commit of ``step`` if ``content`` is what it stored: move the branch (D12).
+
+        ``content`` is the logical content checksum (format 2: tensor names,
+        dtypes, shapes, pieces, every chunk's BLAKE3, files, metadata) of what
+        the retry would commit; any other content is refused.
+        """
+        if content != doc.content:
+            raise StepExistsError(
+                f"step already exists with different contents (parent {doc.parent}, not on branch "
+                f"{ref.name!r}); steps are immutable: delete({step}) first, or use a new step number",
+                step=step,
+                key=step_key(step),
+            )
+        self._refs.move(ref, step)
+        if doc.parent is not None:
+            self._pending.clear(step, doc.parent)
+        return step
+
+    def _state_content(self, doc: StepDoc, step: int, arrays: dict, files: dict, metadata: dict) -> str | None:
+        """The content checksum ``arrays``, ``files`` and ``metadata`` would have on ``step``'s piece grids.
+
+        Hashes every chunk (BLAKE3), decodes nothing; None if the tensors' names,
+        dtypes or shapes already differ.
+        """
+        stored = self._reader.tables(step)
+        if set(stored) != set(arrays):
+            return None
+        tables = []
+        for name, t in stored.items():
+            arr = arrays[name]
+            if arr.dtype != t.dtype or tuple(arr.shape) != t.shape:
+                return None
+            pieces = []
+            for p in t.pieces:
+                box = arr[(..., *(slice(o, o + n) for o, n in zip(p.offset, p.shape)))]
+                content = np.zeros((p.n, 16), np.uint8)
+                for i, coord in enumerate(p.coords()):
+                    region = np.ascontiguousarray(box[p.region(coord)]).reshape(p.region_shape(coord))
+                    content[i] = np.frombuffer(content_digest(region), np.uint8)
+                pieces.append(Piece(p.offset, p.shape, p.chunks, content, p.ref, p.pack, p.off, p.length))
+            tables.append(TensorTable(name, t.dtype, t.shape, t.codec, tuple(pieces)))
+        return content_checksum(tables, {n: digest(d).hex() for n, d in files.items()}, metadata)
+
+    def _is_anchor(self, parent: int | None, anchor: bool | None) -> bool:
+        if anchor is False and parent is None:
+            raise InvalidInputError("anchor=False needs a parent to delta-code against")
+        if anchor is True or parent is None:
+            return True
+        if anchor is False:
+            return False
+        return self.anchor_every > 0 and self._reader.doc(parent).anchor_distance + 1 >= self.anchor_every
+
+    def _check_strict(self, step: int, parent, arrays: dict) -> None:
+        """``anchor=False``: refuse, before writing anything, tensors that would need intra blobs."""
+        for name, arr in arrays.items():
+            if codec_for(arr.dtype) != ULPACK:
+                continue
+            try:
+                pt = self._reader.tensor(parent, name)
+            except KeyError:
+                pt = None
+            if pt is None or pt.dtype != arr.dtype or pt.shape != tuple(arr.shape):
+                why = (
+                    "is new"
+                    if pt is None
+                    else f"changed from {pt.dtype}{list(pt.shape)} to {arr.dtype}{list(arr.shape)}"
+                )
+                raise InvalidInputError(
+                    f"tensor {why}, which needs an intra-coded chunk, but anchor=False forbids it; "
+                    "commit with anchor=None or anchor=True",
+                    step=step,
+                    tensor=name,
+                )

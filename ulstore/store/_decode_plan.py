@@ -1,0 +1,236 @@
+"""Planning and running one decode request: the reference walk, then fetch, decode and check.
+
+A request (:class:`_Plan`) is planned before anything is fetched: :meth:`_Plan.add`
+walks the reference chains depth first over table lookups only, with an
+explicit stack (no recursion), cycle detection and hard bounds on depth and
+size, so a crafted reference cycle raises :class:`CorruptManifestError`
+instead of hanging.  :meth:`_Plan.run` then fetches every blob the plan
+needs in coalesced range reads, decodes deps first, checks each decoded
+chunk against its content hash, and frees intermediate chunks as soon as
+nothing else needs them.  :class:`~._reader.ChunkReader` makes the plans.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
+from ._chunkcodec import content_digest, decode_chunk
+from ._layout import pack_key, step_key
+from ._packs import Location
+
+if TYPE_CHECKING:
+    from ._reader import ChunkReader
+
+__all__ = ["Node", "_Plan", "_paste"]
+
+_MAX_DEPTH = 1 << 16  # no honest reference chain is this long
+_MAX_NODES = 1 << 22
+
+#: (step, tensor name, piece index, chunk coordinate)
+Node = tuple[int, str, int, tuple[int, ...]]
+
+
+def _paste(out: np.ndarray, lo, value: np.ndarray, clo, chi) -> None:
+    """Copy the part of ``value`` (the box ``[clo, chi)``) that lies in ``out`` (the box starting at ``lo``)."""
+    hi = tuple(a + n for a, n in zip(lo, out.shape))
+    a = tuple(max(x, y) for x, y in zip(lo, clo))
+    b = tuple(min(x, y) for x, y in zip(hi, chi))
+    if any(x >= y for x, y in zip(a, b)):
+        return
+    dst = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))
+    src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, clo))
+    out[dst] = value[src]
+
+
+_GRAY, _BLACK = 1, 2
+
+
+class _Need:
+    """What one planned chunk needs: its table row, where its blob is, what it is decoded against."""
+
+    __slots__ = ("content", "t", "p", "i", "shape", "loc", "deps", "lo", "boxes", "memo_key")
+
+    def __init__(self, content, t, p, i, shape):
+        self.content, self.t, self.p, self.i, self.shape = content, t, p, i, shape
+        self.loc: Location | None = None  # None: the value is at hand already
+        self.deps: list[Node] = []
+        self.lo: tuple | None = None  # box origin, when the reference is assembled from several chunks
+        self.boxes: list = []
+        self.memo_key = None
+
+
+class _Plan:
+    """One request: which chunks to decode, in which order, from which bytes (no recursion).
+
+    :meth:`add` walks references depth first with an explicit stack; a chunk
+    already on the stack is a cycle.  :meth:`run` fetches every blob the plan
+    needs (coalesced), decodes deps first, checks content hashes and frees
+    intermediate chunks as soon as nothing else needs them.
+
+    Options: ``kept`` (values a kept step holds, by content), ``lru`` (the
+    reader's decoded-chunk cache), ``memo`` (an :class:`_LRU` keyed by *entry*,
+    for ``verify``: every entry is decoded at least once, never skipped because
+    another entry has the same content), ``prefer_snapshot`` (read a snapshot
+    instead of walking the chain).
+    """
+
+    def __init__(self, reader: ChunkReader, *, kept=None, lru=False, fill_lru=True, memo=None, prefer_snapshot=True):
+        self.r = reader
+        self.kept = kept
+        self.lru = lru and reader.cache_bytes > 0
+        self.fill_lru = self.lru and fill_lru
+        self.memo = memo
+        self.prefer_snapshot = prefer_snapshot
+        self.state: dict[Node, int] = {}
+        self.need: dict[Node, _Need] = {}
+        self.values: dict[Node, np.ndarray] = {}
+        self.order: list[Node] = []
+        self.uses: dict[Node, int] = {}
+        self.roots: set[Node] = set()
+        #: where to decode a node when this plan decodes it (a view of the caller's array), and
+        #: the nodes that were decoded there
+        self.outs: dict[Node, np.ndarray] = {}
+        self.into: set[Node] = set()
+
+    def content(self, node: Node) -> bytes:
+        return self.need[node].content
+
+    def decoded(self, node: Node) -> bool:
+        """Whether this plan decoded ``node``'s value itself (a fresh array no cache holds)."""
+        return self.need[node].loc is not None and not self.fill_lru
+
+    def _have(self, node: Node, need: _Need, value) -> list[Node]:
+        self.values[node] = value
+        self.need[node] = need
+        return []
+
+    def _expand(self, node: Node) -> list[Node]:
+        """Record what ``node`` needs; return the nodes its value depends on."""
+        step, name, j, coord = node
+        t = self.r.tensor(step, name)
+        if not 0 <= j < len(t.pieces):
+            raise CorruptManifestError(f"reference names piece {j}, which does not exist", step=step, tensor=name)
+        p = t.pieces[j]
+        if len(coord) != len(p.shape) or any(not 0 <= c < g for c, g in zip(coord, p.grid)):
+            raise CorruptManifestError(f"reference names chunk {coord} outside the grid", step=step, tensor=name)
+        i = p.index(coord)
+        need = _Need(p.content[i].tobytes(), t, p, i, p.region_shape(coord))
+        if self.kept is not None:
+            kp = self.kept.piece(name, t.dtype, t.shape, p.layout)
+            v = kp.get(i, need.content) if kp is not None else None
+            if v is not None:
+                return self._have(node, need, v)
+        if self.lru:
+            v = self.r._chunks.get((need.content, t.dtype.str, need.shape))
+            if v is not None:
+                return self._have(node, need, v)
+        packs = self.r.doc(step).packs
+        ref = int(p.ref[i])
+        if self.memo is not None:
+            need.memo_key = (name, t.dtype.str, t.shape, p.layout, coord, packs[int(p.pack[i])], int(p.off[i]), ref)
+            v = self.memo.get(need.memo_key)
+            if v is not None:
+                return self._have(node, need, v)
+        self.need[node] = need
+        snap = p.snapshot(i)
+        if snap is not None and self.prefer_snapshot:
+            need.loc = packs[snap[0]], snap[1], snap[2]
+            return []
+        need.loc = packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])
+        if ref < 0:
+            return []
+        if t.codec != "ulpack":
+            raise CorruptManifestError("a zstd chunk names a reference", step=step, tensor=name)
+        if ref == step:
+            raise CorruptManifestError("chunk is coded against its own step", step=step, tensor=name)
+        try:
+            rt = self.r.tensor(ref, name)
+        except (StepNotFoundError, TensorNotFoundError) as e:
+            raise CorruptManifestError(f"reference is missing: {e}", step=step, tensor=name, key=step_key(step)) from e
+        if rt.dtype != t.dtype or rt.shape != t.shape:
+            raise CorruptManifestError(
+                f"reference step {ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, not {t.dtype}{list(t.shape)}",
+                step=step,
+                tensor=name,
+            )
+        jj = rt.find_piece(p.layout)
+        if jj is not None:
+            need.deps = [(ref, name, jj, coord)]
+        else:  # another sharding: assemble the box from the reference step's chunks
+            need.lo = p.box(coord)[0]
+            parts = list(rt.overlapping(*p.box(coord)))
+            need.deps = [(ref, name, k, c) for k, c, _, _ in parts]
+            need.boxes = [(clo, chi) for _, _, clo, chi in parts]
+        return need.deps
+
+    def add(self, node: Node, *, root: bool = True) -> None:
+        """Plan ``node`` and everything it depends on."""
+        if root:
+            self.roots.add(node)
+        if node in self.state:
+            return
+        self.state[node] = _GRAY
+        stack: list = [(node, None)]
+        while stack:
+            cur, it = stack[-1]
+            if it is None:
+                it = iter(self._expand(cur))
+                stack[-1] = (cur, it)
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                self.state[cur] = _BLACK
+                if cur not in self.values:
+                    self.order.append(cur)
+                continue
+            self.uses[nxt] = self.uses.get(nxt, 0) + 1
+            st = self.state.get(nxt)
+            if st == _GRAY:
+                raise CorruptManifestError("reference cycle between steps", step=nxt[0], tensor=nxt[1])
+            if st is None:
+                if len(stack) >= _MAX_DEPTH or len(self.state) >= _MAX_NODES:
+                    raise CorruptManifestError("reference chain does not end", step=cur[0], tensor=cur[1])
+                self.state[nxt] = _GRAY
+                stack.append((nxt, None))
+
+    def run(self) -> None:
+        """Fetch and decode everything :meth:`add` planned."""
+        if not self.order:
+            return
+        blobs = self.r.fetch([self.need[n].loc for n in self.order])  # type: ignore[misc]
+        for node, blob in zip(self.order, blobs):
+            need = self.need[node]
+            assert need.loc is not None
+            ref = None
+            if need.deps and need.lo is None:
+                ref = self.values[need.deps[0]]
+            elif need.deps:
+                ref = np.empty(need.shape, need.t.dtype)
+                for d, (clo, chi) in zip(need.deps, need.boxes):
+                    _paste(ref, need.lo, self.values[d], clo, chi)
+            key = pack_key(need.loc[0])
+            out = self.outs.get(node)
+            if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
+                out = None
+            value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key, out=out)
+            if out is not None:
+                self.into.add(node)
+            if content_digest(value) != need.content:
+                raise CorruptBlobError(
+                    f"chunk at byte {need.loc[1]} decodes to values that fail its content hash",
+                    step=node[0],
+                    tensor=node[1],
+                    key=key,
+                )
+            self.values[node] = value
+            if self.fill_lru:
+                self.r._chunks.put((need.content, need.t.dtype.str, need.shape), value, value.nbytes)
+            if self.memo is not None:
+                self.memo.put(need.memo_key, value, value.nbytes)
+            for d in need.deps:
+                self.uses[d] -= 1
+                if self.uses[d] == 0 and d not in self.roots:
+                    self.values.pop(d, None)

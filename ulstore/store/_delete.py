@@ -1,0 +1,199 @@
+"""Deleting a step: :meth:`delete` re-encodes what depended on it, re-parents its children, moves refs.
+
+Crash safety: new bytes first (a new pack: re-encoded blobs, then the
+rewritten table blocks), then each rewritten step document (one PUT each,
+logical content unchanged), then the ref moves and the step document's
+removal.  Until the deleted step goes, old and new are both readable, so a
+crash at any point loses nothing; deleting again finishes it.  Packs are not
+removed here: :meth:`gc` (``_gc.py``) does that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import RefMovedError
+from ._base import TrajectoryBase
+from ._chunkcodec import encode_chunk
+from ._layout import step_key
+from ._packs import PackStream
+from ._relocate import relocated_doc
+from ._stepdoc import StepDoc
+from ._tables import Piece, TensorTable
+
+__all__ = ["DeleteMixin"]
+
+
+class DeleteMixin(TrajectoryBase):
+    """delete of :class:`~ulstore.store.Trajectory`."""
+
+    def delete(self, step) -> None:
+        """Delete ``step``; every other step stays readable, exactly.
+
+        Chunks of other steps coded against ``step`` are re-encoded against
+        ``step``'s own reference (its entry's reference, or its parent's values
+        over the same box, or intra), and steps whose parent was ``step`` are
+        re-parented to ``step``'s parent; each such step document is rewritten
+        with a single PUT (logical content and checksum unchanged; the hash
+        chain follows the new parent).  Refs pointing at ``step`` move to its
+        parent (or are removed if it had none).  Packs are not removed: run
+        :meth:`gc`.
+
+        Safe against concurrent commits: if a commit on ``step`` or on a step
+        that depends on it is in flight, or another delete is, it refuses
+        (ConflictError) before changing anything; a commit that would refer to
+        a step being deleted refuses likewise (see ``_pending.py``).
+
+        Raises
+        ------
+        ConflictError
+            A commit depending on ``step``, or another delete, is in flight: retry later.
+        """
+        self._check_writable()
+        step = self._resolve(step)
+        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps):
+            self._delete(step)
+
+    def _dependants(self, step: int) -> set[int]:
+        """Steps whose parent is ``step`` or whose chunks are coded against it."""
+        out = set()
+        for s in self.steps:
+            if s == step:
+                continue
+            if self._reader.doc(s).parent == step or any(
+                (p.ref == step).any() for t in self._reader.tables(s).values() for p in t.pieces
+            ):
+                out.add(s)
+        return out
+
+    def _delete(self, step: int) -> None:
+        reader = self._reader
+        dead = reader.doc(step)
+        dead_tables = reader.tables(step)
+        pdoc = reader.doc(dead.parent) if dead.parent is not None else None
+        stream = PackStream(self._io, self.pack_bytes)
+        recoded: dict = {}
+        rewritten: list[StepDoc] = []
+        try:
+            for s in self.steps:
+                if s == step:
+                    continue
+                d = reader.doc(s)
+                tables = reader.tables(s)
+                stale = any((p.ref == step).any() for t in tables.values() for p in t.pieces)
+                if not stale and d.parent != step:
+                    continue
+                packs = list(d.packs)
+                tables = {
+                    n: self._recode(s, t, step, dead, dead_tables.get(n), stream, recoded, packs)
+                    for n, t in tables.items()
+                }
+                rewritten.append(
+                    relocated_doc(
+                        dataclasses.replace(d, packs=tuple(packs)),
+                        tables,
+                        stream,
+                        lambda pid, off, n: (pid, off, n),
+                        parent=dead.parent,
+                        parent_content=pdoc.content if pdoc is not None else None,
+                        reparent=d.parent == step,
+                    )
+                )
+            stream.close()
+        except BaseException:
+            stream.abort()
+            raise
+        for nd in self._new_anchor_distances(rewritten, step):
+            self._io.put(step_key(nd.step), nd.to_bytes())  # contents unchanged: one atomic PUT
+            reader.forget([nd.step])
+        for name, target in self.refs.items():
+            if target == step:
+                try:
+                    self._move_ref(name, dead.parent, step)  # compare-and-swap; None deletes the ref
+                except RefMovedError:  # moved away from step meanwhile: nothing to do
+                    pass
+        self._io.delete(step_key(step))
+        reader.forget([step])
+
+    def _new_anchor_distances(self, rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
+        """The step documents to write once ``gone`` is deleted: ``rewritten``, and every step whose anchor distance changes.
+
+        A step's anchor distance is its parent's plus one, unless it is an anchor
+        (0), as a commit sets it.  Chunks re-encoded against the deleted step's
+        reference shorten the chains of the steps below it (and a re-parented
+        step's parent is one step nearer the root), so their descendants' distances
+        change too: their documents are rewritten with the new number (content and
+        checksum unchanged).
+        """
+        docs = {s: self._reader.doc(s) for s in self.steps if s != gone}
+        docs.update({d.step: d for d in rewritten})
+        new: dict[int, int] = {}
+        for start in docs:
+            chain, s = [], start
+            while s not in new:
+                d = docs[s]
+                if d.anchor_distance == 0 or d.parent is None or d.parent not in docs or s in chain:
+                    new[s] = 0 if d.anchor_distance == 0 or d.parent is None else d.anchor_distance
+                    break
+                chain.append(s)
+                s = d.parent
+            for c in reversed(chain):
+                if c not in new:
+                    new[c] = new[docs[c].parent] + 1  # type: ignore[index]
+        out = {d.step: d for d in rewritten}
+        for s, d in docs.items():
+            if new[s] != d.anchor_distance:
+                out[s] = dataclasses.replace(d, anchor_distance=new[s])
+        return [out[s] for s in sorted(out)]
+
+    def _recode(
+        self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, recoded, packs: list[str]
+    ) -> TensorTable:
+        """``t`` (of step ``s``) with every chunk coded against ``step`` re-encoded.
+
+        Pack numbers index ``packs`` (step ``s``'s list, extended here with new packs).
+        """
+        reader = self._reader
+        pieces = []
+        for j, p in enumerate(t.pieces):
+            rows = np.flatnonzero(p.ref == step)
+            if not len(rows):
+                pieces.append(p)
+                continue
+            ref, pack, off, length = p.ref.copy(), p.pack.copy(), p.off.copy(), p.length.copy()
+
+            def number(pid: str) -> int:
+                if pid not in packs:
+                    packs.append(pid)
+                return packs.index(pid)
+
+            same = dt is not None and dt.dtype == t.dtype and dt.shape == t.shape
+            dj = dt.find_piece(p.layout) if same and dt is not None else None
+            for i in rows:
+                coord = tuple(int(x) for x in np.unravel_index(i, p.grid)) if p.grid else ()
+                content = p.content[i].tobytes()
+                if dj is not None:
+                    dp = dt.pieces[dj]  # type: ignore[union-attr]
+                    if dp.content[i].tobytes() == content:  # the deleted step's own entry: share it
+                        ref[i] = dp.ref[i]
+                        loc = (dead.packs[int(dp.pack[i])], int(dp.off[i]), int(dp.length[i]))
+                        pack[i], off[i], length[i] = number(loc[0]), loc[1], loc[2]
+                        continue
+                    new_ref = int(dp.ref[i])
+                elif same and dead.parent is not None:
+                    new_ref = dead.parent
+                else:
+                    new_ref = -1
+                key = (t.name, p.layout, coord, packs[int(p.pack[i])], int(p.off[i]), new_ref)
+                loc = recoded.get(key)
+                if loc is None:
+                    value = reader.chunk(s, t.name, coord, j)
+                    lo, hi = p.box(coord)
+                    refv = reader.box(new_ref, t.name, lo, hi) if new_ref >= 0 else None
+                    loc = recoded[key] = stream.append(encode_chunk(value, refv, t.codec))
+                ref[i] = new_ref
+                pack[i], off[i], length[i] = number(loc[0]), loc[1], loc[2]
+            pieces.append(Piece(p.offset, p.shape, p.chunks, p.content, ref, pack, off, length, p.snap))
+        return TensorTable(t.name, t.dtype, t.shape, t.codec, tuple(pieces))

@@ -1,0 +1,183 @@
+"""The finalizer: the records of a step's piece writers -> its tables, step document and ref.
+
+:meth:`FinalizerMixin._finalize` checks that the records agree and tile
+every tensor, writes the step's files and table blocks into the commit's
+pack, closes it, then creates the step document (the commit point: a
+conditional create, so of two writers exactly one wins) and moves the branch
+through :meth:`Pending.publish` (``_pending.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+
+import numpy as np
+
+from ..core.dtypes import numpy_dtype
+from ..errors import InvalidInputError, StepExistsError
+from ._base import TrajectoryBase
+from ._chunkcodec import digest, zstd_compress
+from ._layout import check_tensor_names, step_key
+from ._packs import PackStream
+from ._piece_columns import PieceRecord
+from ._refs import RefState
+from ._stepdoc import FileRef, StepDoc, TableRef
+from ._table_block import encode_block
+from ._tables import TensorTable, content_checksum, pieces_problem
+
+__all__ = ["FinalizerMixin", "TABLE_BLOCK_BYTES"]
+
+#: Raw bytes of tensor tables gathered into one block (a lazy slice fetches one block).
+TABLE_BLOCK_BYTES = 256 << 10
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+class FinalizerMixin(TrajectoryBase):
+    """Tables, files, the step document and the ref move of one step (see the module docstring)."""
+
+    def _tables(self, step, records, parent, pdoc, anchor) -> tuple[list[TensorTable], list[str]]:
+        """The tensor tables of ``records`` (checked, see :meth:`_gather`) and the packs they point into."""
+        tensors, packs = self._gather(step, records, parent, pdoc, anchor)
+        index = {p: i for i, p in enumerate(packs)}
+        tables = [TensorTable(n, t[0], t[1], t[2], tuple(r.piece(index) for r in t[3])) for n, t in tensors.items()]
+        return tables, packs
+
+    def _finalize(
+        self,
+        step,
+        records,
+        parent,
+        stream: PackStream,
+        *,
+        branch: RefState | None,
+        metadata,
+        files,
+        anchor,
+        created=None,
+    ):
+        """Tables and files into ``stream``, close it, then the commit point and the ref move.
+
+        ``branch``: the branch as read before the commit (None: move no ref);
+        it moves by compare-and-swap, through :meth:`Pending.publish` (which
+        first refuses a commit on a step being deleted, or on a head whose
+        previous commit was interrupted; see ``_pending.py``).
+        """
+        pdoc = self._reader.doc(parent) if parent is not None else None
+        tables, packs = self._tables(step, records, parent, pdoc, anchor)
+        index = {p: i for i, p in enumerate(packs)}
+
+        def number(pid: str) -> int:
+            if pid not in index:
+                index[pid] = len(packs)
+                packs.append(pid)
+            return index[pid]
+
+        file_refs = {}
+        for name in sorted(files):
+            data = files[name]
+            h = digest(data).hex()
+            old = pdoc.files.get(name) if pdoc is not None else None
+            if old is None and pdoc is not None:
+                old = next((f for f in pdoc.files.values() if f.hash == h), None)
+            if old is not None and old.hash == h and pdoc is not None:
+                file_refs[name] = FileRef(number(pdoc.packs[old.pack]), old.offset, old.length, old.size, h)
+                continue
+            same = next((f for f in file_refs.values() if f.hash == h), None)
+            if same is not None:
+                file_refs[name] = same
+                continue
+            pid, off, n = stream.append(zstd_compress(data))
+            file_refs[name] = FileRef(number(pid), off, n, len(data), h)
+        table_refs = []
+        for block in _blocks(tables):
+            raw = encode_block(block)
+            pid, off, n = stream.append(raw)
+            table_refs.append(TableRef(block[0].name, block[-1].name, number(pid), off, n, digest(raw).hex()))
+        stream.close()
+        has_delta = any(
+            bool(((p.ref >= 0) & ((p.snap[:, 0] < 0) if p.snap is not None else True)).any())
+            for t in tables
+            for p in t.pieces
+        )
+        doc = StepDoc(
+            step=step,
+            parent=parent,
+            content=content_checksum(tables, {k: f.hash for k, f in file_refs.items()}, metadata),
+            parent_content=pdoc.content if pdoc is not None else None,
+            anchor_distance=pdoc.anchor_distance + 1 if has_delta and pdoc is not None else 0,
+            packs=tuple(packs),
+            tables=tuple(table_refs),
+            files=file_refs,
+            metadata=metadata,
+            created=created or _now(),
+        )
+        key = step_key(step)
+
+        def create() -> None:  # the commit point: conditional create, so of two writers exactly one wins
+            try:
+                self._io.create(key, doc.to_bytes())
+            except FileExistsError:
+                raise StepExistsError("another writer committed this step first", step=step, key=key) from None
+            self._reader.remember(doc, tables)
+
+        refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
+        self._pending.publish(step, parent, refers, create, refs=self._refs, branch=branch, steps=lambda: self.steps)
+
+    def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
+        """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""
+        tensors: dict[str, tuple] = {}
+        for r in records:
+            if not isinstance(r, PieceRecord):
+                raise InvalidInputError(f"finalize takes PieceRecords, got {type(r).__name__}")
+            if (r.step, r.parent, r.anchor) != (step, parent, anchor) or r.parent_content != (
+                pdoc.content if pdoc is not None else None
+            ):
+                raise InvalidInputError(
+                    f"a record was written for step {r.step} on parent {r.parent} (anchor={r.anchor}), "
+                    f"not step {step} on {parent} (anchor={anchor})",
+                    step=step,
+                    tensor=r.name,
+                )
+            dtype = numpy_dtype(r.dtype)
+            t = tensors.setdefault(r.name, (dtype, tuple(r.shape), r.codec, []))
+            if (t[0], t[1], t[2]) != (dtype, tuple(r.shape), r.codec):
+                raise InvalidInputError("pieces of one tensor disagree on dtype or shape", step=step, tensor=r.name)
+            t[3].append(r)
+        check_tensor_names(tensors)
+        packs: list[str] = []
+        seen: set[str] = set()
+        out = {}
+        for name in sorted(tensors):
+            dtype, shape, codec, rs = tensors[name]
+            rs.sort(key=lambda r: r.offset)
+            why = pieces_problem(shape, [r.layout for r in rs])
+            if why is not None:
+                raise InvalidInputError(f"pieces do not tile the tensor: {why}", step=step, tensor=name)
+            for r in rs:
+                n = math.prod(-(-s // c) for s, c in zip(r.piece_shape, r.chunks))
+                if not (len(r.content) == len(r.ref) == len(r.pack) == len(r.off) == len(r.length) == n):
+                    raise InvalidInputError("a record's columns do not match its chunk grid", step=step, tensor=name)
+                for pid in r.packs:
+                    if pid not in seen:
+                        seen.add(pid)
+                        packs.append(pid)
+            out[name] = (dtype, shape, codec, rs)
+        return out, packs
+
+
+def _blocks(tables: list[TensorTable]) -> list[list[TensorTable]]:
+    """Consecutive tensors (sorted by name) grouped into blocks of about ``TABLE_BLOCK_BYTES`` raw."""
+    out: list[list[TensorTable]] = []
+    size = 0
+    for t in tables:
+        n = 64 + len(t.name) + sum(24 * len(t.shape) + 45 * p.n for p in t.pieces)
+        if not out or size + n > TABLE_BLOCK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += n
+    return out

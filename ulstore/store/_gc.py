@@ -1,0 +1,176 @@
+"""Garbage collection: :meth:`gc` drops packs no step names and repacks mostly-dead ones.
+
+Crash safety: new bytes first (a new pack: the live blobs, then the
+rewritten table blocks), then each rewritten step document (one PUT each,
+logical content unchanged), then removals.  Until the old packs go, old and
+new are both readable, so a crash at any point loses nothing; running gc
+again finishes it.  A grace period (``older_than``) keeps packs that a
+commit in flight has written but not yet named.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+
+from ..errors import InvalidInputError
+from ._base import TrajectoryBase
+from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
+from ._packs import Location, PackStream
+from ._pending import PENDING_DIR
+from ._relocate import relocated_doc
+from ._stepdoc import StepDoc
+
+__all__ = ["GcMixin"]
+
+
+#: Where gc notes when it retired a repacked pack (deleted once the grace period has passed).
+RETIRED_DIR = "gc/retired"
+
+
+class GcMixin(TrajectoryBase):
+    """gc of :class:`~ulstore.store.Trajectory`."""
+
+    def gc(self, *, older_than: float = 0.0, repack_below: float = 0.5) -> dict:
+        """Drop packs no step names and repack mostly-dead ones; never loses a live blob.
+
+        Parameters
+        ----------
+        older_than : float
+            Grace period in seconds.  A commit writes its packs before its step
+            document, so only packs (and local ``.tmp/`` files) at least this old
+            are removed, and a pack emptied by repacking is only removed by a
+            later ``gc`` once it has been unused for this long.  While other
+            processes may commit, use a grace period longer than a commit takes.
+        repack_below : float
+            Repack a pack whose live bytes are less than this fraction of it:
+            its live blobs are copied to a new pack, the step documents that
+            name it are rewritten, then it is dropped.  0 disables repacking.
+
+        Returns
+        -------
+        dict
+            ``packs`` (removed), ``bytes`` (freed), ``repacked`` (packs whose
+            live blobs were moved), ``steps_rewritten``.
+        """
+        self._check_writable()
+        if not isinstance(older_than, int | float) or older_than < 0:
+            raise InvalidInputError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+        io, reader = self._io, self._reader
+        self._check_not_symlinked(PACKS_DIR)
+        now = time.time()
+        listing = {}  # listed FIRST: a pack created after this is never considered
+        for key, info in io.find(PACKS_DIR, detail=True).items():
+            name = key.rsplit("/", 1)[-1]
+            if key == f"{PACKS_DIR}/{name}" and name.endswith(PACK_SUFFIX) and is_pack_id(name[: -len(PACK_SUFFIX)]):
+                if info.get("islink"):
+                    continue
+                listing[name[: -len(PACK_SUFFIX)]] = (int(info.get("size") or 0), _age(info, now))
+        retired = self._retired(now)
+        reader.forget()
+        docs = {s: reader.doc(s) for s in self.steps}
+        listed = {pid for d in docs.values() for pid in d.packs}
+        live: dict[str, set] = {}
+        for s, d in docs.items():
+            for pid, off, n in self._locations(s, d):
+                live.setdefault(pid, set()).add((off, n))
+        removed, freed = [], 0
+        for pid, (size, age) in listing.items():
+            if pid in listed:
+                continue
+            grace = retired.get(pid, age)
+            if older_than and (grace is None or grace < older_than):
+                continue
+            removed.append(pid)
+            freed += size
+        repack = [
+            pid
+            for pid, (size, _) in listing.items()
+            if pid in listed
+            and repack_below > 0
+            and size
+            and sum(n for _, n in live.get(pid, ())) < repack_below * size
+        ]
+        rewritten = self._repack(repack, docs, live) if repack else 0
+        if repack and not older_than:
+            removed += repack
+            freed += sum(listing[p][0] for p in repack)
+        elif repack:
+            for pid in repack:
+                io.put(f"{RETIRED_DIR}/{pid}", b"")
+        io.delete_many([pack_key(p) for p in removed])
+        io.delete_many([f"{RETIRED_DIR}/{p}" for p in retired if p in removed or p in listed])
+        io.sweep_tmp(older_than)
+        # markers of commits/deletes killed mid-way (see _pending.py): past the grace period only
+        pending = io.find(PENDING_DIR, detail=True)
+        io.delete_many([k for k, info in pending.items() if not older_than or (_age(info, now) or 0.0) >= older_than])
+        reader.forget()
+        return {"packs": len(removed), "bytes": freed, "repacked": len(repack), "steps_rewritten": rewritten}
+
+    def _retired(self, now: float) -> dict[str, float | None]:
+        out = {}
+        for key, info in self._io.find(RETIRED_DIR, detail=True).items():
+            pid = key.rsplit("/", 1)[-1]
+            if is_pack_id(pid):
+                out[pid] = _age(info, now)
+        return out
+
+    def _check_not_symlinked(self, key: str) -> None:
+        if self._io.local and os.path.islink(self._io.path(key)):
+            raise InvalidInputError(f"{self._io.path(key)!r} is a symlink; gc never deletes outside the root")
+
+    def _locations(self, s: int, d: StepDoc) -> list[Location]:
+        """Every byte range step ``s`` names: blobs, snapshots, files, table blocks."""
+        out: list[Location] = [(d.packs[t.pack], t.offset, t.length) for t in d.tables]
+        out += [(d.packs[f.pack], f.offset, f.length) for f in d.files.values()]
+        for t in self._reader.tables(s).values():
+            for p in t.pieces:
+                out += [(d.packs[int(a)], int(b), int(c)) for a, b, c in zip(p.pack, p.off, p.length)]
+                if p.snap is not None:
+                    out += [(d.packs[int(a)], int(b), int(c)) for a, b, c in p.snap if a >= 0]
+        return out
+
+    def _repack(self, packs: list[str], docs: dict[int, StepDoc], live: dict[str, set]) -> int:
+        """Copy the live blobs of ``packs`` to a new pack and rewrite every step document naming them."""
+        reader = self._reader
+        gone = set(packs)
+        tables_of = {s: reader.tables(s) for s, d in docs.items() if gone & set(d.packs)}
+        blocks = {(docs[s].packs[t.pack], t.offset, t.length) for s in tables_of for t in docs[s].tables}
+        stream = PackStream(self._io, self.pack_bytes)
+        moved: dict[Location, Location] = {}
+        try:
+            for pid in packs:
+                ranges = sorted((pid, off, n) for off, n in live.get(pid, ()) if (pid, off, n) not in blocks)
+                for k in range(0, len(ranges), 256):
+                    group = ranges[k : k + 256]
+                    for loc, data in zip(group, reader.fetch(group)):
+                        moved[loc] = stream.append(data)
+            new_docs = [
+                relocated_doc(
+                    docs[s], tables_of[s], stream, lambda pid, off, n: moved.get((pid, off, n), (pid, off, n))
+                )
+                for s in sorted(tables_of)
+            ]
+            stream.close()
+        except BaseException:
+            stream.abort()
+            raise
+        for nd in new_docs:
+            self._io.put(step_key(nd.step), nd.to_bytes())
+        reader.forget()
+        return len(new_docs)
+
+
+def _age(info: dict, now: float) -> float | None:
+    for k in ("mtime", "LastModified", "created", "last_modified"):
+        v = info.get(k)
+        if v is None:
+            continue
+        if isinstance(v, _dt.datetime):
+            return now - v.timestamp()
+        try:
+            return now - float(v)
+        except (TypeError, ValueError):
+            continue
+    return None

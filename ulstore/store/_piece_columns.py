@@ -1,0 +1,105 @@
+"""The columns of one piece of a tensor: as a piece writer fills them, and as it hands them over.
+
+:class:`_PieceState` is a piece being written (its input array, its parent
+piece, its columns as chunks finish, in any order); when the last chunk is
+placed, the writer turns it into a :class:`PieceRecord`: plain, picklable
+columns that a DCP rank sends to the process that finalizes the step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._kept import KeptPiece
+from ._layout import chunk_grid
+from ._packs import Location
+from ._tables import Piece, TensorTable
+
+__all__ = ["PieceRecord", "_PieceState"]
+
+
+@dataclass
+class PieceRecord:
+    """What a piece writer wrote for one piece of one tensor: picklable, handed to the finalizer.
+
+    ``pack`` and ``snap[:, 0]`` index :attr:`packs` (this record's own list of pack ids).
+    """
+
+    step: int
+    parent: int | None
+    parent_content: str | None
+    anchor: bool
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    offset: tuple[int, ...]
+    piece_shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    packs: tuple[str, ...]
+    content: np.ndarray
+    ref: np.ndarray
+    pack: np.ndarray
+    off: np.ndarray
+    length: np.ndarray
+    snap: np.ndarray | None = None
+
+    @property
+    def layout(self) -> tuple:
+        return self.offset, self.piece_shape, self.chunks
+
+    def piece(self, index: dict[str, int]) -> Piece:
+        """This record as a :class:`Piece` whose pack numbers index a step's pack list (``index``: id -> number)."""
+        remap = np.array([index[p] for p in self.packs] or [0], np.int64)
+        snap = None
+        if self.snap is not None:
+            snap = self.snap.copy()
+            has = snap[:, 0] >= 0
+            snap[has, 0] = remap[snap[has, 0]]
+        return Piece(
+            self.offset,
+            self.piece_shape,
+            self.chunks,
+            self.content,
+            self.ref,
+            remap[self.pack] if len(self.pack) else self.pack,
+            self.off,
+            self.length,
+            snap,
+        )
+
+
+class _PieceState:
+    """A piece being written: its input, its parent piece, its columns as they fill."""
+
+    def __init__(self, name, arr, dtype, shape, codec, layout, parent_table, parent_piece, parent_packs, mode, kp):
+        self.name, self.arr, self.dtype, self.shape, self.codec = name, arr, dtype, shape, codec
+        self.layout = layout
+        self.offset, self.pshape, self.chunks = layout
+        self.grid = chunk_grid(self.pshape, self.chunks)
+        self.n = math.prod(self.grid)
+        self.pt: TensorTable | None = parent_table
+        self.pp: Piece | None = parent_piece
+        self.parent_packs = parent_packs
+        self.mode = mode  # "intra", "colocated" or "box"
+        self.kp: KeptPiece | None = kp
+        self.content = np.zeros((self.n, 16), np.uint8)
+        self.ref = np.full(self.n, -1, np.int64)
+        self.locs: list = [None] * self.n
+        self.snaps: list = [None] * self.n
+        self.left = self.n
+
+    def region(self, coord) -> tuple[slice, ...]:
+        return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coord, self.chunks, self.pshape))
+
+    def parent_loc(self, i: int) -> Location:
+        assert self.pp is not None
+        return self.parent_packs[int(self.pp.pack[i])], int(self.pp.off[i]), int(self.pp.length[i])
+
+    def parent_snap(self, i: int) -> Location | None:
+        assert self.pp is not None
+        s = self.pp.snapshot(i)
+        return None if s is None else (self.parent_packs[s[0]], s[1], s[2])
