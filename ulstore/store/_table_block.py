@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 
 import numpy as np
 
@@ -126,6 +127,41 @@ def decode_block(data, *, n_packs: int) -> list[TensorTable]:
     except ValueError as e:
         raise TableError(str(e)) from None
     cur = _Cursor(raw)
+    hit = _heads_seen(raw)
+    if hit is not None:  # the same tensor headers as a block parsed before: the same (checked) parse
+        heads, total, cur.pos = hit
+        if total * _ENTRY_BYTES > len(raw):
+            raise TableError("table block declares more chunks than it holds")
+    else:
+        heads, total = _parse_heads(cur, raw)
+        _remember_heads(raw, cur.pos, heads, total)
+    return _columns(cur, raw, heads, total, n_packs)
+
+
+#: Parsed tensor headers of recent blocks with the bytes they were parsed from (the steps of a
+#: trajectory mostly share one layout).  The parse of those bytes is a function of them alone, so a
+#: block that starts with the same bytes has the same, already checked, headers.
+_HEADS: list[tuple[bytes, list, int]] = []
+_HEADS_KEPT = 8
+_HEADS_LOCK = threading.Lock()
+
+
+def _heads_seen(raw: bytes) -> tuple[list, int, int] | None:
+    with _HEADS_LOCK:
+        for prefix, heads, total in _HEADS:
+            if raw.startswith(prefix):
+                return heads, total, len(prefix)
+    return None
+
+
+def _remember_heads(raw: bytes, end: int, heads: list, total: int) -> None:
+    with _HEADS_LOCK:
+        _HEADS.insert(0, (bytes(raw[:end]), heads, total))
+        del _HEADS[_HEADS_KEPT:]
+
+
+def _parse_heads(cur: _Cursor, raw: bytes) -> tuple[list, int]:
+    """The dtype list and tensor headers at the start of a block, checked: ``(heads, total chunks)``."""
     (n_dtypes,) = cur.unpack("<I")
     dtypes = []
     for _ in range(min(n_dtypes, 256)):
@@ -139,7 +175,7 @@ def decode_block(data, *, n_packs: int) -> list[TensorTable]:
     (n_tensors,) = cur.unpack("<I")
     if n_tensors > len(raw):
         raise TableError("table block declares more tensors than it holds")
-    heads: list[tuple[str, np.dtype, str, tuple, list]] = []
+    heads: list[tuple[str, np.dtype, str, tuple, tuple]] = []
     total = 0
     for _ in range(n_tensors):
         (k,) = cur.unpack("<I")
@@ -182,7 +218,12 @@ def decode_block(data, *, n_packs: int) -> list[TensorTable]:
                 raise TableError("table block declares more chunks than it holds")
         if heads and name <= heads[-1][0]:
             raise TableError("tensors of a table block are not sorted by name")
-        heads.append((name, dtype, codec, tuple(shape), layouts))
+        heads.append((name, dtype, codec, tuple(shape), tuple(layouts)))
+    return heads, total
+
+
+def _columns(cur: _Cursor, raw: bytes, heads: list, total: int, n_packs: int) -> list[TensorTable]:
+    """The chunk columns after the headers, checked, cut into the tensors' pieces."""
     content = np.frombuffer(cur.take(16 * total), np.uint8).reshape(total, 16)
     ref = cur.array("<i8", total)
     pack = cur.array("<u4", total).astype(np.int64)

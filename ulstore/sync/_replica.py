@@ -11,6 +11,7 @@ verifies, every write undone if any chunk fails); (3) write the rest.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ class Fetched:
         return sum(len(b) for b in self.blobs)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the chunks of a version are the chunks of the last one
 def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None, tuple]:
     """(flat start, flat stop or None if the box is not one contiguous C-order run, box shape)."""
     box = tuple(b - a for a, b in zip(start, stop))
