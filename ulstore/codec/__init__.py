@@ -12,6 +12,7 @@ numcodecs codec :class:`ULPack` (entry point ``ulstore.codec:ULPack``).
 
 Modules, top to bottom (each imports only those below it)::
 
+    _inplace.py     apply_sparse: a version's SPARSE blobs applied in place, all or nothing
     _analysis.py    inspect_blob, model_entropy_bits
     _changes.py     decode_changes / Changes: a delta as the elements it changes
     _api.py         encode / decode of one tensor (blob <-> array)
@@ -25,11 +26,13 @@ Modules, top to bottom (each imports only those below it)::
     _dtypes.py      the six float formats and exact bit views (numpy, ml_dtypes, torch)
     _backend.py     which kernels run: compiled (_kernels*.so) or the NumPy twin
     _kernels.pyx    compiled nogil loops (built twice: _kernels, _kernels_v3); includes
-                    _kernels3.pxi (version 3), _simd3.h (C loops, AVX2 in _kernels_v3)
+                    _kernels3.pxi (version 3), _apply.pxi (in-place SPARSE apply),
+                    _simd3.h (C loops, AVX2 in _kernels_v3)
                     and _crc32.h (the blob CRC-32, PCLMULQDQ when the CPU has it)
     _reference.py   the NumPy twin of every kernel (the executable specification, and
                     the ``numpy`` backend's namespace), gathered from the modules below
     _reference_sparse.py   its SPARSE twins: split, gaps, word-sum update, decode
+    _reference_apply.py    its twin of the in-place SPARSE apply
     _reference3_tables.py  its version-3 table twins: pack, read, slots, scale choice
     _reference3.py  its version-3 twins: intra symbols, the one-stream rANS
     _reference1.py  its version-1 twins: residuals, rANS, raw tails, tables

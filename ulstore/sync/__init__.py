@@ -16,7 +16,8 @@ Read me first
 - :class:`Follower` loads the newest snapshot, replays the steps after it,
   then applies each new version in place from the store's change feed,
   proving the chain (each step records its parent's content checksum) and
-  checking every chunk *before* writing anything.  A corrupt or missing step
+  checking every chunk, all or nothing (a chunk that fails its checks undoes
+  every write of the version).  A corrupt or missing step
   makes it re-bootstrap from a snapshot and report it; it never applies
   wrong or partial weights.
 - :func:`import_trl` / :func:`export_trl` convert from and to TRL's
