@@ -53,7 +53,8 @@ _MAX_ELEMENTS = F.MAX_ELEMENTS
 
 def _prepare(target, reference):
     fmt, x = as_bits(target)
-    if x.size > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in x.shape):
+    # (a dimension can exceed the limit only when another is 0, or when the size does)
+    if x.size > _MAX_ELEMENTS or (not x.size and any(d > _MAX_ELEMENTS for d in x.shape)):
         raise InvalidInputError(f"a ULPack blob holds at most {_MAX_ELEMENTS} elements; split the tensor into chunks")
     if reference is None:
         return fmt, x, None
@@ -118,18 +119,13 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
             mode, coded = F.MODE_SPARSE, encode_sparse(k, fmt, z, sym, emask, changed)
         else:
             mode, coded = F.MODE_RANS, encode_delta(k, fmt, z, sym, hist, emask)[0]
-    header = dict(
-        fmt=fmt,
-        flags=flags,
-        shape=x.shape,
-        ref_hash=_fold32(hash_r) if rf is not None else 0,
-        target_hash=_target_hash(k, fmt, x.shape, hash_x),
-    )
+    ref_hash = _fold32(hash_r) if rf is not None else 0
+    target_hash = _target_hash(k, fmt, x.shape, hash_x)
     if mode == F.MODE_SAME:  # every residual is zero: the reference (or +0.0) is the target
-        return F.seal(F.Header(mode=mode, **header).pack())
+        return F.seal(F.pack_header(fmt, mode, flags, x.shape, ref_hash, target_hash))
     if mode == F.MODE_RAW or sum(len(part) for part in coded) >= xf.nbytes:  # tables cost more than they save
-        return F.seal(F.Header(mode=F.MODE_RAW, **header).pack(), xf.view(np.uint8))
-    return F.seal(F.Header(mode=mode, **header).pack(), *coded)
+        return F.seal(F.pack_header(fmt, F.MODE_RAW, flags, x.shape, ref_hash, target_hash), xf.view(np.uint8))
+    return F.seal(F.pack_header(fmt, mode, flags, x.shape, ref_hash, target_hash), *coded)
 
 
 def _encode_intra(k, fmt: FloatFormat, xf: np.ndarray, econd: bool):
@@ -188,6 +184,10 @@ def _target_hash(k, fmt: FloatFormat, shape: tuple, values_hash: int) -> int:
 _META_HASHES: dict[tuple[int, tuple], int] = {}
 
 
+#: Elements from which ``_analyze`` counts symbols in four interleaved histogram copies.
+_HIST_COPIES_FROM = 1 << 16
+
+
 def _econd_mask(fmt: FloatFormat, has_ref: bool, econd: bool) -> int:
     return fmt.n_contexts - 1 if (has_ref and econd) else 0
 
@@ -200,8 +200,9 @@ def _analyze(k, fmt: FloatFormat, xf, rf, econd):
     z = scratch("residuals", xf.size, xf.dtype)
     sym = scratch("symbols", xf.size, fmt.symbol)
     hash_x, hash_r = k.residuals(xf, rf, fmt.mant_bits, emask, fmt.token_bits, z, sym)
-    # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache
-    copies = F.LANES if fmt.symbol.itemsize == 2 else 1
+    # four interleaved histogram copies avoid store-to-load stalls, where they fit in cache;
+    # a small tensor has too few elements for that to repay clearing and folding three more
+    copies = F.LANES if fmt.symbol.itemsize == 2 and xf.size >= _HIST_COPIES_FROM else 1
     size = (emask + 1) << fmt.token_bits
     lanes = scratch("histogram", copies * size, np.uint32).reshape(copies, size)
     k.histogram(sym, lanes)

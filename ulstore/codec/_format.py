@@ -43,6 +43,7 @@ __all__ = [
     "LANES",
     "MAX_ELEMENTS",
     "Header",
+    "pack_header",
     "Reader",
     "write_varint",
     "seal",
@@ -160,18 +161,25 @@ class Header:
         return bool(self.flags & FLAG_DELTA)
 
     def pack(self) -> bytearray:
-        version = self.version or _WRITE_VERSION[self.mode]
-        out = bytearray(MAGIC)
-        if version < 3:
-            out += bytes((version, self.fmt.code, self.mode, self.flags, len(self.shape)))
-        else:  # dtype, mode and flags in one byte; no reference hash without a reference
-            out += bytes((version, self.fmt.code | self.mode << 3 | self.flags << 6, len(self.shape)))
-        for d in self.shape:
-            write_varint(out, d)
-        if version < 3 or self.is_delta:
-            out += self.ref_hash.to_bytes(4, "little")
-        out += self.target_hash.to_bytes(4, "little")
-        return out
+        return pack_header(self.fmt, self.mode, self.flags, self.shape, self.ref_hash, self.target_hash, self.version)
+
+
+def pack_header(
+    fmt: FloatFormat, mode: int, flags: int, shape: tuple[int, ...], ref_hash: int, target_hash: int, version: int = 0
+) -> bytearray:
+    """``Header(...).pack()`` without building the Header (the encoder writes one per blob)."""
+    version = version or _WRITE_VERSION[mode]
+    out = bytearray(MAGIC)
+    if version < 3:
+        out += bytes((version, fmt.code, mode, flags, len(shape)))
+    else:  # dtype, mode and flags in one byte; no reference hash without a reference
+        out += bytes((version, fmt.code | mode << 3 | flags << 6, len(shape)))
+    for d in shape:
+        write_varint(out, d)
+    if version < 3 or flags & FLAG_DELTA:
+        out += ref_hash.to_bytes(4, "little")
+    out += target_hash.to_bytes(4, "little")
+    return out
 
 
 def seal(*parts) -> bytes:

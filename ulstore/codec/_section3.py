@@ -171,25 +171,40 @@ def delta_phases(fmt: FloatFormat) -> int:
     return -(-(fmt.width - 3) // RAW_CHUNK)  # tails are at most w - 3 bits
 
 
+_TAIL_BITS: dict[int, np.ndarray] = {}
+
+
+def _tail_bits(alphabet: int) -> np.ndarray:
+    """Raw tail bits of each token (``max(0, token // 4 - 1)``), by alphabet size."""
+    w = _TAIL_BITS.get(alphabet)
+    if w is None:
+        w = _TAIL_BITS[alphabet] = np.maximum((np.arange(alphabet) >> 2) - 1, 0)
+    return w
+
+
 def encode_delta(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, hist: np.ndarray, emask: int) -> tuple[list, int]:
     """The RANS payload of residuals ``z`` with symbols ``sym`` (``context << token_bits | token``)
     and their histogram ``hist``.  Returns (parts, estimated bits)."""
     tb, alphabet = fmt.token_bits, fmt.alphabet
-    h = hist.reshape(emask + 1, 1 << tb)[:, :alphabet].astype(np.int64)
+    # a view, not a copy: einsum sums its rows and columns exactly (in uint32, which
+    # cannot overflow: every sum is at most the element count, < 2**32) and, on small
+    # tables, several times faster than ndarray.sum along the short axis
+    h = hist.reshape(emask + 1, 1 << tb)[:, :alphabet]
     has_band = emask > 0
-    n_c = h.sum(axis=1)
+    n_c = np.einsum("ij->i", h)
     count, lo = band_of(n_c) if has_band else (0, 0)
-    rows = np.zeros((count + 1, alphabet), dtype=np.int64)
+    totals = np.einsum("ij->j", h).astype(np.int64)  # every row's counts together: rows.sum(axis=0)
+    rows = np.empty((count + 1, alphabet), dtype=np.int64)
     rows[1:] = h[lo : lo + count]
-    rows[0] = h.sum(axis=0) - rows[1:].sum(axis=0)
+    rows[0] = totals - rows[1:].sum(axis=0) if count else totals
     freqs_s, scales, freqs, bits = quantize_rows(k, rows)
     table = _pack(k, has_band, count, lo, freqs_s, scales)
-    tails = (np.maximum((np.arange(alphabet) >> 2) - 1, 0) * rows.sum(axis=0)).sum()
-    bits += int(tails)
+    bits += int(_tail_bits(alphabet) @ totals)
     lanes_code = _lanes_code(bits)
-    zeros = int(rows[:, 0].sum())
-    ctx = np.arange(emask + 1)
-    ctx_rows = np.where(n_c > 0, np.where((ctx >= lo) & (ctx < lo + count), ctx - lo + 1, 0), -1)
+    zeros = int(totals[0])
+    ctx_rows = np.where(n_c > 0, 0, -1)
+    if count:
+        ctx_rows[lo : lo + count] = np.where(n_c[lo : lo + count] > 0, np.arange(1, count + 1), -1)
     parts = _section(
         k,
         lanes_code,
