@@ -28,7 +28,8 @@ def run_example(name, *args, env=None, cwd=None):
         text=True,
         timeout=300,
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        # a crash in a child (e.g. a torch worker aborting) prints every thread's Python stack
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
     )
     assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p.stdout
