@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import uuid
 
@@ -230,6 +231,62 @@ def test_change_feed_and_hash_chain():
     traj.delete(0)  # re-parenting keeps a step's content; the chain follows the new parent
     assert traj.info(1).content == i1.content and traj.info(1).parent_content is None
     assert traj.verify().ok
+
+
+def test_change_feed_matches_the_tables_chunk_by_chunk():
+    states = states_bf16(20)
+    name = "model.layers.0.mlp.up_proj.weight"
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    traj.commit(0, states[0])
+    records = []
+    for a, b in ((40, 1 << 30), (0, 40)):  # two pieces, written in reverse order
+        w = traj.piece_writer(1)
+        for n, v in states[1].items():
+            if n == name:
+                w.write(n, np.ascontiguousarray(v[a:b]), offset=(a, 0), shape=v.shape)
+            elif a == 0:
+                w.write(n, v)
+        records += w.close()
+    traj.finalize(1, records)
+    mixed = dict(states[2])
+    mixed["model.in_proj.bias"] = states[1]["model.in_proj.bias"]  # unchanged
+    mixed["lm_head.weight"] = states[2]["lm_head.weight"][:, :10].copy()  # reshaped
+    traj.commit(2, mixed)
+    r = ulstore.open(traj.url, mode="r")._reader
+    for step in (1, 2):
+        expected = []
+        tables, parent = r.tables(step), r.tables(step - 1)
+        for n, t in tables.items():
+            pt = parent.get(n)
+            for j, p in enumerate(t.pieces):
+                same = pt is not None and pt.dtype == t.dtype and pt.shape == t.shape
+                pj = pt.find_piece(p.layout) if same else None
+                for i, coord in enumerate(p.coords()):
+                    if pt is None:
+                        kind = "new"
+                    elif not same:
+                        kind = "reshaped"
+                    elif pj is not None and bytes(pt.pieces[pj].content[i]) == bytes(p.content[i]):
+                        kind = "unchanged"
+                    else:
+                        kind = "intra" if p.ref[i] < 0 else "delta"
+                    ref = int(p.ref[i])
+                    expected.append(
+                        (n, j, coord, *p.box(coord), t.dtype, kind, bytes(p.content[i]).hex(), None if ref < 0 else ref)
+                        + ((r.doc(step).packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])), None)
+                    )
+        got = [
+            (c.tensor, c.piece, c.coord, c.start, c.stop, c.dtype, c.kind, c.content, c.ref, c.blob, c.snapshot)
+            for c in traj.changes(step)
+        ]
+        assert got == expected
+    kinds = {c.kind for c in traj.changes(2) if c.tensor == name}
+    assert kinds <= {"delta", "intra", "unchanged"} and "delta" in kinds  # the pieces of step 1 are found
+    assert {c.kind for c in traj.changes(2) if c.tensor == "model.in_proj.bias"} == {"unchanged"}
+    c = traj.changes(2)[0]
+    assert c == dataclasses.replace(c) and hash(c) == hash(dataclasses.replace(c))  # a plain frozen dataclass
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.kind = "new"  # type: ignore[misc]
 
 
 def test_verify_names_a_broken_hash_chain():

@@ -246,3 +246,21 @@ def test_decode_checks_declared_sizes_before_allocating():
     assert np.array_equal(decode_chunk(encode_chunk(ints, None, "zstd"), None, "zstd", ints.dtype, (4,), key="k"), ints)
     with pytest.raises(ValueError):
         zstd_decompress(b"not zstd", 4)
+
+
+def test_chunk_boxes_match_the_pieces_geometry_and_stay_bounded(monkeypatch):
+    from ulstore.store import _tables
+
+    rng = np.random.default_rng(9)
+    for layout in [((0, 0), (10, 6), (3, 6)), ((4, 2), (5, 7), (2, 3)), ((), (), ()), ((0, 0), (0, 3), (1, 3))]:
+        p = _piece(*layout, rng)
+        boxes = _tables.chunk_boxes(*layout)
+        assert [c for c, _, _ in boxes] == p.coords()
+        assert [(lo, hi) for _, lo, hi in boxes] == [p.box(c) for c in p.coords()]
+        assert _tables.chunk_boxes(*layout) is boxes  # cached
+    monkeypatch.setattr(_tables, "_BOXES_MAX", 20)
+    for k in range(30):
+        _tables.chunk_boxes((0,), (k + 8,), (2,))
+        assert _tables._boxes_held <= 20 and sum(len(v) for v in _tables._BOXES.values()) == _tables._boxes_held
+    assert len(_tables.chunk_boxes((0,), (100,), (2,))) == 50  # larger than the whole cache: computed, not kept
+    assert ((0,), (100,), (2,)) not in _tables._BOXES

@@ -26,6 +26,7 @@ import bisect
 import itertools
 import math
 import struct
+import threading
 from dataclasses import dataclass
 
 import blake3
@@ -41,6 +42,7 @@ __all__ = [
     "chunk_nbytes",
     "content_checksum",
     "MAX_CHUNK_BYTES",
+    "chunk_boxes",
 ]
 
 #: Largest chunk a table may declare (and ``chunk_bytes`` may ask for): a bound
@@ -96,6 +98,10 @@ class Piece:
         hi = tuple(min(o + (i + 1) * c, o + n) for o, i, c, n in zip(self.offset, coord, self.chunks, self.shape))
         return lo, hi
 
+    def boxes(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]:
+        """``(coord, start, stop)`` of every chunk in C order (shared, from :func:`chunk_boxes`)."""
+        return chunk_boxes(self.offset, self.shape, self.chunks)
+
     def snapshot(self, i: int) -> tuple[int, int, int] | None:
         if self.snap is None or self.snap[i, 0] < 0:
             return None
@@ -150,6 +156,41 @@ class TensorTable:
 
 
 # -- piece layouts ----------------------------------------------------------------
+
+#: ``chunk_boxes`` results by layout: the steps of a trajectory share their layouts, so a change
+#: feed computes each chunk's box once, not once per step.  Bounded by chunks held: emptied when full
+#: (a plain dict: a hit costs one lookup, which matters at one lookup per piece per step).
+_BOXES: dict[tuple, tuple] = {}
+_BOXES_MAX = 1 << 16
+_boxes_held = 0
+_BOXES_LOCK = threading.Lock()
+
+
+def chunk_boxes(offset: tuple, shape: tuple, chunks: tuple) -> tuple:
+    """``(coord, start, stop)`` of every chunk of the piece ``(offset, shape, chunks)``, in C order.
+
+    ``start``/``stop`` are the chunk's box in tensor coordinates (edge chunks are short).
+    Cached by layout (bounded): treat the result as read-only.
+    """
+    global _boxes_held
+    key = (offset, shape, chunks)
+    hit = _BOXES.get(key)
+    if hit is not None:
+        return hit
+    out = []
+    for coord in itertools.product(*map(range, chunk_grid(shape, chunks))):
+        lo = tuple(o + i * c for o, i, c in zip(offset, coord, chunks))
+        hi = tuple(min(o + (i + 1) * c, o + n) for o, i, c, n in zip(offset, coord, chunks, shape))
+        out.append((coord, lo, hi))
+    boxes = tuple(out)
+    with _BOXES_LOCK:
+        if _boxes_held + len(boxes) > _BOXES_MAX:
+            _BOXES.clear()
+            _boxes_held = 0
+        if len(boxes) <= _BOXES_MAX:
+            _BOXES[key] = boxes
+            _boxes_held += len(boxes)
+    return boxes
 
 
 def chunk_nbytes(shape, chunks, itemsize: int) -> int:
