@@ -248,6 +248,43 @@ def test_decode_checks_declared_sizes_before_allocating():
         zstd_decompress(b"not zstd", 4)
 
 
+def test_table_block_parse_reuses_checked_headers_and_sorts_pieces():
+    from ulstore.store import _table_block
+
+    rng = np.random.default_rng(7)
+    a, b = _piece((4, 0), (4, 5), (2, 5), rng), _piece((0, 0), (4, 5), (3, 5), rng, snapshots=True)
+    t = TensorTable("w", np.dtype(np.float32), (8, 5), "ulpack", (a, b))  # stored in this order, not by offset
+    raw = encode_block([t])
+    _table_block._HEADS.clear()
+    first = decode_block(raw, n_packs=3)  # parses the headers
+    again = decode_block(raw, n_packs=3)  # reuses them
+    for back in (first, again):
+        assert [p.offset for p in back[0].pieces] == [(0, 0), (4, 0)]  # sorted by offset, columns follow
+        assert _same(TensorTable("w", t.dtype, t.shape, t.codec, (b, a)), back[0])
+    # the same headers with other columns (the next step): parsed from their own bytes
+    t2 = TensorTable("w", t.dtype, t.shape, t.codec, (_piece((4, 0), (4, 5), (2, 5), rng), b))
+    back = decode_block(encode_block([t2]), n_packs=3)
+    assert _same(TensorTable("w", t.dtype, t.shape, t.codec, (b, t2.pieces[0])), back[0])
+    assert len(_table_block._HEADS) <= _table_block._HEADS_KEPT
+
+
+def test_table_block_rejects_snapshots_in_a_piece_that_declares_none():
+    from ulstore.store import _table_block
+    from ulstore.store._tables import _u64s
+
+    rng = np.random.default_rng(8)
+    raw = encode_block(_tables(rng))
+    body = bytearray(zstd_decompress(raw[16:], struct.unpack_from("<Q", raw, 8)[0]))
+    flag = bytes(_u64s((0, 0)) + _u64s((4, 5)) + _u64s((3, 5))) + b"\x01"  # b/sharded's piece with snapshots
+    at = bytes(body).index(flag) + len(flag) - 1
+    body[at] = 0
+    crafted = struct.pack("<4sBBHQ", b"ULTB", 1, 0, 0, len(body)) + zstd_compress(bytes(body))
+    for _ in range(2):  # headers parsed, then reused: checked either way
+        with pytest.raises(TableError, match="'b/sharded' has snapshots in a piece that declares none"):
+            decode_block(crafted, n_packs=3)
+    _table_block._HEADS.clear()
+
+
 def test_chunk_boxes_match_the_pieces_geometry_and_stay_bounded(monkeypatch):
     from ulstore.store import _tables
 

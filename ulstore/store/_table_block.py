@@ -129,39 +129,61 @@ def decode_block(data, *, n_packs: int) -> list[TensorTable]:
     cur = _Cursor(raw)
     hit = _heads_seen(raw)
     if hit is not None:  # the same tensor headers as a block parsed before: the same (checked) parse
-        heads, total, cur.pos = hit
-        if total * _ENTRY_BYTES > len(raw):
+        heads, cur.pos = hit
+        if heads.total * _ENTRY_BYTES > len(raw):
             raise TableError("table block declares more chunks than it holds")
     else:
-        heads, total = _parse_heads(cur, raw)
-        _remember_heads(raw, cur.pos, heads, total)
-    return _columns(cur, raw, heads, total, n_packs)
+        heads = _parse_heads(cur, raw)
+        _remember_heads(raw, cur.pos, heads)
+    return _columns(cur, raw, heads, n_packs)
+
+
+class _Heads:
+    """The checked tensor headers of a block, with what every parse of its columns needs precomputed.
+
+    ``tensors``: ``(name, dtype, codec, shape, pieces)`` with ``pieces`` sorted by offset, each
+    ``(offset, shape, chunks, has_snapshots, first, end)``: its chunks are ``[first, end)`` of the
+    block's columns.  ``declared``: per chunk, whether its piece declares snapshots.
+    """
+
+    __slots__ = ("tensors", "total", "declared")
+
+    def __init__(self, tensors: list, total: int):
+        self.tensors, self.total = tensors, total
+        self.declared = np.zeros(total, bool)
+        for _, _, _, _, pieces in tensors:
+            for _, _, _, has_snap, first, end in pieces:
+                self.declared[first:end] = has_snap
+
+    def owner(self, i: int) -> str:
+        """The tensor whose piece holds chunk ``i`` (for error messages)."""
+        return next(t[0] for t in self.tensors if any(p[4] <= i < p[5] for p in t[4]))
 
 
 #: Parsed tensor headers of recent blocks with the bytes they were parsed from (the steps of a
 #: trajectory mostly share one layout).  The parse of those bytes is a function of them alone, so a
 #: block that starts with the same bytes has the same, already checked, headers.
-_HEADS: list[tuple[bytes, list, int]] = []
+_HEADS: list[tuple[bytes, _Heads]] = []
 _HEADS_KEPT = 8
 _HEADS_LOCK = threading.Lock()
 
 
-def _heads_seen(raw: bytes) -> tuple[list, int, int] | None:
+def _heads_seen(raw: bytes) -> tuple[_Heads, int] | None:
     with _HEADS_LOCK:
-        for prefix, heads, total in _HEADS:
+        for prefix, heads in _HEADS:
             if raw.startswith(prefix):
-                return heads, total, len(prefix)
+                return heads, len(prefix)
     return None
 
 
-def _remember_heads(raw: bytes, end: int, heads: list, total: int) -> None:
+def _remember_heads(raw: bytes, end: int, heads: _Heads) -> None:
     with _HEADS_LOCK:
-        _HEADS.insert(0, (bytes(raw[:end]), heads, total))
+        _HEADS.insert(0, (bytes(raw[:end]), heads))
         del _HEADS[_HEADS_KEPT:]
 
 
-def _parse_heads(cur: _Cursor, raw: bytes) -> tuple[list, int]:
-    """The dtype list and tensor headers at the start of a block, checked: ``(heads, total chunks)``."""
+def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
+    """The dtype list and tensor headers at the start of a block, checked."""
     (n_dtypes,) = cur.unpack("<I")
     dtypes = []
     for _ in range(min(n_dtypes, 256)):
@@ -212,18 +234,23 @@ def _parse_heads(cur: _Cursor, raw: bytes) -> tuple[list, int]:
         why = pieces_problem(shape, [x[:3] for x in layouts])
         if why is not None:
             raise TableError(f"tensor {name!r}: {why}")
-        for _, shp, ch, _ in layouts:
+        pieces = []
+        for off, shp, ch, has_snap in layouts:  # columns are in the block's piece order
+            first = total
             total += math.prod(chunk_grid(shp, ch))
             if total * _ENTRY_BYTES > len(raw):
                 raise TableError("table block declares more chunks than it holds")
+            pieces.append((off, shp, ch, has_snap, first, total))
         if heads and name <= heads[-1][0]:
             raise TableError("tensors of a table block are not sorted by name")
-        heads.append((name, dtype, codec, tuple(shape), tuple(layouts)))
-    return heads, total
+        pieces.sort(key=lambda p: p[0])  # a table's pieces are sorted by offset
+        heads.append((name, dtype, codec, tuple(shape), tuple(pieces)))
+    return _Heads(heads, total)
 
 
-def _columns(cur: _Cursor, raw: bytes, heads: list, total: int, n_packs: int) -> list[TensorTable]:
+def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> list[TensorTable]:
     """The chunk columns after the headers, checked, cut into the tensors' pieces."""
+    total = heads.total
     content = np.frombuffer(cur.take(16 * total), np.uint8).reshape(total, 16)
     ref = cur.array("<i8", total)
     pack = cur.array("<u4", total).astype(np.int64)
@@ -248,34 +275,46 @@ def _columns(cur: _Cursor, raw: bytes, heads: list, total: int, n_packs: int) ->
             raise TableError("snapshot entries are out of order")
         if sp.min() < 0 or sp.max() >= n_packs or so.min() < 0 or sl.min() < 0 or (so + sl).max() >= _MAX_DIM:
             raise TableError("a snapshot names a bad pack, offset or length")
+        undeclared = at[~heads.declared[at]]
+        if len(undeclared):
+            name = heads.owner(int(undeclared[0]))
+            raise TableError(f"tensor {name!r} has snapshots in a piece that declares none")
         snap_all = np.full((total, 3), -1, np.int64)
         snap_all[at] = np.column_stack([sp, so, sl])
-    out, base = [], 0
-    for name, dtype, codec, shape, layouts in heads:
-        pieces = []
-        for off_, shp, ch, has_snap in layouts:
-            n = math.prod(chunk_grid(shp, ch))
-            sl_ = slice(base, base + n)
-            snap = snap_all[sl_] if has_snap and snap_all is not None else None
-            if not has_snap and snap_all is not None and (snap_all[sl_, 0] >= 0).any():
-                raise TableError(f"tensor {name!r} has snapshots in a piece that declares none")
-            pieces.append(Piece(off_, shp, ch, content[sl_], ref[sl_], pack[sl_], offs[sl_], length[sl_], snap))
-            base += n
-        pieces.sort(key=lambda p: p.offset)
-        out.append(TensorTable(name, dtype, shape, codec, tuple(pieces)))
+    out = []
+    for name, dtype, codec, shape, layouts in heads.tensors:
+        pieces = tuple(
+            Piece(
+                off,
+                shp,
+                ch,
+                content[a:b],
+                ref[a:b],
+                pack[a:b],
+                offs[a:b],
+                length[a:b],
+                snap_all[a:b] if has_snap and snap_all is not None else None,
+            )
+            for off, shp, ch, has_snap, a, b in layouts
+        )
+        out.append(TensorTable(name, dtype, shape, codec, pieces))
     return out
 
 
 def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Invert the gap coding: ``off[i] = gap[i] + (off[i-1] + length[i-1] if pack[i] == pack[i-1] else 0)``."""
+    """Invert the gap coding: ``off[i] = gap[i] + (off[i-1] + length[i-1] if pack[i] == pack[i-1] else 0)``.
+
+    Within a run of one pack, ``off[i]`` is the sum of the run's gaps up to ``i`` and of its
+    lengths before ``i``: ``x[i] - x'[first]`` with ``x`` = gaps through ``i`` plus lengths before
+    ``i`` and ``x'[first] = x[first] - gap[first]`` (wrapping int64 sums: a bad table is caught by
+    the caller's range checks).
+    """
     if not len(pack):
         return gap.copy()
-    start = np.r_[True, pack[1:] != pack[:-1]]
+    start = np.empty(len(pack), bool)
+    start[0] = True
+    np.not_equal(pack[1:], pack[:-1], out=start[1:])
     with np.errstate(over="ignore"):
-        cg = np.cumsum(gap)
-        cl = np.r_[0, np.cumsum(length)[:-1]]  # lengths of the blobs before i
-        run = np.cumsum(start) - 1
+        x = np.cumsum(gap) + np.cumsum(length) - length
         first = np.flatnonzero(start)
-        base_g = np.r_[0, cg][first][run]  # cumulative gap before the run
-        base_l = cl[first][run]
-        return cg - base_g + cl - base_l
+        return x - (x - gap)[first][np.cumsum(start) - 1]
