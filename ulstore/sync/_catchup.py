@@ -191,12 +191,15 @@ class CatchUp:
         def fetch(s):
             return self._workers.prefetch.submit(Replica.fetch, traj, s)
 
-        futures = [fetch(s) for s in steps[:2]]
+        # one version (a poll that keeps up): nothing to overlap, so fetch it on this thread
+        # instead of handing it to the prefetcher and waiting
+        ahead = len(steps) > 1
+        futures = [fetch(s) for s in steps[:2]] if ahead else []
         for i, s in enumerate(steps):
-            if i + 2 < len(steps):
+            if ahead and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
-                fetched: Fetched = futures[i].result()
+                fetched: Fetched = futures[i].result() if ahead else Replica.fetch(traj, s)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
                 if not self.trust_state and not self._scan_some():
                     raise ChainBroken(f"the state held diverged from version {s}")
