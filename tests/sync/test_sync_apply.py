@@ -111,3 +111,36 @@ def test_a_state_that_diverged_at_a_changed_element_is_left_as_it_is(store, stat
         with pytest.raises(IntegrityError):
             rep.apply(f)
         assert_same_bits(rep.state, before)
+
+
+def test_a_feed_that_does_not_fit_the_held_tensors_is_refused_before_any_write(store):
+    from ulstore.errors import CorruptManifestError
+    from ulstore.sync._arrays import Spec
+    from ulstore.sync._replica import ChainBroken
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 1, pool)
+        before = snapshot(rep)
+        f = Replica.fetch(store, 2)
+        delta = next(c for c in f.changes if c.kind == "delta")
+        held = next(c for c in f.changes if c.kind == "unchanged" and c.tensor != delta.tensor)
+
+        def swap(old, new):
+            return dataclasses.replace(f, changes=[new if c is old else c for c in f.changes])
+
+        def respec(name):
+            s = f.specs[name]
+            return dataclasses.replace(f, specs={**f.specs, name: Spec(name, (*s.shape, 1), s.dtype)})
+
+        cases = [
+            (swap(delta, dataclasses.replace(delta, ref=0)), ChainBroken, "coded against step 0"),
+            (respec(delta.tensor), CorruptManifestError, "a delta of a tensor the held step does not hold"),
+            (respec(held.tensor), CorruptManifestError, "not sent whole"),
+        ]
+        for bad, error, message in cases:
+            with pytest.raises(error, match=message):
+                rep.apply(bad)
+            assert rep.version == 1
+            assert_same_bits(snapshot(rep), before)
+        rep.apply(f)
+        assert rep.version == 2 and not rep.verify()

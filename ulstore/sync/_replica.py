@@ -151,22 +151,23 @@ class Replica:
         if self.version is None or info.parent != self.version or info.parent_content != self.content:
             raise ChainBroken(f"step {info.step} does not follow step {self.version}")
         changed = [c for c in f.changes if c.kind != "unchanged"]
+        # tensors whose name, shape or dtype the held step does not have: only whole chunks may write them
+        respecced = {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
         for c in changed:
             if c.kind == "delta" and c.ref != self.version:
                 raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
-            if c.kind in ("unchanged", "delta") and self.specs.get(c.tensor) != f.specs[c.tensor]:
+            if c.kind == "delta" and (c.tensor in respecced or c.tensor not in f.specs):
                 raise CorruptManifestError("a delta of a tensor the held step does not hold", tensor=c.tensor)
-        for name, spec in f.specs.items():
-            if self.specs.get(name) != spec and any(
-                c.tensor == name and c.kind in ("unchanged", "delta") for c in f.changes
-            ):
-                raise CorruptManifestError("a new or reshaped tensor is not sent whole", tensor=name)
+        if respecced:
+            for c in f.changes:
+                if c.kind in ("unchanged", "delta") and c.tensor in respecced:
+                    raise CorruptManifestError("a new or reshaped tensor is not sent whole", tensor=c.tensor)
 
         def run(cb):
             c, blob = cb
             return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
 
-        respec = set(f.specs) != set(self.specs) or any(self.specs[n] != s for n, s in f.specs.items())
+        respec = bool(respecced) or f.specs.keys() != self.specs.keys()
         items = list(zip(changed, f.blobs))
         fast = [] if respec else [i for i, (c, blob) in enumerate(items) if self._in_place(c, blob)]
         decoded: list = [None] * len(items)
