@@ -46,6 +46,30 @@ def test_objects_get_put_create_list_delete(objects):
     assert objects.sweep_tmp() == 0
 
 
+def test_local_get_and_list_answer_as_fsspec_does(tmp_path):
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    for key in ("refs/main/00000000000000000001.json", "refs/main/00000000000000000000.json", "steps/3/zarr.json"):
+        objects.put(key, key.encode())
+    (tmp_path / "objs" / "refs" / "main" / "sub").mkdir()
+
+    def plain(prefix):  # what the generic (fsspec) path answers
+        try:
+            paths = objects.fs.ls(objects.path(prefix), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(k for p in paths if (k := objects._key(p.rstrip("/"))) is not None)
+
+    for prefix in ("refs/main", "refs/main/", "refs", "steps/3", "", "nothing", "refs/main/sub", "steps/3/zarr.json"):
+        assert objects.list(prefix) == plain(prefix), prefix
+    assert objects.list("steps/3/zarr.json/x") == []
+    for key in ("steps/3/zarr.json", "steps/3", "steps/9/zarr.json", "steps/3/zarr.json/x"):
+        try:
+            expected = objects.fs.cat_file(objects.path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            expected = None
+        assert objects.get(key) == expected, key
+
+
 @pytest.fixture(params=["local", "memory", "s3"])
 def any_objects(request, tmp_path):
     if request.param == "local":

@@ -204,6 +204,9 @@ class ObjectStore:
                     # s3fs's default max_concurrency > 1 sends a HEAD (for the size) before
                     # every GET; one plain GET is all a chunk-sized object needs
                     return self.fs.cat_file(self.path(key), max_concurrency=1)
+                if self.local:  # what fsspec's local cat_file does, without its per-call path handling
+                    with open(self.path(key), "rb") as f:
+                        return f.read()
                 return self.fs.cat_file(self.path(key))
             except MISSING_ERRORS:
                 return None
@@ -261,10 +264,23 @@ class ObjectStore:
         """Keys of the objects directly under ``prefix`` (a directory key), sorted."""
         with self._calling("LIST", prefix):
             try:
+                if self.local:  # fsspec's local ls normalises every entry's path: a ref log has dozens
+                    return self._list_local(prefix)
                 paths = self.fs.ls(self.path(prefix), detail=False)
             except (FileNotFoundError, NotADirectoryError):
                 return []
         return sorted(k for p in paths if (k := self._key(p.rstrip("/"))) is not None)
+
+    def _list_local(self, prefix: str) -> builtins.list[str]:
+        """:meth:`list` on local disk, answering as fsspec's ``ls`` does (an object lists as itself)."""
+        path, head = self.path(prefix), prefix.rstrip("/")
+        try:
+            with os.scandir(path) as entries:
+                return sorted(f"{head}/{e.name}" if head else e.name for e in entries)
+        except NotADirectoryError:
+            if os.path.isfile(path):
+                return [head]
+            raise
 
     def find(self, prefix: str, *, detail: bool = False) -> Any:
         """Keys of all objects under ``prefix`` (recursively); with ``detail``, ``{key: info}``."""
