@@ -87,16 +87,20 @@ class PackStream:
 
 def coalesce(ranges, max_gap: int = MAX_GAP, max_span: int = MAX_SPAN) -> list[tuple[int, int, list[int]]]:
     """Merge ``(start, end)`` ranges into requests ``(start, end, [indices of the ranges inside])``."""
-    order = sorted(range(len(ranges)), key=lambda i: ranges[i])
     out: list[tuple[int, int, list[int]]] = []
-    for i in order:
+    idx: list[int] = []
+    s = e = 0
+    for i in sorted(range(len(ranges)), key=ranges.__getitem__):
         a, b = ranges[i]
-        if out and a - out[-1][1] <= max_gap and max(b, out[-1][1]) - out[-1][0] <= max_span:
-            s, e, idx = out[-1]
+        if idx and a - e <= max_gap and max(b, e) - s <= max_span:
             idx.append(i)
-            out[-1] = (s, max(e, b), idx)
+            e = max(e, b)
         else:
-            out.append((a, b, [i]))
+            if idx:
+                out.append((s, e, idx))
+            s, e, idx = a, b, [i]
+    if idx:
+        out.append((s, e, idx))
     return out
 
 
