@@ -144,3 +144,13 @@ def test_a_feed_that_does_not_fit_the_held_tensors_is_refused_before_any_write(s
             assert_same_bits(snapshot(rep), before)
         rep.apply(f)
         assert rep.version == 2 and not rep.verify()
+
+
+def test_specs_are_shared_between_versions_and_bounded():
+    from ulstore.sync._arrays import Spec
+    from ulstore.sync._replica import _spec
+
+    a = _spec("w", (3, 4), np.dtype(np.float32))
+    assert a == Spec("w", (3, 4), np.dtype(np.float32)) and _spec("w", (3, 4), np.dtype("<f4")) is a
+    assert _spec("w", (3, 5), np.dtype(np.float32)) != a and _spec("w", (3, 4), np.dtype(np.float16)) != a
+    assert _spec.cache_info().maxsize is not None  # an unbounded cache would grow with every tensor ever seen

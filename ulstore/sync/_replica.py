@@ -66,6 +66,12 @@ def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None,
     return first, (first + n if contiguous else None), box
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a version's tensors are mostly the last one's
+def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
+    """The (shared, immutable) Spec of a published tensor: built once, compared by identity first."""
+    return Spec(name, tuple(shape), np.dtype(dtype))
+
+
 def _undo(written: list) -> None:
     """Restore the old words of chunks :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
     for a, r in written:
@@ -119,7 +125,7 @@ class Replica:
     def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
-        specs = {n: Spec(n, tuple(shape), np.dtype(dtype)) for n, (shape, dtype) in traj.tensors(step).items()}
+        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in traj.tensors(step).items()}
         feed = traj.changes(step, against_parent=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
