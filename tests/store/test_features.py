@@ -492,3 +492,25 @@ def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
     assert calls == [1]  # the kept step was allocated
     traj.commit(1, states[1])
     assert calls == [1]  # overwritten in place: nothing to return
+
+
+def test_step_documents_cached_are_bounded_and_read_again_checked(monkeypatch):
+    from ulstore.errors import CorruptManifestError
+    from ulstore.store import _reader
+
+    monkeypatch.setattr(_reader, "_MAX_DOCS", 3)
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
+    for i in range(6):
+        traj.commit(i, states[i])
+    ro = ulstore.open(traj.url, mode="r")
+    assert [i.step for i in ro.log(5)] == [5, 4, 3, 2, 1, 0]  # walks every document
+    assert sorted(ro._reader._docs) == [0, 1, 2]  # the first read went first
+    key = "steps/5/zarr.json"
+    raw = bytearray(ro._io.get(key))
+    raw[len(raw) // 2] ^= 1
+    ro._io.put(key, bytes(raw))
+    with pytest.raises(CorruptManifestError):  # an evicted document is read again, and checked again
+        ro.info(5)
+    assert_state_equal(ro.read(4), states[4])
+    assert len(ro._reader._docs) <= 3

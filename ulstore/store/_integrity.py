@@ -210,7 +210,7 @@ class IntegrityMixin(TrajectoryBase):
             if raw is None:
                 raise StepNotFoundError("step document vanished while reading", step=s, key=step_key(s))
             d = StepDoc.from_bytes(raw, key=step_key(s), step=s)
-            reader._docs[s] = d
+            reader.keep_doc(d)
             tables = reader.tables(s)
             table_bytes[s] = sum(b.length for b in d.tables)
             manifest_bytes[s] = len(raw) + table_bytes[s]

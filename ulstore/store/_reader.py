@@ -10,7 +10,7 @@ fetched and decoded (``_decode_plan.py``: the reference walk, with cycle
 detection and hard bounds, and the decoding deps-first, each intermediate
 chunk once).  Every decoded chunk is checked against its content hash.
 
-Caches (all bounded): step documents; parsed table blocks; decoded chunks in
+Caches (all bounded): step documents (by count); parsed table blocks; decoded chunks in
 an LRU keyed by content hash (the zarr view's lazy slices); and the
 trajectory's kept step (``_kept.py``), which full reads use and refresh.
 
@@ -45,6 +45,8 @@ __all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
 DEFAULT_CACHE_BYTES = 128 << 20
 _TABLE_CACHE_BYTES = 256 << 20
 _BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a full read
+#: Step documents kept (oldest read first out): a follower reads one per version, for days
+_MAX_DOCS = 1 << 14
 
 
 class ChunkReader:
@@ -117,10 +119,17 @@ class ChunkReader:
             if data is None:
                 raise StepNotFoundError("no such step", step=step, key=key)
             d = StepDoc.from_bytes(data, key=key, step=step)
-            self._docs[step] = d
+            self.keep_doc(d)
             return d
 
         return self._once(("doc", step), load)
+
+    def keep_doc(self, d: StepDoc) -> None:
+        """Cache a checked step document (the oldest cached goes beyond ``_MAX_DOCS``: read again if needed)."""
+        with self._lock:
+            self._docs[d.step] = d
+            while len(self._docs) > _MAX_DOCS:
+                del self._docs[next(iter(self._docs))]
 
     def forget(self, steps=None) -> None:
         """Drop cached step documents and tables (all, or of ``steps``): after they were rewritten."""
@@ -138,7 +147,7 @@ class ChunkReader:
 
     def remember(self, doc: StepDoc, tables: list[TensorTable]) -> None:
         """Cache a step document and its tables that this process just wrote."""
-        self._docs[doc.step] = doc
+        self.keep_doc(doc)
         names = [t.name for t in tables]
         for ref in doc.tables:
             lo = bisect.bisect_left(names, ref.first)
