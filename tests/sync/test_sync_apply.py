@@ -154,3 +154,12 @@ def test_specs_are_shared_between_versions_and_bounded():
     assert a == Spec("w", (3, 4), np.dtype(np.float32)) and _spec("w", (3, 4), np.dtype("<f4")) is a
     assert _spec("w", (3, 5), np.dtype(np.float32)) != a and _spec("w", (3, 4), np.dtype(np.float16)) != a
     assert _spec.cache_info().maxsize is not None  # an unbounded cache would grow with every tensor ever seen
+
+
+def test_fetched_blobs_are_read_only_views_of_the_same_bytes(store):
+    f = Replica.fetch(store, 2)
+    changed = [c for c in f.changes if c.kind != "unchanged"]
+    copies = store.fetch_blobs(changed)
+    assert all(isinstance(b, bytes) for b in copies)  # the public call still copies
+    assert [bytes(b) for b in f.blobs] == copies and f.nbytes == sum(len(b) for b in copies)
+    assert all(isinstance(b, memoryview) and b.readonly for b in f.blobs)

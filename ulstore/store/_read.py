@@ -161,13 +161,21 @@ class ReadMixin(TrajectoryBase):
         Unchanged chunks have no blob of their own in their step; asking for
         one returns the blob their entry names (the same bytes as the parent's).
         """
+        return [bytes(b) for b in self._blob_views(changes, snapshot=snapshot)]
+
+    def _blob_views(self, changes, *, snapshot: bool = False) -> list[memoryview]:
+        """:meth:`fetch_blobs` without copying: read-only views into the range reads.
+
+        On local disk, large reads are views of a mapping of the pack.  For callers that
+        decode the blobs and drop them (weight sync), not for keeping them.
+        """
         locs = []
         for c in changes:
             loc = c.snapshot if snapshot else c.blob
             if loc is None:
                 raise InvalidInputError(f"chunk {c.coord} of {c.tensor!r} has no {'snapshot' if snapshot else 'blob'}")
             locs.append(loc)
-        return [bytes(b) for b in self._reader.fetch(locs)]
+        return self._reader.fetch(locs)
 
     def info(self, step_or_ref) -> StepInfo:
         """Parent, anchor distance, creation time, metadata and content checksums of one step."""

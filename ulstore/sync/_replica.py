@@ -137,10 +137,11 @@ class Replica:
                         tensor=c.tensor,
                     )
             snaps = [c for c in feed if c.snapshot is not None]
-            blobs = traj.fetch_blobs(plain) + traj.fetch_blobs(snaps, snapshot=True)
+            blobs = traj._blob_views(plain) + traj._blob_views(snaps, snapshot=True)
             return Fetched(info, specs, plain + snaps, blobs, True)
         changed = [c for c in feed if c.kind != "unchanged"]
-        return Fetched(info, specs, feed, traj.fetch_blobs(changed), False)
+        # views, not copies: every blob is decoded and checked, never kept
+        return Fetched(info, specs, feed, traj._blob_views(changed), False)
 
     # -- phase 1 + 2 --------------------------------------------------------------------
 
