@@ -196,10 +196,13 @@ class CatchUp:
             if i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
+                held = self.version
+                # default mode: re-hash part of the state held while version s downloads (nothing writes
+                # the state meanwhile); a foreign write is still found within check_every versions
+                if not self.trust_state and held is not None and not self._scan_some():
+                    raise ChainBroken(f"the state held diverged from version {held}")
                 fetched: Fetched = futures[i].result()
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
-                if not self.trust_state and not self._scan_some():
-                    raise ChainBroken(f"the state held diverged from version {s}")
             except (IntegrityError, NotFoundError, ChainBroken) as e:
                 for f in futures[i + 1 :]:
                     f.cancel()
