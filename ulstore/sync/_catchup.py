@@ -191,18 +191,21 @@ class CatchUp:
         def fetch(s):
             return self._workers.prefetch.submit(Replica.fetch, traj, s)
 
-        # one version (a poll that keeps up): nothing to overlap, so fetch it on this thread
-        # instead of handing it to the prefetcher and waiting
-        ahead = len(steps) > 1
-        futures = [fetch(s) for s in steps[:2]] if ahead else []
+        # one version (a poll that keeps up) in trusted mode: nothing to overlap, so fetch it on this
+        # thread instead of handing it to the prefetcher and waiting
+        threaded = len(steps) > 1 or not self.trust_state
+        futures = [fetch(s) for s in steps[:2]] if threaded else []
         for i, s in enumerate(steps):
-            if ahead and i + 2 < len(steps):
+            if threaded and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
-                fetched: Fetched = futures[i].result() if ahead else Replica.fetch(traj, s)
+                held = self.version
+                # default mode: re-hash part of the state held while version s downloads (nothing writes
+                # the state meanwhile); a foreign write is still found within check_every versions
+                if not self.trust_state and held is not None and not self._scan_some():
+                    raise ChainBroken(f"the state held diverged from version {held}")
+                fetched: Fetched = futures[i].result() if threaded else Replica.fetch(traj, s)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
-                if not self.trust_state and not self._scan_some():
-                    raise ChainBroken(f"the state held diverged from version {s}")
             except (IntegrityError, NotFoundError, ChainBroken) as e:
                 for f in futures[i + 1 :]:
                     f.cancel()

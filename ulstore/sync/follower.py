@@ -72,11 +72,11 @@ class Follower(CatchUp, WorkerOwner):
         Applying a version costs time in proportion to its changed elements in
         both modes: each delta's reference is checked through the checksum the
         follower keeps for each chunk it wrote, and the changed elements
-        through ULPack's target checksum.  False (default): after each version,
-        also re-hash ``1/check_every`` of the state (rotating) against the
-        store's BLAKE3 content hashes, so a foreign write to the state, or any
-        wrong value, is found within ``check_every`` versions and repaired by a
-        re-bootstrap.  True: no such scan (:meth:`verify` checks everything on
+        through ULPack's target checksum.  False (default): with each version,
+        also re-hash ``1/check_every`` of the state held (rotating, while the
+        version downloads) against the store's BLAKE3 content hashes, so a
+        foreign write to the state, or any wrong value, is found within
+        ``check_every`` versions and repaired by a re-bootstrap.  True: no such scan (:meth:`verify` checks everything on
         demand).
     check_every : int, default 16
         Versions per full rotation of the default mode's scan.
