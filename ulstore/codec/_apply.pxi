@@ -141,24 +141,17 @@ cdef inline uint64_t finish(uint64_t acc, uint64_t nbytes) noexcept nogil:
     return mix(acc + nbytes * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
-cdef int positions(const uint32_t* gaps, Py_ssize_t m, int64_t n, int64_t* pos) noexcept nogil:
-    """Positions from gaps: p_k = p_(k-1) + gap_k + 1, each inside the array (-6 otherwise)."""
-    cdef Py_ssize_t k
-    cdef int64_t p = -1
+cdef int gather_old(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t n, int64_t* pos, word_t* rs,
+                    uint64_t* old64) noexcept nogil:
+    """Positions from gaps; the reference word at each, and the aligned 8-byte word holding it."""
+    cdef Py_ssize_t k, per = 8 // sizeof(word_t)
+    cdef int64_t p = -1, base
+    cdef uint64_t w
     for k in range(m):
         p += <int64_t>gaps[k] + 1
         if p >= n:
             return -6
         pos[k] = p
-    return 0
-
-
-cdef void gather_old(const int64_t* pos, Py_ssize_t m, const word_t* r, int64_t n, word_t* rs,
-                     uint64_t* old64) noexcept nogil:
-    """The reference word at each position, and the aligned 8-byte word holding it."""
-    cdef Py_ssize_t k, per = 8 // sizeof(word_t)
-    cdef int64_t base
-    cdef uint64_t w
     for k in range(min(m, AHEAD)):
         __builtin_prefetch(&r[pos[k]])
     for k in range(m):
@@ -172,6 +165,7 @@ cdef void gather_old(const int64_t* pos, Py_ssize_t m, const word_t* r, int64_t 
             memcpy(&w, &r[base], (n - base) * sizeof(word_t))
         old64[k] = w
         rs[k] = <word_t>(w >> ((pos[k] - base) * 8 * sizeof(word_t)))
+    return 0
 
 
 cdef uint64_t sum_delta(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
@@ -205,16 +199,17 @@ cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const 
         dst[pos[k]] = values[k]
 
 
-cdef int find_positions(const Parsed* p, const word_t* dst, int64_t n, uint64_t ref_sum, int g_alphabet,
-                        int64_t* pos, uint8_t* tokens, uint32_t* gaps) noexcept nogil:
-    """Stage 1 of a blob: check its reference, decode its changed positions; 0 or a status."""
-    cdef int64_t m = p.m
+cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, uint64_t meta_hash, int mant_bits,
+                   int pool_below, int g_alphabet, int t_alphabet, int64_t* pos, word_t* newv, word_t* old,
+                   uint8_t* tokens, uint32_t* gaps, uint64_t* old64, uint32_t* slots, uint64_t* target) noexcept nogil:
+    """Decode and check one parsed blob against ``dst`` (nothing is written); 0 or a status."""
+    cdef int64_t m = p.m, k
+    cdef uint64_t nbytes = <uint64_t>n * sizeof(word_t), acc
     cdef int64_t q[256]
     cdef uint32_t freqs[256]
-    cdef uint32_t slots[SCALE]
     cdef int32_t row0 = 0
     cdef int status
-    if fold32(finish(ref_sum, <uint64_t>n * sizeof(word_t))) != p.ref_hash:
+    if fold32(finish(ref_sum, nbytes)) != p.ref_hash:
         return APPLY_REFERENCE
     memset(q, 0, sizeof(q))
     status = read_table_core(p.g.table, p.g.table_len, &m, 1, g_alphabet, SCALE_BITS, q)
@@ -226,23 +221,10 @@ cdef int find_positions(const Parsed* p, const word_t* dst, int64_t n, uint64_t 
     if not status:
         status = unpack_core(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, gaps)
     if not status:
-        status = positions(gaps, m, n, pos)
-    return status
-
-
-cdef int new_values(const Parsed* p, const word_t* dst, int64_t n, uint64_t ref_sum, uint64_t meta_hash,
-                    int mant_bits, int pool_below, int t_alphabet, const int64_t* pos, word_t* newv, word_t* old,
-                    uint8_t* tokens, uint64_t* old64, uint64_t* target, const Prefetch* pf) noexcept nogil:
-    """Stage 2 of a blob: gather, decode and check its new words (nothing is written); 0 or a status.
-
-    ``pf``: the next blob's reads, asked for while this blob's residuals decode.
-    """
-    cdef int64_t m = p.m, k
-    cdef uint64_t acc
-    cdef int status
-    gather_old(pos, m, dst, n, old, old64)
-    status = sparse_tokens(old, m, mant_bits, p.emask, pool_below, p.t.table, p.t.table_len, t_alphabet,
-                           p.t.states, p.t.words, p.t.n_words, tokens, pf)
+        status = gather_old(gaps, m, dst, n, pos, old, old64)
+    if not status:
+        status = sparse_tokens(old, m, mant_bits, p.emask, pool_below, p.t.table, p.t.table_len, t_alphabet,
+                               p.t.states, p.t.words, p.t.n_words, tokens)
     if not status:
         status = unpack_core(tokens, m, p.t.tail, p.t.tail_len, p.t.tail_bits, newv)
     if not status:
@@ -251,7 +233,7 @@ cdef int new_values(const Parsed* p, const word_t* dst, int64_t n, uint64_t ref_
                 return -7
         reconstruct_block(old, newv, 0, m)
         acc = ref_sum + sum_delta(old64, pos, m, newv)
-        if fold32(finish(acc, <uint64_t>n * sizeof(word_t)) ^ meta_hash) != p.target_hash:
+        if fold32(finish(acc, nbytes) ^ meta_hash) != p.target_hash:
             return APPLY_TARGET
         target[0] = acc
     return status
@@ -261,50 +243,34 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
                    const uint64_t* meta_hashes, int mant_bits, int pool_below, int g_alphabet, int t_alphabet,
                    bint write, const int64_t* starts, int64_t* pos, word_t* newv, word_t* old, uint64_t* sums,
                    int* failed) noexcept nogil:
-    """The blobs in order, as a two-stage pipeline: blob i+1's positions are decoded before blob i's
-    values, so that blob i's residual decode asks for the lines blob i+1 will gather (their
-    memory latency then overlaps arithmetic instead of stalling the gather)."""
-    cdef int i, j, status = 0, next_status = 0
-    cdef int64_t most = 1
+    cdef int i, j, status = 0
+    cdef int64_t most = 1, n, s
     cdef uint8_t* tokens
     cdef uint32_t* gaps
     cdef uint64_t* old64
-    cdef Prefetch pf
+    cdef uint32_t* slots
     for i in range(upto):
         most = max(most, parsed[i].m)
     tokens = <uint8_t*>malloc(most)
     gaps = <uint32_t*>malloc(most * sizeof(uint32_t))
     old64 = <uint64_t*>malloc(most * sizeof(uint64_t))
+    slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
     failed[0] = -1
-    pf.shift = (sizeof(word_t) > 1) + (sizeof(word_t) > 2) + (sizeof(word_t) > 4)  # log2 of the word size
-    if tokens == NULL or gaps == NULL or old64 == NULL:
+    if tokens == NULL or gaps == NULL or old64 == NULL or slots == NULL:
         status = -8
         failed[0] = 0
     else:
-        if upto:
-            next_status = find_positions(&parsed[0], <word_t*>dsts[0].buf, dsts[0].len // <Py_ssize_t>sizeof(word_t),
-                                         ref_sums[0], g_alphabet, pos, tokens, gaps)
         for i in range(upto):
-            status = next_status
-            if status:
-                failed[0] = i
-                break
-            pf.n = 0
-            if i + 1 < upto:  # a failure there is reported once blob i is done
-                j = i + 1
-                next_status = find_positions(&parsed[j], <word_t*>dsts[j].buf,
-                                             dsts[j].len // <Py_ssize_t>sizeof(word_t), ref_sums[j], g_alphabet,
-                                             pos + starts[j], tokens, gaps)
-                if not next_status:
-                    pf.base, pf.pos, pf.n = <const uint8_t*>dsts[j].buf, pos + starts[j], parsed[j].m
-            status = new_values(&parsed[i], <word_t*>dsts[i].buf, dsts[i].len // <Py_ssize_t>sizeof(word_t),
-                                ref_sums[i], meta_hashes[i], mant_bits, pool_below, t_alphabet, pos + starts[i],
-                                newv + starts[i], old + starts[i], tokens, old64, &sums[i], &pf)
+            s = starts[i]
+            n = dsts[i].len // <Py_ssize_t>sizeof(word_t)
+            status = apply_one(&parsed[i], <word_t*>dsts[i].buf, n, ref_sums[i], meta_hashes[i], mant_bits,
+                               pool_below, g_alphabet, t_alphabet, pos + s, newv + s, old + s, tokens, gaps, old64,
+                               slots, &sums[i])
             if status:
                 failed[0] = i
                 break
             if write:
-                put_words(<word_t*>dsts[i].buf, pos + starts[i], parsed[i].m, newv + starts[i])
+                put_words(<word_t*>dsts[i].buf, pos + s, parsed[i].m, newv + s)
         if not status and parse_status:
             status = parse_status
             failed[0] = upto
@@ -314,6 +280,7 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
     free(tokens)
     free(gaps)
     free(old64)
+    free(slots)
     return status
 
 

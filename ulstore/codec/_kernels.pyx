@@ -477,33 +477,11 @@ cdef inline uint64_t dec_renorm(uint64_t s, const uint8_t* words, int64_t* pos, 
     return (s & ~mask) | (((s << 16) | w16) & mask)
 
 
-cdef struct Prefetch:
-    # scattered reads another loop will make soon: byte address base + (pos[k] << shift), k < n
-    const uint8_t* base
-    const int64_t* pos
-    int64_t n
-    int shift
-
-
-cdef inline void prefetch_four(const Prefetch* pf, Py_ssize_t i, Py_ssize_t n4) noexcept nogil:
-    """Ask for the lines of reads i..i+3 of ``pf`` (i < n4, a multiple of 4 not above pf.n)."""
-    if i < n4:
-        __builtin_prefetch(pf.base + (pf.pos[i] << pf.shift))
-        __builtin_prefetch(pf.base + (pf.pos[i + 1] << pf.shift))
-        __builtin_prefetch(pf.base + (pf.pos[i + 2] << pf.shift))
-        __builtin_prefetch(pf.base + (pf.pos[i + 3] << pf.shift))
-
-
 cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_t emask, const int32_t* rows,
                           const uint32_t* sl, const uint8_t* pw, int64_t n_words, const uint32_t* states,
-                          uint8_t* pt, const Prefetch* pf=NULL) noexcept nogil:
-    """The body of :func:`rans_decode` on raw pointers (``n_words`` 16-bit words at ``pw``).
-
-    ``pf``: scattered reads to ask for while decoding, one per token, so that their memory
-    latency overlaps this arithmetic (the weight-sync apply's next blob).
-    """
+                          uint8_t* pt) noexcept nogil:
+    """The body of :func:`rans_decode` on raw pointers (``n_words`` 16-bit words at ``pw``)."""
     cdef Py_ssize_t i = 0
-    cdef Py_ssize_t n4 = (min(pf.n, n) & ~3) if pf != NULL else 0
     cdef int64_t pos = 0
     cdef uint64_t x[LANES]
     cdef uint64_t x0, x1, x2, x3
@@ -516,7 +494,6 @@ cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_
     # one loop per renormalisation regime (see dec_renorm)
     if n_words * 16 < n:
         while i + 4 <= n and pos + 4 <= n_words:
-            prefetch_four(pf, i, n4)
             x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, True)
             x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, True)
             x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, True)
@@ -524,7 +501,6 @@ cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_
             i += 4
     else:
         while i + 4 <= n and pos + 4 <= n_words:
-            prefetch_four(pf, i, n4)
             x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, False)
             x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, False)
             x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, False)
@@ -1093,7 +1069,7 @@ def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
 
 cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
                        const uint8_t* table, int64_t table_len, Py_ssize_t alphabet, const uint32_t* states,
-                       const uint8_t* words, int64_t n_words, uint8_t* tokens, const Prefetch* pf=NULL) noexcept nogil:
+                       const uint8_t* words, int64_t n_words, uint8_t* tokens) noexcept nogil:
     """Decode the residual section's tokens: table rows from the m contexts' counts (pooled below ``pool_below``)."""
     cdef Py_ssize_t n_ctx = emask + 1, c, k, n_big = 0, n_rows
     cdef int status = -8  # out of memory
@@ -1128,8 +1104,7 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
             else:
                 normalize_core(q, n_rows, alphabet, SCALE_BITS, freqs)
                 slot_core(freqs, n_rows, alphabet, slots)
-                status = rans_decode_core(rs, m, mant_bits, emask, ctx_rows, slots, words, n_words, states, tokens,
-                                          pf)
+                status = rans_decode_core(rs, m, mant_bits, emask, ctx_rows, slots, words, n_words, states, tokens)
     free(n_c)
     free(ctx_rows)
     free(row_n)
