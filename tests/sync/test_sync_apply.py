@@ -163,3 +163,16 @@ def test_fetched_blobs_are_read_only_views_of_the_same_bytes(store):
     assert all(isinstance(b, bytes) for b in copies)  # the public call still copies
     assert [bytes(b) for b in f.blobs] == copies and f.nbytes == sum(len(b) for b in copies)
     assert all(isinstance(b, memoryview) and b.readonly for b in f.blobs)
+
+
+def test_the_kept_word_sums_find_what_the_content_hashes_find(store, states):
+    """verify(sums=True) (the default mode's rotating scan) flags exactly the chunks BLAKE3 flags."""
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 2, pool)
+        keys = list(rep.chunk_bytes())
+        summed = [k for k in keys if k in rep._sums]
+        assert summed and rep.verify(sums=True) == [] == rep.verify()
+        for name in {k[0] for k in keys}:  # one element flipped in each tensor, including any without a kept sum
+            rep.flat(name).view(f"<u{rep.flat(name).dtype.itemsize}")[-1] ^= 1
+        flagged = rep.verify(sums=True)
+        assert flagged == rep.verify() and len(flagged) == len({k[0] for k in keys})

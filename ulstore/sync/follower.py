@@ -73,8 +73,9 @@ class Follower(CatchUp, WorkerOwner):
         both modes: each delta's reference is checked through the checksum the
         follower keeps for each chunk it wrote, and the changed elements
         through ULPack's target checksum.  False (default): with each version,
-        also re-hash ``1/check_every`` of the state held (rotating, while the
-        version downloads) against the store's BLAKE3 content hashes, so a
+        also re-sum ``1/check_every`` of the state held (rotating, while the
+        version downloads) against the word sums the follower keeps for its
+        chunks (computed from values verified against the store), so a
         foreign write to the state, or any wrong value, is found within
         ``check_every`` versions and repaired by a re-bootstrap.  True: no such scan (:meth:`verify` checks everything on
         demand).
@@ -218,8 +219,8 @@ class Follower(CatchUp, WorkerOwner):
             return True
         return self._check(None)
 
-    def _check(self, keys) -> bool:
-        bad = self._replica.verify(keys)
+    def _check(self, keys, *, sums: bool = False) -> bool:
+        bad = self._replica.verify(keys, sums=sums)
         if not bad:
             return True
         self.stats.corrupt += 1
@@ -233,7 +234,7 @@ class Follower(CatchUp, WorkerOwner):
         return False
 
     def _scan_some(self) -> bool:
-        """Default mode: re-hash the next ``1/check_every`` of the state held (by bytes, rotating over chunks)."""
+        """Default mode: re-sum the next ``1/check_every`` of the state held (by bytes, rotating over chunks)."""
         sizes = self._replica.chunk_bytes()
         if not sizes:
             return True
@@ -247,7 +248,7 @@ class Follower(CatchUp, WorkerOwner):
             if total >= budget:
                 break
         self._scan = (self._scan + len(picked)) % len(keys)
-        return self._check(picked)
+        return self._check(picked, sums=True)
 
     # -- bootstrap --------------------------------------------------------------------
 
