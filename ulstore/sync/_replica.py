@@ -364,7 +364,9 @@ class Replica:
             if end is not None:
                 region = mirror[first:end]
             else:
-                region = np.ascontiguousarray(mirror.reshape(spec.shape)[tuple(slice(a, b) for a, b in zip(start, stop))])
+                region = np.ascontiguousarray(
+                    mirror.reshape(spec.shape)[tuple(slice(a, b) for a, b in zip(start, stop))]
+                )
             kept = self._sums.get(key) if sums else None
             if kept is not None:
                 return content_sum(region.view(spec.dtype)) != kept
