@@ -49,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import zstandard
@@ -130,9 +131,11 @@ def trl_torch_apply(state: dict, raw: bytes) -> float:
     for k in tensors:
         if k.endswith(".indices"):
             name = k[: -len(".indices")]
-            idx = torch.from_numpy(tensors[k]).long()
             values = bits(tensors[name + ".values"])
-            state[name].index_copy_(0, idx, torch.from_numpy(values.view(f"<i{values.dtype.itemsize}")))
+            with warnings.catch_warnings():  # the parsed arrays are read-only; index_copy_ only reads them
+                warnings.simplefilter("ignore", UserWarning)
+                idx = torch.from_numpy(tensors[k]).long()
+                state[name].index_copy_(0, idx, torch.from_numpy(values.view(f"<i{values.dtype.itemsize}")))
     return time.perf_counter() - t0
 
 
