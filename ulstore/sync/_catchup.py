@@ -200,7 +200,7 @@ class CatchUp:
                 futures.append(fetch(steps[i + 2]))
             try:
                 held = self.version
-                # default mode: re-hash part of the state held while version s downloads (nothing writes
+                # default mode: re-sum part of the state held while version s downloads (nothing writes
                 # the state meanwhile); a foreign write is still found within check_every versions
                 if not self.trust_state and held is not None and not self._scan_some():
                     raise ChainBroken(f"the state held diverged from version {held}")
