@@ -728,3 +728,19 @@ def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
     assert f.version is None and f._replica._sums == {}
     assert f.poll() == 3
     assert_same_bits(f.state, states[3])
+
+
+def test_a_tensor_rechunked_between_versions_is_followed_without_a_false_alarm(states, url):
+    """The same tensors with other chunks: no chunk held under the old chunking vouches for a new one."""
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+        pub.publish(1, states[1])
+    f = Follower(url, check_every=1)  # default mode: the whole state re-summed each version
+    f.bootstrap()
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK * 3) as pub:
+        for v in (2, 3):
+            pub.publish(v, states[v])
+            assert f.poll() == v
+    assert_same_bits(f.state, states[3])
+    assert [e.kind for e in f.events if e.kind not in ("apply", "bootstrap")] == []
+    assert f.verify() and f.stats.rebootstraps == 0

@@ -198,9 +198,18 @@ class Replica:
         self._write(f, decoded, fresh=False)
         return f.nbytes
 
+    def _kept_sum(self, c) -> int | None:
+        """The word sum kept for the held values of chunk ``c``'s box (None: none kept, or the key held another
+        box: the tensor was chunked differently in the held step)."""
+        key = (c.tensor, c.piece, c.coord)
+        held = self._contents.get(key)
+        if held is None or held[1] != c.start or held[2] != c.stop:
+            return None
+        return self._sums.get(key)
+
     def _in_place(self, c, blob) -> bool:
         """Whether delta chunk ``c`` is applied by :func:`apply_sparse` (contiguous, SPARSE, its sum known)."""
-        if c.kind != "delta" or (c.tensor, c.piece, c.coord) not in self._sums or not is_sparse_blob(blob):
+        if c.kind != "delta" or self._kept_sum(c) is None or not is_sparse_blob(blob):
             return False
         spec = self.specs[c.tensor]
         return _geometry(spec.shape, c.start, c.stop)[1] is not None
@@ -218,7 +227,7 @@ class Replica:
                 first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
                 arrays.append(self._bindings[c.tensor].mirror[first:stop])
                 shapes.append(box)
-            sums = [self._sums[(c.tensor, c.piece, c.coord)] for c, _ in group]
+            sums = [self._kept_sum(c) for c, _ in group]
             try:
                 out = apply_sparse(
                     dtype,
@@ -262,7 +271,7 @@ class Replica:
         else:
             ref = np.ascontiguousarray(mirror.reshape(spec.shape)[tuple(slice(a, b) for a, b in zip(c.start, c.stop))])
         try:
-            changes = decode_changes(blob, ref, reference_sum=self._sums.get((c.tensor, c.piece, c.coord)))
+            changes = decode_changes(blob, ref, reference_sum=self._kept_sum(c))
         except IntegrityError as e:
             raise type(e)(
                 f"{e.message} (chunk {c.coord})",
@@ -329,7 +338,11 @@ class Replica:
                         b.write_box(spec.shape, tuple(slice(a, z) for a, z in zip(c.start, c.stop)), item)
                     if codec_for(spec.dtype) == "ulpack":
                         self._sums[key] = content_sum(item)
-            self._contents.update({(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes})
+                    else:
+                        self._sums.pop(key, None)
+            # exactly the step's chunks: a tensor chunked differently leaves none of its old chunks behind
+            self._contents = {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes}
+            self._sums = {k: v for k, v in self._sums.items() if k in self._contents}
         except BaseException:
             self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
             raise
