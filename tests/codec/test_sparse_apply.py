@@ -199,3 +199,18 @@ def test_is_sparse_blob():
     assert is_sparse_blob(ulstore.encode(t, r, sparse=True))
     assert not is_sparse_blob(ulstore.encode(t, r))
     assert not is_sparse_blob(b"ULPK")
+
+
+def test_runs_end_at_the_nearest_blob_boundary():
+    """apply_sparse's split: one large blob goes to whichever side leaves the runs closest to equal."""
+    from ulstore.codec._inplace import _nearest
+
+    def split(sizes):
+        ends = np.cumsum(sizes)
+        return _nearest(ends, ends[-1] / 2)
+
+    assert split([3, 3, 3, 3]) == 2
+    assert split([1, 10, 1]) == 1  # [1] | [10, 1]: 1 vs 11 ties with 11 vs 1
+    assert split([4, 4, 10, 1, 1]) == 2  # 8 | 12, not 18 | 2
+    assert split([1, 1, 10, 4, 4]) == 3  # 12 | 8, not 2 | 18
+    assert split([5]) == 1

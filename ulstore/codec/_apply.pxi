@@ -1,10 +1,11 @@
 # SPARSE blobs applied in place, many per call: the weight-sync follower's hot path.  Included
 # from _kernels.pyx (it uses that file's section, table and checksum cores); twin: _reference_apply.py.
 # Per blob, in one GIL release for all of them: parse the header and both sections' fields, check
-# the reference through its word sum, decode the gaps, gather the reference words (saving each
-# one's aligned 8-byte word, so the checksum update never reads the array again), decode the
-# residuals, check the target checksum, and only then write the new words.  A blob that fails
-# stops the call and the writes of the blobs before it are undone from the saved old words.
+# the reference through its word sum, decode the gap stream straight into positions, gather the
+# reference words (saving each one's aligned 8-byte word, so the checksum update never reads the
+# array again), decode the residuals, then write the new words in the same pass that sums the
+# target checksum, putting the old words back if it fails.  A blob that fails stops the call and
+# the writes of the blobs before it are undone from the saved old words.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memcmp
@@ -141,17 +142,12 @@ cdef inline uint64_t finish(uint64_t acc, uint64_t nbytes) noexcept nogil:
     return mix(acc + nbytes * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
-cdef int gather_old(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t n, int64_t* pos, word_t* rs,
-                    uint64_t* old64) noexcept nogil:
-    """Positions from gaps; the reference word at each, and the aligned 8-byte word holding it."""
+cdef void gather_old(const int64_t* pos, Py_ssize_t m, const word_t* r, int64_t n, word_t* rs,
+                     uint64_t* old64) noexcept nogil:
+    """The reference word at each position, and the aligned 8-byte word holding it."""
     cdef Py_ssize_t k, per = 8 // sizeof(word_t)
-    cdef int64_t p = -1, base
+    cdef int64_t base
     cdef uint64_t w
-    for k in range(m):
-        p += <int64_t>gaps[k] + 1
-        if p >= n:
-            return -6
-        pos[k] = p
     for k in range(min(m, AHEAD)):
         __builtin_prefetch(&r[pos[k]])
     for k in range(m):
@@ -165,27 +161,35 @@ cdef int gather_old(const uint32_t* gaps, Py_ssize_t m, const word_t* r, int64_t
             memcpy(&w, &r[base], (n - base) * sizeof(word_t))
         old64[k] = w
         rs[k] = <word_t>(w >> ((pos[k] - base) * 8 * sizeof(word_t)))
-    return 0
 
 
-cdef uint64_t sum_delta(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
-    """As sum_update_core, from the saved 8-byte words (no read of the array)."""
-    cdef Py_ssize_t i = 0, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t)
+cdef uint64_t sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values,
+                      word_t* dst) noexcept nogil:
+    """As sum_update_core, from the saved 8-byte words (no read of the array); with ``dst``, also writes the values.
+
+    One pass without a branch on how the changes fall into 8-byte words: each
+    change updates the word being built (started from its saved old word when
+    the change opens a word) and the sum takes the word's difference only at
+    the word's last change.
+    """
+    cdef Py_ssize_t k, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t)
     cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
-    cdef int64_t w, base
+    cdef uint64_t cur = 0, old, salt, acc = 0, last
+    cdef int64_t w, prev = -1, after
     cdef int shift
-    cdef uint64_t old, new, salt, acc = 0
-    while i < m:
-        w = pos[i] // per
-        base = w * per
-        old = old64[i]
-        new = old
-        while i < m and pos[i] < base + per:
-            shift = <int>((pos[i] - base) * bits)
-            new = (new & ~(lane << shift)) | (<uint64_t>values[i] << shift)
-            i += 1
+    for k in range(m):
+        w = <int64_t>(<uint64_t>pos[k] // <uint64_t>per)  # a shift: per is a power of two known at compile time
+        old = old64[k]
+        cur = cur if w == prev else old
+        shift = <int>((pos[k] - w * per) * bits)
+        cur = (cur & ~(lane << shift)) | (<uint64_t>values[k] << shift)
+        if dst != NULL:
+            dst[pos[k]] = values[k]
+        after = pos[k + 1] if k + 1 < m else pos[k] + per  # the next change's position (past this word at the end)
+        last = <uint64_t>((after - w * per) >= per)
         salt = (<uint64_t>w + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
-        acc += mix(new + salt) - mix(old + salt)
+        acc += (mix(cur + salt) - mix(old + salt)) & (0 - last)
+        prev = w
     return acc
 
 
@@ -200,9 +204,14 @@ cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const 
 
 
 cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, uint64_t meta_hash, int mant_bits,
-                   int pool_below, int g_alphabet, int t_alphabet, int64_t* pos, word_t* newv, word_t* old,
-                   uint8_t* tokens, uint32_t* gaps, uint64_t* old64, uint32_t* slots, uint64_t* target) noexcept nogil:
-    """Decode and check one parsed blob against ``dst`` (nothing is written); 0 or a status."""
+                   int pool_below, int g_alphabet, int t_alphabet, bint write, int64_t* pos, word_t* newv,
+                   word_t* old, uint8_t* tokens, uint64_t* old64, uint32_t* slots, uint64_t* target) noexcept nogil:
+    """Decode and check one parsed blob against ``dst``; 0 or a status.
+
+    ``write``: the new words are written as the checksum is summed (one pass over
+    the changes) and put back from ``old`` if it fails: on any status ``dst``
+    is as it was.
+    """
     cdef int64_t m = p.m, k
     cdef uint64_t nbytes = <uint64_t>n * sizeof(word_t), acc
     cdef int64_t q[256]
@@ -219,9 +228,9 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
     slot_core(freqs, 1, g_alphabet, slots)
     status = rans_decode_core(dst, m, 0, 0, &row0, slots, p.g.words, p.g.n_words, p.g.states, tokens)
     if not status:
-        status = unpack_core(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, gaps)
+        status = gap_positions(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, n, pos)
     if not status:
-        status = gather_old(gaps, m, dst, n, pos, old, old64)
+        gather_old(pos, m, dst, n, old, old64)
     if not status:
         status = sparse_tokens(old, m, mant_bits, p.emask, pool_below, p.t.table, p.t.table_len, t_alphabet,
                                p.t.states, p.t.words, p.t.n_words, tokens)
@@ -232,8 +241,10 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
             if newv[k] == 0:
                 return -7
         reconstruct_block(old, newv, 0, m)
-        acc = ref_sum + sum_delta(old64, pos, m, newv)
+        acc = ref_sum + sum_put(old64, pos, m, newv, dst if write else NULL)
         if fold32(finish(acc, nbytes) ^ meta_hash) != p.target_hash:
+            if write:
+                put_words(dst, pos, m, old)
             return APPLY_TARGET
         target[0] = acc
     return status
@@ -246,17 +257,15 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
     cdef int i, j, status = 0
     cdef int64_t most = 1, n, s
     cdef uint8_t* tokens
-    cdef uint32_t* gaps
     cdef uint64_t* old64
     cdef uint32_t* slots
     for i in range(upto):
         most = max(most, parsed[i].m)
     tokens = <uint8_t*>malloc(most)
-    gaps = <uint32_t*>malloc(most * sizeof(uint32_t))
     old64 = <uint64_t*>malloc(most * sizeof(uint64_t))
     slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
     failed[0] = -1
-    if tokens == NULL or gaps == NULL or old64 == NULL or slots == NULL:
+    if tokens == NULL or old64 == NULL or slots == NULL:
         status = -8
         failed[0] = 0
     else:
@@ -264,13 +273,11 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
             s = starts[i]
             n = dsts[i].len // <Py_ssize_t>sizeof(word_t)
             status = apply_one(&parsed[i], <word_t*>dsts[i].buf, n, ref_sums[i], meta_hashes[i], mant_bits,
-                               pool_below, g_alphabet, t_alphabet, pos + s, newv + s, old + s, tokens, gaps, old64,
-                               slots, &sums[i])
+                               pool_below, g_alphabet, t_alphabet, write, pos + s, newv + s, old + s, tokens,
+                               old64, slots, &sums[i])
             if status:
                 failed[0] = i
                 break
-            if write:
-                put_words(<word_t*>dsts[i].buf, pos + s, parsed[i].m, newv + s)
         if not status and parse_status:
             status = parse_status
             failed[0] = upto
@@ -278,7 +285,6 @@ cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, 
             for j in range(failed[0] - 1, -1, -1):
                 put_words(<word_t*>dsts[j].buf, pos + starts[j], parsed[j].m, old + starts[j])
     free(tokens)
-    free(gaps)
     free(old64)
     free(slots)
     return status

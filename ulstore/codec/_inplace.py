@@ -62,6 +62,14 @@ def _crc_ok(blob) -> bool:
     return F._crc32(mv[:-4]) == int.from_bytes(mv[-4:], "little")  # the kernels' CRC-32: GIL released, PCLMULQDQ
 
 
+def _nearest(ends: np.ndarray, share: float) -> int:
+    """How many blobs (``ends``: cumulative sizes) come closest to ``share`` bytes."""
+    k = int(np.searchsorted(ends, share))  # ends[k - 1] < share <= ends[k]
+    if k > 0 and (k == len(ends) or share - ends[k - 1] <= ends[k] - share):
+        return k
+    return k + 1
+
+
 def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, pool=None, parts: int = 1,
                  buffers: dict | None = None, backend: str | None = None) -> list[Applied] | None:
     """Apply SPARSE ``blobs[i]`` to ``arrays[i]`` in place; all or nothing.
@@ -87,9 +95,10 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     ref_sums = np.array(sums, dtype=np.uint64)
     n = len(blobs)
     parts = max(1, min(parts, n))
-    # contiguous runs of about equal bytes (a blob's decode time follows its size)
-    sizes = np.cumsum([len(b) for b in blobs])
-    bounds = [0, *(int(np.searchsorted(sizes, sizes[-1] * j / parts)) for j in range(1, parts)), n]
+    # contiguous runs of about equal bytes (a blob's decode time follows its size): each run ends at the
+    # blob boundary nearest its share, on either side (one large blob on the wrong side is a thread idle)
+    ends = np.cumsum([len(b) for b in blobs])
+    bounds = [0, *(_nearest(ends, ends[-1] * j / parts) for j in range(1, parts)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
     def run(j):

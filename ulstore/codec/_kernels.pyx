@@ -977,6 +977,12 @@ cdef int gap_gather_core(const uint32_t* gaps, Py_ssize_t m, const word_t* r, in
         if p >= n:  # checked every step: a forged gap stream must not overflow p
             return -6
         pos[k] = p
+    gather_core(pos, m, r, rs)
+    return 0
+
+
+cdef void gather_core(const int64_t* pos, Py_ssize_t m, const word_t* r, word_t* rs) noexcept nogil:
+    cdef Py_ssize_t k
     # the reads are scattered over the reference: ask for them well before they are needed
     for k in range(min(m, PREFETCH)):
         __builtin_prefetch(&r[pos[k]])
@@ -984,7 +990,6 @@ cdef int gap_gather_core(const uint32_t* gaps, Py_ssize_t m, const word_t* r, in
         if k + PREFETCH < m:
             __builtin_prefetch(&r[pos[k + PREFETCH]])
         rs[k] = r[pos[k]]
-    return 0
 
 
 def gap_gather(const uint32_t[::1] gaps, const word_t[::1] r, int64_t[::1] pos_out, word_t[::1] r_out):
@@ -1067,6 +1072,47 @@ def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
     return status
 
 
+cdef int gap_positions(const uint8_t* tokens, Py_ssize_t m, const uint8_t* tail, int64_t tlen, int64_t tail_bits,
+                       int64_t n, int64_t* pos) noexcept nogil:
+    """The changed positions of a SPARSE payload from its gap tokens and tail bits, in one pass.
+
+    As ``unpack_core`` into 32-bit gaps, then ``p += gap + 1``, but two tails per
+    bit window (gaps' tails are at most 29 bits).  Returns 0, -2 (tail bits not
+    all used) or else -6 (a position at or past ``n``): the statuses, and their
+    order, of those two steps.
+    """
+    cdef uint8_t nbits[256]
+    cdef uint32_t base[256]
+    cdef uint32_t mask[256]
+    cdef Py_ssize_t k = 0
+    cdef int64_t bitpos = 0, p = -1
+    cdef uint64_t w
+    cdef int t, nb0, nb1
+    for t in range(256):
+        nbits[t] = tail_len(t) if t < 4 * 32 - 4 else 0  # the decoder's tokens are below the alphabet, 124
+        base[t] = (<uint32_t>(t - 4 * nbits[t])) << nbits[t]
+        mask[t] = ((<uint32_t>1) << nbits[t]) - 1
+    while k + 2 <= m:
+        nb0, nb1 = nbits[tokens[k]], nbits[tokens[k + 1]]
+        w = window(tail, tlen, bitpos)
+        p += <int64_t>(base[tokens[k]] | (<uint32_t>w & mask[tokens[k]])) + 1
+        pos[k] = p
+        w = window(tail, tlen, bitpos + nb0) if nb0 + nb1 > 57 else w >> nb0
+        p += <int64_t>(base[tokens[k + 1]] | (<uint32_t>w & mask[tokens[k + 1]])) + 1
+        pos[k + 1] = p
+        p = p if p < n else n  # past the end (-6 below): held there, so that a forged stream cannot wrap it
+        bitpos += nb0 + nb1
+        k += 2
+    if k < m:
+        w = window(tail, tlen, bitpos)
+        p += <int64_t>(base[tokens[k]] | (<uint32_t>w & mask[tokens[k]])) + 1
+        pos[k] = p
+        bitpos += nbits[tokens[k]]
+    if bitpos != tail_bits:
+        return -2
+    return -6 if p >= n else 0
+
+
 cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
                        const uint8_t* table, int64_t table_len, Py_ssize_t alphabet, const uint32_t* states,
                        const uint8_t* words, int64_t n_words, uint8_t* tokens) noexcept nogil:
@@ -1140,7 +1186,6 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     cdef const uint8_t* gtl = &g_tail[0] if g_tail.shape[0] else NULL
     cdef const uint8_t* ttl = &t_tail[0] if t_tail.shape[0] else NULL
     cdef uint8_t* tokens
-    cdef uint32_t* gaps
     cdef word_t* rs
     cdef int64_t* q
     cdef uint32_t freqs[256]
@@ -1150,11 +1195,10 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
         return -9
     with nogil:
         tokens = <uint8_t*>malloc(m)
-        gaps = <uint32_t*>malloc(m * sizeof(uint32_t))
         rs = <word_t*>malloc(m * sizeof(word_t))
         q = <int64_t*>calloc(g_alphabet, sizeof(int64_t))
         slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
-        if tokens != NULL and gaps != NULL and rs != NULL and q != NULL and slots != NULL:
+        if tokens != NULL and rs != NULL and q != NULL and slots != NULL:
             # gaps: one context (the residual words double as a dummy context source: emask 0)
             status = read_table_core(gt, g_table.shape[0], &one, 1, g_alphabet, SCALE_BITS, q)
             if status:
@@ -1165,9 +1209,9 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
                 status = rans_decode_core(&r[0], m, 0, 0, &row0, slots, gw, g_words.shape[0] // 2,
                                           &g_states[0], tokens)
             if not status:
-                status = unpack_core(tokens, m, gtl, g_tail.shape[0], g_tail_bits, gaps)
+                status = gap_positions(tokens, m, gtl, g_tail.shape[0], g_tail_bits, n, &pos_out[0])
             if not status:
-                status = gap_gather_core(gaps, m, &r[0], n, &pos_out[0], rs)
+                gather_core(&pos_out[0], m, &r[0], rs)
             if not status:
                 status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
                                        &t_states[0], tw, t_words.shape[0] // 2, tokens)
@@ -1182,7 +1226,6 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
                 reconstruct_block(rs, &values_out[0], 0, m)
                 sum_out[0] = sum_update_core(&r[0], n, &pos_out[0], m, &values_out[0])
         free(tokens)
-        free(gaps)
         free(rs)
         free(q)
         free(slots)
