@@ -91,6 +91,8 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     sizes = np.cumsum([len(b) for b in blobs])
     bounds = [0, *(int(np.searchsorted(sizes, sizes[-1] * j / parts)) for j in range(1, parts)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    if not runs:
+        return []
 
     def run(j):
         try:
@@ -111,8 +113,14 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
             buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
         return out if out[0] == 0 else None
 
-    idx = range(len(runs))
-    results = list(pool.map(run, idx)) if pool is not None and len(runs) > 1 else [run(j) for j in idx]
+    # the first run on this thread, which would otherwise only wait: a version is one compiled call here
+    # and one in the pool, so the pool's wake-up is paid once, not twice
+    futures = [pool.submit(run, j) for j in range(1, len(runs))] if pool is not None else []
+    try:
+        first = run(0)
+    finally:
+        rest = [f.result() for f in futures]
+    results = [first, *rest] if futures else [first, *(run(j) for j in range(1, len(runs)))]
     if any(r is None or isinstance(r, Exception) for r in results):
         for (a, _), r in zip(runs, results):  # undo the runs that were written
             if isinstance(r, tuple):
@@ -126,7 +134,16 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     applied = []
     for r in results:
         _, _, pos, new, old, starts, target = r
-        for i in range(len(starts) - 1):
-            s, e = int(starts[i]), int(starts[i + 1])
-            applied.append(Applied(pos[s:e], new[s:e], old[s:e], int(target[i])))
+        bounds = starts.tolist()
+        for i, t in enumerate(target[: len(bounds) - 1].tolist()):
+            s, e = bounds[i], bounds[i + 1]
+            # a frozen dataclass's __init__ sets each field through object.__setattr__; filling
+            # __dict__ at once is the same object for half the cost (one per changed chunk)
+            one = _new(Applied)
+            _set(one, "__dict__", {"positions": pos[s:e], "words": new[s:e], "old": old[s:e], "content_sum": t})
+            applied.append(one)
     return applied
+
+
+_new = object.__new__
+_set = object.__setattr__

@@ -176,17 +176,17 @@ class Replica:
 
         respec = bool(respecced) or f.specs.keys() != self.specs.keys()
         items = list(zip(changed, f.blobs))
-        fast = [] if respec else [i for i, (c, blob) in enumerate(items) if self._in_place(c, blob)]
+        fast = [] if respec else self._in_place(items)
         decoded: list = [None] * len(items)
-        skip = set(fast)
+        skip = {i for i, *_ in fast}
         rest = [i for i in range(len(items)) if i not in skip]
         for i, item in zip(rest, self._map(run, [items[i] for i in rest])):  # verified, nothing written yet
             decoded[i] = item
         if fast:
-            applied = self._apply_in_place(f, [items[i] for i in fast])
+            applied = self._apply_in_place(items, fast)
             if applied is None:  # nothing was written: decode them one by one, for the precise error
-                applied = self._map(run, [items[i] for i in fast])
-            for i, item in zip(fast, applied):
+                applied = self._map(run, [items[i] for i, *_ in fast])
+            for (i, *_), item in zip(fast, applied):
                 decoded[i] = item
         try:
             if respec:
@@ -207,31 +207,42 @@ class Replica:
             return None
         return self._sums.get(key)
 
-    def _in_place(self, c, blob) -> bool:
-        """Whether delta chunk ``c`` is applied by :func:`apply_sparse` (contiguous, SPARSE, its sum known)."""
-        if c.kind != "delta" or self._kept_sum(c) is None or not is_sparse_blob(blob):
-            return False
-        spec = self.specs[c.tensor]
-        return _geometry(spec.shape, c.start, c.stop)[1] is not None
+    def _in_place(self, items: list) -> list[tuple]:
+        """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
+        SPARSE, their kept sum known): ``(index, kept sum, flat start, flat stop, box shape)`` each."""
+        out = []
+        for i, (c, blob) in enumerate(items):
+            if c.kind != "delta" or not is_sparse_blob(blob):
+                continue
+            kept = self._kept_sum(c)
+            if kept is None:
+                continue
+            first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
+            if stop is not None:
+                out.append((i, kept, first, stop, box))
+        return out
 
-    def _apply_in_place(self, f: Fetched, items: list) -> list | None:
-        """Decode, check and write SPARSE delta chunks into the state: all of them, or (None) none."""
+    def _apply_in_place(self, items: list, fast: list) -> list | None:
+        """Decode, check and write the SPARSE delta chunks ``fast`` (from :meth:`_in_place`) of ``items`` into
+        the state: all of them, or (None) none.  Returns their :class:`Applied`, in the order of ``fast``."""
         by_dtype: dict = {}
-        for c, blob in items:
-            by_dtype.setdefault(self.specs[c.tensor].dtype, []).append((c, blob))
-        done: dict = {}
+        for k, (i, *_) in enumerate(fast):
+            by_dtype.setdefault(self.specs[items[i][0].tensor].dtype, []).append(k)
+        done: list = [None] * len(fast)
         written: list = []
         for dtype, group in by_dtype.items():
-            arrays, shapes = [], []
-            for c, _ in group:
-                first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
+            arrays, blobs, sums, shapes = [], [], [], []
+            for k in group:
+                i, kept, first, stop, box = fast[k]
+                c, blob = items[i]
                 arrays.append(self._bindings[c.tensor].mirror[first:stop])
+                blobs.append(blob)
+                sums.append(kept)
                 shapes.append(box)
-            sums = [self._kept_sum(c) for c, _ in group]
             try:
                 out = apply_sparse(
                     dtype,
-                    [b for _, b in group],
+                    blobs,
                     arrays,
                     sums,
                     shapes,
@@ -246,8 +257,9 @@ class Replica:
                 _undo(written)
                 return None
             written += zip(arrays, out)
-            done.update({id(c): r for (c, _), r in zip(group, out)})
-        return [done[id(c)] for c, _ in items]
+            for k, r in zip(group, out):
+                done[k] = r
+        return done
 
     def _whole(self, f: Fetched, c, blob) -> np.ndarray:
         box = tuple(b - a for a, b in zip(c.start, c.stop))
@@ -317,8 +329,8 @@ class Replica:
             for c, item in zip(changed, decoded):
                 spec = self.specs[c.tensor]
                 b = self._bindings[c.tensor]
-                first, stop, box = _geometry(spec.shape, c.start, c.stop)
                 key = (c.tensor, c.piece, c.coord)
+                first, stop, box = _geometry(spec.shape, c.start, c.stop)
                 if isinstance(item, Applied):  # already in the mirror (apply_sparse)
                     b.push(first, item.positions, item.words)
                     self._sums[key] = item.content_sum
