@@ -72,6 +72,21 @@ def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
     return Spec(name, tuple(shape), np.dtype(dtype))
 
 
+_last_specs: tuple = ({}, {})  # (tensors, their specs) of the step fetched last
+
+
+def _specs(tensors: dict) -> dict[str, Spec]:
+    """The Specs of ``{name: (shape, dtype)}``: the same dict object as the last call's when the tensors are
+    the same (mostly: consecutive steps share their tensors; :meth:`Replica.apply` then skips comparing
+    them one by one).  Treat as read-only."""
+    global _last_specs
+    last, specs = _last_specs
+    if tensors != last:
+        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
+        _last_specs = (tensors, specs)  # one assignment: a thread sees the old or the new pair
+    return specs
+
+
 def _undo(written: list) -> None:
     """Restore the old words of chunks :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
     for a, r in written:
@@ -111,6 +126,7 @@ class Replica:
         self._contents: dict[Key, tuple] = {}  # (BLAKE3 hex, start, stop) of each chunk held, from the tables
         self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
         self._buffers: dict = {}  # apply_sparse's outputs, reused from version to version
+        self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
@@ -125,7 +141,7 @@ class Replica:
     def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
-        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in traj.tensors(step).items()}
+        specs = _specs(traj.tensors(step))
         feed = traj.changes(step, against_parent=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
@@ -159,7 +175,9 @@ class Replica:
             raise ChainBroken(f"step {info.step} does not follow step {self.version}")
         changed = [c for c in f.changes if c.kind != "unchanged"]
         # tensors whose name, shape or dtype the held step does not have: only whole chunks may write them
-        respecced = {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
+        # (none if f.specs is the very dict the held step was applied with: _specs returns it again)
+        same = f.specs is self._applied_specs
+        respecced = set() if same else {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
         for c in changed:
             if c.kind == "delta" and c.ref != self.version:
                 raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
@@ -174,7 +192,7 @@ class Replica:
             c, blob = cb
             return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
 
-        respec = bool(respecced) or f.specs.keys() != self.specs.keys()
+        respec = not same and (bool(respecced) or f.specs.keys() != self.specs.keys())
         items = list(zip(changed, f.blobs))
         fast = [] if respec else self._in_place(items)
         decoded: list = [None] * len(items)
@@ -366,6 +384,7 @@ class Replica:
             raise
         info = f.info
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
+        self._applied_specs = f.specs  # self.specs is equal to it (a copy)
 
     # -- checking -----------------------------------------------------------------------
 
@@ -410,5 +429,6 @@ class Replica:
 
     def invalidate(self) -> None:
         self.version = self.content = None
+        self._applied_specs = None
         self._sums.clear()
         self._contents.clear()
