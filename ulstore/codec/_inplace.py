@@ -11,6 +11,8 @@ the precise error.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,8 +93,8 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     n = len(blobs)
     parts = max(1, min(parts, n))
     # contiguous runs of about equal bytes (a blob's decode time follows its size)
-    sizes = np.cumsum([len(b) for b in blobs])
-    bounds = [0, *(int(np.searchsorted(sizes, sizes[-1] * j / parts)) for j in range(1, parts)), n]
+    sizes = list(itertools.accumulate(map(len, blobs)))  # (lists and bisect: a few dozen blobs, no NumPy calls)
+    bounds = [0, *(bisect.bisect_left(sizes, sizes[-1] * j / parts) for j in range(1, parts)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
     if not runs:
         return []

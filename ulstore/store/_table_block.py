@@ -289,7 +289,7 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
     (n_snap,) = cur.unpack("<Q")
     if n_snap > total:
         raise TableError("table block declares more snapshots than chunks")
-    snap_cols = [cur.array("<i8", n_snap) for _ in range(4)]
+    snap_cols = [cur.array("<i8", n_snap) for _ in range(4)] if n_snap else []  # mostly none: no empty arrays
     if cur.pos != len(raw):
         raise TableError("table block has trailing bytes")
     if total and (ref.min() < -1 or pack.max() >= n_packs or length.max() >= _MAX_DIM):
