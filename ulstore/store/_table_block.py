@@ -314,6 +314,9 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
     return Block(heads, content, ref, pack, offs, length, snap_all)
 
 
+_TABLES_LOCK = threading.Lock()
+
+
 class Block:
     """A parsed, checked table block: its headers and the columns of all its chunks (block order).
 
@@ -345,34 +348,40 @@ class Block:
     def tables(self) -> dict[str, TensorTable]:
         """name -> table of each tensor of the block, in name order (shared: read-only)."""
         if self._tables is None:
-            assert self.heads is not None
-            content, ref, pack, offs, length, snap_all = (
-                self.content,
-                self.ref,
-                self.pack,
-                self.off,
-                self.length,
-                self.snap,
-            )
-            out = {}
-            for name, dtype, codec, shape, layouts in self.heads.tensors:
-                pieces = tuple(
-                    Piece(
-                        off,
-                        shp,
-                        ch,
-                        content[a:b],
-                        ref[a:b],
-                        pack[a:b],
-                        offs[a:b],
-                        length[a:b],
-                        snap_all[a:b] if has_snap and snap_all is not None else None,
-                    )
-                    for off, shp, ch, has_snap, a, b in layouts
-                )
-                out[name] = TensorTable(name, dtype, shape, codec, pieces)
-            self._tables = out
+            with _TABLES_LOCK:  # built once: every caller gets the same TensorTable objects
+                if self._tables is None:
+                    self._tables = self._build()
         return self._tables
+
+    def _build(self) -> dict[str, TensorTable]:
+        """The tables, each piece's columns slices of the block's."""
+        assert self.heads is not None
+        content, ref, pack, offs, length, snap_all = (
+            self.content,
+            self.ref,
+            self.pack,
+            self.off,
+            self.length,
+            self.snap,
+        )
+        out = {}
+        for name, dtype, codec, shape, layouts in self.heads.tensors:
+            pieces = tuple(
+                Piece(
+                    off,
+                    shp,
+                    ch,
+                    content[a:b],
+                    ref[a:b],
+                    pack[a:b],
+                    offs[a:b],
+                    length[a:b],
+                    snap_all[a:b] if has_snap and snap_all is not None else None,
+                )
+                for off, shp, ch, has_snap, a, b in layouts
+            )
+            out[name] = TensorTable(name, dtype, shape, codec, pieces)
+        return out
 
 
 def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarray:
