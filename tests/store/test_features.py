@@ -233,6 +233,40 @@ def test_change_feed_and_hash_chain():
     assert traj.verify().ok
 
 
+def _feed(changes) -> list[tuple]:
+    return [
+        (c.tensor, c.piece, c.coord, c.start, c.stop, c.dtype, c.kind, c.content, c.ref, c.blob, c.snapshot)
+        for c in changes
+    ]
+
+
+def _expected_feed(r, step) -> list[tuple]:
+    """The change feed of ``step``, chunk by chunk from the tables of the step and its parent."""
+    expected = []
+    tables, parent = r.tables(step), r.tables(step - 1)
+    for n, t in tables.items():
+        pt = parent.get(n)
+        for j, p in enumerate(t.pieces):
+            same = pt is not None and pt.dtype == t.dtype and pt.shape == t.shape
+            pj = pt.find_piece(p.layout) if same else None
+            for i, coord in enumerate(p.coords()):
+                if pt is None:
+                    kind = "new"
+                elif not same:
+                    kind = "reshaped"
+                elif pj is not None and bytes(pt.pieces[pj].content[i]) == bytes(p.content[i]):
+                    kind = "unchanged"
+                else:
+                    kind = "intra" if p.ref[i] < 0 else "delta"
+                ref, snap, packs = int(p.ref[i]), p.snapshot(i), r.doc(step).packs
+                expected.append(
+                    (n, j, coord, *p.box(coord), t.dtype, kind, bytes(p.content[i]).hex(), None if ref < 0 else ref)
+                    + ((packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])),)
+                    + (None if snap is None else (packs[snap[0]], snap[1], snap[2]),)
+                )
+    return expected
+
+
 def test_change_feed_matches_the_tables_chunk_by_chunk():
     states = states_bf16(20)
     name = "model.layers.0.mlp.up_proj.weight"
@@ -254,32 +288,8 @@ def test_change_feed_matches_the_tables_chunk_by_chunk():
     traj.commit(2, mixed)
     r = ulstore.open(traj.url, mode="r")._reader
     for step in (1, 2):
-        expected = []
-        tables, parent = r.tables(step), r.tables(step - 1)
-        for n, t in tables.items():
-            pt = parent.get(n)
-            for j, p in enumerate(t.pieces):
-                same = pt is not None and pt.dtype == t.dtype and pt.shape == t.shape
-                pj = pt.find_piece(p.layout) if same else None
-                for i, coord in enumerate(p.coords()):
-                    if pt is None:
-                        kind = "new"
-                    elif not same:
-                        kind = "reshaped"
-                    elif pj is not None and bytes(pt.pieces[pj].content[i]) == bytes(p.content[i]):
-                        kind = "unchanged"
-                    else:
-                        kind = "intra" if p.ref[i] < 0 else "delta"
-                    ref = int(p.ref[i])
-                    expected.append(
-                        (n, j, coord, *p.box(coord), t.dtype, kind, bytes(p.content[i]).hex(), None if ref < 0 else ref)
-                        + ((r.doc(step).packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])), None)
-                    )
-        got = [
-            (c.tensor, c.piece, c.coord, c.start, c.stop, c.dtype, c.kind, c.content, c.ref, c.blob, c.snapshot)
-            for c in traj.changes(step)
-        ]
-        assert got == expected
+        expected = _expected_feed(r, step)
+        assert _feed(traj.changes(step)) == expected
     kinds = {c.kind for c in traj.changes(2) if c.tensor == name}
     assert kinds <= {"delta", "intra", "unchanged"} and "delta" in kinds  # the pieces of step 1 are found
     assert {c.kind for c in traj.changes(2) if c.tensor == "model.in_proj.bias"} == {"unchanged"}
@@ -287,6 +297,70 @@ def test_change_feed_matches_the_tables_chunk_by_chunk():
     assert c == dataclasses.replace(c) and hash(c) == hash(dataclasses.replace(c))  # a plain frozen dataclass
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.kind = "new"  # type: ignore[misc]
+
+
+def test_change_feed_of_steps_with_their_parents_layout_and_after_a_layout_change(monkeypatch):
+    """A step whose table block has its parent's exact header bytes gets its feed from whole columns and
+    what was derived once for those headers; any other step (a tensor rechunked, added, or snapshots
+    declared in one step only) from the tables, piece by piece.  Both give the feed the tables say."""
+    from ulstore.store import _changes, _table_block
+
+    states = states_bf16(20)
+    name = "model.layers.0.mlp.up_proj.weight"
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])  # same layout
+    for i in (2, 3, 4):
+        traj.commit(i, states[i], snapshot=True)  # declares snapshots (step 2: other headers; then mostly not)
+    mixed = dict(states[5])
+    mixed["model.in_proj.bias"] = states[4]["model.in_proj.bias"]  # unchanged
+    traj.commit(5, mixed)  # no snapshots: other headers
+    mixed = dict(states[6])
+    mixed[name] = np.ascontiguousarray(states[6][name][:, :-1])  # reshaped
+    mixed["new.weight"] = np.ones((3, 5), ml_dtypes.bfloat16)  # new
+    traj.commit(6, mixed)
+    mixed = dict(mixed)
+    mixed["lm_head.weight"] = states[7]["lm_head.weight"]
+    traj.commit(7, mixed)  # the layout of step 6
+    w = traj.piece_writer(8)  # the same values, rechunked: other headers
+    for n, v in mixed.items():
+        w.write(n, v, chunks=(1,) * v.ndim if n == "model.in_proj.bias" else None)
+    traj.finalize(8, w.close())
+    mixed = {**mixed, "lm_head.weight": states[8]["lm_head.weight"]}
+    traj.commit(9, mixed)  # the chunks of step 8
+
+    _table_block._HEADS.clear()
+    fast = []
+    real = _changes._same_layout_changes
+    monkeypatch.setattr(_changes, "_same_layout_changes", lambda *a: fast.append(a[1]) or real(*a))
+    slow = _Count(monkeypatch, _changes, "_piece_changes")
+    ro = ulstore.open(traj.url, mode="r")  # a reader that wrote nothing (a writer knows its tables only)
+
+    def layout(step):  # what a block's header bytes say (with one block per step, as here)
+        tables = ro._reader.tables(step)
+        return [(n, t.dtype, t.shape, [(p.layout, p.snap is not None) for p in t.pieces]) for n, t in tables.items()]
+
+    columns = []
+    for step in range(1, 10):
+        before, feed = slow.n, ro.changes(step)
+        assert _feed(feed) == _expected_feed(ro._reader, step), step
+        if slow.n == before:
+            columns.append(step)
+        assert (slow.n == before) == (layout(step) == layout(step - 1)), step
+    assert fast == list(range(1, 10))
+    assert {1, 4, 7, 9} <= set(columns) and not {2, 5, 6, 8} & set(columns)
+    kinds = {c.tensor: c.kind for c in ro.changes(6)}
+    assert kinds[name] == "reshaped" and kinds["new.weight"] == "new"
+    assert {c.kind for c in ro.changes(5) if c.tensor == "model.in_proj.bias"} == {"unchanged"}
+    assert {c.kind for c in ro.changes(4)} == {"delta", "unchanged"}
+    assert all(c.snapshot is not None for c in ro.changes(4) if c.kind == "delta")
+    assert ro.tensors(9) == {n: (v.shape, v.dtype) for n, v in sorted(mixed.items())}
+    again = ulstore.open(traj.url, mode="r")
+    parent = again._reader.blocks(8)[0]
+    _table_block._HEADS.clear()  # step 9's headers are parsed again: another object, the same bytes
+    before = slow.n
+    assert _feed(again.changes(9)) == _expected_feed(again._reader, 9) and slow.n == before
+    assert again._reader.blocks(9)[0].heads is not parent.heads
 
 
 def test_verify_names_a_broken_hash_chain():

@@ -268,6 +268,38 @@ def test_table_block_parse_reuses_checked_headers_and_sorts_pieces():
     assert len(_table_block._HEADS) <= _table_block._HEADS_KEPT
 
 
+def test_a_parsed_table_block_builds_its_tables_once_and_derives_the_layout_once_per_headers():
+    import threading
+
+    from ulstore.store._table_block import parse_block
+
+    rng = np.random.default_rng(10)
+    tables = _tables(rng)
+    raw = encode_block(tables)
+    block = parse_block(raw, n_packs=3)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(block.tables())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g is got[0] for g in got) and block.tables() is got[0]  # one set of TensorTables
+    assert [t.name for t in got[0].values()] == [t.name for t in decode_block(raw, n_packs=3)]
+    assert block.specs() == {t.name: (t.shape, t.dtype) for t in tables}
+    again = parse_block(raw, n_packs=3)  # the same headers: what they determine is derived once
+    assert again.heads is block.heads and again.heads.feed() is block.heads.feed()
+    feed = block.heads.feed()
+    expected = [
+        (name, j, coord, *p.box(coord), t.dtype)
+        for name, t in got[0].items()
+        for j, p in enumerate(t.pieces)
+        for coord in p.coords()
+    ]
+    assert [x[1:] for x in feed] == expected
+    rows = [bytes(p.content[i]) for t in got[0].values() for p in t.pieces for i in range(p.n)]
+    assert [bytes(block.content[x[0]]) for x in feed] == rows  # each chunk's row of the block's columns
+
+
 def test_table_block_rejects_snapshots_in_a_piece_that_declares_none():
     from ulstore.store import _table_block
     from ulstore.store._tables import _u64s

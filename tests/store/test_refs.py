@@ -81,6 +81,34 @@ def test_any_flipped_bit_in_a_ref_is_an_error(tmp_path):
     assert ulstore.open(root, mode="r").head() == 2
 
 
+def test_a_reader_polling_a_ref_sees_every_change_of_its_head_entry(tmp_path):
+    """One reader, polled: the head entry parsed last is reused only for the same key and bytes; a flipped
+    bit in it, a move, or names in the log directory that are no entries are all seen."""
+    root = str(tmp_path / "t")
+    traj, _ = _three(root)
+    reader = ulstore.open(root, mode="r")
+    assert reader.head() == 2 and reader.head() == 2
+    newest = _ref_files(root)[-1]
+    data = open(newest, "rb").read()
+    for pos in (0, len(data) // 2, len(data) - 2):
+        bad = bytearray(data)
+        bad[pos] ^= 0x01
+        with open(newest, "wb") as f:
+            f.write(bad)
+        with pytest.raises(CorruptManifestError):
+            reader.head()
+        with open(newest, "wb") as f:
+            f.write(data)
+        assert reader.head() == 2
+    traj.set_ref("main", 1)
+    assert reader.head() == 1
+    for stray in ("zzz", "99999999999999999999.json.tmp", "9.json"):  # sort after the entries: skipped
+        open(os.path.join(os.path.dirname(newest), stray), "wb").close()
+    assert reader.head() == 1
+    traj.set_ref("main", 0)
+    assert reader.head() == 0 == ulstore.open(root, mode="r").head()
+
+
 def test_verify_reports_a_damaged_ref(tmp_path):
     root = str(tmp_path / "t")
     _three(root)

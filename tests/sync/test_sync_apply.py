@@ -176,3 +176,22 @@ def test_the_kept_word_sums_find_what_the_content_hashes_find(store, states):
             rep.flat(name).view(f"<u{rep.flat(name).dtype.itemsize}")[-1] ^= 1
         flagged = rep.verify(sums=True)
         assert flagged == rep.verify() and len(flagged) == len({k[0] for k in keys})
+
+
+def test_specs_of_steps_with_the_same_tensors_are_one_dict_and_other_tensors_get_their_own(store):
+    from ulstore.sync._arrays import Spec
+    from ulstore.sync._replica import _specs
+
+    tensors = store.tensors(2)
+    specs = _specs(tensors)
+    assert specs == {n: Spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
+    assert _specs(store.tensors(1)) is specs  # the same tensors: the dict a replica compares by identity
+    name = next(iter(tensors))
+    for other in (
+        {**tensors, "extra": ((2,), np.dtype(np.float32))},
+        {**tensors, name: ((*tensors[name][0], 1), tensors[name][1])},
+        {n: v for n, v in tensors.items() if n != name},
+    ):
+        got = _specs(other)
+        assert got is not specs and got == {n: Spec(n, shape, dtype) for n, (shape, dtype) in other.items()}
+    assert _specs(tensors) == specs

@@ -11,6 +11,8 @@ the precise error.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,10 @@ class Applied:
 def is_sparse_blob(blob) -> bool:
     """Whether ``blob`` is a format-2 SPARSE blob (what :func:`apply_sparse` applies); nothing is checked."""
     mv = memoryview(blob)
-    return len(mv) > 9 and mv[4] == 2 and mv[6] == F.MODE_SPARSE and bytes(mv[:4]) == F.MAGIC
+    return len(mv) > 9 and mv[4] == 2 and mv[6] == _SPARSE and mv[:4] == F.MAGIC
+
+
+_SPARSE = F.MODE_SPARSE
 
 
 _metas: dict[tuple, bytes] = {}
@@ -62,9 +67,9 @@ def _crc_ok(blob) -> bool:
     return F._crc32(mv[:-4]) == int.from_bytes(mv[-4:], "little")  # the kernels' CRC-32: GIL released, PCLMULQDQ
 
 
-def _nearest(ends: np.ndarray, share: float) -> int:
-    """How many blobs (``ends``: cumulative sizes) come closest to ``share`` bytes."""
-    k = int(np.searchsorted(ends, share))  # ends[k - 1] < share <= ends[k]
+def _nearest(ends: list[int], share: float) -> int:
+    """How many blobs (``ends``: their cumulative sizes) come closest to ``share`` bytes."""
+    k = bisect.bisect_left(ends, share)  # ends[k - 1] < share <= ends[k]
     if k > 0 and (k == len(ends) or share - ends[k - 1] <= ends[k] - share):
         return k
     return k + 1
@@ -97,9 +102,11 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     parts = max(1, min(parts, n))
     # contiguous runs of about equal bytes (a blob's decode time follows its size): each run ends at the
     # blob boundary nearest its share, on either side (one large blob on the wrong side is a thread idle)
-    ends = np.cumsum([len(b) for b in blobs])
+    ends = list(itertools.accumulate(map(len, blobs)))  # (lists and bisect: a few dozen blobs, no NumPy calls)
     bounds = [0, *(_nearest(ends, ends[-1] * j / parts) for j in range(1, parts)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    if not runs:
+        return []
 
     def run(j):
         try:
@@ -120,8 +127,14 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
             buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
         return out if out[0] == 0 else None
 
-    idx = range(len(runs))
-    results = list(pool.map(run, idx)) if pool is not None and len(runs) > 1 else [run(j) for j in idx]
+    # the first run on this thread, which would otherwise only wait: a version is one compiled call here
+    # and one in the pool, so the pool's wake-up is paid once, not twice
+    futures = [pool.submit(run, j) for j in range(1, len(runs))] if pool is not None else []
+    try:
+        first = run(0)
+    finally:
+        rest = [f.result() for f in futures]
+    results = [first, *rest] if futures else [first, *(run(j) for j in range(1, len(runs)))]
     if any(r is None or isinstance(r, Exception) for r in results):
         for (a, _), r in zip(runs, results):  # undo the runs that were written
             if isinstance(r, tuple):
@@ -135,7 +148,16 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     applied = []
     for r in results:
         _, _, pos, new, old, starts, target = r
-        for i in range(len(starts) - 1):
-            s, e = int(starts[i]), int(starts[i + 1])
-            applied.append(Applied(pos[s:e], new[s:e], old[s:e], int(target[i])))
+        bounds = starts.tolist()
+        for i, t in enumerate(target[: len(bounds) - 1].tolist()):
+            s, e = bounds[i], bounds[i + 1]
+            # a frozen dataclass's __init__ sets each field through object.__setattr__; filling
+            # __dict__ at once is the same object for half the cost (one per changed chunk)
+            one = _new(Applied)
+            _set(one, "__dict__", {"positions": pos[s:e], "words": new[s:e], "old": old[s:e], "content_sum": t})
+            applied.append(one)
     return applied
+
+
+_new = object.__new__
+_set = object.__setattr__

@@ -73,6 +73,10 @@ def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bo
     ``new``): enough for a reader that loads the step whole from its snapshots.
     """
     doc = reader.doc(step)
+    if names is None and against_parent and doc.parent is not None:
+        fast = _same_layout_changes(reader, step, doc)
+        if fast is not None:
+            return fast
     tables = reader.tables(step)
     if names is not None:
         names = list(names)
@@ -94,6 +98,52 @@ def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bo
         for j, p in enumerate(t.pieces):
             pp = _parent_piece(pt, j, p) if tensor_kind is None and pt is not None else None
             _piece_changes(out, name, j, p, t.dtype, tensor_kind, pp, packs)
+    return out
+
+
+def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChange] | None:
+    """The feed of a step whose table blocks have, block by block, the exact header bytes of its parent's
+    (the same tensors, dtypes, shapes and pieces: the usual step), from whole columns; else None.
+
+    Equal header bytes mean equal parses, so every chunk is co-located with the parent's chunk at the
+    same column index, and what each chunk is (name, piece, box) was derived once for those headers.
+    """
+    blocks, parents = reader.blocks(step), reader.blocks(doc.parent)
+    if len(blocks) != len(parents):
+        return None
+    for b, pb in zip(blocks, parents):
+        if b.heads is None or pb.heads is None or (b.heads is not pb.heads and b.heads.prefix != pb.heads.prefix):
+            return None
+    out: list[ChunkChange] = []
+    packs = doc.packs
+    for b, pb in zip(blocks, parents):
+        assert b.heads is not None
+        same = (b.content == pb.content).all(axis=1).tolist()
+        hexes = b.content.tobytes().hex()
+        refs, pack, off, length = b.ref.tolist(), b.pack.tolist(), b.off.tolist(), b.length.tolist()
+        snaps = b.snap.tolist() if b.snap is not None else None
+        for i, name, j, coord, start, stop, dtype in b.heads.feed():
+            ref = refs[i]
+            snap = snaps[i] if snaps is not None and snaps[i][0] >= 0 else None
+            c = _new(ChunkChange)  # as in _piece_changes
+            _set(
+                c,
+                "__dict__",
+                {
+                    "tensor": name,
+                    "piece": j,
+                    "coord": coord,
+                    "start": start,
+                    "stop": stop,
+                    "dtype": dtype,
+                    "kind": "unchanged" if same[i] else "intra" if ref < 0 else "delta",
+                    "content": hexes[32 * i : 32 * i + 32],
+                    "ref": None if ref < 0 else ref,
+                    "blob": (packs[pack[i]], off[i], length[i]),
+                    "snapshot": None if snap is None else (packs[snap[0]], snap[1], snap[2]),
+                },
+            )
+            out.append(c)
     return out
 
 

@@ -92,9 +92,10 @@ def coalesce(ranges, max_gap: int = MAX_GAP, max_span: int = MAX_SPAN) -> list[t
     s = e = 0
     for i in sorted(range(len(ranges)), key=ranges.__getitem__):
         a, b = ranges[i]
-        if idx and a - e <= max_gap and max(b, e) - s <= max_span:
+        if idx and a - e <= max_gap and (b if b > e else e) - s <= max_span:  # (no max(): once per blob)
             idx.append(i)
-            e = max(e, b)
+            if b > e:
+                e = b
         else:
             if idx:
                 out.append((s, e, idx))

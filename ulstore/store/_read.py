@@ -183,7 +183,7 @@ class ReadMixin(TrajectoryBase):
 
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""
-        return {k: (t.shape, t.dtype) for k, t in self._reader.tables(self._resolve(step_or_ref)).items()}
+        return self._reader.specs(self._resolve(step_or_ref))
 
     def log(self, start=MAIN) -> list[StepInfo]:
         """The ancestry of a step or branch head, newest first, back to its root."""

@@ -37,7 +37,7 @@ from ._layout import pack_key, step_key
 from ._lru import _LRU
 from ._packs import Location, fetch
 from ._stepdoc import StepDoc
-from ._table_block import TableError, decode_block
+from ._table_block import Block, TableError, parse_block
 from ._tables import TensorTable
 
 __all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
@@ -47,6 +47,12 @@ _TABLE_CACHE_BYTES = 256 << 20
 _BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a full read
 #: Step documents kept (oldest read first out): a follower reads one per version, for days
 _MAX_DOCS = 1 << 14
+
+
+def _charge(length: int) -> int:
+    """What a parsed table block of ``length`` stored bytes is charged in the cache: its columns and tables
+    (a chunk's entry is about 20 stored bytes), and what its headers derive for the change feed."""
+    return length * 16 + 1024
 
 
 class ChunkReader:
@@ -152,11 +158,9 @@ class ChunkReader:
         for ref in doc.tables:
             lo = bisect.bisect_left(names, ref.first)
             hi = bisect.bisect_right(names, ref.last)
-            self._blocks.put(
-                (doc.step, doc.content, ref.hash), {t.name: t for t in tables[lo:hi]}, ref.length * 4 + 1024
-            )
+            self._blocks.put((doc.step, doc.content, ref.hash), Block.from_tables(tables[lo:hi]), _charge(ref.length))
 
-    def _block(self, step: int, bi: int) -> dict[str, TensorTable]:
+    def _block(self, step: int, bi: int) -> Block:
         d = self.doc(step)
         cache_key = (step, d.content, d.tables[bi].hash)
         hit = self._blocks.get(cache_key)
@@ -166,36 +170,37 @@ class ChunkReader:
         def load():
             ref = d.tables[bi]
             data = self.fetch([(d.packs[ref.pack], ref.offset, ref.length)])[0]
-            blocks = self._parse_block(step, d, bi, data)
-            self._blocks.put(cache_key, blocks, ref.length * 4 + 1024)
-            return blocks
+            block = self._parse_block(step, d, bi, data)
+            self._blocks.put(cache_key, block, _charge(ref.length))
+            return block
 
         return self._once(("block", cache_key), load)
 
     @staticmethod
-    def _parse_block(step: int, d: StepDoc, bi: int, data) -> dict[str, TensorTable]:
+    def _parse_block(step: int, d: StepDoc, bi: int, data) -> Block:
         ref = d.tables[bi]
         key = pack_key(d.packs[ref.pack])
         if digest(data).hex() != ref.hash:
             raise CorruptManifestError(f"table block at byte {ref.offset} fails its hash", step=step, key=key)
         try:
-            tables = decode_block(data, n_packs=len(d.packs))
+            block = parse_block(data, n_packs=len(d.packs))
         except TableError as e:
             raise CorruptManifestError(f"table block at byte {ref.offset} is malformed: {e}", step=step, key=key) from e
-        if not tables or tables[0].name != ref.first or tables[-1].name != ref.last:
+        names = list(block.specs())
+        if not names or names[0] != ref.first or names[-1] != ref.last:
             raise CorruptManifestError("table block holds other tensors than its directory says", step=step, key=key)
-        return {t.name: t for t in tables}
+        return block
 
     def tensor(self, step: int, name: str) -> TensorTable:
         """The table of tensor ``name`` at ``step``: one step document and one table block."""
         bi = self.doc(step).table_for(name)
-        t = self._block(step, bi).get(name) if bi is not None else None
+        t = self._block(step, bi).tables().get(name) if bi is not None else None
         if t is None:
             raise TensorNotFoundError("no such tensor", step=step, tensor=name)
         return t
 
-    def tables(self, step: int) -> dict[str, TensorTable]:
-        """Every tensor table of ``step``, in name order (blocks fetched together)."""
+    def blocks(self, step: int) -> list[Block]:
+        """The table blocks of ``step``, in name order (the missing ones fetched together)."""
         d = self.doc(step)
         missing = [bi for bi in range(len(d.tables)) if self._blocks.get((step, d.content, d.tables[bi].hash)) is None]
         if len(missing) > 1:  # one coalesced fetch instead of one GET per block
@@ -203,11 +208,22 @@ class ChunkReader:
                 [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
             )
             for bi, data in zip(missing, datas):
-                blocks = self._parse_block(step, d, bi, data)
-                self._blocks.put((step, d.content, d.tables[bi].hash), blocks, d.tables[bi].length * 4 + 1024)
+                block = self._parse_block(step, d, bi, data)
+                self._blocks.put((step, d.content, d.tables[bi].hash), block, _charge(d.tables[bi].length))
+        return [self._block(step, bi) for bi in range(len(d.tables))]
+
+    def tables(self, step: int) -> dict[str, TensorTable]:
+        """Every tensor table of ``step``, in name order (blocks fetched together)."""
         out: dict[str, TensorTable] = {}
-        for bi in range(len(d.tables)):
-            out.update(self._block(step, bi))
+        for block in self.blocks(step):
+            out.update(block.tables())
+        return out
+
+    def specs(self, step: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """name -> (shape, dtype) of every tensor of ``step``, in name order (a new dict)."""
+        out: dict = {}
+        for block in self.blocks(step):
+            out.update(block.specs())
         return out
 
     # -- bytes ------------------------------------------------------------------------

@@ -91,6 +91,9 @@ class RefLog:
 
     def __init__(self, io: ObjectStore):
         self.io = io
+        # (key, exact bytes, parse) of the entry read last: a reader polling a ref that did not move
+        # parses the same head entry again only if its bytes differ (RefState is immutable)
+        self._last: tuple[str, bytes, RefState] | None = None
 
     # -- reading ------------------------------------------------------------------
 
@@ -103,10 +106,10 @@ class RefLog:
             The head entry (or a format-1 ref) is damaged; ``key`` names it.
         """
         for _ in range(8):  # the head can only vanish under a racing compaction: list again
-            seqs = self._seqs(name)
-            if not seqs:
+            seq = self._last_seq(name)
+            if seq is None:
                 return self._legacy(name)
-            state = self._entry(name, seqs[-1])
+            state = self._entry(name, seq)
             if state is not None:
                 return state
         raise CorruptManifestError("ref head keeps vanishing while it is read", key=log_dir(name))
@@ -139,12 +142,34 @@ class RefLog:
                 seqs.append(int(m.group(1)))
         return sorted(seqs)
 
+    def _last_seq(self, name: str) -> int | None:
+        """The highest entry number of ``name`` (None: no log): what :meth:`read` needs of the listing.
+
+        Entry names are fixed-width numbers, so name order is number order: the last name that is an
+        entry is the head, whatever else the listing holds (a log keeps up to twice ``KEEP`` entries).
+        """
+        for key in reversed(self.io.list(log_dir(name))):
+            m = _ENTRY_RE.match(key.rsplit("/", 1)[-1])
+            if m:
+                return int(m.group(1))
+        return None
+
     def _entry(self, name: str, seq: int) -> RefState | None:
         """Entry ``seq`` of ``name`` checked, or None if it is not there."""
         key = entry_key(name, seq)
         raw = self.io.get(key)
         if raw is None:
             return None
+        last = self._last
+        if last is not None and last[0] == key and last[1] == raw:  # the entry read last, byte for byte
+            return last[2]
+        state = self._parse_entry(name, seq, key, raw)
+        self._last = (key, bytes(raw), state)  # one assignment: a thread sees the old or the new triple
+        return state
+
+    @staticmethod
+    def _parse_entry(name: str, seq: int, key: str, raw) -> RefState:
+        """Entry ``seq`` of ``name`` from its bytes ``raw`` (at ``key``), checked."""
 
         def bad(reason):
             return CorruptManifestError(f"ref entry {reason}", key=key)

@@ -30,9 +30,9 @@ import numpy as np
 from ..core.dtypes import numpy_dtype
 from ._chunkcodec import ULPACK, ZSTD, codec_for, zstd_compress, zstd_decompress
 from ._layout import chunk_grid, tensor_name_problem
-from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, _u64s, chunk_nbytes, pieces_problem
+from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, _u64s, chunk_boxes, chunk_nbytes, pieces_problem
 
-__all__ = ["TableError", "encode_block", "decode_block", "MAX_BLOCK_RAW"]
+__all__ = ["TableError", "Block", "encode_block", "decode_block", "parse_block", "MAX_BLOCK_RAW"]
 
 _MAGIC = b"ULTB"
 _VERSION = 1
@@ -114,6 +114,11 @@ class _Cursor:
 
 def decode_block(data, *, n_packs: int) -> list[TensorTable]:
     """Parse and check a table block (its BLAKE3 was checked by the caller); TableError if malformed."""
+    return list(parse_block(data, n_packs=n_packs).tables().values())
+
+
+def parse_block(data, *, n_packs: int) -> Block:
+    """:func:`decode_block` as a :class:`Block` (columns checked, tables built on first use)."""
     data = bytes(data)
     if len(data) < _HEAD.size:
         raise TableError("table block is truncated")
@@ -146,14 +151,38 @@ class _Heads:
     block's columns.  ``declared``: per chunk, whether its piece declares snapshots.
     """
 
-    __slots__ = ("tensors", "total", "declared")
+    __slots__ = ("tensors", "total", "declared", "prefix", "_specs", "_feed")
 
-    def __init__(self, tensors: list, total: int):
+    def __init__(self, tensors: list, total: int, prefix: bytes = b""):
         self.tensors, self.total = tensors, total
+        self.prefix = prefix  # the block bytes these headers were parsed from (equal bytes: equal layout)
         self.declared = np.zeros(total, bool)
         for _, _, _, _, pieces in tensors:
             for _, _, _, has_snap, first, end in pieces:
                 self.declared[first:end] = has_snap
+        self._specs: dict | None = None
+        self._feed: tuple | None = None
+
+    # What only the layout determines, derived once per headers rather than once per step (a follower
+    # reads one block per version, mostly with the headers of the last one).  Read-only, shared.
+
+    def specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """name -> (shape, dtype) of every tensor of the block."""
+        if self._specs is None:
+            self._specs = {name: (shape, dtype) for name, dtype, _, shape, _ in self.tensors}
+        return self._specs
+
+    def feed(self) -> tuple:
+        """Every chunk in change-feed order (name, piece by offset, C order):
+        ``(column index, name, piece index, coord, start, stop, dtype)``."""
+        if self._feed is None:
+            out = []
+            for name, dtype, _, _, pieces in self.tensors:
+                for j, (off, shp, ch, _, first, _) in enumerate(pieces):
+                    for k, (coord, start, stop) in enumerate(chunk_boxes(off, shp, ch)):
+                        out.append((first + k, name, j, coord, start, stop, dtype))
+            self._feed = tuple(out)
+        return self._feed
 
     def owner(self, i: int) -> str:
         """The tensor whose piece holds chunk ``i`` (for error messages)."""
@@ -177,8 +206,9 @@ def _heads_seen(raw: bytes) -> tuple[_Heads, int] | None:
 
 
 def _remember_heads(raw: bytes, end: int, heads: _Heads) -> None:
+    heads.prefix = bytes(raw[:end])
     with _HEADS_LOCK:
-        _HEADS.insert(0, (bytes(raw[:end]), heads))
+        _HEADS.insert(0, (heads.prefix, heads))
         del _HEADS[_HEADS_KEPT:]
 
 
@@ -248,8 +278,8 @@ def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
     return _Heads(heads, total)
 
 
-def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> list[TensorTable]:
-    """The chunk columns after the headers, checked, cut into the tensors' pieces."""
+def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
+    """The chunk columns after the headers, checked."""
     total = heads.total
     content = np.frombuffer(cur.take(16 * total), np.uint8).reshape(total, 16)
     ref = cur.array("<i8", total)
@@ -259,7 +289,7 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> list[Tens
     (n_snap,) = cur.unpack("<Q")
     if n_snap > total:
         raise TableError("table block declares more snapshots than chunks")
-    snap_cols = [cur.array("<i8", n_snap) for _ in range(4)]
+    snap_cols = [cur.array("<i8", n_snap) for _ in range(4)] if n_snap else []  # mostly none: no empty arrays
     if cur.pos != len(raw):
         raise TableError("table block has trailing bytes")
     if total and (ref.min() < -1 or pack.max() >= n_packs or length.max() >= _MAX_DIM):
@@ -281,24 +311,77 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> list[Tens
             raise TableError(f"tensor {name!r} has snapshots in a piece that declares none")
         snap_all = np.full((total, 3), -1, np.int64)
         snap_all[at] = np.column_stack([sp, so, sl])
-    out = []
-    for name, dtype, codec, shape, layouts in heads.tensors:
-        pieces = tuple(
-            Piece(
-                off,
-                shp,
-                ch,
-                content[a:b],
-                ref[a:b],
-                pack[a:b],
-                offs[a:b],
-                length[a:b],
-                snap_all[a:b] if has_snap and snap_all is not None else None,
-            )
-            for off, shp, ch, has_snap, a, b in layouts
+    return Block(heads, content, ref, pack, offs, length, snap_all)
+
+
+_TABLES_LOCK = threading.Lock()
+
+
+class Block:
+    """A parsed, checked table block: its headers and the columns of all its chunks (block order).
+
+    The :class:`TensorTable` objects (one per tensor, each piece a slice of the columns) are built on
+    first use: a weight-sync follower's change feed reads the columns whole (``_changes.py``).
+    ``heads`` is None for a block built from tables (:meth:`from_tables`).
+    """
+
+    __slots__ = ("heads", "content", "ref", "pack", "off", "length", "snap", "_tables")
+
+    def __init__(self, heads: _Heads | None, content, ref, pack, off, length, snap) -> None:
+        self.heads = heads
+        self.content, self.ref, self.pack, self.off, self.length, self.snap = content, ref, pack, off, length, snap
+        self._tables: dict[str, TensorTable] | None = None
+
+    @classmethod
+    def from_tables(cls, tables: list[TensorTable]) -> Block:
+        """A block of tables already in memory (a writer's own): no columns of its own."""
+        out = cls(None, None, None, None, None, None, None)
+        out._tables = {t.name: t for t in tables}
+        return out
+
+    def specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """name -> (shape, dtype) of each tensor (shared: read-only)."""
+        if self.heads is not None:
+            return self.heads.specs()
+        return {k: (t.shape, t.dtype) for k, t in self.tables().items()}
+
+    def tables(self) -> dict[str, TensorTable]:
+        """name -> table of each tensor of the block, in name order (shared: read-only)."""
+        if self._tables is None:
+            with _TABLES_LOCK:  # built once: every caller gets the same TensorTable objects
+                if self._tables is None:
+                    self._tables = self._build()
+        return self._tables
+
+    def _build(self) -> dict[str, TensorTable]:
+        """The tables, each piece's columns slices of the block's."""
+        assert self.heads is not None
+        content, ref, pack, offs, length, snap_all = (
+            self.content,
+            self.ref,
+            self.pack,
+            self.off,
+            self.length,
+            self.snap,
         )
-        out.append(TensorTable(name, dtype, shape, codec, pieces))
-    return out
+        out = {}
+        for name, dtype, codec, shape, layouts in self.heads.tensors:
+            pieces = tuple(
+                Piece(
+                    off,
+                    shp,
+                    ch,
+                    content[a:b],
+                    ref[a:b],
+                    pack[a:b],
+                    offs[a:b],
+                    length[a:b],
+                    snap_all[a:b] if has_snap and snap_all is not None else None,
+                )
+                for off, shp, ch, has_snap, a, b in layouts
+            )
+            out[name] = TensorTable(name, dtype, shape, codec, pieces)
+        return out
 
 
 def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ class Fetched:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(b) for b in self.blobs)
+        return sum(map(len, self.blobs))
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the chunks of a version are the chunks of the last one
@@ -70,6 +70,21 @@ def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None,
 def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
     """The (shared, immutable) Spec of a published tensor: built once, compared by identity first."""
     return Spec(name, tuple(shape), np.dtype(dtype))
+
+
+_last_specs: tuple = ({}, {})  # (tensors, their specs) of the step fetched last
+
+
+def _specs(tensors: dict) -> dict[str, Spec]:
+    """The Specs of ``{name: (shape, dtype)}``: the same dict object as the last call's when the tensors are
+    the same (mostly: consecutive steps share their tensors; :meth:`Replica.apply` then skips comparing
+    them one by one).  Treat as read-only."""
+    global _last_specs
+    last, specs = _last_specs
+    if tensors != last:
+        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
+        _last_specs = (tensors, specs)  # one assignment: a thread sees the old or the new pair
+    return specs
 
 
 def _undo(written: list) -> None:
@@ -111,6 +126,7 @@ class Replica:
         self._contents: dict[Key, tuple] = {}  # (BLAKE3 hex, start, stop) of each chunk held, from the tables
         self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
         self._buffers: dict = {}  # apply_sparse's outputs, reused from version to version
+        self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
@@ -125,7 +141,7 @@ class Replica:
     def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
-        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in traj.tensors(step).items()}
+        specs = _specs(traj.tensors(step))
         feed = traj.changes(step, against_parent=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
@@ -159,7 +175,9 @@ class Replica:
             raise ChainBroken(f"step {info.step} does not follow step {self.version}")
         changed = [c for c in f.changes if c.kind != "unchanged"]
         # tensors whose name, shape or dtype the held step does not have: only whole chunks may write them
-        respecced = {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
+        # (none if f.specs is the very dict the held step was applied with: _specs returns it again)
+        same = f.specs is self._applied_specs
+        respecced = set() if same else {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
         for c in changed:
             if c.kind == "delta" and c.ref != self.version:
                 raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
@@ -174,19 +192,19 @@ class Replica:
             c, blob = cb
             return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
 
-        respec = bool(respecced) or f.specs.keys() != self.specs.keys()
+        respec = not same and (bool(respecced) or f.specs.keys() != self.specs.keys())
         items = list(zip(changed, f.blobs))
-        fast = [] if respec else [i for i, (c, blob) in enumerate(items) if self._in_place(c, blob)]
+        fast = [] if respec else self._in_place(items)
         decoded: list = [None] * len(items)
-        skip = set(fast)
+        skip = {i for i, *_ in fast}
         rest = [i for i in range(len(items)) if i not in skip]
         for i, item in zip(rest, self._map(run, [items[i] for i in rest])):  # verified, nothing written yet
             decoded[i] = item
         if fast:
-            applied = self._apply_in_place(f, [items[i] for i in fast])
+            applied = self._apply_in_place(items, fast)
             if applied is None:  # nothing was written: decode them one by one, for the precise error
-                applied = self._map(run, [items[i] for i in fast])
-            for i, item in zip(fast, applied):
+                applied = self._map(run, [items[i] for i, *_ in fast])
+            for (i, *_), item in zip(fast, applied):
                 decoded[i] = item
         try:
             if respec:
@@ -207,31 +225,48 @@ class Replica:
             return None
         return self._sums.get(key)
 
-    def _in_place(self, c, blob) -> bool:
-        """Whether delta chunk ``c`` is applied by :func:`apply_sparse` (contiguous, SPARSE, its sum known)."""
-        if c.kind != "delta" or self._kept_sum(c) is None or not is_sparse_blob(blob):
-            return False
-        spec = self.specs[c.tensor]
-        return _geometry(spec.shape, c.start, c.stop)[1] is not None
+    def _in_place(self, items: list) -> list[tuple]:
+        """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
+        SPARSE, their kept sum known): ``(index, kept sum, flat start, flat stop, box shape)`` each."""
+        out = []
+        contents, sums, specs = self._contents, self._sums, self.specs
+        for i, (c, blob) in enumerate(items):
+            if c.kind != "delta" or not is_sparse_blob(blob):
+                continue
+            key = (c.tensor, c.piece, c.coord)  # as _kept_sum, inline: once per changed chunk
+            held = contents.get(key)
+            kept = sums.get(key) if held is not None and held[1] == c.start and held[2] == c.stop else None
+            if kept is None:
+                continue
+            first, stop, box = _geometry(specs[c.tensor].shape, c.start, c.stop)
+            if stop is not None:
+                out.append((i, kept, first, stop, box))
+        return out
 
-    def _apply_in_place(self, f: Fetched, items: list) -> list | None:
-        """Decode, check and write SPARSE delta chunks into the state: all of them, or (None) none."""
-        by_dtype: dict = {}
-        for c, blob in items:
-            by_dtype.setdefault(self.specs[c.tensor].dtype, []).append((c, blob))
-        done: dict = {}
+    def _apply_in_place(self, items: list, fast: list) -> list | None:
+        """Decode, check and write the SPARSE delta chunks ``fast`` (from :meth:`_in_place`) of ``items`` into
+        the state: all of them, or (None) none.  Returns their :class:`Applied`, in the order of ``fast``."""
+        specs = self.specs
+        dtypes = [specs[items[i][0].tensor].dtype for i, *_ in fast]
+        by_dtype: dict = {dtypes[0]: list(range(len(fast)))} if dtypes.count(dtypes[0]) == len(dtypes) else {}
+        if not by_dtype:
+            for k, dtype in enumerate(dtypes):
+                by_dtype.setdefault(dtype, []).append(k)
+        done: list = [None] * len(fast)
         written: list = []
         for dtype, group in by_dtype.items():
-            arrays, shapes = [], []
-            for c, _ in group:
-                first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
+            arrays, blobs, sums, shapes = [], [], [], []
+            for k in group:
+                i, kept, first, stop, box = fast[k]
+                c, blob = items[i]
                 arrays.append(self._bindings[c.tensor].mirror[first:stop])
+                blobs.append(blob)
+                sums.append(kept)
                 shapes.append(box)
-            sums = [self._kept_sum(c) for c, _ in group]
             try:
                 out = apply_sparse(
                     dtype,
-                    [b for _, b in group],
+                    blobs,
                     arrays,
                     sums,
                     shapes,
@@ -246,8 +281,9 @@ class Replica:
                 _undo(written)
                 return None
             written += zip(arrays, out)
-            done.update({id(c): r for (c, _), r in zip(group, out)})
-        return [done[id(c)] for c, _ in items]
+            for k, r in zip(group, out):
+                done[k] = r
+        return done
 
     def _whole(self, f: Fetched, c, blob) -> np.ndarray:
         box = tuple(b - a for a, b in zip(c.start, c.stop))
@@ -317,8 +353,8 @@ class Replica:
             for c, item in zip(changed, decoded):
                 spec = self.specs[c.tensor]
                 b = self._bindings[c.tensor]
-                first, stop, box = _geometry(spec.shape, c.start, c.stop)
                 key = (c.tensor, c.piece, c.coord)
+                first, stop, box = _geometry(spec.shape, c.start, c.stop)
                 if isinstance(item, Applied):  # already in the mirror (apply_sparse)
                     b.push(first, item.positions, item.words)
                     self._sums[key] = item.content_sum
@@ -348,6 +384,7 @@ class Replica:
             raise
         info = f.info
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
+        self._applied_specs = f.specs  # self.specs is equal to it (a copy)
 
     # -- checking -----------------------------------------------------------------------
 
@@ -392,5 +429,6 @@ class Replica:
 
     def invalidate(self) -> None:
         self.version = self.content = None
+        self._applied_specs = None
         self._sums.clear()
         self._contents.clear()
