@@ -216,3 +216,31 @@ def test_runs_end_at_the_nearest_blob_boundary():
     assert split([4, 4, 10, 1, 1]) == 2  # 8 | 12, not 18 | 2
     assert split([1, 1, 10, 4, 4]) == 3  # 12 | 8, not 2 | 18
     assert split([5]) == 1
+
+
+def test_runs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_nothing():
+    """More runs than threads (RUNS_PER_THREAD each): results in blob order; a bad blob anywhere undoes every run."""
+    from ulstore.codec._inplace import RUNS_PER_THREAD
+
+    dtype = ml_dtypes.bfloat16
+    sizes = [300, 5000, 700, 4000, 900, 3000, 1200, 2500, 800, 6000, 400, 1500]
+    refs, targets, blobs = chunks(dtype, sizes, seed=11)
+    assert len(blobs) > 2 * RUNS_PER_THREAD  # every thread takes several runs
+    sums = [content_sum(r) for r in refs]
+    shapes = [r.shape for r in refs]
+    with cf.ThreadPoolExecutor(2) as pool:
+        arrays = [r.copy() for r in refs]
+        out = apply_sparse(dtype, blobs, arrays, sums, shapes, pool=pool, parts=2, buffers={})
+        assert out is not None and len(out) == len(blobs)
+        for a, t, r, ref in zip(arrays, targets, out, refs):
+            assert np.array_equal(flat_bits(a), flat_bits(t))
+            changed = np.flatnonzero(flat_bits(t) != flat_bits(ref))
+            assert np.array_equal(r.positions, changed) and r.content_sum == content_sum(t)
+        for bad_at in range(len(blobs)):
+            body = bytearray(blobs[bad_at][:-4])
+            body[-5] ^= 0x01  # a residual tail bit: the CRC is resealed, the target checksum fails
+            bad = list(blobs)
+            bad[bad_at] = reseal(body)
+            arrays = [r.copy() for r in refs]
+            assert apply_sparse(dtype, bad, arrays, sums, shapes, pool=pool, parts=2, buffers={}) is None, bad_at
+            assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs)), bad_at

@@ -67,6 +67,9 @@ def _crc_ok(blob) -> bool:
     return F._crc32(mv[:-4]) == int.from_bytes(mv[-4:], "little")  # the kernels' CRC-32: GIL released, PCLMULQDQ
 
 
+RUNS_PER_THREAD = 4  # runs a version is cut into per decode thread (see apply_sparse)
+
+
 def _nearest(ends: list[int], share: float) -> int:
     """How many blobs (``ends``: their cumulative sizes) come closest to ``share`` bytes."""
     k = bisect.bisect_left(ends, share)  # ends[k - 1] < share <= ends[k]
@@ -81,8 +84,9 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
 
     ``arrays[i]``: the 1-d, C-contiguous, writeable array of ``dtype`` the blob
     was coded against (seen as the blob's ``shapes[i]``), whose
-    :func:`content_sum` is ``sums[i]``.  The blobs are split into ``parts``
-    runs, decoded in ``pool`` (the kernel releases the GIL).
+    :func:`content_sum` is ``sums[i]``.  ``parts`` threads decode them: this
+    one and ``parts - 1`` of ``pool``'s (the kernel releases the GIL), each
+    taking the next of ``RUNS_PER_THREAD * parts`` runs of about equal bytes.
 
     ``buffers``: a dict this function keeps output arrays in between calls
     (per run and word size), so that a version does not fault in fresh pages;
@@ -99,11 +103,13 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     metas = [_meta(fmt.code, tuple(s)) for s in shapes]
     ref_sums = np.array(sums, dtype=np.uint64)
     n = len(blobs)
-    parts = max(1, min(parts, n))
-    # contiguous runs of about equal bytes (a blob's decode time follows its size): each run ends at the
-    # blob boundary nearest its share, on either side (one large blob on the wrong side is a thread idle)
+    threads = max(1, min(parts, n))
+    # contiguous runs of about equal bytes (a blob's decode time follows its size), each ending at the blob
+    # boundary nearest its share; more runs than threads, each taken by whichever thread is free next, so
+    # that a run decoding slower (colder memory, a core shared with another process) leaves no thread idle
+    count = 1 if threads == 1 else min(n, threads * RUNS_PER_THREAD)
     ends = list(itertools.accumulate(map(len, blobs)))  # (lists and bisect: a few dozen blobs, no NumPy calls)
-    bounds = [0, *(_nearest(ends, ends[-1] * j / parts) for j in range(1, parts)), n]
+    bounds = [0, *(_nearest(ends, ends[-1] * j / count) for j in range(1, count)), n]
     runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
     if not runs:
         return []
@@ -127,14 +133,20 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
             buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
         return out if out[0] == 0 else None
 
-    # the first run on this thread, which would otherwise only wait: a version is one compiled call here
-    # and one in the pool, so the pool's wake-up is paid once, not twice
-    futures = [pool.submit(run, j) for j in range(1, len(runs))] if pool is not None else []
+    results: list = [None] * len(runs)
+    taken = itertools.count()  # next() on it is atomic: each run is taken once
+
+    def work():
+        while (j := next(taken)) < len(runs):
+            results[j] = run(j)
+
+    # this thread works too (it would otherwise only wait): one pool wake-up fewer per version
+    helpers = [pool.submit(work) for _ in range(threads - 1)] if pool is not None else []
     try:
-        first = run(0)
+        work()
     finally:
-        rest = [f.result() for f in futures]
-    results = [first, *rest] if futures else [first, *(run(j) for j in range(1, len(runs)))]
+        for f in helpers:
+            f.result()
     if any(r is None or isinstance(r, Exception) for r in results):
         for (a, _), r in zip(runs, results):  # undo the runs that were written
             if isinstance(r, tuple):
