@@ -43,6 +43,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import statistics
@@ -264,6 +265,8 @@ def main(argv=None) -> None:
 
     store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
     dense_store = tempfile.mkdtemp(prefix="ulstore-sync-bench-dense-")
+    for path in (store, dense_store):  # scratch, removed however the run ends (an error, Ctrl-C)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
     pub = Publisher(store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas only after it
     dense_pub = Publisher(dense_store, anchor_every=0, threads=threads, sparse=False)
     info0 = pub.publish(0, states[0])
