@@ -125,25 +125,9 @@ def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChang
         for i, name, j, coord, start, stop, dtype in b.heads.feed():
             ref = refs[i]
             snap = snaps[i] if snaps is not None and snaps[i][0] >= 0 else None
-            c = _new(ChunkChange)  # as in _piece_changes
-            _set(
-                c,
-                "__dict__",
-                {
-                    "tensor": name,
-                    "piece": j,
-                    "coord": coord,
-                    "start": start,
-                    "stop": stop,
-                    "dtype": dtype,
-                    "kind": "unchanged" if same[i] else "intra" if ref < 0 else "delta",
-                    "content": hexes[32 * i : 32 * i + 32],
-                    "ref": None if ref < 0 else ref,
-                    "blob": (packs[pack[i]], off[i], length[i]),
-                    "snapshot": None if snap is None else (packs[snap[0]], snap[1], snap[2]),
-                },
-            )
-            out.append(c)
+            kind = "unchanged" if same[i] else "intra" if ref < 0 else "delta"
+            blob, hexed = (packs[pack[i]], off[i], length[i]), hexes[32 * i : 32 * i + 32]
+            out.append(_change(name, j, coord, start, stop, dtype, kind, hexed, ref, blob, snap, packs))
     return out
 
 
@@ -159,6 +143,31 @@ def _parent_piece(pt: TensorTable, j: int, p: Piece) -> Piece | None:
 
 _new = object.__new__
 _set = object.__setattr__
+
+
+def _change(name, j, coord, start, stop, dtype, kind, content, ref, blob, snap, packs) -> ChunkChange:
+    """One chunk's change (``ref`` < 0: none; ``snap``: its snapshot columns' row, or None)."""
+    # a frozen dataclass's __init__ sets each of the 11 fields through object.__setattr__:
+    # filling __dict__ at once makes the same object at half the cost (a feed has a change per chunk)
+    c = _new(ChunkChange)
+    _set(
+        c,
+        "__dict__",
+        {
+            "tensor": name,
+            "piece": j,
+            "coord": coord,
+            "start": start,
+            "stop": stop,
+            "dtype": dtype,
+            "kind": kind,
+            "content": content,
+            "ref": None if ref < 0 else ref,
+            "blob": blob,
+            "snapshot": None if snap is None else (packs[snap[0]], snap[1], snap[2]),
+        },
+    )
+    return c
 
 
 def _piece_changes(out: list, name: str, j: int, p: Piece, dtype, tensor_kind, pp: Piece | None, packs) -> None:
@@ -181,24 +190,5 @@ def _piece_changes(out: list, name: str, j: int, p: Piece, dtype, tensor_kind, p
         else:
             kind = "intra" if ref < 0 else "delta"
         snap = snaps[i] if snaps is not None and snaps[i][0] >= 0 else None
-        # a frozen dataclass's __init__ sets each of the 11 fields through object.__setattr__:
-        # filling __dict__ at once makes the same object at half the cost (a feed has a change per chunk)
-        c = _new(ChunkChange)
-        _set(
-            c,
-            "__dict__",
-            {
-                "tensor": name,
-                "piece": j,
-                "coord": coord,
-                "start": start,
-                "stop": stop,
-                "dtype": dtype,
-                "kind": kind,
-                "content": hexes[2 * a : 2 * b],
-                "ref": None if ref < 0 else ref,
-                "blob": (packs[pack[i]], off[i], length[i]),
-                "snapshot": None if snap is None else (packs[snap[0]], snap[1], snap[2]),
-            },
-        )
-        out.append(c)
+        blob, hexed = (packs[pack[i]], off[i], length[i]), hexes[2 * a : 2 * b]
+        out.append(_change(name, j, coord, start, stop, dtype, kind, hexed, ref, blob, snap, packs))
