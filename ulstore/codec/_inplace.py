@@ -39,10 +39,7 @@ class Applied:
 def is_sparse_blob(blob) -> bool:
     """Whether ``blob`` is a format-2 SPARSE blob (what :func:`apply_sparse` applies); nothing is checked."""
     mv = memoryview(blob)
-    return len(mv) > 9 and mv[4] == 2 and mv[6] == _SPARSE and mv[:4] == F.MAGIC
-
-
-_SPARSE = F.MODE_SPARSE
+    return len(mv) > 9 and mv[4] == 2 and mv[6] == F.MODE_SPARSE and mv[:4] == F.MAGIC
 
 
 _metas: dict[tuple, bytes] = {}

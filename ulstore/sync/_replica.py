@@ -229,16 +229,13 @@ class Replica:
         """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
         SPARSE, their kept sum known): ``(index, kept sum, flat start, flat stop, box shape)`` each."""
         out = []
-        contents, sums, specs = self._contents, self._sums, self.specs
         for i, (c, blob) in enumerate(items):
             if c.kind != "delta" or not is_sparse_blob(blob):
                 continue
-            key = (c.tensor, c.piece, c.coord)  # as _kept_sum, inline: once per changed chunk
-            held = contents.get(key)
-            kept = sums.get(key) if held is not None and held[1] == c.start and held[2] == c.stop else None
+            kept = self._kept_sum(c)
             if kept is None:
                 continue
-            first, stop, box = _geometry(specs[c.tensor].shape, c.start, c.stop)
+            first, stop, box = _geometry(self.specs[c.tensor].shape, c.start, c.stop)
             if stop is not None:
                 out.append((i, kept, first, stop, box))
         return out
@@ -247,11 +244,9 @@ class Replica:
         """Decode, check and write the SPARSE delta chunks ``fast`` (from :meth:`_in_place`) of ``items`` into
         the state: all of them, or (None) none.  Returns their :class:`Applied`, in the order of ``fast``."""
         specs = self.specs
-        dtypes = [specs[items[i][0].tensor].dtype for i, *_ in fast]
-        by_dtype: dict = {dtypes[0]: list(range(len(fast)))} if dtypes.count(dtypes[0]) == len(dtypes) else {}
-        if not by_dtype:
-            for k, dtype in enumerate(dtypes):
-                by_dtype.setdefault(dtype, []).append(k)
+        by_dtype: dict = {}
+        for k, (i, *_) in enumerate(fast):
+            by_dtype.setdefault(specs[items[i][0].tensor].dtype, []).append(k)
         done: list = [None] * len(fast)
         written: list = []
         for dtype, group in by_dtype.items():
