@@ -466,6 +466,30 @@ def test_default_follower_scan_finds_a_foreign_write_within_check_every_versions
     assert_same_bits(f.state, states[7])
 
 
+def test_default_follower_scan_runs_after_the_apply_and_wait_scan_takes_its_result(states, url):
+    """The re-sum starts once a version is written; wait_scan() reports what it found, the next poll repairs it."""
+    publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url, check_every=1)  # every scan covers the whole state
+    f.bootstrap()
+    assert f.wait_scan() and f.wait_scan()  # the replayed version's scan found nothing; then none is running
+    name = "lm_head.weight"
+    same = states[2][name].view(np.uint16).reshape(-1, 4) == states[1][name].view(np.uint16).reshape(-1, 4)
+    untouched = 4 * np.flatnonzero(same.all(axis=1))[-1]  # in an 8-byte word no change of version 2 touches
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+        f.state[name].reshape(-1).view(np.uint16)[untouched] ^= 1  # a foreign write no delta touches
+        assert f.poll() == 2 and f.version == 2  # applied: the check of version 2 runs after it
+        assert not f.wait_scan() and f.version is None
+        assert f.events[-1].kind == "corrupt" and f"{name}[" in f.events[-1].detail
+        assert f.poll() == 2
+    assert_same_bits(f.state, states[2])
+    trusted = Follower(url, trust_state=True)
+    trusted.bootstrap()
+    assert trusted._scanning is None and trusted.wait_scan()
+    f.close()
+    trusted.close()
+
+
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
     f = Follower(url)

@@ -46,7 +46,9 @@ class CatchUp:
 
         def _head(self) -> int | None: ...
 
-        def _scan_some(self) -> bool: ...
+        def _scan_result(self) -> bool: ...
+
+        def _start_scan(self) -> None: ...
 
     def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
@@ -65,6 +67,7 @@ class CatchUp:
         verified, so if every snapshot fails the state still holds its
         previous version (if it held one) and IntegrityError is raised.
         """
+        self._scan_result()  # a background scan reads the state this replaces (what it found is reported)
         traj = self._trajectory()
         path = []  # step infos from head back to the snapshot
         tried = []
@@ -191,21 +194,22 @@ class CatchUp:
         def fetch(s):
             return self._workers.prefetch.submit(Replica.fetch, traj, s)
 
-        # one version (a poll that keeps up) in trusted mode: nothing to overlap, so fetch it on this
-        # thread instead of handing it to the prefetcher and waiting
-        threaded = len(steps) > 1 or not self.trust_state
+        # one version (a poll that keeps up): nothing to overlap, so fetch it on this thread instead of
+        # handing it to the prefetcher and waiting
+        threaded = len(steps) > 1
         futures = [fetch(s) for s in steps[:2]] if threaded else []
         for i, s in enumerate(steps):
             if threaded and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
                 held = self.version
-                # default mode: re-sum part of the state held while version s downloads (nothing writes
-                # the state meanwhile); a foreign write is still found within check_every versions
-                if not self.trust_state and held is not None and not self._scan_some():
+                # default mode: the re-sum of part of the state that the last version applied started
+                # in the background; a foreign write is still found within check_every versions
+                if not self._scan_result():
                     raise ChainBroken(f"the state held diverged from version {held}")
                 fetched: Fetched = futures[i].result() if threaded else Replica.fetch(traj, s)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
+                self._start_scan()
             except (IntegrityError, NotFoundError, ChainBroken) as e:
                 for f in futures[i + 1 :]:
                     f.cancel()

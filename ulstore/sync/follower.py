@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 
 from ..errors import InvalidInputError, NotFoundError
 from ..store._base import MAIN
@@ -73,12 +74,13 @@ class Follower(CatchUp, WorkerOwner):
         both modes: each delta's reference is checked through the checksum the
         follower keeps for each chunk it wrote, and the changed elements
         through ULPack's target checksum.  False (default): with each version,
-        also re-sum ``1/check_every`` of the state held (rotating, while the
-        version downloads) against the word sums the follower keeps for its
-        chunks (computed from values verified against the store), so a
-        foreign write to the state, or any wrong value, is found within
-        ``check_every`` versions and repaired by a re-bootstrap.  True: no such scan (:meth:`verify` checks everything on
-        demand).
+        also re-sum ``1/check_every`` of the state held (rotating; in the
+        background once the version is written, see :meth:`wait_scan`)
+        against the word sums the follower keeps for its chunks (computed
+        from values verified against the store), so a foreign write to the
+        state, or any wrong value, is found within ``check_every`` versions
+        and repaired by a re-bootstrap.  True: no such scan (:meth:`verify`
+        checks everything on demand).
     check_every : int, default 16
         Versions per full rotation of the default mode's scan.
 
@@ -127,6 +129,7 @@ class Follower(CatchUp, WorkerOwner):
         self.trust_state = bool(trust_state)
         self.check_every = max(1, int(check_every))
         self._scan = 0  # position of the default mode's rotating scan
+        self._scanning: Future | None = None  # that scan, running in the background (see _start_scan)
         self._workers = Workers(threads, "ulstore-follow")
         self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
@@ -150,6 +153,8 @@ class Follower(CatchUp, WorkerOwner):
         return self._trajectory()
 
     def close(self) -> None:
+        if self._scanning is not None:
+            self._scanning.cancel()
         super().close()
         if self._traj is not None:
             self._traj.close()
@@ -215,12 +220,17 @@ class Follower(CatchUp, WorkerOwner):
             is marked invalid (:attr:`version` is None) and the next
             :meth:`poll` bootstraps.
         """
+        if not self._scan_result():
+            return False
         if self.version is None:
             return True
         return self._check(None)
 
-    def _check(self, keys, *, sums: bool = False) -> bool:
-        bad = self._replica.verify(keys, sums=sums)
+    def _check(self, keys) -> bool:
+        return self._report(self._replica.verify(keys))
+
+    def _report(self, bad: list[str]) -> bool:
+        """True if ``bad`` (chunks whose bits differ) is empty; else a ``corrupt`` event, and the state is invalid."""
         if not bad:
             return True
         self.stats.corrupt += 1
@@ -233,11 +243,14 @@ class Follower(CatchUp, WorkerOwner):
         self._replica.invalidate()
         return False
 
-    def _scan_some(self) -> bool:
-        """Default mode: re-sum the next ``1/check_every`` of the state held (by bytes, rotating over chunks)."""
+    def _start_scan(self) -> None:
+        """Default mode, a version just applied: re-sum the next ``1/check_every`` of the state (by bytes, rotating
+        over chunks) in the background, off the apply path; :meth:`_scan_result` takes its result."""
+        if self.trust_state or self.version is None:
+            return
         sizes = self._replica.chunk_bytes()
         if not sizes:
-            return True
+            return
         keys = list(sizes)
         budget = sum(sizes.values()) / self.check_every
         picked, total = [], 0
@@ -248,7 +261,33 @@ class Follower(CatchUp, WorkerOwner):
             if total >= budget:
                 break
         self._scan = (self._scan + len(picked)) % len(keys)
-        return self._check(picked, sums=True)
+        # it only reads the state and the sums kept: whatever changes them takes the result first
+        self._scanning = self._workers.prefetch.submit(self._replica.verify, picked, sums=True)
+
+    def _scan_result(self) -> bool:
+        """Wait for the background scan, if one runs; False if it found a chunk that differs (reported, and the
+        state is invalid)."""
+        scanning, self._scanning = self._scanning, None
+        return True if scanning is None else self._report(scanning.result())
+
+    def wait_scan(self) -> bool:
+        """Wait for the default mode's background check of the version last applied.
+
+        In the default mode each version applied starts a re-sum of the next
+        ``1/check_every`` of the state in the background, so that :meth:`poll`
+        returns as soon as the version is written; the next version waits for
+        it before it is applied.  Call this to have the result now (before
+        handing the state on, or to free the core the check runs on).
+
+        Returns
+        -------
+        bool
+            True if the chunks checked hold exactly the published values (or no
+            check was running).  False: a ``corrupt`` event names the chunks,
+            the state is marked invalid (:attr:`version` is None) and the next
+            :meth:`poll` bootstraps.
+        """
+        return self._scan_result()
 
     # -- bootstrap --------------------------------------------------------------------
 
