@@ -8,7 +8,6 @@ status for the same blob.  Whatever fails, no array may change.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 
 import ml_dtypes
 import numpy as np
@@ -203,29 +202,11 @@ def test_is_sparse_blob():
     assert not is_sparse_blob(b"ULPK")
 
 
-def test_runs_end_at_the_nearest_blob_boundary():
-    """apply_sparse's split: one large blob goes to whichever side leaves the runs closest to equal."""
-    from ulstore.codec._inplace import _nearest
-
-    def split(sizes):
-        ends = list(itertools.accumulate(sizes))
-        return _nearest(ends, ends[-1] / 2)
-
-    assert split([3, 3, 3, 3]) == 2
-    assert split([1, 10, 1]) == 1  # [1] | [10, 1]: 1 vs 11 ties with 11 vs 1
-    assert split([4, 4, 10, 1, 1]) == 2  # 8 | 12, not 18 | 2
-    assert split([1, 1, 10, 4, 4]) == 3  # 12 | 8, not 2 | 18
-    assert split([5]) == 1
-
-
-def test_runs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_nothing():
-    """More runs than threads (RUNS_PER_THREAD each): results in blob order; a bad blob anywhere undoes every run."""
-    from ulstore.codec._inplace import RUNS_PER_THREAD
-
+def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_nothing():
+    """Threads take blobs largest first from one job: results in blob order; a bad blob anywhere undoes them all."""
     dtype = ml_dtypes.bfloat16
     sizes = [300, 5000, 700, 4000, 900, 3000, 1200, 2500, 800, 6000, 400, 1500]
     refs, targets, blobs = chunks(dtype, sizes, seed=11)
-    assert len(blobs) > 2 * RUNS_PER_THREAD  # every thread takes several runs
     sums = [content_sum(r) for r in refs]
     shapes = [r.shape for r in refs]
     with cf.ThreadPoolExecutor(2) as pool:
@@ -244,3 +225,59 @@ def test_runs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_nothi
             arrays = [r.copy() for r in refs]
             assert apply_sparse(dtype, bad, arrays, sums, shapes, pool=pool, parts=2, buffers={}) is None, bad_at
             assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs)), bad_at
+
+
+def job(backend, dtype, blobs, arrays, order=None, crc=True):
+    fmt = format_of(np.dtype(dtype))
+    return kernels(backend).SparseApply(
+        list(blobs), [a.view(fmt.word) for a in arrays], np.array([content_sum(a) for a in arrays], dtype=np.uint64),
+        [_meta(fmt.code, tuple(a.shape)) for a in arrays], fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
+        POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, None, order, crc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_in_any_order_and_from_several_threads_gives_sparse_apply_s_result(backend):
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [700, 3000, 200, 1800, 2500, 90, 1200], seed=12)
+    want = call(backend, dtype, blobs, [r.copy() for r in refs])
+    assert want[0] == 0
+    for order, workers in ((None, 1), (list(range(len(blobs)))[::-1], 1), ([1, 4, 3, 6, 0, 2, 5], 3)):
+        arrays = [r.copy() for r in refs]
+        j = job(backend, dtype, blobs, arrays, order)
+        with cf.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda _: j.work(), range(workers)))
+        same(j.finish(), want)
+        assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_checks_each_blob_s_crc_when_asked(backend):
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [900, 1500, 600], seed=13)
+    bad = list(blobs)
+    bad[1] = blobs[1][:-1] + bytes([blobs[1][-1] ^ 0x80])  # the CRC-32 field only: the payload is intact
+    arrays = [r.copy() for r in refs]
+    j = job(backend, dtype, bad, arrays)
+    j.work()
+    assert j.finish()[:2] == (-24, 1)
+    assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+    j = job(backend, dtype, bad, arrays, crc=False)  # the caller has checked it: decoded as it is
+    j.work()
+    assert j.finish()[0] == 0
+    assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_misuse_is_an_error_and_a_job_never_worked_writes_nothing(backend):
+    dtype = ml_dtypes.bfloat16
+    refs, _, blobs = chunks(dtype, [500, 800], seed=14)
+    with pytest.raises(ValueError, match="permutation"):
+        job(backend, dtype, blobs, [r.copy() for r in refs], order=[0, 0])
+    arrays = [r.copy() for r in refs]
+    j = job(backend, dtype, blobs, arrays)
+    assert j.finish()[0] == -8  # nobody took a blob
+    assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+    with pytest.raises(RuntimeError):
+        j.finish()
+    with pytest.raises(RuntimeError):
+        j.work()

@@ -18,6 +18,8 @@ cdef enum:
     APPLY_REFERENCE = -21  # the reference's word sum does not match the blob's reference hash
     APPLY_FIELDS = -22     # a malformed payload field (truncated, out of range, padding, trailing bytes)
     APPLY_TARGET = -23     # the decoded values fail the target checksum
+    APPLY_CRC = -24        # the blob's CRC-32 does not match its bytes (checked when the job is asked to)
+    APPLY_PENDING = 1      # a blob no worker has taken (yet)
 
 
 cdef struct Section:
@@ -250,155 +252,281 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
     return status
 
 
-cdef int apply_all(Parsed* parsed, int upto, int parse_status, Py_buffer* dsts, const uint64_t* ref_sums,
-                   const uint64_t* meta_hashes, int mant_bits, int pool_below, int g_alphabet, int t_alphabet,
-                   bint write, const int64_t* starts, int64_t* pos, word_t* newv, word_t* old, uint64_t* sums,
-                   int* failed) noexcept nogil:
-    cdef int i, j, status = 0
-    cdef int64_t most = 1, n, s
-    cdef uint8_t* tokens
-    cdef uint64_t* old64
-    cdef uint32_t* slots
-    for i in range(upto):
-        most = max(most, parsed[i].m)
-    tokens = <uint8_t*>malloc(most)
-    old64 = <uint64_t*>malloc(most * sizeof(uint64_t))
-    slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
-    failed[0] = -1
+cdef extern from *:
+    """
+    static inline Py_ssize_t ulp_take(Py_ssize_t* next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+    static inline int ulp_get(const int* flag) { return __atomic_load_n(flag, __ATOMIC_RELAXED); }
+    static inline void ulp_set(int* flag, int v) { __atomic_store_n(flag, v, __ATOMIC_RELAXED); }
+    """
+    Py_ssize_t ulp_take(Py_ssize_t* next) noexcept nogil
+    int ulp_get(const int* flag) noexcept nogil
+    void ulp_set(int* flag, int v) noexcept nogil
+
+
+cdef struct Job:
+    # what every worker reads (set before the first one starts)
+    Parsed* parsed
+    Py_buffer* bb
+    Py_buffer* db
+    const uint64_t* ref_sums
+    const uint64_t* meta_hashes
+    const int64_t* starts
+    const int64_t* order
+    int64_t* pos
+    uint64_t* sums
+    int64_t most
+    Py_ssize_t upto
+    int mant_bits, pool_below, g_alphabet, t_alphabet, crc
+    bint write
+    # what the workers share
+    Py_ssize_t next  # the next entry of order to take (atomic)
+    int stop  # set by the first failure: the others take no more blobs (atomic)
+    int* statuses  # per blob: APPLY_PENDING, then 0 or its status (each written by the one worker that took it)
+
+
+cdef void work_job(Job* j, word_t* newv, word_t* oldv) noexcept nogil:
+    """Take blobs (in ``j.order``) until none is left or one failed; decode, check and write each."""
+    cdef Py_ssize_t k, i
+    cdef int64_t s, n
+    cdef int status
+    cdef const uint8_t* b
+    cdef uint32_t want
+    cdef uint8_t* tokens = <uint8_t*>malloc(j.most)
+    cdef uint64_t* old64 = <uint64_t*>malloc(j.most * sizeof(uint64_t))
+    cdef uint32_t* slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
     if tokens == NULL or old64 == NULL or slots == NULL:
-        status = -8
-        failed[0] = 0
+        ulp_set(&j.stop, 1)  # finish() finds the blobs left pending: nothing stays written
     else:
-        for i in range(upto):
-            s = starts[i]
-            n = dsts[i].len // <Py_ssize_t>sizeof(word_t)
-            status = apply_one(&parsed[i], <word_t*>dsts[i].buf, n, ref_sums[i], meta_hashes[i], mant_bits,
-                               pool_below, g_alphabet, t_alphabet, write, pos + s, newv + s, old + s, tokens,
-                               old64, slots, &sums[i])
-            if status:
-                failed[0] = i
+        while not ulp_get(&j.stop):
+            k = ulp_take(&j.next)
+            if k >= j.upto:
                 break
-        if not status and parse_status:
-            status = parse_status
-            failed[0] = upto
-        if status and write:  # undo, newest first
-            for j in range(failed[0] - 1, -1, -1):
-                put_words(<word_t*>dsts[j].buf, pos + starts[j], parsed[j].m, old + starts[j])
+            i = j.order[k]
+            b = <const uint8_t*>j.bb[i].buf
+            status = 0
+            if j.crc:
+                memcpy(&want, b + j.bb[i].len - 4, 4)
+                if ulp_crc32(0, b, j.bb[i].len - 4) != want:
+                    status = APPLY_CRC
+            if not status:
+                s = j.starts[i]
+                n = j.db[i].len // <Py_ssize_t>sizeof(word_t)
+                status = apply_one(&j.parsed[i], <word_t*>j.db[i].buf, n, j.ref_sums[i], j.meta_hashes[i],
+                                   j.mant_bits, j.pool_below, j.g_alphabet, j.t_alphabet, j.write, j.pos + s,
+                                   newv + s, oldv + s, tokens, old64, slots, &j.sums[i])
+            j.statuses[i] = status
+            if status:
+                ulp_set(&j.stop, 1)
     free(tokens)
     free(old64)
     free(slots)
-    return status
 
 
-def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas, int code, int width, int mant_bits,
-                 uint32_t emask, int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None):
-    """Decode SPARSE blobs (format version 2) against the arrays they were coded against and, ``write``, apply them.
+cdef void undo_job(Job* j, const word_t* oldv) noexcept nogil:
+    """Put back the old words of every blob written, newest index first."""
+    cdef Py_ssize_t i
+    for i in range(j.upto - 1, -1, -1):
+        if j.statuses[i] == 0:
+            put_words(<word_t*>j.db[i].buf, j.pos + j.starts[i], j.parsed[i].m, oldv + j.starts[i])
 
-    ``blobs[i]`` (bytes-like, CRC-32 already checked by the caller) was coded
-    against ``dsts[i]`` (1-d C-contiguous words of ``width`` bits, ``code`` the
-    dtype code, ``metas[i]`` the dtype code byte and the LEB128 dims of its
-    shape), whose ``hash_sum64`` is ``ref_sums[i]``.  ``emask``: the dtype's
-    context mask (0 for blobs flagged without exponent contexts).
 
-    Returns ``(status, index, pos, new, old, starts, sums)``: status 0 and index
-    -1 when every blob decoded and checked (and was written); otherwise the
-    status of blob ``index`` (-20 not a format-2 SPARSE delta of this dtype and
-    shape, -21 wrong reference, -22 malformed fields, -23 target checksum, or a
-    ``sparse_decode`` status) and no array changed (earlier writes are undone).
-    ``pos[starts[i]:starts[i+1]]``, ``new[...]`` and ``old[...]`` are blob i's
-    changed positions, new and old words (for blobs before ``index``);
-    ``sums[i]`` is ``hash_sum64`` of its target.  ``buffers``: optional
-    ``(pos, new, old)`` arrays (int64 and words) that these three are views of
-    when they are large enough (no fresh pages per call).
+cdef class SparseApply:
+    """SPARSE blobs (format version 2) decoded against the arrays they were coded against and, ``write``, applied.
+
+    ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
+    words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
+    code byte and the LEB128 dims of its shape), whose ``hash_sum64`` is
+    ``ref_sums[i]``.  ``emask``: the dtype's context mask (0 for blobs flagged
+    without exponent contexts).  ``crc``: check each blob's CRC-32 too (else
+    the caller has).
+
+    Every header is parsed here.  Then any number of threads call
+    :meth:`work` (each releases the GIL and takes the next blob of ``order``,
+    default blob order, until none is left or one has failed), and one call
+    to :meth:`finish` gives the result.  All or nothing: if any blob failed,
+    :meth:`finish` puts back every word written.
     """
-    cdef Py_ssize_t c = len(blobs), i
-    cdef int status = 0, parse_status = 0, failed = -1, upto, got_b = 0, got_m = 0, got_d = 0, wb = width // 8
-    cdef int flags = PyBUF_WRITABLE if write else PyBUF_SIMPLE
-    cdef Py_buffer* bb = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
-    cdef Py_buffer* db = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
-    cdef Py_buffer* mb = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
-    cdef Parsed* parsed = <Parsed*>calloc(max(c, 1), sizeof(Parsed))
-    cdef uint64_t* meta_hashes = <uint64_t*>calloc(max(c, 1), sizeof(uint64_t))
-    cdef Hasher hs
-    cdef int64_t total = 0
-    cdef int64_t[::1] starts_v, pos_v
-    cdef uint64_t[::1] sums_v
-    cdef uint8_t[::1] new_b, old_b
-    if bb == NULL or db == NULL or mb == NULL or parsed == NULL or meta_hashes == NULL:
-        free(bb)
-        free(db)
-        free(mb)
-        free(parsed)
-        free(meta_hashes)
-        raise MemoryError()
-    try:
-        if (len(dsts) != c or len(metas) != c or ref_sums.shape[0] != c or wb not in (1, 2, 4, 8) or width != 8 * wb
+
+    cdef Job job
+    cdef Py_ssize_t c
+    cdef int parse_status, wb, got_b, got_m, got_d, done
+    cdef object pos, new, old, starts, sums, order, ref_sums, keep
+
+    def __cinit__(self):
+        self.c = 0
+
+    def __init__(self, list blobs, list dsts, ref_sums, list metas, int code, int width, int mant_bits, uint32_t emask,
+                 int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None, order=None,
+                 bint crc=False):
+        cdef Py_ssize_t c = len(blobs), i
+        cdef int flags = PyBUF_WRITABLE if write else PyBUF_SIMPLE, wb = width // 8
+        cdef Hasher hs
+        cdef int64_t total = 0
+        cdef int64_t[::1] starts_v, pos_v, order_v
+        cdef const uint64_t[::1] ref_v
+        cdef uint64_t[::1] sums_v
+        cdef int[::1] statuses_v
+        cdef uint64_t[::1] mh_v
+        cdef Py_buffer meta
+        if self.c or self.job.parsed != NULL:
+            raise RuntimeError("SparseApply is initialised once")
+        if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb
                 or not 0 < g_alphabet <= 256 or not 0 < t_alphabet <= 256):
             raise ValueError("sparse_apply needs one array, word sum and shape per blob, and a word width of 8-64 bits")
+        self.c, self.wb = c, wb
+        self.job.bb = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
+        self.job.db = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
+        self.job.parsed = <Parsed*>calloc(max(c, 1), sizeof(Parsed))
+        if self.job.bb == NULL or self.job.db == NULL or self.job.parsed == NULL:
+            raise MemoryError()
         for i in range(c):
-            PyObject_GetBuffer(blobs[i], &bb[i], PyBUF_SIMPLE)
-            got_b += 1
-            PyObject_GetBuffer(metas[i], &mb[i], PyBUF_SIMPLE)
-            got_m += 1
-            PyObject_GetBuffer(dsts[i], &db[i], flags)
-            got_d += 1
-            if db[i].len % wb:
+            PyObject_GetBuffer(blobs[i], &self.job.bb[i], PyBUF_SIMPLE)
+            self.got_b += 1
+            PyObject_GetBuffer(dsts[i], &self.job.db[i], flags)
+            self.got_d += 1
+            if self.job.db[i].len % wb:
                 raise ValueError("sparse_apply: an array is not a whole number of words")
-        # parse every header first, to size the outputs; the first bad blob ends the run
-        upto = c
+        # parse every header first, to size the outputs; the first bad blob ends what the workers take
+        self.job.upto = c
+        self.parse_status = 0
+        meta_hashes = np.zeros(max(c, 1), dtype=np.uint64)
+        mh_v = meta_hashes
         for i in range(c):
-            parse_status = parse_sparse(<const uint8_t*>bb[i].buf, bb[i].len, <const uint8_t*>mb[i].buf, mb[i].len,
-                                        code, db[i].len // wb, emask, width, &parsed[i])
-            if parse_status:
-                upto = i
-                break
-            hs = Hasher(0, 0, 0)
-            meta_hashes[i] = hash_final(&hs, <const uint8_t*>mb[i].buf, mb[i].len)
-        starts = np.zeros(c + 1, dtype=np.int64)
-        starts_v = starts
-        for i in range(upto):
-            total += parsed[i].m
+            PyObject_GetBuffer(metas[i], &meta, PyBUF_SIMPLE)
+            try:
+                if not self.parse_status:
+                    self.parse_status = parse_sparse(<const uint8_t*>self.job.bb[i].buf, self.job.bb[i].len,
+                                                     <const uint8_t*>meta.buf, meta.len, code,
+                                                     self.job.db[i].len // wb, emask, width, &self.job.parsed[i])
+                    if self.parse_status:
+                        self.job.upto = i
+                    else:
+                        hs = Hasher(0, 0, 0)
+                        mh_v[i] = hash_final(&hs, <const uint8_t*>meta.buf, meta.len)
+            finally:
+                PyBuffer_Release(&meta)
+        self.starts = np.zeros(c + 1, dtype=np.int64)
+        starts_v = self.starts
+        self.job.most = 1
+        for i in range(self.job.upto):
+            total += self.job.parsed[i].m
+            self.job.most = max(self.job.most, self.job.parsed[i].m)
             starts_v[i + 1] = total
-        for i in range(upto, c):
+        for i in range(self.job.upto, c):
             starts_v[i + 1] = total
         word = np.dtype(f"<u{wb}")
         if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
                 and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
-            pos, new, old = buffers[0][:max(total, 1)], buffers[1][:max(total, 1)], buffers[2][:max(total, 1)]
+            self.pos, self.new, self.old = (b[:max(total, 1)] for b in buffers)
         else:
-            pos = np.empty(max(total, 1), dtype=np.int64)
-            new = np.empty(max(total, 1), dtype=word)
-            old = np.empty(max(total, 1), dtype=word)
-        sums = np.zeros(c, dtype=np.uint64)
-        pos_v, sums_v = pos, sums
-        new_b, old_b = new.view(np.uint8), old.view(np.uint8)
+            self.pos = np.empty(max(total, 1), dtype=np.int64)
+            self.new = np.empty(max(total, 1), dtype=word)
+            self.old = np.empty(max(total, 1), dtype=word)
+        self.sums = np.zeros(max(c, 1), dtype=np.uint64)
+        self.order = np.arange(max(c, 1), dtype=np.int64) if order is None else np.ascontiguousarray(order, np.int64)
+        if order is not None and (len(self.order) != c or c and not np.array_equal(np.sort(self.order), np.arange(c))):
+            raise ValueError("SparseApply: order must be a permutation of the blobs")
+        self.order = self.order[self.order < self.job.upto]  # the blobs parsed, in the order given
+        if not len(self.order):
+            self.order = np.zeros(1, dtype=np.int64)
+        self.ref_sums = np.ascontiguousarray(ref_sums, dtype=np.uint64) if c else np.zeros(1, np.uint64)
+        statuses = np.full(max(c, 1), APPLY_PENDING, dtype=np.intc)
+        self.keep = (meta_hashes, statuses)
+        pos_v, sums_v, order_v, ref_v, statuses_v = self.pos, self.sums, self.order, self.ref_sums, statuses
+        self.job.ref_sums, self.job.meta_hashes, self.job.starts = &ref_v[0], &mh_v[0], &starts_v[0]
+        self.job.order, self.job.pos, self.job.sums, self.job.statuses = &order_v[0], &pos_v[0], &sums_v[0], &statuses_v[0]
+        self.job.mant_bits, self.job.pool_below = mant_bits, pool_below
+        self.job.g_alphabet, self.job.t_alphabet, self.job.crc, self.job.write = g_alphabet, t_alphabet, crc, write
+        self.job.next, self.job.stop = 0, 0
+
+    def work(self):
+        """Decode, check and write blobs until none is left (or one failed); the GIL released throughout."""
+        cdef uint8_t[::1] new_b, old_b
+        if self.done or self.job.parsed == NULL:
+            raise RuntimeError("SparseApply: work() after finish()")
+        new_b, old_b = self.new.view(np.uint8), self.old.view(np.uint8)
         with nogil:
-            if wb == 1:
-                status = apply_all(parsed, upto, parse_status, db, &ref_sums[0] if c else NULL, meta_hashes, mant_bits,
-                                   pool_below, g_alphabet, t_alphabet, write, &starts_v[0], &pos_v[0],
-                                   <uint8_t*>&new_b[0], <uint8_t*>&old_b[0], &sums_v[0] if c else NULL, &failed)
-            elif wb == 2:
-                status = apply_all(parsed, upto, parse_status, db, &ref_sums[0] if c else NULL, meta_hashes, mant_bits,
-                                   pool_below, g_alphabet, t_alphabet, write, &starts_v[0], &pos_v[0],
-                                   <uint16_t*>&new_b[0], <uint16_t*>&old_b[0], &sums_v[0] if c else NULL, &failed)
-            elif wb == 4:
-                status = apply_all(parsed, upto, parse_status, db, &ref_sums[0] if c else NULL, meta_hashes, mant_bits,
-                                   pool_below, g_alphabet, t_alphabet, write, &starts_v[0], &pos_v[0],
-                                   <uint32_t*>&new_b[0], <uint32_t*>&old_b[0], &sums_v[0] if c else NULL, &failed)
+            if self.wb == 1:
+                work_job(&self.job, <uint8_t*>&new_b[0], <uint8_t*>&old_b[0])
+            elif self.wb == 2:
+                work_job(&self.job, <uint16_t*>&new_b[0], <uint16_t*>&old_b[0])
+            elif self.wb == 4:
+                work_job(&self.job, <uint32_t*>&new_b[0], <uint32_t*>&old_b[0])
             else:
-                status = apply_all(parsed, upto, parse_status, db, &ref_sums[0] if c else NULL, meta_hashes, mant_bits,
-                                   pool_below, g_alphabet, t_alphabet, write, &starts_v[0], &pos_v[0],
-                                   <uint64_t*>&new_b[0], <uint64_t*>&old_b[0], &sums_v[0] if c else NULL, &failed)
-        return status, failed, pos[:total], new[:total], old[:total], starts, sums
-    finally:
-        for i in range(got_b):
-            PyBuffer_Release(&bb[i])
-        for i in range(got_m):
-            PyBuffer_Release(&mb[i])
-        for i in range(got_d):
-            PyBuffer_Release(&db[i])
-        free(bb)
-        free(db)
-        free(mb)
-        free(parsed)
-        free(meta_hashes)
+                work_job(&self.job, <uint64_t*>&new_b[0], <uint64_t*>&old_b[0])
+
+    def finish(self):
+        """``(status, index, pos, new, old, starts, sums)``, once every :meth:`work` call has returned.
+
+        Status 0 and index -1 when every blob decoded and checked (and was
+        written); otherwise the status of blob ``index`` (-20 not a format-2
+        SPARSE delta of this dtype and shape, -21 wrong reference, -22
+        malformed fields, -23 target checksum, -24 CRC-32, -8 not taken (out
+        of memory), or a ``sparse_decode`` status) and no array changed.
+        With blob order and one worker, ``index`` is the first blob that
+        fails; otherwise a failing one.  ``pos[starts[i]:starts[i+1]]``,
+        ``new[...]`` and ``old[...]`` are blob i's changed positions, new and
+        old words; ``sums[i]`` is ``hash_sum64`` of its target.
+        """
+        cdef Py_ssize_t i
+        cdef int status = 0, failed = -1
+        cdef uint8_t[::1] old_b
+        cdef int[::1] statuses
+        if self.done:
+            raise RuntimeError("SparseApply: finish() called twice")
+        statuses = self.keep[1]
+        for i in range(self.job.upto):
+            if statuses[i] != 0 and statuses[i] != APPLY_PENDING:
+                status, failed = statuses[i], i
+                break
+        if not status:
+            for i in range(self.job.upto):
+                if statuses[i] == APPLY_PENDING:
+                    status, failed = -8, i  # never taken: a worker ran out of memory (or never ran)
+                    break
+        if not status and self.parse_status:
+            status, failed = self.parse_status, self.job.upto
+        if status and self.job.write:
+            old_b = self.old.view(np.uint8)
+            with nogil:
+                if self.wb == 1:
+                    undo_job(&self.job, <const uint8_t*>&old_b[0])
+                elif self.wb == 2:
+                    undo_job(&self.job, <const uint16_t*>&old_b[0])
+                elif self.wb == 4:
+                    undo_job(&self.job, <const uint32_t*>&old_b[0])
+                else:
+                    undo_job(&self.job, <const uint64_t*>&old_b[0])
+        total = self.starts[-1]
+        self._release()
+        return status, failed, self.pos[:total], self.new[:total], self.old[:total], self.starts, self.sums[:self.c]
+
+    cdef _release(self):
+        cdef Py_ssize_t i
+        self.done = 1
+        for i in range(self.got_b):
+            PyBuffer_Release(&self.job.bb[i])
+        for i in range(self.got_d):
+            PyBuffer_Release(&self.job.db[i])
+        self.got_b = self.got_d = 0
+        free(self.job.bb)
+        free(self.job.db)
+        free(self.job.parsed)
+        self.job.bb = self.job.db = NULL
+        self.job.parsed = NULL
+
+    def __dealloc__(self):
+        self._release()
+
+
+def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas, int code, int width, int mant_bits,
+                 uint32_t emask, int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None):
+    """:class:`SparseApply` on this thread, in blob order: ``(status, index, pos, new, old, starts, sums)``.
+
+    ``blobs[i]``'s CRC-32 is the caller's to check; see :class:`SparseApply`
+    for the arguments and :meth:`SparseApply.finish` for the result.
+    """
+    job = SparseApply(blobs, dsts, np.asarray(ref_sums), metas, code, width, mant_bits, emask, pool_below, g_alphabet,
+                      t_alphabet, write, buffers)
+    job.work()
+    return job.finish()

@@ -45,7 +45,7 @@ from ._reference1 import (
 )
 from ._reference3 import intra_symbols, rans_decode3, rans_encode3
 from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
-from ._reference_apply import sparse_apply
+from ._reference_apply import SparseApply, sparse_apply
 from ._reference_hash import hash64, hash_fill, hash_sum64
 from ._reference_sparse import gap_gather, scatter, sparse_decode, sparse_split, sum_update
 
@@ -73,6 +73,7 @@ __all__ = [
     "scatter",
     "sparse_decode",
     "sparse_apply",
+    "SparseApply",
     # format version 3
     "intra_symbols",
     "rans_encode3",

@@ -1,10 +1,13 @@
 """NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
 
-Same arguments, results and statuses as the compiled ``sparse_apply``; see its
-docstring there.  Imported into ``_reference`` (the numpy backend).
+Same arguments, results and statuses as the compiled ``sparse_apply`` and
+``SparseApply``; see their docstrings there.  Imported into ``_reference`` (the numpy backend).
 """
 
 from __future__ import annotations
+
+import threading
+import zlib
 
 import numpy as np
 
@@ -12,9 +15,9 @@ from ._checksum import finish_sum, fold32
 from ._format import LANES
 from ._tables import SCALE_BITS, STATE_LOW
 
-__all__ = ["sparse_apply"]
+__all__ = ["sparse_apply", "SparseApply"]
 
-APPLY_HEADER, APPLY_REFERENCE, APPLY_FIELDS, APPLY_TARGET = -20, -21, -22, -23
+APPLY_HEADER, APPLY_REFERENCE, APPLY_FIELDS, APPLY_TARGET, APPLY_CRC = -20, -21, -22, -23, -24
 
 
 class _Bad(Exception):
@@ -106,7 +109,7 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
 
 
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
-                 write, buffers=None):
+                 write, buffers=None, crc=False):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
     from ._reference import hash64, sparse_decode  # noqa: PLC0415  (imported into _reference: a cycle)
 
@@ -146,7 +149,10 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
         m, ref_hash, target_hash, em, g, t = parsed[i]
         r, s, e = views[i], int(starts[i]), int(starts[i + 1])
         nbytes = r.nbytes
-        if fold32(finish_sum(int(ref_sums[i]), nbytes)) != ref_hash:
+        b = memoryview(blobs[i]).cast("B")
+        if crc and zlib.crc32(b[:-4]) != int.from_bytes(b[-4:], "little"):
+            status = APPLY_CRC
+        elif fold32(finish_sum(int(ref_sums[i]), nbytes)) != ref_hash:
             status = APPLY_REFERENCE
         else:
             delta = np.zeros(1, dtype=np.uint64)
@@ -171,3 +177,38 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
             s, e = int(starts[j]), int(starts[j + 1])
             views[j][pos[s:e]] = old[s:e]
     return status, failed, pos, new, old, starts, sums
+
+
+class SparseApply:
+    """The compiled ``SparseApply``'s interface: the first :meth:`work` call applies every blob (blob order)."""
+
+    def __init__(self, blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
+                 write, buffers=None, order=None, crc=False):
+        c = len(blobs)
+        if order is not None and sorted(int(i) for i in order) != list(range(c)):
+            raise ValueError("SparseApply: order must be a permutation of the blobs")
+        self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
+                      write, buffers, crc)
+        self._lock = threading.Lock()
+        self._result = None
+        self._done = False
+
+    def work(self):
+        if self._done:
+            raise RuntimeError("SparseApply: work() after finish()")
+        with self._lock:
+            if self._result is None:
+                self._result = sparse_apply(*self._args)
+
+    def finish(self):
+        if self._done:
+            raise RuntimeError("SparseApply: finish() called twice")
+        self._done = True
+        blobs = self._args[0]
+        if self._result is None and not blobs:
+            self._result = sparse_apply(*self._args)
+        if self._result is None:  # never worked: nothing was written
+            word = np.dtype(f"<u{self._args[5] // 8}")
+            empty = np.empty(0, np.int64), np.empty(0, word), np.empty(0, word)
+            return -8, 0, *empty, np.zeros(len(blobs) + 1, np.int64), np.zeros(len(blobs), np.uint64)
+        return self._result
