@@ -28,7 +28,8 @@ version to this one, in four formats, and what each costs in time:
   with a compiled loop, which every format's apply must do (TRL and the
   floor keep their own state across versions, as a replica does, so every
   apply finds its memory as the last version left it); **dl@1GB/s**:
-  the ULPack bytes at 1 GB/s; **TRL apply**: parsing the int32 file and
+  the ULPack bytes at 1 GB/s; **TRL apply**: reading the int32 file from
+  its bucket (a local directory, like the followers'), parsing it and
   scattering its values into the state: the faster of numpy fancy
   assignment and TRL's own torch ``index_copy_`` (when torch is installed).
 
@@ -104,11 +105,16 @@ def trl_file(cur: dict, changed: dict, gap: bool) -> bytes:
     return dumps(tensors, meta)
 
 
-def trl_apply(state: dict, raw: bytes) -> float:
-    """What a TRL replica does after the download: parse the file, scatter its values into ``state`` (numpy, one
-    thread); returns the seconds."""
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def trl_apply(state: dict, path: str) -> float:
+    """What a TRL replica does once the version is announced: read the file from the bucket (a local directory,
+    as the followers' is), parse it, scatter its values into ``state`` (numpy, one thread); returns the seconds."""
     t0 = time.perf_counter()
-    tensors, _ = loads(raw, ValueError)
+    tensors, _ = loads(read(path), ValueError)
     for k in tensors:
         if k.endswith(".indices"):
             name = k[: -len(".indices")]
@@ -125,12 +131,13 @@ def torch_state(state: dict):
     return {k: torch.from_numpy(bits(v).view(f"<i{v.dtype.itemsize}").copy()) for k, v in state.items()}
 
 
-def trl_torch_apply(state: dict, raw: bytes) -> float:
-    """TRL's own apply: parse the file, ``index_copy_`` the values into ``state`` (torch tensors); the seconds."""
+def trl_torch_apply(state: dict, path: str) -> float:
+    """TRL's own apply: read and parse the file, ``index_copy_`` the values into ``state`` (torch tensors); the
+    seconds."""
     import torch
 
     t0 = time.perf_counter()
-    tensors, _ = loads(raw, ValueError)
+    tensors, _ = loads(read(path), ValueError)
     for k in tensors:
         if k.endswith(".indices"):
             name = k[: -len(".indices")]
@@ -267,7 +274,8 @@ def main(argv=None) -> None:
 
     store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
     dense_store = tempfile.mkdtemp(prefix="ulstore-sync-bench-dense-")
-    for path in (store, dense_store):  # scratch, removed however the run ends (an error, Ctrl-C)
+    trl_bucket = tempfile.mkdtemp(prefix="ulstore-sync-bench-trl-")  # where the TRL trainer puts its files
+    for path in (store, dense_store, trl_bucket):  # scratch, removed however the run ends (an error, Ctrl-C)
         atexit.register(shutil.rmtree, path, ignore_errors=True)
     pub = Publisher(store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas only after it
     dense_pub = Publisher(dense_store, anchor_every=0, threads=threads, sparse=False)
@@ -328,6 +336,9 @@ def main(argv=None) -> None:
         packs = b"".join(traj.fetch_blobs(deltas))
         ch = changes(prev, cur)
         i32, gap = trl_file(cur, ch, gap=False), trl_file(cur, ch, gap=True)
+        i32_path = os.path.join(trl_bucket, f"{v}.safetensors")
+        with open(i32_path, "wb") as out:  # the TRL trainer's upload; its replicas read it back, as ours do
+            out.write(i32)
         r = dict(
             v=v,
             changed=sum(i.size for i in ch.values()) / n_params,
@@ -345,9 +356,9 @@ def main(argv=None) -> None:
             checked=checked[follower],
             trusted=apply_trusted,
             floor=floor_apply(floor_state, cur, ch),
-            trl_apply=trl_apply(trl_state, i32),
-            trl_torch=None if trl_torch_state is None else trl_torch_apply(trl_torch_state, i32),
-            trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32),  # on a state just copied: cache-warm
+            trl_apply=trl_apply(trl_state, i32_path),
+            trl_torch=None if trl_torch_state is None else trl_torch_apply(trl_torch_state, i32_path),
+            trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32_path),  # on a state just copied: warm
         )
         for name, state in (
             ("follower", follower.state),
@@ -374,7 +385,7 @@ def main(argv=None) -> None:
     trusted.close()
     pub.close()
     follower.close()
-    for path in (store, dense_store):  # the buckets are scratch: 2 x (anchor + deltas) of the model
+    for path in (store, dense_store, trl_bucket):  # the buckets are scratch: 2 x (anchor + deltas) of the model
         shutil.rmtree(path, ignore_errors=True)
 
     def mean(key):
