@@ -12,7 +12,7 @@ the precise error.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +25,7 @@ from ._tables import POOL_BELOW
 __all__ = ["Applied", "is_sparse_blob", "apply_sparse"]
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(NamedTuple):
     """One blob applied in place: its changed positions (int64, in the array), new and old words, target word sum."""
 
     positions: np.ndarray
@@ -107,17 +106,5 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
         buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
     if status:
         return None
-    applied = []
     bounds = starts.tolist()
-    for i, t in enumerate(target.tolist()):
-        s, e = bounds[i], bounds[i + 1]
-        # a frozen dataclass's __init__ sets each field through object.__setattr__; filling
-        # __dict__ at once is the same object for half the cost (one per changed chunk)
-        one = _new(Applied)
-        _set(one, "__dict__", {"positions": pos[s:e], "words": new[s:e], "old": old[s:e], "content_sum": t})
-        applied.append(one)
-    return applied
-
-
-_new = object.__new__
-_set = object.__setattr__
+    return [Applied(pos[s:e], new[s:e], old[s:e], t) for s, e, t in zip(bounds, bounds[1:], target.tolist())]
