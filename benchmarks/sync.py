@@ -416,7 +416,8 @@ def main(argv=None) -> None:
         ok = all(a <= b for a, b in zip(ours, trl_total))
         print(
             f"  per replica, download at 1 GB/s + apply <= TRL int32's, {label}: {'HOLDS' if ok else 'FAILS'} "
-            f"(mean {seconds(statistics.mean(ours))} vs {seconds(statistics.mean(trl_total))}; "
+            f"(mean {seconds(statistics.mean(ours))} vs {seconds(statistics.mean(trl_total))}, "
+            f"median {seconds(statistics.median(ours))} vs {seconds(statistics.median(trl_total))}; "
             f"{sum(a <= b for a, b in zip(ours, trl_total))}/{len(rows)} versions; "
             f"scatter floor {seconds(mean('floor'))}, TRL int32 apply alone {seconds(mean('trl_best'))}; "
             f"ULPack apply = {mean(key) / mean('floor'):.1f}x the scatter floor)"
