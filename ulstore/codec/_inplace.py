@@ -101,9 +101,12 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
         status, _, pos, new, old, starts, target = job.finish()
     for f in helpers:
         f.result()  # a worker's exception (its blobs were taken by the others or reported as not taken)
-    if buffers is not None and (bufs is None or len(pos) > len(bufs[0])):  # keep the larger (with headroom)
-        total = len(pos) + len(pos) // 4
-        buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
+    if buffers is not None:
+        if bufs is None:  # the job's own outputs: their pages are in place (fresh arrays would fault them in again)
+            buffers[key] = tuple(a if a.base is None else a.base for a in (pos, new, old))
+        elif len(pos) > len(bufs[0]):  # outgrown: room for a quarter more
+            total = len(pos) + len(pos) // 4
+            buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
     if status:
         return None
     bounds = starts.tolist()
