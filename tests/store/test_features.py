@@ -156,6 +156,9 @@ def test_snapshots_alongside_deltas_bound_the_chain(monkeypatch):
     assert deltas and all(c.snapshot is not None for c in deltas)  # a replica in step reads the delta...
     blobs, snaps = traj.fetch_blobs(deltas), traj.fetch_blobs(deltas, snapshot=True)
     assert all(ulstore.inspect_blob(b)["delta"] for b in blobs)  # ...a late joiner the snapshot
+    views = traj.fetch_blobs(deltas, snapshot=True, copy=False)  # the same bytes, not copied, not writeable
+    assert all(isinstance(b, bytes) for b in snaps) and [bytes(v) for v in views] == snaps
+    assert all(isinstance(v, memoryview) and v.readonly for v in views)
     assert not any(ulstore.inspect_blob(b)["delta"] for b in snaps)
     ro = ulstore.open(traj.url, mode="r")
     decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")

@@ -1,11 +1,12 @@
-# SPARSE blobs applied in place, many per call: the weight-sync follower's hot path.  Included
-# from _kernels.pyx (it uses that file's section, table and checksum cores); twin: _reference_apply.py.
-# Per blob, in one GIL release for all of them: parse the header and both sections' fields, check
-# the reference through its word sum, decode the gap stream straight into positions, gather the
-# reference words (saving each one's aligned 8-byte word, so the checksum update never reads the
-# array again), decode the residuals, then write the new words in the same pass that sums the
-# target checksum, putting the old words back if it fails.  A blob that fails stops the call and
-# the writes of the blobs before it are undone from the saved old words.
+# SPARSE blobs applied in place, a version's worth per job: the weight-sync follower's hot path.
+# Included from _kernels.pyx (it uses that file's section, table and checksum cores); twin:
+# _reference_apply.py.  The job parses every header first; then each worker thread, in one GIL
+# release, takes the next blob and: checks its CRC-32 (if asked) and the reference through its word
+# sum, decodes the gap stream straight into positions, gathers the reference words (saving each
+# one's aligned 8-byte word, so the checksum update never reads the array again), decodes the
+# residuals, then writes the new words in the same pass that sums the target checksum, putting the
+# old words back if it fails.  A blob that fails stops the workers, and finish() undoes every
+# blob written from the saved old words.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memcmp
@@ -349,8 +350,8 @@ cdef class SparseApply:
 
     cdef Job job
     cdef Py_ssize_t c
-    cdef int parse_status, wb, got_b, got_m, got_d, done
-    cdef object pos, new, old, starts, sums, order, ref_sums, keep
+    cdef int parse_status, wb, got_b, got_d, done
+    cdef object pos, new, old, starts, sums, order, ref_sums, meta_hashes, statuses
 
     def __cinit__(self):
         self.c = 0
@@ -431,7 +432,7 @@ cdef class SparseApply:
             self.order = np.zeros(1, dtype=np.int64)
         self.ref_sums = np.ascontiguousarray(ref_sums, dtype=np.uint64) if c else np.zeros(1, np.uint64)
         statuses = np.full(max(c, 1), APPLY_PENDING, dtype=np.intc)
-        self.keep = (meta_hashes, statuses)
+        self.meta_hashes, self.statuses = meta_hashes, statuses  # (the job points into them)
         pos_v, sums_v, order_v, ref_v, statuses_v = self.pos, self.sums, self.order, self.ref_sums, statuses
         self.job.ref_sums, self.job.meta_hashes, self.job.starts = &ref_v[0], &mh_v[0], &starts_v[0]
         self.job.order, self.job.pos, self.job.sums, self.job.statuses = &order_v[0], &pos_v[0], &sums_v[0], &statuses_v[0]
@@ -474,7 +475,7 @@ cdef class SparseApply:
         cdef int[::1] statuses
         if self.done:
             raise RuntimeError("SparseApply: finish() called twice")
-        statuses = self.keep[1]
+        statuses = self.statuses
         for i in range(self.job.upto):
             if statuses[i] != 0 and statuses[i] != APPLY_PENDING:
                 status, failed = statuses[i], i

@@ -1,12 +1,12 @@
-"""A version's SPARSE delta blobs applied in place, in one compiled call per thread.
+"""A version's SPARSE delta blobs applied in place, in one compiled job.
 
 This is the weight-sync follower's hot path (:class:`ulstore.sync.Follower`):
 each blob is decoded against the array it was coded against (the replica's own
 memory), checked (CRC-32, reference through its word sum, target checksum) and
 written there, all blobs of a version in one compiled job whose threads each
-release the GIL once (kernel ``SparseApply``, see ``_apply.pxi``).  All or nothing: if any blob fails, every array is left as it
-was, and the caller decodes the blobs again with :func:`decode_changes` for
-the precise error.
+release the GIL once (kernel ``SparseApply``, see ``_apply.pxi``).  All or
+nothing: if any blob fails, every array is left as it was, and the caller
+decodes the blobs again with :func:`decode_changes` for the precise error.
 """
 
 from __future__ import annotations

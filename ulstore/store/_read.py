@@ -155,19 +155,16 @@ class ReadMixin(TrajectoryBase):
         """
         return changes_of(self._reader, self._resolve(step_or_ref), names, against_parent=against_parent)
 
-    def fetch_blobs(self, changes, *, snapshot: bool = False) -> list[bytes]:
+    def fetch_blobs(self, changes, *, snapshot: bool = False, copy: bool = True) -> list:
         """The blobs (or, with ``snapshot``, the snapshots) of ``changes``, fetched with coalesced range reads.
 
         Unchanged chunks have no blob of their own in their step; asking for
         one returns the blob their entry names (the same bytes as the parent's).
-        """
-        return [bytes(b) for b in self._blob_views(changes, snapshot=snapshot)]
 
-    def _blob_views(self, changes, *, snapshot: bool = False) -> list[memoryview]:
-        """:meth:`fetch_blobs` without copying: read-only views into the range reads.
-
-        On local disk, large reads are views of a mapping of the pack.  For callers that
-        decode the blobs and drop them (weight sync), not for keeping them.
+        ``copy=False``: read-only memoryviews into the range reads instead of
+        bytes (on local disk, large reads are views of a mapping of the pack),
+        for callers that decode the blobs and drop them, such as weight sync's
+        in-place apply; a view keeps its whole range read alive.
         """
         locs = []
         for c in changes:
@@ -175,7 +172,8 @@ class ReadMixin(TrajectoryBase):
             if loc is None:
                 raise InvalidInputError(f"chunk {c.coord} of {c.tensor!r} has no {'snapshot' if snapshot else 'blob'}")
             locs.append(loc)
-        return self._reader.fetch(locs)
+        views = self._reader.fetch(locs)
+        return views if not copy else [bytes(b) for b in views]
 
     def info(self, step_or_ref) -> StepInfo:
         """Parent, anchor distance, creation time, metadata and content checksums of one step."""

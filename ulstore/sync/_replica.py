@@ -153,11 +153,11 @@ class Replica:
                         tensor=c.tensor,
                     )
             snaps = [c for c in feed if c.snapshot is not None]
-            blobs = traj._blob_views(plain) + traj._blob_views(snaps, snapshot=True)
+            blobs = traj.fetch_blobs(plain, copy=False) + traj.fetch_blobs(snaps, snapshot=True, copy=False)
             return Fetched(info, specs, plain + snaps, blobs, True)
         changed = [c for c in feed if c.kind != "unchanged"]
         # views, not copies: every blob is decoded and checked, never kept
-        return Fetched(info, specs, feed, traj._blob_views(changed), False)
+        return Fetched(info, specs, feed, traj.fetch_blobs(changed, copy=False), False)
 
     # -- phase 1 + 2 --------------------------------------------------------------------
 
