@@ -203,7 +203,7 @@ def test_is_sparse_blob():
 
 
 def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_nothing():
-    """Threads take blobs largest first from one job: results in blob order; a bad blob anywhere undoes them all."""
+    """Threads take blobs from one job: results in blob order; a bad blob anywhere undoes them all."""
     dtype = ml_dtypes.bfloat16
     sizes = [300, 5000, 700, 4000, 900, 3000, 1200, 2500, 800, 6000, 400, 1500]
     refs, targets, blobs = chunks(dtype, sizes, seed=11)

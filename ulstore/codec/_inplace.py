@@ -65,8 +65,10 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     was coded against (seen as the blob's ``shapes[i]``), whose
     :func:`content_sum` is ``sums[i]``.  ``parts`` threads decode them: this
     one and ``parts - 1`` of ``pool``'s, all in one compiled job (each
-    releases the GIL and takes the next blob, the largest first, until none
-    is left).  Each blob's CRC-32 is checked in the job too.
+    releases the GIL and takes the next blob, in blob order, until none is
+    left: neighbouring chunks are neighbours in memory, and taking the largest
+    first measured 12% slower at 204M parameters).  Each blob's CRC-32 is
+    checked in the job too.
 
     ``buffers``: a dict this function keeps output arrays in between calls
     (per word size), so that a version does not fault in fresh pages; the
@@ -84,13 +86,10 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
         return []
     views = [a.view(word) for a in arrays]
     metas = [_meta(fmt.code, tuple(s)) for s in shapes]
-    # the largest blobs first (a blob's decode time follows its size): the last ones taken are small, so the
-    # threads run out of work at about the same time
-    order = sorted(range(n), key=lambda i: -len(blobs[i]))
     key = word.itemsize
     bufs = None if buffers is None else buffers.get(key)
     job = k.SparseApply(blobs, views, np.array(sums, dtype=np.uint64), metas, fmt.code, fmt.width, fmt.mant_bits,
-                        fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs, order, True)
+                        fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs, None, True)
     threads = max(1, min(parts, n))
     helpers = [pool.submit(job.work) for _ in range(threads - 1)] if pool is not None else []
     try:
