@@ -474,7 +474,38 @@ cdef inline uint64_t dec_renorm(uint64_t s, const uint8_t* words, int64_t* pos, 
     mask = 0 - need
     memcpy(&w16, words + 2 * pos[0], 2)
     pos[0] += need
-    return (s & ~mask) | (((s << 16) | w16) & mask)
+    return (s << (need << 4)) | (w16 & mask)  # shifted by 16 and the word in, or as it was
+
+
+cdef inline Py_ssize_t decode_groups(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_t emask,
+                                     const int32_t* rows, const uint32_t* sl, const uint8_t* pw, int64_t n_words,
+                                     uint64_t* x, int64_t* pos, uint8_t* pt, bint rare, bint one_row) noexcept nogil:
+    """The fast path of ``rans_decode_core``: whole groups of 4 while 4 more words can be read unchecked.
+
+    Returns how many tokens it decoded (``x`` and ``pos`` advanced).  ``rare``:
+    see ``dec_renorm``.  ``one_row``: one context (``emask`` 0, as for SPARSE
+    gaps), so no row is looked up per element.  Both are compile-time constants
+    at every call, so each call is its own loop.
+    """
+    cdef Py_ssize_t i = 0
+    cdef int64_t at = pos[0]  # a local: stores through pt could alias pos[0], not it
+    cdef uint64_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3]
+    cdef int32_t r0, r1, r2, r3
+    r0 = r1 = r2 = r3 = rows[0]
+    while i + 4 <= n and at + 4 <= n_words:
+        if not one_row:
+            r0 = rows[(pr[i] >> mant_bits) & emask]
+            r1 = rows[(pr[i + 1] >> mant_bits) & emask]
+            r2 = rows[(pr[i + 2] >> mant_bits) & emask]
+            r3 = rows[(pr[i + 3] >> mant_bits) & emask]
+        x0 = dec_renorm(dec_step(x0, sl, r0, pt + i), pw, &at, rare)
+        x1 = dec_renorm(dec_step(x1, sl, r1, pt + i + 1), pw, &at, rare)
+        x2 = dec_renorm(dec_step(x2, sl, r2, pt + i + 2), pw, &at, rare)
+        x3 = dec_renorm(dec_step(x3, sl, r3, pt + i + 3), pw, &at, rare)
+        i += 4
+    x[0], x[1], x[2], x[3] = x0, x1, x2, x3
+    pos[0] = at
+    return i
 
 
 cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_t emask, const int32_t* rows,
@@ -484,30 +515,22 @@ cdef int rans_decode_core(const word_t* pr, Py_ssize_t n, int mant_bits, uint32_
     cdef Py_ssize_t i = 0
     cdef int64_t pos = 0
     cdef uint64_t x[LANES]
-    cdef uint64_t x0, x1, x2, x3
     cdef int lane
     cdef uint16_t w16, zero16 = 0
     if n_words == 0:
         pw = <const uint8_t*>&zero16
-    x0, x1, x2, x3 = states[0], states[1], states[2], states[3]
-    # fast path: whole groups of 4 while 4 more words can be read unchecked;
-    # one loop per renormalisation regime (see dec_renorm)
+    x[0], x[1], x[2], x[3] = states[0], states[1], states[2], states[3]
+    # one loop per renormalisation regime (see dec_renorm) and per number of contexts
     if n_words * 16 < n:
-        while i + 4 <= n and pos + 4 <= n_words:
-            x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, True)
-            x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, True)
-            x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, True)
-            x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, True)
-            i += 4
+        if emask == 0:
+            i = decode_groups(pr, n, mant_bits, emask, rows, sl, pw, n_words, x, &pos, pt, True, True)
+        else:
+            i = decode_groups(pr, n, mant_bits, emask, rows, sl, pw, n_words, x, &pos, pt, True, False)
+    elif emask == 0:
+        i = decode_groups(pr, n, mant_bits, emask, rows, sl, pw, n_words, x, &pos, pt, False, True)
     else:
-        while i + 4 <= n and pos + 4 <= n_words:
-            x0 = dec_renorm(dec_step(x0, sl, rows[(pr[i] >> mant_bits) & emask], pt + i), pw, &pos, False)
-            x1 = dec_renorm(dec_step(x1, sl, rows[(pr[i + 1] >> mant_bits) & emask], pt + i + 1), pw, &pos, False)
-            x2 = dec_renorm(dec_step(x2, sl, rows[(pr[i + 2] >> mant_bits) & emask], pt + i + 2), pw, &pos, False)
-            x3 = dec_renorm(dec_step(x3, sl, rows[(pr[i + 3] >> mant_bits) & emask], pt + i + 3), pw, &pos, False)
-            i += 4
+        i = decode_groups(pr, n, mant_bits, emask, rows, sl, pw, n_words, x, &pos, pt, False, False)
     # the rest one element at a time, every word read checked
-    x[0], x[1], x[2], x[3] = x0, x1, x2, x3
     while i < n:
         lane = i & 3
         x[lane] = dec_step(x[lane], sl, rows[(pr[i] >> mant_bits) & emask], pt + i)
