@@ -8,6 +8,7 @@ status for the same blob.  Whatever fails, no array may change.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -281,3 +282,37 @@ def test_job_misuse_is_an_error_and_a_job_never_worked_writes_nothing(backend):
         j.finish()
     with pytest.raises(RuntimeError):
         j.work()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_finish_while_a_worker_runs_is_an_error_and_writes_stay_all_or_nothing(backend):
+    """finish() under a running work() (it used to release the job under the worker: a crash) raises; later works."""
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [200_000] * 4, seed=15, density=0.1)
+    for _ in range(4):
+        arrays = [r.copy() for r in refs]
+        j = job(backend, dtype, blobs, arrays)
+        started = threading.Event()
+
+        def run():
+            started.set()
+            try:
+                j.work()
+            except RuntimeError:  # finish() came first: nothing is written
+                pass
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        started.wait()
+        try:
+            out = j.finish()
+        except RuntimeError as e:
+            assert "while work() is running" in str(e)
+            worker.join()
+            out = j.finish()
+            assert out[0] == 0
+        worker.join()
+        if out[0]:
+            assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+        else:
+            assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))

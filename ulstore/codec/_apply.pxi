@@ -350,7 +350,7 @@ cdef class SparseApply:
 
     cdef Job job
     cdef Py_ssize_t c
-    cdef int parse_status, wb, got_b, got_d, done
+    cdef int parse_status, wb, got_b, got_d, done, active
     cdef object pos, new, old, starts, sums, order, ref_sums, meta_hashes, statuses
 
     def __cinit__(self):
@@ -446,15 +446,19 @@ cdef class SparseApply:
         if self.done or self.job.parsed == NULL:
             raise RuntimeError("SparseApply: work() after finish()")
         new_b, old_b = self.new.view(np.uint8), self.old.view(np.uint8)
-        with nogil:
-            if self.wb == 1:
-                work_job(&self.job, <uint8_t*>&new_b[0], <uint8_t*>&old_b[0])
-            elif self.wb == 2:
-                work_job(&self.job, <uint16_t*>&new_b[0], <uint16_t*>&old_b[0])
-            elif self.wb == 4:
-                work_job(&self.job, <uint32_t*>&new_b[0], <uint32_t*>&old_b[0])
-            else:
-                work_job(&self.job, <uint64_t*>&new_b[0], <uint64_t*>&old_b[0])
+        self.active += 1  # (under the GIL) finish() refuses to release the job under a running worker
+        try:
+            with nogil:
+                if self.wb == 1:
+                    work_job(&self.job, <uint8_t*>&new_b[0], <uint8_t*>&old_b[0])
+                elif self.wb == 2:
+                    work_job(&self.job, <uint16_t*>&new_b[0], <uint16_t*>&old_b[0])
+                elif self.wb == 4:
+                    work_job(&self.job, <uint32_t*>&new_b[0], <uint32_t*>&old_b[0])
+                else:
+                    work_job(&self.job, <uint64_t*>&new_b[0], <uint64_t*>&old_b[0])
+        finally:
+            self.active -= 1
 
     def finish(self):
         """``(status, index, pos, new, old, starts, sums)``, once every :meth:`work` call has returned.
@@ -475,6 +479,9 @@ cdef class SparseApply:
         cdef int[::1] statuses
         if self.done:
             raise RuntimeError("SparseApply: finish() called twice")
+        if self.active:
+            raise RuntimeError("SparseApply: finish() while work() is running (call it once every work() has returned)")
+        self.done = 1  # no work() starts from here on (the undo below releases the GIL)
         statuses = self.statuses
         for i in range(self.job.upto):
             if statuses[i] != 0 and statuses[i] != APPLY_PENDING:

@@ -190,20 +190,32 @@ class SparseApply:
         self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                       write, buffers, crc)
         self._lock = threading.Lock()
+        self._state = threading.Lock()  # guards _done and _active
         self._result = None
         self._done = False
+        self._active = 0
 
     def work(self):
-        if self._done:
-            raise RuntimeError("SparseApply: work() after finish()")
-        with self._lock:
-            if self._result is None:
-                self._result = sparse_apply(*self._args)
+        with self._state:
+            if self._done:
+                raise RuntimeError("SparseApply: work() after finish()")
+            self._active += 1
+        try:
+            with self._lock:
+                if self._result is None:
+                    self._result = sparse_apply(*self._args)
+        finally:
+            with self._state:
+                self._active -= 1
 
     def finish(self):
-        if self._done:
-            raise RuntimeError("SparseApply: finish() called twice")
-        self._done = True
+        with self._state:
+            if self._done:
+                raise RuntimeError("SparseApply: finish() called twice")
+            if self._active:
+                raise RuntimeError("SparseApply: finish() while work() is running (call it once every work() has "
+                                   "returned)")
+            self._done = True
         blobs = self._args[0]
         if self._result is None and not blobs:
             self._result = sparse_apply(*self._args)
