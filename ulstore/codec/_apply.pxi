@@ -337,7 +337,8 @@ cdef class SparseApply:
     ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
     words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
     code byte and the LEB128 dims of its shape), whose ``hash_sum64`` is
-    ``ref_sums[i]``.  ``emask``: the dtype's context mask (0 for blobs flagged
+    ``ref_sums[i]``; with ``write``, no two arrays may overlap in memory
+    (ValueError).  ``emask``: the dtype's context mask (0 for blobs flagged
     without exponent contexts).  ``crc``: check each blob's CRC-32 too (else
     the caller has).
 
@@ -387,6 +388,11 @@ cdef class SparseApply:
             self.got_d += 1
             if self.job.db[i].len % wb:
                 raise ValueError("sparse_apply: an array is not a whole number of words")
+        if write:  # all or nothing needs each blob's words to itself: the undo restores blob by blob
+            spans = sorted([(<size_t>self.job.db[i].buf, self.job.db[i].len) for i in range(c) if self.job.db[i].len])
+            for i in range(1, len(spans)):
+                if spans[i - 1][0] + spans[i - 1][1] > spans[i][0]:
+                    raise ValueError("sparse_apply: two arrays overlap in memory (each blob needs an array of its own)")
         # parse every header first, to size the outputs; the first bad blob ends what the workers take
         self.job.upto = c
         self.parse_status = 0

@@ -108,6 +108,16 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
     return m, ref_hash, target_hash, emask, g, t
 
 
+def _refuse_overlaps(dsts) -> None:
+    """All or nothing needs each blob's words to itself (the undo restores blob by blob): ValueError if two of the
+    (C-contiguous) arrays share memory."""
+    arrays = [np.asarray(d) for d in dsts if memoryview(d).c_contiguous]
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes) for a in arrays if a.nbytes)
+    for (a, na), (b, _) in zip(spans, spans[1:]):
+        if a + na > b:
+            raise ValueError("sparse_apply: two arrays overlap in memory (each blob needs an array of its own)")
+
+
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                  write, buffers=None, crc=False):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
@@ -127,6 +137,8 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
         if memoryview(dst).nbytes % wb:
             raise ValueError("sparse_apply: an array is not a whole number of words")
         views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write else np.asarray(dst).view(word))
+    if write:
+        _refuse_overlaps(views)
     parsed, status, upto = [], 0, c
     for i in range(c):
         try:
@@ -187,6 +199,8 @@ class SparseApply:
         c = len(blobs)
         if order is not None and sorted(int(i) for i in order) != list(range(c)):
             raise ValueError("SparseApply: order must be a permutation of the blobs")
+        if write:
+            _refuse_overlaps(dsts)
         self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                       write, buffers, crc)
         self._lock = threading.Lock()
