@@ -357,3 +357,21 @@ def test_job_refuses_arrays_that_overlap(backend):
     assert np.array_equal(flat_bits(whole), flat_bits(np.concatenate(targets)))
     # nothing is written without write: the same array may be read for several blobs
     assert call(backend, dtype, [blobs[0]] * 2, [refs[0], refs[0]], write=False)[0] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arrays_of_any_shape_are_their_words_in_memory_order(backend):
+    """A C-contiguous array is its flat words on every backend (the twin used to take its first axis for its
+    length, and to accept a Fortran-ordered one the compiled job refuses)."""
+    dtype = np.float16
+    refs, targets, blobs = chunks(dtype, [1200], seed=18)
+    ref, target = refs[0].reshape(30, 40), targets[0].reshape(30, 40)
+    blob = ulstore.encode(target, ref, sparse=True)
+    arr = ref.copy()
+    out = call(backend, dtype, [blob], [arr])
+    assert out[:2] == (0, -1)
+    assert np.array_equal(flat_bits(arr), flat_bits(target))
+    fortran = np.asfortranarray(ref)
+    with pytest.raises((ValueError, BufferError)):
+        call(backend, dtype, [blob], [fortran], shapes=[(30, 40)])
+    assert flat_bits(fortran).tobytes() == flat_bits(ref).tobytes()

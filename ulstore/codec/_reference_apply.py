@@ -132,11 +132,13 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
     views = []
     for blob, meta, dst in zip(blobs, metas, dsts):
         memoryview(blob), memoryview(meta)
-        if write and not memoryview(dst).contiguous or write and memoryview(dst).readonly:
-            raise BufferError("sparse_apply writes its arrays: pass writeable contiguous ones")
+        if not memoryview(dst).c_contiguous or write and memoryview(dst).readonly:
+            raise BufferError("sparse_apply reads its arrays as flat words and writes them: pass C-contiguous ones")
         if memoryview(dst).nbytes % wb:
             raise ValueError("sparse_apply: an array is not a whole number of words")
-        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write else np.asarray(dst).view(word))
+        # its words in memory order, whatever its shape (the compiled job's flat buffer)
+        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write
+                     else np.asarray(dst).reshape(-1).view(np.uint8).view(word))
     if write:
         _refuse_overlaps(views)
     parsed, status, upto = [], 0, c
