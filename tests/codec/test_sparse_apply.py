@@ -8,6 +8,7 @@ status for the same blob.  Whatever fails, no array may change.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -281,3 +282,96 @@ def test_job_misuse_is_an_error_and_a_job_never_worked_writes_nothing(backend):
         j.finish()
     with pytest.raises(RuntimeError):
         j.work()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_finish_while_a_worker_runs_is_an_error_and_writes_stay_all_or_nothing(backend):
+    """finish() under a running work() (it used to release the job under the worker: a crash) raises; later works."""
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [200_000] * 4, seed=15, density=0.1)
+    for _ in range(4):
+        arrays = [r.copy() for r in refs]
+        j = job(backend, dtype, blobs, arrays)
+        started = threading.Event()
+
+        def run():
+            started.set()
+            try:
+                j.work()
+            except RuntimeError:  # finish() came first: nothing is written
+                pass
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        started.wait()
+        try:
+            out = j.finish()
+        except RuntimeError as e:
+            assert "while work() is running" in str(e)
+            worker.join()
+            out = j.finish()
+            assert out[0] == 0
+        worker.join()
+        if out[0]:
+            assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
+        else:
+            assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_job_refuses_arrays_that_overlap(backend):
+    """Two blobs writing one array defeat all or nothing (undo goes blob by blob): refused before anything runs.
+
+    Here blob 0 goes from the second state to the third, blob 1 from the first to the second, on one array: taken
+    in the order 1, 0, both checked out, and a third blob that failed left the second state behind (undo put blob
+    1's old words back first, then blob 0's, which were blob 1's new ones).
+    """
+    dtype = ml_dtypes.bfloat16
+    fmt = format_of(np.dtype(dtype))
+    rng = np.random.default_rng(16)
+    states = [(rng.standard_normal(3000) * 2).astype(np.float32).astype(dtype)]
+    at = np.sort(rng.choice(3000, 90, replace=False))
+    for _ in range(2):
+        u = flat_bits(states[-1]).copy()
+        u[at] += 1
+        states.append(u.view(dtype))
+    first, second = ulstore.encode(states[1], states[0], sparse=True), ulstore.encode(states[2], states[1], sparse=True)
+    refs, _, blobs = chunks(dtype, [800], seed=16)
+    body = bytearray(blobs[0][:-4])
+    body[-5] ^= 0x01  # the target checksum fails
+    arr, other = states[0].copy(), refs[0].copy()
+    with pytest.raises(ValueError, match="overlap"):
+        kernels(backend).SparseApply(
+            [second, first, reseal(body)], [arr.view(fmt.word), arr.view(fmt.word), other.view(fmt.word)],
+            np.array([content_sum(states[1]), content_sum(states[0]), content_sum(refs[0])], dtype=np.uint64),
+            [_meta(fmt.code, (3000,))] * 2 + [_meta(fmt.code, (800,))], fmt.code, fmt.width, fmt.mant_bits,
+            fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, None, [1, 0, 2], True)
+    assert flat_bits(arr).tobytes() == flat_bits(states[0]).tobytes()
+    # parts of one buffer: overlapping ones are refused, neighbours (the replica's chunks of a tensor) are fine
+    refs, targets, blobs = chunks(dtype, [1000, 1000], seed=17)
+    whole = np.concatenate(refs)
+    with pytest.raises(ValueError, match="overlap"):
+        call(backend, dtype, blobs, [whole[:1000], whole[999:1999]], sums=[content_sum(r) for r in refs])
+    assert flat_bits(whole).tobytes() == flat_bits(np.concatenate(refs)).tobytes()
+    assert call(backend, dtype, blobs, [whole[:1000], whole[1000:]])[0] == 0
+    assert np.array_equal(flat_bits(whole), flat_bits(np.concatenate(targets)))
+    # nothing is written without write: the same array may be read for several blobs
+    assert call(backend, dtype, [blobs[0]] * 2, [refs[0], refs[0]], write=False)[0] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arrays_of_any_shape_are_their_words_in_memory_order(backend):
+    """A C-contiguous array is its flat words on every backend (the twin used to take its first axis for its
+    length, and to accept a Fortran-ordered one the compiled job refuses)."""
+    dtype = np.float16
+    refs, targets, blobs = chunks(dtype, [1200], seed=18)
+    ref, target = refs[0].reshape(30, 40), targets[0].reshape(30, 40)
+    blob = ulstore.encode(target, ref, sparse=True)
+    arr = ref.copy()
+    out = call(backend, dtype, [blob], [arr])
+    assert out[:2] == (0, -1)
+    assert np.array_equal(flat_bits(arr), flat_bits(target))
+    fortran = np.asfortranarray(ref)
+    with pytest.raises((ValueError, BufferError)):
+        call(backend, dtype, [blob], [fortran], shapes=[(30, 40)])
+    assert flat_bits(fortran).tobytes() == flat_bits(ref).tobytes()

@@ -337,7 +337,8 @@ cdef class SparseApply:
     ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
     words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
     code byte and the LEB128 dims of its shape), whose ``hash_sum64`` is
-    ``ref_sums[i]``.  ``emask``: the dtype's context mask (0 for blobs flagged
+    ``ref_sums[i]``; with ``write``, no two arrays may overlap in memory
+    (ValueError).  ``emask``: the dtype's context mask (0 for blobs flagged
     without exponent contexts).  ``crc``: check each blob's CRC-32 too (else
     the caller has).
 
@@ -350,7 +351,7 @@ cdef class SparseApply:
 
     cdef Job job
     cdef Py_ssize_t c
-    cdef int parse_status, wb, got_b, got_d, done
+    cdef int parse_status, wb, got_b, got_d, done, active
     cdef object pos, new, old, starts, sums, order, ref_sums, meta_hashes, statuses
 
     def __cinit__(self):
@@ -387,6 +388,11 @@ cdef class SparseApply:
             self.got_d += 1
             if self.job.db[i].len % wb:
                 raise ValueError("sparse_apply: an array is not a whole number of words")
+        if write:  # all or nothing needs each blob's words to itself: the undo restores blob by blob
+            spans = sorted([(<size_t>self.job.db[i].buf, self.job.db[i].len) for i in range(c) if self.job.db[i].len])
+            for i in range(1, len(spans)):
+                if spans[i - 1][0] + spans[i - 1][1] > spans[i][0]:
+                    raise ValueError("sparse_apply: two arrays overlap in memory (each blob needs an array of its own)")
         # parse every header first, to size the outputs; the first bad blob ends what the workers take
         self.job.upto = c
         self.parse_status = 0
@@ -446,15 +452,19 @@ cdef class SparseApply:
         if self.done or self.job.parsed == NULL:
             raise RuntimeError("SparseApply: work() after finish()")
         new_b, old_b = self.new.view(np.uint8), self.old.view(np.uint8)
-        with nogil:
-            if self.wb == 1:
-                work_job(&self.job, <uint8_t*>&new_b[0], <uint8_t*>&old_b[0])
-            elif self.wb == 2:
-                work_job(&self.job, <uint16_t*>&new_b[0], <uint16_t*>&old_b[0])
-            elif self.wb == 4:
-                work_job(&self.job, <uint32_t*>&new_b[0], <uint32_t*>&old_b[0])
-            else:
-                work_job(&self.job, <uint64_t*>&new_b[0], <uint64_t*>&old_b[0])
+        self.active += 1  # (under the GIL) finish() refuses to release the job under a running worker
+        try:
+            with nogil:
+                if self.wb == 1:
+                    work_job(&self.job, <uint8_t*>&new_b[0], <uint8_t*>&old_b[0])
+                elif self.wb == 2:
+                    work_job(&self.job, <uint16_t*>&new_b[0], <uint16_t*>&old_b[0])
+                elif self.wb == 4:
+                    work_job(&self.job, <uint32_t*>&new_b[0], <uint32_t*>&old_b[0])
+                else:
+                    work_job(&self.job, <uint64_t*>&new_b[0], <uint64_t*>&old_b[0])
+        finally:
+            self.active -= 1
 
     def finish(self):
         """``(status, index, pos, new, old, starts, sums)``, once every :meth:`work` call has returned.
@@ -475,6 +485,9 @@ cdef class SparseApply:
         cdef int[::1] statuses
         if self.done:
             raise RuntimeError("SparseApply: finish() called twice")
+        if self.active:
+            raise RuntimeError("SparseApply: finish() while work() is running (call it once every work() has returned)")
+        self.done = 1  # no work() starts from here on (the undo below releases the GIL)
         statuses = self.statuses
         for i in range(self.job.upto):
             if statuses[i] != 0 and statuses[i] != APPLY_PENDING:

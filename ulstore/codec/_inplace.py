@@ -63,7 +63,8 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
 
     ``arrays[i]``: the 1-d, C-contiguous, writeable array of ``dtype`` the blob
     was coded against (seen as the blob's ``shapes[i]``), whose
-    :func:`content_sum` is ``sums[i]``.  ``parts`` threads decode them: this
+    :func:`content_sum` is ``sums[i]``; no two may overlap in memory
+    (ValueError).  ``parts`` threads decode them: this
     one and ``parts - 1`` of ``pool``'s, all in one compiled job (each
     releases the GIL and takes the next blob, in blob order, until none is
     left: neighbouring chunks are neighbours in memory, and taking the largest

@@ -108,6 +108,16 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
     return m, ref_hash, target_hash, emask, g, t
 
 
+def _refuse_overlaps(dsts) -> None:
+    """All or nothing needs each blob's words to itself (the undo restores blob by blob): ValueError if two of the
+    (C-contiguous) arrays share memory."""
+    arrays = [np.asarray(d) for d in dsts if memoryview(d).c_contiguous]
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes) for a in arrays if a.nbytes)
+    for (a, na), (b, _) in zip(spans, spans[1:]):
+        if a + na > b:
+            raise ValueError("sparse_apply: two arrays overlap in memory (each blob needs an array of its own)")
+
+
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                  write, buffers=None, crc=False):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
@@ -122,11 +132,15 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
     views = []
     for blob, meta, dst in zip(blobs, metas, dsts):
         memoryview(blob), memoryview(meta)
-        if write and not memoryview(dst).contiguous or write and memoryview(dst).readonly:
-            raise BufferError("sparse_apply writes its arrays: pass writeable contiguous ones")
+        if not memoryview(dst).c_contiguous or write and memoryview(dst).readonly:
+            raise BufferError("sparse_apply reads its arrays as flat words and writes them: pass C-contiguous ones")
         if memoryview(dst).nbytes % wb:
             raise ValueError("sparse_apply: an array is not a whole number of words")
-        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write else np.asarray(dst).view(word))
+        # its words in memory order, whatever its shape (the compiled job's flat buffer)
+        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write
+                     else np.asarray(dst).reshape(-1).view(np.uint8).view(word))
+    if write:
+        _refuse_overlaps(views)
     parsed, status, upto = [], 0, c
     for i in range(c):
         try:
@@ -187,23 +201,37 @@ class SparseApply:
         c = len(blobs)
         if order is not None and sorted(int(i) for i in order) != list(range(c)):
             raise ValueError("SparseApply: order must be a permutation of the blobs")
+        if write:
+            _refuse_overlaps(dsts)
         self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                       write, buffers, crc)
         self._lock = threading.Lock()
+        self._state = threading.Lock()  # guards _done and _active
         self._result = None
         self._done = False
+        self._active = 0
 
     def work(self):
-        if self._done:
-            raise RuntimeError("SparseApply: work() after finish()")
-        with self._lock:
-            if self._result is None:
-                self._result = sparse_apply(*self._args)
+        with self._state:
+            if self._done:
+                raise RuntimeError("SparseApply: work() after finish()")
+            self._active += 1
+        try:
+            with self._lock:
+                if self._result is None:
+                    self._result = sparse_apply(*self._args)
+        finally:
+            with self._state:
+                self._active -= 1
 
     def finish(self):
-        if self._done:
-            raise RuntimeError("SparseApply: finish() called twice")
-        self._done = True
+        with self._state:
+            if self._done:
+                raise RuntimeError("SparseApply: finish() called twice")
+            if self._active:
+                raise RuntimeError("SparseApply: finish() while work() is running (call it once every work() has "
+                                   "returned)")
+            self._done = True
         blobs = self._args[0]
         if self._result is None and not blobs:
             self._result = sparse_apply(*self._args)
