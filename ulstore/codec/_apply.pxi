@@ -145,25 +145,34 @@ cdef inline uint64_t finish(uint64_t acc, uint64_t nbytes) noexcept nogil:
     return mix(acc + nbytes * <uint64_t>0x9E3779B97F4A7C15ULL)
 
 
+cdef inline void gather_one(const int64_t* pos, Py_ssize_t k, const word_t* r, int64_t n, word_t* rs,
+                            uint64_t* old64) noexcept nogil:
+    cdef int64_t base = pos[k] & ~(<int64_t>(8 // sizeof(word_t)) - 1)
+    cdef uint64_t w
+    if base + <int64_t>(8 // sizeof(word_t)) <= n:
+        w = load64(<const uint8_t*>&r[base])
+    else:  # the last word is zero-padded, as in hash64
+        w = 0
+        memcpy(&w, &r[base], (n - base) * sizeof(word_t))
+    old64[k] = w
+    rs[k] = <word_t>(w >> ((pos[k] - base) * 8 * sizeof(word_t)))
+
+
 cdef void gather_old(const int64_t* pos, Py_ssize_t m, const word_t* r, int64_t n, word_t* rs,
                      uint64_t* old64) noexcept nogil:
-    """The reference word at each position, and the aligned 8-byte word holding it."""
-    cdef Py_ssize_t k, per = 8 // sizeof(word_t)
-    cdef int64_t base
-    cdef uint64_t w
-    for k in range(min(m, AHEAD)):
+    """The reference word at each position, and the aligned 8-byte word holding it.
+
+    The main loop prefetches unconditionally; the last ``AHEAD`` changes, which
+    have nothing left to prefetch, get a loop of their own.
+    """
+    cdef Py_ssize_t k, ahead = min(m, AHEAD)
+    for k in range(ahead):
         __builtin_prefetch(&r[pos[k]])
-    for k in range(m):
-        if k + AHEAD < m:
-            __builtin_prefetch(&r[pos[k + AHEAD]])
-        base = pos[k] & ~(<int64_t>per - 1)
-        if base + per <= n:
-            w = load64(<const uint8_t*>&r[base])
-        else:  # the last word is zero-padded, as in hash64
-            w = 0
-            memcpy(&w, &r[base], (n - base) * sizeof(word_t))
-        old64[k] = w
-        rs[k] = <word_t>(w >> ((pos[k] - base) * 8 * sizeof(word_t)))
+    for k in range(m - ahead):
+        __builtin_prefetch(&r[pos[k + AHEAD]])
+        gather_one(pos, k, r, n, rs, old64)
+    for k in range(m - ahead, m):
+        gather_one(pos, k, r, n, rs, old64)
 
 
 cdef uint64_t sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values,
@@ -217,6 +226,7 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
     """
     cdef int64_t m = p.m, k
     cdef uint64_t nbytes = <uint64_t>n * sizeof(word_t), acc
+    cdef bint zero
     cdef int64_t q[256]
     cdef uint32_t freqs[256]
     cdef int32_t row0 = 0
@@ -240,9 +250,11 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
     if not status:
         status = unpack_core(tokens, m, p.t.tail, p.t.tail_len, p.t.tail_bits, newv)
     if not status:
-        for k in range(m):
-            if newv[k] == 0:
-                return -7
+        zero = 0
+        for k in range(m):  # no early exit: the loop vectorises (a valid blob has no zero residual)
+            zero |= newv[k] == 0
+        if zero:
+            return -7
         reconstruct_block(old, newv, 0, m)
         acc = ref_sum + sum_put(old64, pos, m, newv, dst if write else NULL)
         if fold32(finish(acc, nbytes) ^ meta_hash) != p.target_hash:
