@@ -20,7 +20,7 @@ from tests.helpers.blobs import reseal
 from ulstore import content_sum
 from ulstore.codec._backend import kernels
 from ulstore.codec._dtypes import FORMATS, format_of
-from ulstore.codec._inplace import _meta, apply_sparse, is_sparse_blob
+from ulstore.codec._inplace import _meta, apply_sparse, is_sparse_blob, reserve_buffers
 from ulstore.codec._sparse import GAPS
 from ulstore.codec._tables import POOL_BELOW
 
@@ -191,6 +191,27 @@ def test_apply_sparse_reuses_its_buffers(backend):
     (pos, new, old), = buffers.values()
     assert all(np.shares_memory(r.positions, pos) and np.shares_memory(r.words, new) for r in out)
     assert all(np.shares_memory(r.old, old) for r in out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reserved_buffers_are_written_once_and_the_first_call_applies_into_them(backend):
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [3000] * 3, seed=8)
+    buffers: dict = {}
+    reserve_buffers(dtype, 5000, buffers)
+    (pos, new, old), = buffers.values()
+    assert len(pos) == len(new) == len(old) == 5000 and (pos.dtype, new.dtype) == (np.int64, np.uint16)
+    assert not pos.any() and not new.any() and not old.any()  # written (its pages faulted in)
+    reserve_buffers(dtype, 100, buffers)  # smaller: kept as they are
+    assert buffers[2][0] is pos
+    arrays = [r.copy() for r in refs]
+    out = apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays],
+                       buffers=buffers, backend=backend)
+    assert out is not None and sum(len(r.positions) for r in out) <= 5000
+    assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
+    assert buffers[2][0] is pos and all(np.shares_memory(r.positions, pos) for r in out)
+    reserve_buffers(dtype, 9000, buffers)  # larger: replaced
+    assert len(buffers[2][0]) == 9000
 
 
 def test_is_sparse_blob():

@@ -195,3 +195,39 @@ def test_specs_of_steps_with_the_same_tensors_are_one_dict_and_other_tensors_get
         got = _specs(other)
         assert got is not specs and got == {n: Spec(n, shape, dtype) for n, (shape, dtype) in other.items()}
     assert _specs(tensors) == specs
+
+
+@pytest.mark.parametrize("every", [8, 64])  # here: the first version fits in the reserve / outgrows it
+def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_into_them(
+    store, states, every, monkeypatch
+):
+    """The first version after a snapshot load finds its output buffers faulted in (1/RESERVE_EVERY of each float
+    dtype's elements) and applies into them when it fits; a version that needs more grows them."""
+    from ulstore.store._chunkcodec import codec_for
+    from ulstore.sync import _replica
+
+    monkeypatch.setattr(_replica, "RESERVE_EVERY", every)
+    fits = every == 8
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 0, pool)
+        elements, changed = {}, {}
+        for name, spec in rep.specs.items():
+            if codec_for(spec.dtype) == "ulpack":
+                a, b = (np.asarray(s[name]).reshape(-1).view(f"<u{spec.dtype.itemsize}") for s in states[:2])
+                elements[spec.dtype] = elements.get(spec.dtype, 0) + a.size
+                changed[spec.dtype] = changed.get(spec.dtype, 0) + int(np.count_nonzero(a != b))
+        assert elements and all(changed.values())
+        reserved = {}
+        for dtype, n in elements.items():
+            pos, new, old = reserved[dtype] = rep._buffers[dtype][dtype.itemsize]
+            assert len(pos) == len(new) == len(old) == n // every and pos.dtype == np.int64
+        rep.apply(Replica.fetch(store, 1))
+        assert_same_bits(rep.state, states[1])
+        assert not rep.verify()
+        for dtype, (pos, _, _) in reserved.items():
+            kept = rep._buffers[dtype][dtype.itemsize][0]
+            assert (changed[dtype] <= len(pos)) == fits
+            if fits:
+                assert kept is pos  # written into, not replaced
+            else:
+                assert len(kept) >= changed[dtype] > len(pos)

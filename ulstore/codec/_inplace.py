@@ -22,7 +22,7 @@ from ._dtypes import format_of
 from ._sparse import GAPS
 from ._tables import POOL_BELOW
 
-__all__ = ["Applied", "is_sparse_blob", "apply_sparse"]
+__all__ = ["Applied", "is_sparse_blob", "apply_sparse", "reserve_buffers"]
 
 
 class Applied(NamedTuple):
@@ -55,6 +55,24 @@ def _meta(code: int, shape: tuple) -> bytes:
         if len(_metas) > 4096:
             _metas.clear()
     return out
+
+
+def reserve_buffers(dtype, count: int, buffers: dict) -> None:
+    """Give ``buffers`` (:func:`apply_sparse`'s dict) output arrays for ``count`` changes of ``dtype``, written once.
+
+    Writing them faults their pages in now, so that the first version applied
+    with them does not: at 204M parameters its buffers are tens of MB, and
+    faulting them in doubled that version's apply.  Nothing happens if
+    ``buffers`` already holds arrays as large.
+    """
+    word = format_of(np.dtype(dtype)).word
+    held = buffers.get(word.itemsize)
+    if count <= 0 or held is not None and len(held[0]) >= count:
+        return
+    arrays = (np.empty(count, np.int64), np.empty(count, word), np.empty(count, word))
+    for a in arrays:
+        a.fill(0)
+    buffers[word.itemsize] = arrays
 
 
 def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, pool=None, parts: int = 1,
