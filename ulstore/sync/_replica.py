@@ -29,8 +29,10 @@ __all__ = ["Replica", "ChainBroken", "Fetched"]
 Key = tuple  # (tensor name, piece index, chunk coordinate)
 
 #: A bootstrap faults in the in-place apply's buffers for 1/RESERVE_EVERY of the elements (1.6%; RL steps
-#: change 1-6%), 0.19 bytes per bf16 parameter: the first version applied would otherwise fault them in.
+#: change 1-6%), 0.19 bytes per bf16 parameter, and for at most RESERVE_MOST changes per dtype (768 MB in
+#: bf16: from about 4B parameters on, the first version grows them): it would otherwise fault them in.
 RESERVE_EVERY = 64
+RESERVE_MOST = 1 << 26
 
 
 class ChainBroken(UlstoreError):
@@ -174,15 +176,15 @@ class Replica:
         return f.nbytes
 
     def _reserve(self) -> None:
-        """Fault in the in-place apply's output buffers for 1/RESERVE_EVERY of each float dtype's elements now, in
-        the bootstrap, rather than in the first version applied (RL steps change 1-6% of the elements; a version
-        that changes more grows them, as always)."""
+        """Fault in the in-place apply's output buffers for 1/RESERVE_EVERY of each float dtype's elements (at most
+        RESERVE_MOST) now, in the bootstrap, rather than in the first version applied (RL steps change 1-6% of the
+        elements; a version that changes more grows them, as always)."""
         sizes: dict = {}
         for spec in self.specs.values():
             if codec_for(spec.dtype) == "ulpack":
                 sizes[spec.dtype] = sizes.get(spec.dtype, 0) + math.prod(spec.shape)
         for dtype, n in sizes.items():
-            reserve_buffers(dtype, n // RESERVE_EVERY, self._buffers.setdefault(dtype, {}))
+            reserve_buffers(dtype, min(n // RESERVE_EVERY, RESERVE_MOST), self._buffers.setdefault(dtype, {}))
 
     def apply(self, f: Fetched) -> int:
         """Apply step ``f.info.step``, a child of the step held; returns bytes fetched."""
