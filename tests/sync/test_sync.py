@@ -490,6 +490,27 @@ def test_default_follower_scan_runs_after_the_apply_and_wait_scan_takes_its_resu
     trusted.close()
 
 
+
+def test_a_finding_is_acted_on_even_if_on_event_raises(states, url):
+    """The state is marked invalid before the corrupt event is delivered: a callback that raises cannot leave a
+    state known to differ reported as the version."""
+    publish_all(url, states[:3], anchor_every=5)
+
+    def on_event(ev):
+        if ev.kind == "corrupt":
+            raise RuntimeError("the metrics client is down")
+
+    f = Follower(url, on_event=on_event, check_every=1)
+    f.bootstrap()
+    f.state["lm_head.weight"].view(np.uint16)[5, 5] ^= 1  # a foreign write
+    with pytest.raises(RuntimeError, match="metrics"):
+        f.verify()
+    assert f.version is None and f.events[-1].kind == "corrupt" and f.stats.corrupt == 1
+    f.on_event = None
+    assert f.poll() == 2
+    assert_same_bits(f.state, states[2])
+    f.close()
+
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
     f = Follower(url)

@@ -233,14 +233,16 @@ class Follower(CatchUp, WorkerOwner):
         """True if ``bad`` (chunks whose bits differ) is empty; else a ``corrupt`` event, and the state is invalid."""
         if not bad:
             return True
+        held = self.version
+        # invalid first: the event goes to on_event, which may raise
+        self._replica.invalidate()
         self.stats.corrupt += 1
         self._event(
             "corrupt",
-            self.version,
-            f"the state differs from version {self.version} in {len(bad)} chunk(s): "
+            held,
+            f"the state differs from version {held} in {len(bad)} chunk(s): "
             f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}",
         )
-        self._replica.invalidate()
         return False
 
     def _start_scan(self) -> None:
