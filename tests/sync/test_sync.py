@@ -511,6 +511,47 @@ def test_a_finding_is_acted_on_even_if_on_event_raises(states, url):
     assert_same_bits(f.state, states[2])
     f.close()
 
+
+def test_a_closed_follower_refuses_to_work_and_close_takes_the_running_checks_result(states, url):
+    """After close() every call that would use the stopped threads raises InvalidInputError before anything is
+    written (poll() used to apply a version and then raise RuntimeError; wait_scan() raised CancelledError); the
+    check running at close() is waited for and what it found is reported, not dropped."""
+    publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url, check_every=1)
+    f.bootstrap()
+    assert f.wait_scan()
+    name = "lm_head.weight"
+    same = states[2][name].view(np.uint16).reshape(-1, 4) == states[1][name].view(np.uint16).reshape(-1, 4)
+    untouched = 4 * np.flatnonzero(same.all(axis=1))[-1]
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+        f.state[name].reshape(-1).view(np.uint16)[untouched] ^= 1  # a foreign write no delta touches
+        assert f.poll() == 2  # the check of version 2 now runs in the background
+        f.close()
+        assert f.version is None and f.events[-1].kind == "corrupt"  # found, reported, the state invalid
+        f.close()  # twice is fine
+        assert f.wait_scan()  # nothing running
+        pub.publish(3, states[3])
+    for call in (f.poll, f.bootstrap, f.verify, lambda: next(f.follow())):
+        with pytest.raises(InvalidInputError, match="closed"):
+            call()
+    assert f.version is None and f.stats.versions_applied == 2  # 1 (replayed by the bootstrap) and 2
+    assert f.published() == 3  # one small read, no thread needed
+
+    g = Follower(url)
+    g.bootstrap()
+    assert g.version == 3
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(4, states[4])
+        pub.publish(5, states[5])
+    follow = g.follow()
+    assert next(follow) == 4
+    g.close()  # while the generator is suspended, the next version being fetched
+    with pytest.raises(InvalidInputError, match="closed"):
+        next(follow)
+    assert g.version == 4
+    assert_same_bits(g.state, states[4])
+
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
     f = Follower(url)

@@ -50,6 +50,8 @@ class CatchUp:
 
         def _start_scan(self) -> None: ...
 
+        def _check_open(self) -> None: ...
+
     def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
@@ -133,6 +135,7 @@ class CatchUp:
 
     def _advance(self, one_by_one: bool) -> Iterator[int]:
         """Generator behind poll/follow: yields each version reached."""
+        self._check_open()
         try:
             head = self._head()
         except IntegrityError as e:  # a damaged ref: nothing is applied
@@ -199,6 +202,7 @@ class CatchUp:
         threaded = len(steps) > 1
         futures = [fetch(s) for s in steps[:2]] if threaded else []
         for i, s in enumerate(steps):
+            self._check_open()  # follow(): the generator may be resumed after close()
             if threaded and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
