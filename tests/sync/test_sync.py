@@ -552,6 +552,26 @@ def test_a_closed_follower_refuses_to_work_and_close_takes_the_running_checks_re
     assert g.version == 4
     assert_same_bits(g.state, states[4])
 
+
+@pytest.mark.parametrize("call", ["poll", "bootstrap"])
+def test_a_follow_overtaken_by_a_poll_on_the_same_thread_is_not_a_corrupt_version(states, url, call):
+    """follow() suspended in the middle of a replay while poll()/bootstrap() bring the state to the head: resumed,
+    it finds nothing left to apply (it used to report the next version as corrupt and re-bootstrap)."""
+    publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url)
+    f.bootstrap()
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        for v in range(2, 6):
+            pub.publish(v, states[v])
+    follow = f.follow(timeout=0)
+    assert next(follow) == 2
+    assert getattr(f, call)() == 5
+    assert list(follow) == []
+    assert f.version == 5 and f.stats.corrupt == 0 and f.stats.rebootstraps == 0
+    assert [e.kind for e in f.events if e.kind != "apply"] == ["bootstrap"] * (1 + (call == "bootstrap"))
+    assert_same_bits(f.state, states[5])
+    f.close()
+
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
     f = Follower(url)

@@ -201,8 +201,15 @@ class CatchUp:
         # handing it to the prefetcher and waiting
         threaded = len(steps) > 1
         futures = [fetch(s) for s in steps[:2]] if threaded else []
+        at = self.version  # the version this replay left the state at
         for i, s in enumerate(steps):
             self._check_open()  # follow(): the generator may be resumed after close()
+            if self.version != at:
+                # follow(): between two yields, another call on this thread (poll, bootstrap, verify) moved the
+                # state: these steps no longer follow it, and that is no damage; the caller's next poll goes on
+                for f in futures[i:]:
+                    f.cancel()
+                return
             if threaded and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
@@ -227,6 +234,7 @@ class CatchUp:
                 else:
                     yield from self._recover(head, s, "rebootstrap")
                 return
+            at = self.version
             self.stats.versions_applied += 1
             self._stalled_at = None
             self._event("apply", s)
