@@ -147,6 +147,34 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     assert_same_bits(state, nxt)
 
 
+
+def test_a_tensor_replaced_in_the_state_dict_is_noticed_and_loaded(states, url):
+    """The caller puts another array in the dict (or, torch, another storage under the same tensor): the
+    follower used to keep writing the old memory, report the version as held and verify() True."""
+    publish_all(url, states[:2], anchor_every=20)
+    state = copy(states[0])
+    f = Follower(url, state=state)
+    f.bootstrap()
+    name = "lm_head.weight"
+    state[name] = np.zeros_like(states[0][name])  # e.g. a module re-created
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+    assert f.poll() == 2
+    assert_same_bits(state, states[2])  # the new array holds the version
+    assert name in next(e for e in f.events if e.kind == "corrupt").detail and f.stats.rebootstraps == 1
+    assert f.verify()
+
+    torch = pytest.importorskip("torch")
+    tstate = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in states[0].items()}
+    g = Follower(url, state=tstate)
+    assert g.bootstrap() == 2
+    tstate[name].set_(torch.zeros_like(tstate[name]))  # same object, other storage
+    assert not g.verify() and g.version is None and name in g.events[-1].detail
+    assert g.poll() == 2
+    assert_same_bits({k: t.view(torch.int16).numpy().view(states[2][k].dtype) for k, t in tstate.items()}, states[2])
+    f.close()
+    g.close()
+
 def test_follower_rejects_mismatched_state(states, url):
     publish_all(url, states[:2])
     wrong = copy(states[0])

@@ -52,6 +52,8 @@ class CatchUp:
 
         def _check_open(self) -> None: ...
 
+        def _bound(self) -> bool: ...
+
     def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
@@ -216,7 +218,8 @@ class CatchUp:
                 held = self.version
                 # default mode: the re-sum of part of the state that the last version applied started
                 # in the background; a foreign write is still found within check_every versions
-                if not self._scan_result():
+                # and tensors the caller replaced in the state dict are no longer the memory written
+                if not self._scan_result() or not self._bound():
                     raise ChainBroken(f"the state held diverged from version {held}")
                 fetched: Fetched = futures[i].result() if threaded else Replica.fetch(traj, s)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)

@@ -244,7 +244,7 @@ class Follower(CatchUp, WorkerOwner):
             return False
         if self.version is None:
             return True
-        return self._check(None)
+        return self._bound() and self._check(None)
 
     def _check(self, keys) -> bool:
         return self._report(self._replica.verify(keys))
@@ -262,6 +262,24 @@ class Follower(CatchUp, WorkerOwner):
             held,
             f"the state differs from version {held} in {len(bad)} chunk(s): "
             f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}",
+        )
+        return False
+
+    def _bound(self) -> bool:
+        """False if the caller replaced tensors of the state dict since they were bound (the follower would go on
+        writing the old memory): a ``corrupt`` event names them and the state is invalid (the next bootstrap binds
+        and loads the new ones)."""
+        gone = self._replica.replaced()
+        if not gone:
+            return True
+        held = self.version
+        self._replica.invalidate()
+        self.stats.corrupt += 1
+        self._event(
+            "corrupt",
+            held,
+            f"{len(gone)} tensor(s) of the state dict are not the ones written in place any more (replaced, or "
+            f"another storage): {', '.join(gone[:5])}{'...' if len(gone) > 5 else ''}; they are loaded again",
         )
         return False
 
