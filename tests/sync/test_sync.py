@@ -147,6 +147,34 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     assert_same_bits(state, nxt)
 
 
+
+def test_a_tensor_replaced_in_the_state_dict_is_noticed_and_loaded(states, url):
+    """The caller puts another array in the dict (or, torch, another storage under the same tensor): the
+    follower used to keep writing the old memory, report the version as held and verify() True."""
+    publish_all(url, states[:2], anchor_every=20)
+    state = copy(states[0])
+    f = Follower(url, state=state)
+    f.bootstrap()
+    name = "lm_head.weight"
+    state[name] = np.zeros_like(states[0][name])  # e.g. a module re-created
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+    assert f.poll() == 2
+    assert_same_bits(state, states[2])  # the new array holds the version
+    assert name in next(e for e in f.events if e.kind == "corrupt").detail and f.stats.rebootstraps == 1
+    assert f.verify()
+
+    torch = pytest.importorskip("torch")
+    tstate = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in states[0].items()}
+    g = Follower(url, state=tstate)
+    assert g.bootstrap() == 2
+    tstate[name].set_(torch.zeros_like(tstate[name]))  # same object, other storage
+    assert not g.verify() and g.version is None and name in g.events[-1].detail
+    assert g.poll() == 2
+    assert_same_bits({k: t.view(torch.int16).numpy().view(states[2][k].dtype) for k, t in tstate.items()}, states[2])
+    f.close()
+    g.close()
+
 def test_follower_rejects_mismatched_state(states, url):
     publish_all(url, states[:2])
     wrong = copy(states[0])
@@ -489,6 +517,88 @@ def test_default_follower_scan_runs_after_the_apply_and_wait_scan_takes_its_resu
     f.close()
     trusted.close()
 
+
+
+def test_a_finding_is_acted_on_even_if_on_event_raises(states, url):
+    """The state is marked invalid before the corrupt event is delivered: a callback that raises cannot leave a
+    state known to differ reported as the version."""
+    publish_all(url, states[:3], anchor_every=5)
+
+    def on_event(ev):
+        if ev.kind == "corrupt":
+            raise RuntimeError("the metrics client is down")
+
+    f = Follower(url, on_event=on_event, check_every=1)
+    f.bootstrap()
+    f.state["lm_head.weight"].view(np.uint16)[5, 5] ^= 1  # a foreign write
+    with pytest.raises(RuntimeError, match="metrics"):
+        f.verify()
+    assert f.version is None and f.events[-1].kind == "corrupt" and f.stats.corrupt == 1
+    f.on_event = None
+    assert f.poll() == 2
+    assert_same_bits(f.state, states[2])
+    f.close()
+
+
+def test_a_closed_follower_refuses_to_work_and_close_takes_the_running_checks_result(states, url):
+    """After close() every call that would use the stopped threads raises InvalidInputError before anything is
+    written (poll() used to apply a version and then raise RuntimeError; wait_scan() raised CancelledError); the
+    check running at close() is waited for and what it found is reported, not dropped."""
+    publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url, check_every=1)
+    f.bootstrap()
+    assert f.wait_scan()
+    name = "lm_head.weight"
+    same = states[2][name].view(np.uint16).reshape(-1, 4) == states[1][name].view(np.uint16).reshape(-1, 4)
+    untouched = 4 * np.flatnonzero(same.all(axis=1))[-1]
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(2, states[2])
+        f.state[name].reshape(-1).view(np.uint16)[untouched] ^= 1  # a foreign write no delta touches
+        assert f.poll() == 2  # the check of version 2 now runs in the background
+        f.close()
+        assert f.version is None and f.events[-1].kind == "corrupt"  # found, reported, the state invalid
+        f.close()  # twice is fine
+        assert f.wait_scan()  # nothing running
+        pub.publish(3, states[3])
+    for call in (f.poll, f.bootstrap, f.verify, lambda: next(f.follow())):
+        with pytest.raises(InvalidInputError, match="closed"):
+            call()
+    assert f.version is None and f.stats.versions_applied == 2  # 1 (replayed by the bootstrap) and 2
+    assert f.published() == 3  # one small read, no thread needed
+
+    g = Follower(url)
+    g.bootstrap()
+    assert g.version == 3
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        pub.publish(4, states[4])
+        pub.publish(5, states[5])
+    follow = g.follow()
+    assert next(follow) == 4
+    g.close()  # while the generator is suspended, the next version being fetched
+    with pytest.raises(InvalidInputError, match="closed"):
+        next(follow)
+    assert g.version == 4
+    assert_same_bits(g.state, states[4])
+
+
+@pytest.mark.parametrize("call", ["poll", "bootstrap"])
+def test_a_follow_overtaken_by_a_poll_on_the_same_thread_is_not_a_corrupt_version(states, url, call):
+    """follow() suspended in the middle of a replay while poll()/bootstrap() bring the state to the head: resumed,
+    it finds nothing left to apply (it used to report the next version as corrupt and re-bootstrap)."""
+    publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url)
+    f.bootstrap()
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        for v in range(2, 6):
+            pub.publish(v, states[v])
+    follow = f.follow(timeout=0)
+    assert next(follow) == 2
+    assert getattr(f, call)() == 5
+    assert list(follow) == []
+    assert f.version == 5 and f.stats.corrupt == 0 and f.stats.rebootstraps == 0
+    assert [e.kind for e in f.events if e.kind != "apply"] == ["bootstrap"] * (1 + (call == "bootstrap"))
+    assert_same_bits(f.state, states[5])
+    f.close()
 
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])

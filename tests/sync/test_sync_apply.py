@@ -232,3 +232,41 @@ def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_int
                 assert kept is pos  # written into, not replaced
             else:
                 assert len(kept) >= changed[dtype] > len(pos)
+
+
+class _ShutDownPool(cf.ThreadPoolExecutor):
+    """A decode pool shut down (``cancel_futures=True``, as ``Follower.close()`` does) while a version is
+    applied: the compiled job's helpers are cancelled before they start, the way shutdown cancels what is
+    queued (``cancel()``, never ``set_running_or_notify_cancel()``)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        if getattr(fn, "__name__", "") != "work":
+            return super().submit(fn, *args, **kwargs)
+        fut = cf.Future()
+        fut.cancel()
+        return fut
+
+
+def test_a_helper_cancelled_by_the_pools_shutdown_neither_hangs_the_apply_nor_fails_it(store, states):
+    import threading
+
+    with cf.ThreadPoolExecutor(2) as pool, _ShutDownPool(2) as shut:
+        rep = replica_at(store, 1, pool)
+        rep.pool = shut
+        f = Replica.fetch(store, 2)
+        assert sum(c.kind == "delta" for c in f.changes) >= 2  # applied by this thread and at least one helper
+        out: list = []
+
+        def apply():
+            try:
+                out.append(rep.apply(f))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                out.append(e)
+
+        t = threading.Thread(target=apply, daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the apply waits forever for a helper the pool's shutdown cancelled"
+        assert not isinstance(out[0], BaseException), out[0]
+        assert rep.version == 2  # this thread took every blob: nothing was lost with the helper
+        assert_same_bits(rep.state, states[2])

@@ -59,12 +59,20 @@ class Binding:
     caller's tensor is on a device (``device`` is then its flat view).
     """
 
-    __slots__ = ("name", "mirror", "device")
+    __slots__ = ("name", "mirror", "device", "source", "ptr")
 
-    def __init__(self, name: str, mirror: np.ndarray, device=None):
+    def __init__(self, name: str, mirror: np.ndarray, device=None, source=None):
         self.name = name
         self.mirror = mirror
         self.device = device
+        self.source = source  # the caller's object bound (None: not checked)
+        self.ptr = source.data_ptr() if is_tensor(source) else None  # torch: set_() or .data= swap the storage
+
+    def current(self, value) -> bool:
+        """Whether ``value`` (what the state dict now holds under this name) is still the memory written."""
+        if self.source is None:
+            return True
+        return value is self.source and (self.ptr is None or value.data_ptr() == self.ptr)
 
     def write(self, start: int, values: np.ndarray) -> None:
         """Overwrite elements ``[start, start + len(values))`` with ``values``."""
@@ -120,11 +128,11 @@ def bind(spec: Spec, value) -> Binding:
             if mirror.size and mirror.__array_interface__["data"][0] != t.data_ptr():
                 raise InvalidInputError("cannot write into this tensor in place", tensor=spec.name)
             _check_dtype(spec, mirror.dtype)
-            return Binding(spec.name, mirror.reshape(-1))
+            return Binding(spec.name, mirror.reshape(-1), source=value)
         probe = from_tensor(t.reshape(-1)[:0])  # dtype only, no copy of the data
         _check_dtype(spec, probe.dtype)
         mirror = from_tensor(t).reshape(-1).copy()
-        return Binding(spec.name, mirror, t.reshape(-1))
+        return Binding(spec.name, mirror, t.reshape(-1), source=value)
     if not isinstance(value, np.ndarray):
         raise InvalidInputError(
             f"state values must be numpy arrays or torch tensors, got {type(value).__name__}", tensor=spec.name
@@ -134,13 +142,13 @@ def bind(spec: Spec, value) -> Binding:
     _check_dtype(spec, value.dtype)
     if not value.flags.c_contiguous or not value.flags.writeable or value.dtype.byteorder == ">":
         raise InvalidInputError("array must be C-contiguous, writeable and little-endian", tensor=spec.name)
-    return Binding(spec.name, value.reshape(-1))
+    return Binding(spec.name, value.reshape(-1), source=value)
 
 
 def allocate(spec: Spec) -> tuple[np.ndarray, Binding]:
     """A fresh zeroed array for ``spec`` (follower-owned state) and its binding."""
     arr = np.zeros(spec.shape, dtype=spec.dtype)
-    return arr, Binding(spec.name, arr.reshape(-1))
+    return arr, Binding(spec.name, arr.reshape(-1), source=arr)
 
 
 def _check_dtype(spec: Spec, dtype: np.dtype) -> None:

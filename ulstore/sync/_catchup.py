@@ -50,6 +50,10 @@ class CatchUp:
 
         def _start_scan(self) -> None: ...
 
+        def _check_open(self) -> None: ...
+
+        def _bound(self) -> bool: ...
+
     def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
@@ -133,6 +137,7 @@ class CatchUp:
 
     def _advance(self, one_by_one: bool) -> Iterator[int]:
         """Generator behind poll/follow: yields each version reached."""
+        self._check_open()
         try:
             head = self._head()
         except IntegrityError as e:  # a damaged ref: nothing is applied
@@ -198,14 +203,23 @@ class CatchUp:
         # handing it to the prefetcher and waiting
         threaded = len(steps) > 1
         futures = [fetch(s) for s in steps[:2]] if threaded else []
+        at = self.version  # the version this replay left the state at
         for i, s in enumerate(steps):
+            self._check_open()  # follow(): the generator may be resumed after close()
+            if self.version != at:
+                # follow(): between two yields, another call on this thread (poll, bootstrap, verify) moved the
+                # state: these steps no longer follow it, and that is no damage; the caller's next poll goes on
+                for f in futures[i:]:
+                    f.cancel()
+                return
             if threaded and i + 2 < len(steps):
                 futures.append(fetch(steps[i + 2]))
             try:
                 held = self.version
                 # default mode: the re-sum of part of the state that the last version applied started
                 # in the background; a foreign write is still found within check_every versions
-                if not self._scan_result():
+                # and tensors the caller replaced in the state dict are no longer the memory written
+                if not self._scan_result() or not self._bound():
                     raise ChainBroken(f"the state held diverged from version {held}")
                 fetched: Fetched = futures[i].result() if threaded else Replica.fetch(traj, s)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
@@ -223,6 +237,7 @@ class CatchUp:
                 else:
                     yield from self._recover(head, s, "rebootstrap")
                 return
+            at = self.version
             self.stats.versions_applied += 1
             self._stalled_at = None
             self._event("apply", s)

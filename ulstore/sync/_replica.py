@@ -344,8 +344,9 @@ class Replica:
                 )
         bindings = {}
         for name, spec in specs.items():
-            if self.specs.get(name) == spec and name in self._bindings:
-                bindings[name] = self._bindings[name]
+            kept = self._bindings.get(name)
+            if self.specs.get(name) == spec and kept is not None and kept.current(self.state.get(name)):
+                bindings[name] = kept
             elif self.owned:
                 self.state[name], bindings[name] = allocate(spec)
             else:
@@ -400,6 +401,11 @@ class Replica:
         self._applied_specs = f.specs  # self.specs is equal to it (a copy)
 
     # -- checking -----------------------------------------------------------------------
+
+    def replaced(self) -> list[str]:
+        """Tensors whose entry in the state dict is no longer the object (torch: the storage) the replica writes."""
+        state = self.state
+        return [n for n, b in self._bindings.items() if not b.current(state.get(n))]
 
     def chunk_bytes(self) -> dict[Key, int]:
         """Bytes of each chunk held, in a stable order (name, piece, coordinate)."""

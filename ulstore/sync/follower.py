@@ -133,6 +133,7 @@ class Follower(CatchUp, WorkerOwner):
         self._workers = Workers(threads, "ulstore-follow")
         self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
+        self._closed = False
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
 
@@ -153,11 +154,29 @@ class Follower(CatchUp, WorkerOwner):
         return self._trajectory()
 
     def close(self) -> None:
-        if self._scanning is not None:
-            self._scanning.cancel()
-        super().close()
-        if self._traj is not None:
-            self._traj.close()
+        """Stop the worker threads (a second call does nothing).
+
+        The default mode's background check, if one is running, is waited for
+        first and its result taken as :meth:`wait_scan` takes it (a finding is
+        reported and the state marked invalid; an exception it raised is
+        raised here).  Afterwards :meth:`poll`, :meth:`follow`,
+        :meth:`bootstrap` and :meth:`verify` raise InvalidInputError;
+        :attr:`state`, :attr:`version`, :meth:`published` and :meth:`wait_scan`
+        still work.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._scan_result()  # the last version's check: the caller may go on using the state
+        finally:
+            super().close()
+            if self._traj is not None:
+                self._traj.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInputError(f"this Follower of {self.url!r} is closed; open a new one")
 
     @property
     def version(self) -> int | None:
@@ -220,11 +239,12 @@ class Follower(CatchUp, WorkerOwner):
             is marked invalid (:attr:`version` is None) and the next
             :meth:`poll` bootstraps.
         """
+        self._check_open()
         if not self._scan_result():
             return False
         if self.version is None:
             return True
-        return self._check(None)
+        return self._bound() and self._check(None)
 
     def _check(self, keys) -> bool:
         return self._report(self._replica.verify(keys))
@@ -233,14 +253,34 @@ class Follower(CatchUp, WorkerOwner):
         """True if ``bad`` (chunks whose bits differ) is empty; else a ``corrupt`` event, and the state is invalid."""
         if not bad:
             return True
+        held = self.version
+        # invalid first: the event goes to on_event, which may raise
+        self._replica.invalidate()
         self.stats.corrupt += 1
         self._event(
             "corrupt",
-            self.version,
-            f"the state differs from version {self.version} in {len(bad)} chunk(s): "
+            held,
+            f"the state differs from version {held} in {len(bad)} chunk(s): "
             f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}",
         )
+        return False
+
+    def _bound(self) -> bool:
+        """False if the caller replaced tensors of the state dict since they were bound (the follower would go on
+        writing the old memory): a ``corrupt`` event names them and the state is invalid (the next bootstrap binds
+        and loads the new ones)."""
+        gone = self._replica.replaced()
+        if not gone:
+            return True
+        held = self.version
         self._replica.invalidate()
+        self.stats.corrupt += 1
+        self._event(
+            "corrupt",
+            held,
+            f"{len(gone)} tensor(s) of the state dict are not the ones written in place any more (replaced, or "
+            f"another storage): {', '.join(gone[:5])}{'...' if len(gone) > 5 else ''}; they are loaded again",
+        )
         return False
 
     def _start_scan(self) -> None:
@@ -313,6 +353,7 @@ class Follower(CatchUp, WorkerOwner):
         BucketAccessError
             The bucket is unreachable.
         """
+        self._check_open()
         head = self._wait_head(timeout)
         self._bootstrap(head, "bootstrap")
         assert self.version is not None
