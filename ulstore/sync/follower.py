@@ -253,17 +253,10 @@ class Follower(CatchUp, WorkerOwner):
         """True if ``bad`` (chunks whose bits differ) is empty; else a ``corrupt`` event, and the state is invalid."""
         if not bad:
             return True
-        held = self.version
-        # invalid first: the event goes to on_event, which may raise
-        self._replica.invalidate()
-        self.stats.corrupt += 1
-        self._event(
-            "corrupt",
-            held,
-            f"the state differs from version {held} in {len(bad)} chunk(s): "
-            f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}",
+        return self._corrupt(
+            f"the state differs from version {self.version} in {len(bad)} chunk(s): "
+            f"{', '.join(bad[:5])}{'...' if len(bad) > 5 else ''}"
         )
-        return False
 
     def _bound(self) -> bool:
         """False if the caller replaced tensors of the state dict since they were bound (the follower would go on
@@ -272,15 +265,17 @@ class Follower(CatchUp, WorkerOwner):
         gone = self._replica.replaced()
         if not gone:
             return True
-        held = self.version
-        self._replica.invalidate()
-        self.stats.corrupt += 1
-        self._event(
-            "corrupt",
-            held,
+        return self._corrupt(
             f"{len(gone)} tensor(s) of the state dict are not the ones written in place any more (replaced, or "
-            f"another storage): {', '.join(gone[:5])}{'...' if len(gone) > 5 else ''}; they are loaded again",
+            f"another storage): {', '.join(gone[:5])}{'...' if len(gone) > 5 else ''}; they are loaded again"
         )
+
+    def _corrupt(self, message: str) -> bool:
+        """The state held is not the version it claims: mark it invalid, then a ``corrupt`` event; False."""
+        held = self.version
+        self._replica.invalidate()  # first: the event goes to on_event, which may raise
+        self.stats.corrupt += 1
+        self._event("corrupt", held, message)
         return False
 
     def _start_scan(self) -> None:
