@@ -28,9 +28,8 @@ __all__ = ["Replica", "ChainBroken", "Fetched"]
 
 Key = tuple  # (tensor name, piece index, chunk coordinate)
 
-#: A bootstrap faults in the in-place apply's buffers for 1/RESERVE_EVERY of the elements (1.6%; RL steps
-#: change 1-6%), 0.19 bytes per bf16 parameter, and for at most RESERVE_MOST changes per dtype (768 MB in
-#: bf16: from about 4B parameters on, the first version grows them): it would otherwise fault them in.
+#: A bootstrap faults in the apply's buffers for 1/RESERVE_EVERY of the elements (RL steps change 1-6%), at most
+#: RESERVE_MOST changes per dtype (768 MB in bf16): the first version applied would otherwise fault them in.
 RESERVE_EVERY = 64
 RESERVE_MOST = 1 << 26
 
@@ -176,9 +175,7 @@ class Replica:
         return f.nbytes
 
     def _reserve(self) -> None:
-        """Fault in the in-place apply's output buffers for 1/RESERVE_EVERY of each float dtype's elements (at most
-        RESERVE_MOST) now, in the bootstrap, rather than in the first version applied (RL steps change 1-6% of the
-        elements; a version that changes more grows them, as always)."""
+        """Fault in the in-place apply's buffers now (RESERVE_EVERY); a version that changes more grows them."""
         sizes: dict = {}
         for spec in self.specs.values():
             if codec_for(spec.dtype) == "ulpack":
@@ -404,8 +401,7 @@ class Replica:
 
     def replaced(self) -> list[str]:
         """Tensors whose entry in the state dict is no longer the object (torch: the storage) the replica writes."""
-        state = self.state
-        return [n for n, b in self._bindings.items() if not b.current(state.get(n))]
+        return [n for n, b in self._bindings.items() if not b.current(self.state.get(n))]
 
     def chunk_bytes(self) -> dict[Key, int]:
         """Bytes of each chunk held, in a stable order (name, piece, coordinate)."""
