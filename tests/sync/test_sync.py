@@ -147,7 +147,6 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     assert_same_bits(state, nxt)
 
 
-
 def test_a_tensor_replaced_in_the_state_dict_is_noticed_and_loaded(states, url):
     """The caller puts another array in the dict (or, torch, another storage under the same tensor): the
     follower used to keep writing the old memory, report the version as held and verify() True."""
@@ -174,6 +173,7 @@ def test_a_tensor_replaced_in_the_state_dict_is_noticed_and_loaded(states, url):
     assert_same_bits({k: t.view(torch.int16).numpy().view(states[2][k].dtype) for k, t in tstate.items()}, states[2])
     f.close()
     g.close()
+
 
 def test_follower_rejects_mismatched_state(states, url):
     publish_all(url, states[:2])
@@ -518,7 +518,6 @@ def test_default_follower_scan_runs_after_the_apply_and_wait_scan_takes_its_resu
     trusted.close()
 
 
-
 def test_a_finding_is_acted_on_even_if_on_event_raises(states, url):
     """The state is marked invalid before the corrupt event is delivered: a callback that raises cannot leave a
     state known to differ reported as the version."""
@@ -599,6 +598,7 @@ def test_a_follow_overtaken_by_a_poll_on_the_same_thread_is_not_a_corrupt_versio
     assert [e.kind for e in f.events if e.kind != "apply"] == ["bootstrap"] * (1 + (call == "bootstrap"))
     assert_same_bits(f.state, states[5])
     f.close()
+
 
 def test_damaged_branch_ref_is_reported_not_applied(states, url):
     publish_all(url, states[:3])
