@@ -749,7 +749,7 @@ def test_every_single_byte_corruption(name):
                 ulstore.decode(blob + extra, r)
 
 
-@pytest.mark.parametrize("version", [0, 4, 255])
+@pytest.mark.parametrize("version", [0, 5, 255])
 def test_unknown_version(version):
     blob = ulstore.encode(np.linspace(0, 1, 50, dtype=np.float32))
     assert blob[:4] == b"ULPK" and blob[4] == 3

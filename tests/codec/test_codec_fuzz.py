@@ -16,8 +16,9 @@ Two families:
   accepted (padding) must look like padding: an edge run of < 8 bits in a byte.
 
 Blobs of every mode of today's format (version 3, with 4- and 32-lane sections:
-the latter decode through the AVX2 loop where the CPU has it), and golden blobs of
-versions 1 and 2 (``tests/fixtures/ulpack_v1``), which must keep decoding safely.
+the latter decode through the AVX2 loop where the CPU has it; SPARSE: version 4),
+and golden blobs of versions 1 and 2 (``tests/fixtures/ulpack_v1``), which must
+keep decoding safely.
 
 The header end comes from ``ulstore.codec._format.open_blob`` (the reader it returns
 stands at the payload).  Only the crafted-blob tests at the end parse the table
@@ -183,7 +184,7 @@ def blobs():
         assert _encode(t, r, econd, sparse, kind in WIDE, backend="numpy") == blob
         info = ulstore.inspect_blob(blob)
         assert info["mode"] == EXPECTED_MODE.get(kind, "rans"), (kind, info)
-        assert info["version"] == (2 if sparse else 3), (kind, info)
+        assert info["version"] == (4 if sparse else 3), (kind, info)
         assert len(blob) < 8000, (kind, len(blob))
         if kind in WIDE:
             assert blob != _encode(t, r, econd, sparse, False), f"{kind}: 32 lanes were not forced"

@@ -1,4 +1,4 @@
-"""The SPARSE mode (format version 2) and the O(changes) path: ``decode_changes`` + ``content_sum``.
+"""The SPARSE mode (format versions 4 and 2) and the O(changes) path: ``decode_changes`` + ``content_sum``.
 
 Every check compares bits.  The point of the mode is that a caller who keeps
 its reference's ``content_sum`` applies a delta touching only the changed
@@ -104,7 +104,7 @@ def test_backend_parity_and_versions(econd):
     blobs = {b: ulstore.encode(target, ref, econd=econd, sparse=True, backend=b) for b in BACKENDS}
     assert len(set(blobs.values())) == 1, "backends write different SPARSE bytes"
     blob = blobs["numpy"]
-    assert blob[4] == 2 and ulstore.inspect_blob(blob)["version"] == 2
+    assert blob[4] == 4 and ulstore.inspect_blob(blob)["version"] == 4  # SPARSE: Elias-Fano positions
     assert ulstore.encode(target, ref, econd=econd)[4] == 3  # other modes write version 3
     for b in BACKENDS:  # each decodes every other's blob (they are one blob)
         check(blob, ref, target, backend=b)
@@ -226,12 +226,17 @@ def test_version_mode_pairing_is_strict():
     ref = reference(np.float32, 2000, rng)
     target = changed_at(ref, [5, 900, 1999], rng)
     sparse, dense = ulstore.encode(target, ref, sparse=True), ulstore.encode(target, ref)
-    assert sparse[4] == 2 and dense[4] == 3
+    assert sparse[4] == 4 and dense[4] == 3
     as_v1 = reseal(sparse[:4] + b"\x01" + sparse[5:-4])
     with pytest.raises(CorruptBlobError, match="unknown mode"):
         ulstore.decode(as_v1, ref)
-    # the other versions' headers have other layouts: misread, they are refused somewhere
-    for bad in (reseal(dense[:4] + b"\x02" + dense[5:-4]), reseal(sparse[:4] + b"\x03" + sparse[5:-4])):
+    # the other versions' headers or payloads have other layouts: misread, they are refused somewhere
+    for bad in (
+        reseal(dense[:4] + b"\x02" + dense[5:-4]),
+        reseal(dense[:4] + b"\x04" + dense[5:-4]),
+        reseal(sparse[:4] + b"\x03" + sparse[5:-4]),
+        reseal(sparse[:4] + b"\x02" + sparse[5:-4]),  # Elias-Fano positions read as a gap section
+    ):
         with pytest.raises(IntegrityError):
             ulstore.decode(bad, ref)
     intra_flagged = bytearray(sparse[:-4])

@@ -19,9 +19,10 @@ Modules, top to bottom (each imports only those below it)::
     _batch.py       encode_many / decode_many on a thread pool
     _numcodecs.py   ULPack, the numcodecs codec
     _sparse.py      SPARSE payloads: positions + residuals of the changed elements
+    _elias_fano.py  version-4 SPARSE positions: the Elias-Fano coding (and its NumPy decoder)
     _section3.py    version-3 RANS and INTRA payloads: one stream, band rows, table choices
     _section.py     version-1 sections: table, lane states, words, raw tails
-    _format.py      the blob bytes: header, CRC, bounds-checked reader (versions 1 to 3)
+    _format.py      the blob bytes: header, CRC, bounds-checked reader (versions 1 to 4)
     _tables.py      rANS frequency tables (integer arithmetic, shared by both backends)
     _dtypes.py      the six float formats and exact bit views (numpy, ml_dtypes, torch)
     _backend.py     which kernels run: compiled (_kernels*.so) or the NumPy twin
@@ -31,7 +32,7 @@ Modules, top to bottom (each imports only those below it)::
                     and _crc32.h (the blob CRC-32, PCLMULQDQ when the CPU has it)
     _reference.py   the NumPy twin of every kernel (the executable specification, and
                     the ``numpy`` backend's namespace), gathered from the modules below
-    _reference_sparse.py   its SPARSE twins: split, gaps, word-sum update, decode
+    _reference_sparse.py   its SPARSE twins: split, gaps, word-sum update, decode (versions 2 and 4)
     _reference_apply.py    its twin of the in-place SPARSE apply
     _reference3_tables.py  its version-3 table twins: pack, read, slots, scale choice
     _reference3.py  its version-3 twins: intra symbols, the one-stream rANS

@@ -387,7 +387,7 @@ def _sparse_changes(k, header: F.Header, rd: F.Reader, rf: np.ndarray, ref_sum: 
     if _fold32(finish_sum(ref_sum, nbytes)) != header.ref_hash:
         raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
     emask = _econd_mask(fmt, True, not header.flags & F.FLAG_NO_ECOND)
-    pos, values, delta = decode_sparse(k, fmt, rd, rf, emask)
+    pos, values, delta = decode_sparse(k, fmt, rd, rf, emask, header.version)
     _check_end(rd)
     target_sum = (ref_sum + delta) & 0xFFFFFFFFFFFFFFFF
     if _target_hash(k, fmt, header.shape, finish_sum(target_sum, nbytes)) != header.target_hash:

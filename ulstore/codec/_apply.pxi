@@ -2,7 +2,7 @@
 # Included from _kernels.pyx (it uses that file's section, table and checksum cores); twin:
 # _reference_apply.py.  The job parses every header first; then each worker thread, in one GIL
 # release, takes the next blob and: checks its CRC-32 (if asked) and the reference through its word
-# sum, decodes the gap stream straight into positions, gathers the reference words (saving each
+# sum, decodes the positions (version 4: Elias-Fano; 2: the gap stream), gathers the reference words (saving each
 # one's aligned 8-byte word, so the checksum update never reads the array again), decodes the
 # residuals, then writes the new words in the same pass that sums the target checksum, putting the
 # old words back if it fails.  A blob that fails stops the workers, and finish() undoes every
@@ -15,7 +15,7 @@ import numpy as np
 
 cdef enum:
     AHEAD = 64  # random reads and writes prefetched this many changes ahead (more than PREFETCH: the loops are short)
-    APPLY_HEADER = -20     # not a format-2 SPARSE delta blob of this dtype and shape
+    APPLY_HEADER = -20     # not a SPARSE delta blob (format 2 or 4) of this dtype and shape
     APPLY_REFERENCE = -21  # the reference's word sum does not match the blob's reference hash
     APPLY_FIELDS = -22     # a malformed payload field (truncated, out of range, padding, trailing bytes)
     APPLY_TARGET = -23     # the decoded values fail the target checksum
@@ -39,6 +39,11 @@ cdef struct Parsed:
     uint32_t ref_hash
     uint32_t target_hash
     uint32_t emask
+    bint ef  # version 4: Elias-Fano positions (lo, hi) instead of the gap section g
+    const uint8_t* lo
+    int64_t lo_len
+    const uint8_t* hi
+    int64_t hi_len
     Section g
     Section t
 
@@ -102,16 +107,16 @@ cdef int parse_section(const uint8_t* b, int64_t end, int64_t* pos, int64_t m, i
 
 cdef int parse_sparse(const uint8_t* b, int64_t size, const uint8_t* meta, int64_t meta_len, int code, int64_t n,
                       uint32_t emask, int width, Parsed* p) noexcept nogil:
-    """Header and fields of a whole format-2 SPARSE blob (CRC-32 included, checked by the caller).
+    """Header and fields of a whole SPARSE blob of format 2 or 4 (CRC-32 included, checked by the caller).
 
     ``meta`` is the target checksum's dtype-and-shape bytes (dtype code, LEB128
     dims); the blob's must equal them byte for byte.
     """
     cdef int64_t end = size - 4, pos = 9, k
     cdef uint64_t v
-    cdef int ndim = 0
+    cdef int ndim = 0, L
     cdef int status
-    if end < 9 or meta_len < 1 or (b[0] != 0x55 or b[1] != 0x4C or b[2] != 0x50 or b[3] != 0x4B) or b[4] != 2 or b[5] != code or b[5] != meta[0] or b[6] != 3:
+    if end < 9 or meta_len < 1 or (b[0] != 0x55 or b[1] != 0x4C or b[2] != 0x50 or b[3] != 0x4B) or (b[4] != 2 and b[4] != 4) or b[5] != code or b[5] != meta[0] or b[6] != 3:
         return APPLY_HEADER
     if b[7] & ~3 or not b[7] & 1:
         return APPLY_HEADER
@@ -129,7 +134,17 @@ cdef int parse_sparse(const uint8_t* b, int64_t size, const uint8_t* meta, int64
     if get_varint(b, end, &pos, <uint64_t>n, &v) or v == 0:
         return APPLY_FIELDS
     p.m = <int64_t>v
-    status = parse_section(b, end, &pos, p.m, 32, &p.g)  # gaps: 32-bit words
+    p.ef = b[4] == 4
+    if p.ef:  # Elias-Fano positions: their lengths follow from n and m
+        L = ef_low_bits(n, p.m)
+        p.lo_len, p.hi_len = (p.m * L + 7) // 8, (p.m + ((n - 1) >> L) + 1 + 7) // 8
+        if p.lo_len + p.hi_len > end - pos:
+            return APPLY_FIELDS
+        p.lo, p.hi = b + pos, b + pos + p.lo_len
+        pos += p.lo_len + p.hi_len
+        status = 0
+    else:
+        status = parse_section(b, end, &pos, p.m, 32, &p.g)  # gaps: 32-bit words
     if not status:
         status = parse_section(b, end, &pos, p.m, width, &p.t)
     if not status and pos != end:
@@ -233,15 +248,18 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
     cdef int status
     if fold32(finish(ref_sum, nbytes)) != p.ref_hash:
         return APPLY_REFERENCE
-    memset(q, 0, sizeof(q))
-    status = read_table_core(p.g.table, p.g.table_len, &m, 1, g_alphabet, SCALE_BITS, q)
-    if status:
-        return status - 100
-    normalize_core(q, 1, g_alphabet, SCALE_BITS, freqs)
-    slot_core(freqs, 1, g_alphabet, slots)
-    status = rans_decode_core(dst, m, 0, 0, &row0, slots, p.g.words, p.g.n_words, p.g.states, tokens)
-    if not status:
-        status = gap_positions(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, n, pos)
+    if p.ef:
+        status = ef_core(p.lo, p.lo_len, p.hi, p.hi_len, m, n, pos)
+    else:
+        memset(q, 0, sizeof(q))
+        status = read_table_core(p.g.table, p.g.table_len, &m, 1, g_alphabet, SCALE_BITS, q)
+        if status:
+            return status - 100
+        normalize_core(q, 1, g_alphabet, SCALE_BITS, freqs)
+        slot_core(freqs, 1, g_alphabet, slots)
+        status = rans_decode_core(dst, m, 0, 0, &row0, slots, p.g.words, p.g.n_words, p.g.states, tokens)
+        if not status:
+            status = gap_positions(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, n, pos)
     if not status:
         gather_old(pos, m, dst, n, old, old64)
     if not status:
@@ -344,7 +362,7 @@ cdef void undo_job(Job* j, const word_t* oldv) noexcept nogil:
 
 
 cdef class SparseApply:
-    """SPARSE blobs (format version 2) decoded against the arrays they were coded against and, ``write``, applied.
+    """SPARSE blobs (format version 2 or 4) decoded against the arrays they were coded against and, ``write``, applied.
 
     ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
     words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
@@ -482,7 +500,7 @@ cdef class SparseApply:
         """``(status, index, pos, new, old, starts, sums)``, once every :meth:`work` call has returned.
 
         Status 0 and index -1 when every blob decoded and checked (and was
-        written); otherwise the status of blob ``index`` (-20 not a format-2
+        written); otherwise the status of blob ``index`` (-20 not a format-2 or 4
         SPARSE delta of this dtype and shape, -21 wrong reference, -22
         malformed fields, -23 target checksum, -24 CRC-32, -8 not taken (out
         of memory), or a ``sparse_decode`` status) and no array changed.

@@ -52,20 +52,22 @@ __all__ = [
 ]
 
 MAGIC = b"ULPK"
-VERSION = 3  # the newest version this module reads and writes
+VERSION = 4  # the newest version this module reads and writes
 MODE_RAW, MODE_SAME, MODE_RANS, MODE_SPARSE, MODE_INTRA = 0, 1, 2, 3, 4
 # The modes each version may hold.  Version 2 added MODE_SPARSE and nothing else;
 # version 3 has a shorter header and new RANS and INTRA payloads (one-stream
-# sections, see _section3).  Writers use one version per mode (_WRITE_VERSION):
-# SPARSE blobs are still version 2, byte for byte, because the weight-sync path
-# applies them in time proportional to the changes and version 3 changed nothing
-# there.  Readers accept every (version, mode) pair below and refuse the rest.
+# sections, see _section3); version 4 is SPARSE with Elias-Fano positions instead
+# of the gap section (_elias_fano), the weight-sync follower's hot path, and
+# version 2's header.  Writers use one version per mode (_WRITE_VERSION).  Readers
+# accept every (version, mode) pair below and refuse the rest.
 _VERSION_MODES = {
     1: (MODE_RAW, MODE_SAME, MODE_RANS),
     2: (MODE_SPARSE,),
     3: (MODE_RAW, MODE_SAME, MODE_RANS, MODE_INTRA),
+    4: (MODE_SPARSE,),
 }
-_WRITE_VERSION = {MODE_RAW: 3, MODE_SAME: 3, MODE_RANS: 3, MODE_SPARSE: 2, MODE_INTRA: 3}
+_WRITE_VERSION = {MODE_RAW: 3, MODE_SAME: 3, MODE_RANS: 3, MODE_SPARSE: 4, MODE_INTRA: 3}
+_COMPACT_HEADER = (3,)  # versions whose header packs dtype, mode and flags in one byte (no ref hash if intra)
 FLAG_DELTA = 1  # coded against a caller-held reference (else: intra, against +0.0)
 FLAG_NO_ECOND = 2  # ablation: the models ignore the reference exponent
 _KNOWN_FLAGS = FLAG_DELTA | FLAG_NO_ECOND
@@ -170,13 +172,13 @@ def pack_header(
     """``Header(...).pack()`` without building the Header (the encoder writes one per blob)."""
     version = version or _WRITE_VERSION[mode]
     out = bytearray(MAGIC)
-    if version < 3:
+    if version not in _COMPACT_HEADER:
         out += bytes((version, fmt.code, mode, flags, len(shape)))
     else:  # dtype, mode and flags in one byte; no reference hash without a reference
         out += bytes((version, fmt.code | mode << 3 | flags << 6, len(shape)))
     for d in shape:
         write_varint(out, d)
-    if version < 3 or flags & FLAG_DELTA:
+    if version not in _COMPACT_HEADER or flags & FLAG_DELTA:
         out += ref_hash.to_bytes(4, "little")
     out += target_hash.to_bytes(4, "little")
     return out
@@ -205,7 +207,7 @@ def open_blob(blob) -> tuple[Header, Reader]:
         raise UnsupportedVersionError(
             f"ULPack blob has format version {version}; this ulstore reads versions 1 to {VERSION}"
         )
-    shortest = 9 + 8 + CRC_BYTES if version < 3 else 7 + 4 + CRC_BYTES
+    shortest = 9 + 8 + CRC_BYTES if version not in _COMPACT_HEADER else 7 + 4 + CRC_BYTES
     if len(buf) < shortest:
         raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
     body_end = len(buf) - CRC_BYTES
@@ -213,7 +215,7 @@ def open_blob(blob) -> tuple[Header, Reader]:
     if _crc32(buf[:body_end]) != stored:
         raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
     r = Reader(buf, 5, body_end)
-    if version < 3:
+    if version not in _COMPACT_HEADER:
         code, mode, flags = r.u8("dtype"), r.u8("mode"), r.u8("flags")
     else:
         kind = r.u8("dtype and mode")
@@ -236,6 +238,6 @@ def open_blob(blob) -> tuple[Header, Reader]:
         n *= d
     if n > MAX_ELEMENTS:
         raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
-    ref_hash = r.u32("reference hash") if version < 3 or flags & FLAG_DELTA else 0
+    ref_hash = r.u32("reference hash") if version not in _COMPACT_HEADER or flags & FLAG_DELTA else 0
     header = Header(fmt, mode, flags, shape, ref_hash, r.u32("target hash"), version)
     return header, r

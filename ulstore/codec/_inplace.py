@@ -35,9 +35,9 @@ class Applied(NamedTuple):
 
 
 def is_sparse_blob(blob) -> bool:
-    """Whether ``blob`` is a format-2 SPARSE blob (what :func:`apply_sparse` applies); nothing is checked."""
+    """Whether ``blob`` is a SPARSE blob (format 2 or 4: what :func:`apply_sparse` applies); nothing is checked."""
     mv = memoryview(blob)
-    return len(mv) > 9 and mv[4] == 2 and mv[6] == F.MODE_SPARSE and mv[:4] == F.MAGIC
+    return len(mv) > 9 and mv[4] in (2, 4) and mv[6] == F.MODE_SPARSE and mv[:4] == F.MAGIC
 
 
 _metas: dict[tuple, bytes] = {}
@@ -103,7 +103,7 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
     n = len(blobs)
     if not n:
         return []
-    views = [a.view(word) for a in arrays]
+    views = [a if a.dtype == word else a.view(word) for a in arrays]
     metas = [_meta(fmt.code, tuple(s)) for s in shapes]
     key = word.itemsize
     bufs = None if buffers is None else buffers.get(key)

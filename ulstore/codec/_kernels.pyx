@@ -42,6 +42,8 @@ ctypedef fused sym_t:
 
 cdef extern from *:
     int __builtin_clzll(unsigned long long) nogil
+    int __builtin_ctzll(unsigned long long) nogil
+    int __builtin_popcountll(unsigned long long) nogil
     void __builtin_prefetch(const void*) nogil
 
 cdef enum:
@@ -1183,13 +1185,34 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
     return status
 
 
+cdef int sparse_rest(const word_t* r, Py_ssize_t n, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
+                     const uint8_t* tt, int64_t t_table_len, int t_alphabet, const uint32_t* t_states,
+                     const uint8_t* tw, int64_t t_n_words, const uint8_t* ttl, int64_t t_tail_len, int64_t t_tail_bits,
+                     const int64_t* pos, word_t* values_out, uint64_t* sum_out, uint8_t* tokens, word_t* rs) noexcept nogil:
+    """A SPARSE payload's residual section, its ``m`` positions decoded: the new words and the word-sum change."""
+    cdef Py_ssize_t k
+    cdef int status
+    gather_core(pos, m, r, rs)
+    status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table_len, t_alphabet, t_states, tw, t_n_words,
+                           tokens)
+    if not status:
+        status = unpack_core(tokens, m, ttl, t_tail_len, t_tail_bits, values_out)
+    if not status:
+        for k in range(m):
+            if values_out[k] == 0:
+                return -7
+        reconstruct_block(rs, values_out, 0, m)
+        sum_out[0] = sum_update_core(r, n, pos, m, values_out)
+    return status
+
+
 def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_below,
                   const uint8_t[::1] g_table, const uint32_t[::1] g_states, const uint8_t[::1] g_words,
                   const uint8_t[::1] g_tail, int64_t g_tail_bits, int g_alphabet,
                   const uint8_t[::1] t_table, const uint32_t[::1] t_states, const uint8_t[::1] t_words,
                   const uint8_t[::1] t_tail, int64_t t_tail_bits, int t_alphabet,
                   int64_t[::1] pos_out, word_t[::1] values_out, uint64_t[::1] sum_out):
-    """Decode a SPARSE payload's gap and residual sections in one call (one GIL release).
+    """Decode a version-2 SPARSE payload's gap and residual sections in one call (one GIL release).
 
     Writes the m = len(pos_out) changed positions, their new words, and in
     ``sum_out[0]`` what ``sum_update`` returns for them.  Returns 0,
@@ -1197,7 +1220,7 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     end, -7 a zero residual, -8 out of memory, -9 bad arguments), or a table
     status minus 100.
     """
-    cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0], k
+    cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0]
     cdef int64_t one = m
     cdef int status = -8
     cdef int32_t row0 = 0
@@ -1234,24 +1257,105 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
             if not status:
                 status = gap_positions(tokens, m, gtl, g_tail.shape[0], g_tail_bits, n, &pos_out[0])
             if not status:
-                gather_core(&pos_out[0], m, &r[0], rs)
-            if not status:
-                status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
-                                       &t_states[0], tw, t_words.shape[0] // 2, tokens)
-            if not status:
-                status = unpack_core(tokens, m, ttl, t_tail.shape[0], t_tail_bits, &values_out[0])
-            if not status:
-                for k in range(m):
-                    if values_out[k] == 0:
-                        status = -7
-                        break
-            if not status:
-                reconstruct_block(rs, &values_out[0], 0, m)
-                sum_out[0] = sum_update_core(&r[0], n, &pos_out[0], m, &values_out[0])
+                status = sparse_rest(&r[0], n, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
+                                     &t_states[0], tw, t_words.shape[0] // 2, ttl, t_tail.shape[0], t_tail_bits,
+                                     &pos_out[0], &values_out[0], &sum_out[0], tokens, rs)
         free(tokens)
         free(rs)
         free(q)
         free(slots)
+    return status
+
+
+cdef inline int ef_low_bits(int64_t n, int64_t m) noexcept nogil:
+    return bitlen(<uint64_t>(n // m)) - 1
+
+
+cdef int ef_core(const uint8_t* lo, int64_t lo_len, const uint8_t* hi, int64_t hi_len, int64_t m, int64_t n,
+                 int64_t* pos) noexcept nogil:
+    """Elias-Fano positions (``_elias_fano.py``, its twin): 0, -6 or -10, checked in the twin's order.
+
+    Counting the set bits first bounds the decode loop to exactly ``m`` positions;
+    each one is then the next set bit of ``high`` (its index minus ``k``, shifted
+    up ``L`` bits) and ``L`` bits of ``low``, with no branch on the data but the
+    loop over each 64-bit word's set bits.
+    """
+    cdef int L = ef_low_bits(n, m), t
+    cdef int64_t ones = 0, i, k = 0, prev = -1, bo = 0, p
+    cdef int64_t full = hi_len & ~(<int64_t>7)
+    cdef uint64_t w, mask = ((<uint64_t>1) << L) - 1
+    cdef bint bad = 0
+    for i in range(0, full, 8):
+        ones += __builtin_popcountll(load64(hi + i))
+    for i in range(full, hi_len):
+        ones += __builtin_popcountll(hi[i])
+    if ones != m or (m * L) % 8 and lo[lo_len - 1] >> ((m * L) % 8):
+        return -10
+    for i in range(0, hi_len, 8):
+        w = load64(hi + i) if i < full else window(hi, hi_len, 8 * i)
+        while w:
+            t = __builtin_ctzll(w)
+            w &= w - 1
+            p = ((8 * i + t - k) << L) | <int64_t>(window(lo, lo_len, bo) & mask)
+            bo += L
+            bad |= p <= prev
+            prev = p
+            pos[k] = p
+            k += 1
+    if bad:
+        return -10
+    return -6 if prev >= n else 0
+
+
+cdef int ef_decode(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int64_t m, int64_t* pos) noexcept nogil:
+    """:func:`ef_positions` into ``pos``."""
+    cdef int L
+    if m < 1 or m > n:
+        return -9
+    L = ef_low_bits(n, m)
+    if lo.shape[0] != (m * L + 7) // 8 or hi.shape[0] != (m + ((n - 1) >> L) + 1 + 7) // 8:
+        return -9
+    return ef_core(&lo[0] if lo.shape[0] else NULL, lo.shape[0], &hi[0], hi.shape[0], m, n, pos)
+
+
+def ef_positions(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int64_t[::1] pos_out):
+    """Decode ``len(pos_out)`` Elias-Fano positions below ``n``: 0, -6 (one at or past ``n``), -9 (bad
+    arguments: lengths that are not ``_elias_fano.sizes``) or -10 (not the coding of ascending positions)."""
+    cdef int status
+    with nogil:
+        status = ef_decode(lo, hi, n, pos_out.shape[0], &pos_out[0] if pos_out.shape[0] else NULL)
+    return status
+
+
+def sparse_decode_ef(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_below,
+                     const uint8_t[::1] lo, const uint8_t[::1] hi,
+                     const uint8_t[::1] t_table, const uint32_t[::1] t_states, const uint8_t[::1] t_words,
+                     const uint8_t[::1] t_tail, int64_t t_tail_bits, int t_alphabet,
+                     int64_t[::1] pos_out, word_t[::1] values_out, uint64_t[::1] sum_out):
+    """:func:`sparse_decode` of a version-4 SPARSE payload: Elias-Fano positions (:func:`ef_positions`'s
+    statuses), then the residual section as in version 2."""
+    cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0]
+    cdef int status = -8
+    cdef uint8_t zero8 = 0
+    cdef const uint8_t* tt = &t_table[0] if t_table.shape[0] else &zero8
+    cdef const uint8_t* tw = &t_words[0] if t_words.shape[0] else NULL
+    cdef const uint8_t* ttl = &t_tail[0] if t_tail.shape[0] else NULL
+    cdef uint8_t* tokens
+    cdef word_t* rs
+    if (m == 0 or m > n or t_alphabet > 256 or emask > 0xFFFF or values_out.shape[0] != m or sum_out.shape[0] < 1
+            or t_states.shape[0] != LANES):
+        return -9
+    with nogil:
+        tokens = <uint8_t*>malloc(m)
+        rs = <word_t*>malloc(m * sizeof(word_t))
+        if tokens != NULL and rs != NULL:
+            status = ef_decode(lo, hi, n, m, &pos_out[0])
+        if not status:
+            status = sparse_rest(&r[0], n, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
+                                 &t_states[0], tw, t_words.shape[0] // 2, ttl, t_tail.shape[0], t_tail_bits,
+                                 &pos_out[0], &values_out[0], &sum_out[0], tokens, rs)
+        free(tokens)
+        free(rs)
     return status
 
 

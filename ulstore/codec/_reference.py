@@ -47,7 +47,15 @@ from ._reference3 import intra_symbols, rans_decode3, rans_encode3
 from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
 from ._reference_apply import SparseApply, sparse_apply
 from ._reference_hash import hash64, hash_fill, hash_sum64
-from ._reference_sparse import gap_gather, scatter, sparse_decode, sparse_split, sum_update
+from ._reference_sparse import (
+    ef_positions,
+    gap_gather,
+    scatter,
+    sparse_decode,
+    sparse_decode_ef,
+    sparse_split,
+    sum_update,
+)
 
 __all__ = [
     "BACKEND",
@@ -72,6 +80,8 @@ __all__ = [
     "sum_update",
     "scatter",
     "sparse_decode",
+    "ef_positions",
+    "sparse_decode_ef",
     "sparse_apply",
     "SparseApply",
     # format version 3

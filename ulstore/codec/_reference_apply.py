@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 
 from ._checksum import finish_sum, fold32
+from ._elias_fano import sizes as ef_sizes
 from ._format import LANES
 from ._tables import SCALE_BITS, STATE_LOW
 
@@ -79,7 +80,7 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
         end < 9
         or len(meta) < 1
         or bytes(b[:4]) != b"ULPK"
-        or b[4] != 2
+        or b[4] not in (2, 4)
         or b[5] != code
         or b[5] != meta[0]
         or b[6] != 3
@@ -101,7 +102,15 @@ def _parse(b, meta, code: int, n: int, emask: int, width: int) -> tuple:
     m, pos = _varint(b, pos, end, n)
     if m == 0:
         raise _Bad(APPLY_FIELDS)
-    g, pos = _section(b, pos, end, m, 32)
+    if b[4] == 4:  # Elias-Fano positions, their lengths fixed by n and m (_elias_fano.sizes)
+        lo_len, hi_len = ef_sizes(n, m)
+        if lo_len + hi_len > end - pos:
+            raise _Bad(APPLY_FIELDS)
+        lo, pos = np.frombuffer(b[pos : pos + lo_len], dtype=np.uint8), pos + lo_len
+        hi, pos = np.frombuffer(b[pos : pos + hi_len], dtype=np.uint8), pos + hi_len
+        g = (lo, hi)
+    else:
+        g, pos = _section(b, pos, end, m, 32)
     t, pos = _section(b, pos, end, m, width)
     if pos != end:
         raise _Bad(APPLY_FIELDS)
@@ -121,7 +130,7 @@ def _refuse_overlaps(dsts) -> None:
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                  write, buffers=None, crc=False):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
-    from ._reference import hash64, sparse_decode  # noqa: PLC0415  (imported into _reference: a cycle)
+    from ._reference import hash64, sparse_decode, sparse_decode_ef  # noqa: PLC0415  (imported into _reference: a cycle)
 
     c = len(blobs)
     wb = width // 8
@@ -170,8 +179,11 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
             status = APPLY_REFERENCE
         else:
             delta = np.zeros(1, dtype=np.uint64)
-            status = sparse_decode(r, mant_bits, em, pool_below, *g, g_alphabet, *t, t_alphabet, pos[s:e], new[s:e],
-                                   delta)
+            if len(g) == 2:  # version 4: Elias-Fano positions
+                status = sparse_decode_ef(r, mant_bits, em, pool_below, *g, *t, t_alphabet, pos[s:e], new[s:e], delta)
+            else:
+                status = sparse_decode(r, mant_bits, em, pool_below, *g, g_alphabet, *t, t_alphabet, pos[s:e],
+                                       new[s:e], delta)
             if not status:
                 old[s:e] = r[pos[s:e]]
                 acc = (int(ref_sums[i]) + int(delta[0])) & 0xFFFFFFFFFFFFFFFF

@@ -1,4 +1,4 @@
-"""Pure-NumPy twins of the SPARSE kernels: split, gap gather, word-sum update, scatter, decode.
+"""Pure-NumPy twins of the SPARSE kernels: split, gap gather, word-sum update, scatter, decode (both versions).
 
 Part of the NumPy backend (re-exported by ``_reference``); the compiled twins are in
 ``_kernels.pyx``.
@@ -8,13 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import _tables
+from ._elias_fano import ef_positions
 from ._format import LANES
 from ._reference1 import _bitlen, normalize_rows, rans_decode, read_table, reconstruct, slot_table, unpack_tails
 from ._reference_hash import _GOLDEN, _M64
 from ._reference_hash import mix_words as _mix
 from ._tables import SCALE_BITS
 
-__all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode"]
+__all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode", "ef_positions", "sparse_decode_ef"]
 
 
 def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:
@@ -118,18 +119,41 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
     gaps = np.empty(m, dtype=np.uint32)
     if not status:
         status = unpack_tails(tokens, g_tail, g_tail_bits, gaps)
-    rs = np.empty(m, dtype=r.dtype)
     if not status:
-        status = gap_gather(gaps, r, pos_out, rs)
+        status = gap_gather(gaps, r, pos_out, np.empty(m, dtype=r.dtype))
     if not status:
-        n_c = np.bincount(((rs >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64),
-                          minlength=emask + 1)
-        status = _section_tokens(rs, mant_bits, emask, n_c, t_table, t_states, t_words, t_alphabet, tokens)
+        status = _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet,
+                              pos_out, values_out, sum_out, tokens)
+    return status
+
+
+def sparse_decode_ef(r, mant_bits, emask, pool_below, lo, hi, t_table, t_states, t_words, t_tail, t_tail_bits,
+                     t_alphabet, pos_out, values_out, sum_out) -> int:
+    """:func:`sparse_decode` of a version-4 SPARSE payload: Elias-Fano positions (:func:`ef_positions`'s
+    statuses), then the residual section as in version 2."""
+    assert pool_below == _tables.POOL_BELOW
+    m = len(pos_out)
+    if (m == 0 or m > len(r) or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m or len(sum_out) < 1
+            or len(t_states) != LANES):
+        return -9
+    status = ef_positions(lo, hi, len(r), pos_out)
+    if not status:
+        status = _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet,
+                              pos_out, values_out, sum_out, np.empty(m, dtype=np.uint8))
+    return status
+
+
+def _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos, values_out,
+                 sum_out, tokens) -> int:
+    """A SPARSE payload's residual section, its positions decoded: the new words and the word-sum change."""
+    rs = r[pos]
+    n_c = np.bincount(((rs >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64), minlength=emask + 1)
+    status = _section_tokens(rs, mant_bits, emask, n_c, t_table, t_states, t_words, t_alphabet, tokens)
     if not status:
         status = unpack_tails(tokens, t_tail, t_tail_bits, values_out)
     if not status and not values_out.all():
         status = -7
     if not status:
         reconstruct(rs, values_out)
-        sum_out[0] = sum_update(r, pos_out, values_out)
+        sum_out[0] = sum_update(r, pos, values_out)
     return status

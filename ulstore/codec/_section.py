@@ -33,6 +33,7 @@ STATUS = {
     -7: "a changed element has a zero residual",
     -8: "out of memory",
     -9: "the kernel was called with inconsistent arguments",
+    -10: "the changed positions are not an Elias-Fano coding of ascending positions",
 }
 
 _LANE_STATES = struct.Struct(f"<{F.LANES}I")
