@@ -147,8 +147,7 @@ def test_a_feed_that_does_not_fit_the_held_tensors_is_refused_before_any_write(s
 
 
 def test_specs_are_shared_between_versions_and_bounded():
-    from ulstore.sync._arrays import Spec
-    from ulstore.sync._replica import _spec
+    from ulstore.sync._arrays import Spec, _spec
 
     a = _spec("w", (3, 4), np.dtype(np.float32))
     assert a == Spec("w", (3, 4), np.dtype(np.float32)) and _spec("w", (3, 4), np.dtype("<f4")) is a
@@ -180,7 +179,7 @@ def test_the_kept_word_sums_find_what_the_content_hashes_find(store, states):
 
 def test_specs_of_steps_with_the_same_tensors_are_one_dict_and_other_tensors_get_their_own(store):
     from ulstore.sync._arrays import Spec
-    from ulstore.sync._replica import _specs
+    from ulstore.sync._arrays import specs_of as _specs
 
     tensors = store.tensors(2)
     specs = _specs(tensors)

@@ -5,11 +5,14 @@ host (only the ones it needs); the follower keeps a host *mirror* of every
 tensor it serves as the reference for the next delta and, when the caller's
 tensor lives on a device, pushes each changed chunk to it.  For numpy arrays
 and CPU torch tensors the mirror *is* the caller's memory (a zero-copy view),
-so nothing is stored twice.
+so nothing is stored twice.  Also: the Specs of a step's tensors, and where a
+chunk's box lies in a tensor's flat memory (:func:`geometry`).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -18,7 +21,7 @@ from ..core.dtypes import dtype_name
 from ..core.torch import as_numpy, from_tensor, is_tensor, signed_int, to_tensor
 from ..errors import InvalidInputError
 
-__all__ = ["host_array", "words", "Binding", "Spec", "bind", "allocate"]
+__all__ = ["host_array", "words", "Binding", "Spec", "bind", "allocate", "geometry", "specs_of"]
 
 
 def host_array(name: str, value) -> np.ndarray:
@@ -156,3 +159,38 @@ def _check_dtype(spec: Spec, dtype: np.dtype) -> None:
         raise InvalidInputError(
             f"dtype is {dtype} but the published tensor is {dtype_name(spec.dtype)}", tensor=spec.name
         )
+
+
+@functools.lru_cache(maxsize=1 << 16)  # the chunks of a version are the chunks of the last one
+def geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None, tuple]:
+    """(flat start, flat stop or None if the box is not one contiguous C-order run, box shape)."""
+    box = tuple(b - a for a, b in zip(start, stop))
+    n = math.prod(box)
+    stride, first, last = 1, 0, 0
+    for a, b, d in zip(reversed(start), reversed(stop), reversed(shape)):
+        first += a * stride
+        last += (b - 1) * stride
+        stride *= d
+    contiguous = n == 0 or last - first + 1 == n
+    return first, (first + n if contiguous else None), box
+
+
+@functools.lru_cache(maxsize=1 << 14)  # a version's tensors are mostly the last one's
+def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
+    """The (shared, immutable) Spec of a published tensor: built once, compared by identity first."""
+    return Spec(name, tuple(shape), np.dtype(dtype))
+
+
+_last_specs: tuple = ({}, {})  # (tensors, their specs) of the step fetched last
+
+
+def specs_of(tensors: dict) -> dict[str, Spec]:
+    """The Specs of ``{name: (shape, dtype)}``: the same dict object as the last call's when the tensors are
+    the same (mostly: consecutive steps share their tensors; :meth:`Replica.apply` then skips comparing
+    them one by one).  Treat as read-only."""
+    global _last_specs
+    last, specs = _last_specs
+    if tensors != last:
+        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
+        _last_specs = (tensors, specs)  # one assignment: a thread sees the old or the new pair
+    return specs

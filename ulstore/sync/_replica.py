@@ -11,7 +11,6 @@ verifies, every write undone if any chunk fails); (3) write the rest.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from ..codec._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buff
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
 from ..store import StepInfo
 from ..store._chunkcodec import codec_for, content_digest, decode_chunk
-from ._arrays import Binding, Spec, allocate, bind, words
+from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of, words
 
 __all__ = ["Replica", "ChainBroken", "Fetched"]
 
@@ -55,41 +54,6 @@ class Fetched:
     @property
     def nbytes(self) -> int:
         return sum(map(len, self.blobs))
-
-
-@functools.lru_cache(maxsize=1 << 16)  # the chunks of a version are the chunks of the last one
-def _geometry(shape: tuple, start: tuple, stop: tuple) -> tuple[int, int | None, tuple]:
-    """(flat start, flat stop or None if the box is not one contiguous C-order run, box shape)."""
-    box = tuple(b - a for a, b in zip(start, stop))
-    n = math.prod(box)
-    stride, first, last = 1, 0, 0
-    for a, b, d in zip(reversed(start), reversed(stop), reversed(shape)):
-        first += a * stride
-        last += (b - 1) * stride
-        stride *= d
-    contiguous = n == 0 or last - first + 1 == n
-    return first, (first + n if contiguous else None), box
-
-
-@functools.lru_cache(maxsize=1 << 14)  # a version's tensors are mostly the last one's
-def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
-    """The (shared, immutable) Spec of a published tensor: built once, compared by identity first."""
-    return Spec(name, tuple(shape), np.dtype(dtype))
-
-
-_last_specs: tuple = ({}, {})  # (tensors, their specs) of the step fetched last
-
-
-def _specs(tensors: dict) -> dict[str, Spec]:
-    """The Specs of ``{name: (shape, dtype)}``: the same dict object as the last call's when the tensors are
-    the same (mostly: consecutive steps share their tensors; :meth:`Replica.apply` then skips comparing
-    them one by one).  Treat as read-only."""
-    global _last_specs
-    last, specs = _last_specs
-    if tensors != last:
-        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
-        _last_specs = (tensors, specs)  # one assignment: a thread sees the old or the new pair
-    return specs
 
 
 def _undo(written: list) -> None:
@@ -147,7 +111,7 @@ class Replica:
     def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
-        specs = _specs(traj.tensors(step))
+        specs = specs_of(traj.tensors(step))
         feed = traj.changes(step, against_parent=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
@@ -265,7 +229,7 @@ class Replica:
             if slot[2] is not None:
                 rows.append((slot[4], i, slot[2], blob, kept, slot[3]))
         groups = {}
-        for dtype in {r[0] for r in rows}:
+        for dtype in dict.fromkeys(r[0] for r in rows):  # (in chunk order: one order of writes, and of errors)
             _, *columns = zip(*(r for r in rows if r[0] == dtype))
             groups[dtype] = tuple(map(list, columns))
         return groups
@@ -274,7 +238,7 @@ class Replica:
         """What the in-place apply needs of chunk ``c``, kept while the bindings stay: ``(start, stop, words of
         the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
         spec = self.specs[c.tensor]
-        first, stop, box = _geometry(spec.shape, c.start, c.stop)
+        first, stop, box = geometry(spec.shape, c.start, c.stop)
         mirror = self._bindings[c.tensor].mirror
         view = None if stop is None else words(mirror[first:stop])
         return c.start, c.stop, view, box, spec.dtype, first
@@ -321,7 +285,7 @@ class Replica:
 
     def _delta(self, f: Fetched, c, blob) -> Changes:
         spec = self.specs[c.tensor]
-        first, stop, box = _geometry(spec.shape, c.start, c.stop)
+        first, stop, box = geometry(spec.shape, c.start, c.stop)
         mirror = self._bindings[c.tensor].mirror
         if stop is not None:
             ref = mirror[first:stop].reshape(box)
@@ -381,7 +345,7 @@ class Replica:
                     b.push(self._slots[key][5], item.positions, item.words)
                     self._sums[key] = item.content_sum
                     continue
-                first, stop, box = _geometry(spec.shape, c.start, c.stop)
+                first, stop, box = geometry(spec.shape, c.start, c.stop)
                 if isinstance(item, Changes):
                     if stop is not None:
                         b.apply(first, stop, item)
@@ -442,7 +406,7 @@ class Replica:
         def differs(key) -> bool:
             content, start, stop = self._contents[key]
             spec = self.specs[key[0]]
-            first, end, box = _geometry(spec.shape, start, stop)
+            first, end, box = geometry(spec.shape, start, stop)
             mirror = self._bindings[key[0]].mirror
             if end is not None:
                 region = mirror[first:end]
