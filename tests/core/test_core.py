@@ -120,6 +120,27 @@ def test_local_ranges_refuse_symlinks_and_fifos(tmp_path):
     assert objects.get_ranges("fifo", [(0, 7)]) is None  # and a FIFO never blocks
 
 
+def test_local_get_refuses_symlinks_and_fifos(tmp_path):
+    """A whole-object read (step documents, ref entries) never leaves the root nor blocks on a planted FIFO."""
+    import os
+    import threading
+
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("a", b"inside")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"outside the root")
+    os.symlink(secret, tmp_path / "objs" / "link")
+    os.mkfifo(tmp_path / "objs" / "fifo")
+    assert objects.get("a") == b"inside"
+    assert objects.get("link") is None  # a symlink is never followed
+    got = {}
+    reader = threading.Thread(target=lambda: got.setdefault("fifo", objects.get("fifo")), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "reading a FIFO blocked"
+    assert got == {"fifo": None}  # and a FIFO is no object
+
+
 def test_sweep_tmp_keeps_young_files_and_never_follows_symlinks(tmp_path):
     import os
     import time

@@ -195,6 +195,31 @@ def test_d4_a_fifo_or_device_in_place_of_a_pack_never_hangs(tmp_path):
     assert isinstance(got.get("error"), IntegrityError)
 
 
+def test_d4_a_fifo_or_symlink_in_place_of_a_step_document_or_ref_never_hangs_nor_leaves_the_root(tmp_path):
+    states = states_bf16(20)
+    url = str(tmp_path / "t")
+    traj = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])
+    doc = tmp_path / "t" / step_key(1)
+    doc.unlink()
+    os.mkfifo(doc)
+    got = _run_with_timeout(lambda: ulstore.open(url, mode="r").info(1))
+    assert isinstance(got.get("error"), ulstore.NotFoundError) and got["error"].key == step_key(1)
+    doc.unlink()
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((tmp_path / "t" / step_key(0)).read_bytes())  # a valid document, outside the root
+    os.symlink(outside, doc)
+    got = _run_with_timeout(lambda: ulstore.open(url, mode="r").info(1))
+    assert isinstance(got.get("error"), ulstore.NotFoundError)  # never read through the link
+    refs = sorted((tmp_path / "t" / "refs" / "main").iterdir())
+    head = refs[-1]
+    head.unlink()
+    os.mkfifo(head)
+    got = _run_with_timeout(lambda: ulstore.open(url, mode="r").head())
+    assert "value" in got or isinstance(got.get("error"), IntegrityError)  # an answer, not a hang
+
+
 # -- D5, D6, D7: gc --------------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ durable, then linked or renamed into place by the caller; every directory
 whose entries changed is fsynced too (:func:`sync_dir`, :func:`makedirs`),
 so when a write returns a power cut cannot lose it.
 
-Reads (:func:`read_ranges`): ``os.pread`` on one descriptor, opened without
+Reads (:func:`read_file`, :func:`read_ranges`): one descriptor, opened without
 following a final symlink and refused unless it is a regular file, so a FIFO
 or device planted in the root can neither hang nor flood a reader; reads of
 1 MiB or more map the file read-only instead of copying, which assumes
@@ -21,13 +21,13 @@ import stat
 import time
 import uuid
 
-__all__ = ["read_ranges", "staging_dir", "write_staged", "makedirs", "sync_dir", "sweep_staging"]
+__all__ = ["read_file", "read_ranges", "staging_dir", "write_staged", "makedirs", "sync_dir", "sweep_staging"]
 
 _MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 
 
-def read_ranges(path: str, ranges: list[tuple[int, int]]) -> list | None:
-    """The bytes ``[start, end)`` of file ``path`` per range; None if it is missing, a symlink or not a regular file."""
+def _open_regular(path: str) -> tuple[int, os.stat_result] | None:
+    """A read-only descriptor of ``path`` and its stat; None if it is missing, a symlink or not a regular file."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -39,8 +39,31 @@ def read_ranges(path: str, ranges: list[tuple[int, int]]) -> list | None:
         raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
-            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
+        os.close(fd)
+        return None
+    return fd, st
+
+
+def read_file(path: str) -> bytes | None:
+    """The bytes of file ``path``; None if it is missing, a symlink or not a regular file (as :func:`read_ranges`)."""
+    opened = _open_regular(path)
+    if opened is None:
+        return None
+    with open(opened[0], "rb", buffering=0) as f:  # takes the descriptor (and closes it)
+        return f.readall()
+
+
+def read_ranges(path: str, ranges: list[tuple[int, int]]) -> list | None:
+    """The bytes ``[start, end)`` of file ``path`` per range; None if it is missing, a symlink or not a regular file."""
+    opened = _open_regular(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
         if st.st_size and sum(b - a for a, b in ranges) >= _MMAP_BYTES:
             # large reads: views of a read-only mapping, no copy (objects read this way are
             # immutable packs; the views keep the mapping alive)

@@ -204,9 +204,8 @@ class ObjectStore:
                     # s3fs's default max_concurrency > 1 sends a HEAD (for the size) before
                     # every GET; one plain GET is all a chunk-sized object needs
                     return self.fs.cat_file(self.path(key), max_concurrency=1)
-                if self.local:  # what fsspec's local cat_file does, without its per-call path handling
-                    with open(self.path(key), "rb") as f:
-                        return f.read()
+                if self.local:  # never through a symlink or into a FIFO (a planted one would hang every reader)
+                    return local_disk.read_file(self.path(key))
                 return self.fs.cat_file(self.path(key))
             except MISSING_ERRORS:
                 return None
