@@ -220,6 +220,27 @@ def test_d4_a_fifo_or_symlink_in_place_of_a_step_document_or_ref_never_hangs_nor
     assert "value" in got or isinstance(got.get("error"), IntegrityError)  # an answer, not a hang
 
 
+def test_d4_a_step_directory_symlinked_out_of_the_root_is_never_read(tmp_path):
+    states = states_bf16(20)
+    url = str(tmp_path / "t")
+    traj = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])
+    step_dir = tmp_path / "t" / step_key(1).rsplit("/", 1)[0]
+    outside = tmp_path / "outside"
+    os.rename(step_dir, outside)  # a valid step directory, now outside the root
+    os.symlink(outside, step_dir)
+    with pytest.raises(PermissionError, match="outside"):
+        ulstore.open(url, mode="r").info(1)
+    pid = traj._reader.doc(0).packs[0]
+    packs = tmp_path / "t" / "packs"
+    os.rename(packs, tmp_path / "outside-packs")
+    os.symlink(tmp_path / "outside-packs", packs)
+    with pytest.raises(PermissionError, match="outside"):
+        ulstore.open(url, mode="r").read(0)
+    assert pid  # (the pack that was not read)
+
+
 # -- D5, D6, D7: gc --------------------------------------------------------------------------------
 
 

@@ -26,8 +26,12 @@ __all__ = ["read_file", "read_ranges", "staging_dir", "write_staged", "makedirs"
 _MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 
 
-def _open_regular(path: str) -> tuple[int, os.stat_result] | None:
-    """A read-only descriptor of ``path`` and its stat; None if it is missing, a symlink or not a regular file."""
+def _open_regular(path: str, root: str | None = None) -> tuple[int, os.stat_result] | None:
+    """A read-only descriptor of ``path`` and its stat; None if it is missing, a symlink or not a regular file.
+
+    ``root`` (a real path): PermissionError if the file opened is not under it (a directory on the way was a
+    symlink out of the root).
+    """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -45,21 +49,36 @@ def _open_regular(path: str) -> tuple[int, os.stat_result] | None:
     if not stat.S_ISREG(st.st_mode):  # a FIFO or device would hang or never end
         os.close(fd)
         return None
+    if root is not None and not _under(fd, path, root):
+        os.close(fd)
+        raise PermissionError(f"{path!r} lies outside {root!r} (a directory on its way is a symlink): not read")
     return fd, st
 
 
-def read_file(path: str) -> bytes | None:
+def _under(fd: int, path: str, root: str) -> bool:
+    """Whether the file open at ``fd`` (opened as ``path``) is really under directory ``root``."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")  # the file opened, whatever the path went through
+    except OSError:  # no /proc: resolve the path instead
+        real = os.path.realpath(path)
+    return real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def read_file(path: str, root: str | None = None) -> bytes | None:
     """The bytes of file ``path``; None if it is missing, a symlink or not a regular file (as :func:`read_ranges`)."""
-    opened = _open_regular(path)
+    opened = _open_regular(path, root)
     if opened is None:
         return None
     with open(opened[0], "rb", buffering=0) as f:  # takes the descriptor (and closes it)
         return f.readall()
 
 
-def read_ranges(path: str, ranges: list[tuple[int, int]]) -> list | None:
-    """The bytes ``[start, end)`` of file ``path`` per range; None if it is missing, a symlink or not a regular file."""
-    opened = _open_regular(path)
+def read_ranges(path: str, ranges: list[tuple[int, int]], root: str | None = None) -> list | None:
+    """The bytes ``[start, end)`` of file ``path`` per range; None if it is missing, a symlink or not a regular file.
+
+    ``root``: the real path of the directory ``path`` must lie in (PermissionError if it does not).
+    """
+    opened = _open_regular(path, root)
     if opened is None:
         return None
     fd, st = opened

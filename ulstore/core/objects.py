@@ -108,6 +108,7 @@ class ObjectStore:
         self.protocol = protocol or "file"
         self.access_error = access_error
         self.local = isinstance(fs, LocalFileSystem)
+        self._real_root: str | None = None  # local: the root's real path, once it exists (reads stay under it)
         self.memory = isinstance(fs, MemoryFileSystem)
         self.s3 = is_s3(fs)
 
@@ -149,6 +150,15 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
+
+    def _local_root(self) -> str:
+        """The local root's real path: every file read must be under it (no symlinked directory out of it)."""
+        real = self._real_root
+        if real is None:
+            real = os.path.realpath(self.root)
+            if os.path.isdir(real):  # (kept once it exists: a writer may create it after this client)
+                self._real_root = real
+        return real
 
     @contextlib.contextmanager
     def _calling(self, what: str, key: str | None) -> Iterator[None]:
@@ -205,7 +215,7 @@ class ObjectStore:
                     # every GET; one plain GET is all a chunk-sized object needs
                     return self.fs.cat_file(self.path(key), max_concurrency=1)
                 if self.local:  # never through a symlink or into a FIFO (a planted one would hang every reader)
-                    return local_disk.read_file(self.path(key))
+                    return local_disk.read_file(self.path(key), self._local_root())
                 return self.fs.cat_file(self.path(key))
             except MISSING_ERRORS:
                 return None
@@ -225,7 +235,7 @@ class ObjectStore:
             return []
         with self._calling("GET", key):
             if self.local:
-                return local_disk.read_ranges(self.path(key), ranges)
+                return local_disk.read_ranges(self.path(key), ranges, self._local_root())
             path = self.path(key)
             wanted = [r for r in ranges if r[1] > r[0]]  # an empty range would read as the whole object on S3
             if not wanted:
