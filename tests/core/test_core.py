@@ -106,22 +106,9 @@ def test_objects_byte_ranges_and_streaming_writes(any_objects):
     assert objects.get("p/z.pack") is None
 
 
-def test_local_ranges_refuse_symlinks_and_fifos(tmp_path):
-    import os
-
-    objects = ObjectStore.from_url(str(tmp_path / "objs"))
-    objects.put("a", b"inside")
-    secret = tmp_path / "secret"
-    secret.write_bytes(b"outside the root")
-    os.symlink(secret, tmp_path / "objs" / "link")
-    os.mkfifo(tmp_path / "objs" / "fifo")
-    assert objects.get_ranges("a", [(0, 6)]) == [b"inside"]
-    assert objects.get_ranges("link", [(0, 7)]) is None  # a symlink is never followed
-    assert objects.get_ranges("fifo", [(0, 7)]) is None  # and a FIFO never blocks
-
-
-def test_local_get_refuses_symlinks_and_fifos(tmp_path):
-    """A whole-object read (step documents, ref entries) never leaves the root nor blocks on a planted FIFO."""
+def test_local_reads_refuse_symlinks_and_fifos(tmp_path):
+    """Range and whole-object reads (packs; step documents, ref entries) never leave the root nor block on a
+    planted FIFO."""
     import os
     import threading
 
@@ -131,14 +118,19 @@ def test_local_get_refuses_symlinks_and_fifos(tmp_path):
     secret.write_bytes(b"outside the root")
     os.symlink(secret, tmp_path / "objs" / "link")
     os.mkfifo(tmp_path / "objs" / "fifo")
+    assert objects.get_ranges("a", [(0, 6)]) == [b"inside"]
     assert objects.get("a") == b"inside"
-    assert objects.get("link") is None  # a symlink is never followed
     got = {}
-    reader = threading.Thread(target=lambda: got.setdefault("fifo", objects.get("fifo")), daemon=True)
+
+    def reads():
+        got["ranges"] = [objects.get_ranges(k, [(0, 7)]) for k in ("link", "fifo")]
+        got["whole"] = [objects.get(k) for k in ("link", "fifo")]
+
+    reader = threading.Thread(target=reads, daemon=True)
     reader.start()
     reader.join(10)
     assert not reader.is_alive(), "reading a FIFO blocked"
-    assert got == {"fifo": None}  # and a FIFO is no object
+    assert got == {"ranges": [None, None], "whole": [None, None]}  # a symlink is never followed, a FIFO no object
 
 
 def test_sweep_tmp_keeps_young_files_and_never_follows_symlinks(tmp_path):

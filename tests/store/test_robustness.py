@@ -138,12 +138,18 @@ def test_d3_a_reference_cycle_in_crafted_tables_is_an_error_not_a_hang():
 # -- D4: names from storage are checked; nothing outside the root is opened ----------------------
 
 
-def test_d4_crafted_pack_names_and_tensor_names_are_refused(tmp_path):
+def _two_steps(tmp_path):
+    """(url, trajectory, states) of a local trajectory holding steps 0 and 1 of real bf16 states."""
     states = states_bf16(20)
     url = str(tmp_path / "t")
     traj = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
     traj.commit(0, states[0])
     traj.commit(1, states[1])
+    return url, traj, states
+
+
+def test_d4_crafted_pack_names_and_tensor_names_are_refused(tmp_path):
+    url, traj, states = _two_steps(tmp_path)
     secret = tmp_path / "secret.pack"
     secret.write_bytes(b"outside the root")
     opened: list[str] = []
@@ -196,11 +202,7 @@ def test_d4_a_fifo_or_device_in_place_of_a_pack_never_hangs(tmp_path):
 
 
 def test_d4_a_fifo_or_symlink_in_place_of_a_step_document_or_ref_never_hangs_nor_leaves_the_root(tmp_path):
-    states = states_bf16(20)
-    url = str(tmp_path / "t")
-    traj = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
-    traj.commit(0, states[0])
-    traj.commit(1, states[1])
+    url, traj, _ = _two_steps(tmp_path)
     doc = tmp_path / "t" / step_key(1)
     doc.unlink()
     os.mkfifo(doc)
@@ -221,11 +223,7 @@ def test_d4_a_fifo_or_symlink_in_place_of_a_step_document_or_ref_never_hangs_nor
 
 
 def test_d4_a_step_directory_symlinked_out_of_the_root_is_never_read(tmp_path):
-    states = states_bf16(20)
-    url = str(tmp_path / "t")
-    traj = ulstore.open(url, mode="w", chunk_bytes=CHUNK)
-    traj.commit(0, states[0])
-    traj.commit(1, states[1])
+    url, traj, _ = _two_steps(tmp_path)
     step_dir = tmp_path / "t" / step_key(1).rsplit("/", 1)[0]
     outside = tmp_path / "outside"
     os.rename(step_dir, outside)  # a valid step directory, now outside the root
