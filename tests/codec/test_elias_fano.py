@@ -98,6 +98,19 @@ def test_malformed_positions_are_refused_with_one_status_everywhere(n, m):
             assert status == want, (label, backend, status)
 
 
+@pytest.mark.parametrize(("n", "pos"), [(1 << 62, [(1 << 61) - 1, (1 << 62) - 1]), ((1 << 63) - 1, [(1 << 63) - 2])])
+def test_a_length_no_array_has_is_refused_not_misread(n, pos):
+    """Past 2**58 the kernel's L low bits (L > 57) no longer fit one 64-bit window and its shifts overflow: it
+    returned wrong positions with status 0.  Every backend refuses such an ``n`` as a bad argument."""
+    pos = np.array(pos, dtype=np.int64)
+    lo, hi = split(encode_positions(pos, n), n, len(pos))
+    for backend in BACKENDS:
+        assert decode(backend, lo, hi, n, len(pos))[0] == -9, backend
+    n, pos = (1 << 58) - 1, np.array([5, (1 << 57) + 3, (1 << 58) - 2], dtype=np.int64)  # the longest still read
+    for backend in BACKENDS:
+        status, out = decode(backend, *split(encode_positions(pos, n), n, len(pos)), n, len(pos))
+        assert status == 0 and np.array_equal(out, pos), backend
+
 def test_a_tampered_position_in_a_blob_is_a_clear_error():
     rng = np.random.default_rng(4)
     r = rng.standard_normal(5000).astype(np.float32)

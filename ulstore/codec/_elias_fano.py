@@ -55,12 +55,13 @@ def ef_positions(lo, hi, n: int, pos_out: np.ndarray) -> int:
     """Decode ``len(pos_out)`` positions below ``n`` from the low and high parts (the NumPy twin of the kernel).
 
     Returns 0; -6 when a position lies at or past ``n``; -9 when the parts are
-    not :func:`sizes` long (bad arguments); -10 when they are not the coding of
-    ascending positions (a wrong number of set bits, a low padding bit set, two
-    equal positions), checked in that order.
+    not :func:`sizes` long or ``n`` is 2**58 or more (bad arguments: no array is
+    that long, and past it the kernel's 64-bit reads and shifts would overflow);
+    -10 when they are not the coding of ascending positions (a wrong number of
+    set bits, a low padding bit set, two equal positions), checked in that order.
     """
     m = len(pos_out)
-    if not 1 <= m <= n:
+    if not 1 <= m <= n or n >= 1 << 58:
         return -9
     L = low_bits(n, m)
     lo = np.frombuffer(lo, dtype=np.uint8)

@@ -1310,7 +1310,7 @@ cdef int ef_core(const uint8_t* lo, int64_t lo_len, const uint8_t* hi, int64_t h
 cdef int ef_decode(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int64_t m, int64_t* pos) noexcept nogil:
     """:func:`ef_positions` into ``pos``."""
     cdef int L
-    if m < 1 or m > n:
+    if m < 1 or m > n or n >= (<int64_t>1) << 58:  # below (any array): L <= 57 bits fit a window, no shift overflows
         return -9
     L = ef_low_bits(n, m)
     if lo.shape[0] != (m * L + 7) // 8 or hi.shape[0] != (m + ((n - 1) >> L) + 1 + 7) // 8:
@@ -1320,7 +1320,8 @@ cdef int ef_decode(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int6
 
 def ef_positions(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int64_t[::1] pos_out):
     """Decode ``len(pos_out)`` Elias-Fano positions below ``n``: 0, -6 (one at or past ``n``), -9 (bad
-    arguments: lengths that are not ``_elias_fano.sizes``) or -10 (not the coding of ascending positions)."""
+    arguments: lengths that are not ``_elias_fano.sizes``, ``n`` of 2**58 or more) or -10 (not the coding of
+    ascending positions)."""
     cdef int status
     with nogil:
         status = ef_decode(lo, hi, n, pos_out.shape[0], &pos_out[0] if pos_out.shape[0] else NULL)
