@@ -1185,24 +1185,35 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
     return status
 
 
-cdef int sparse_rest(const word_t* r, Py_ssize_t n, Py_ssize_t m, int mant_bits, uint32_t emask, int pool_below,
-                     const uint8_t* tt, int64_t t_table_len, int t_alphabet, const uint32_t* t_states,
-                     const uint8_t* tw, int64_t t_n_words, const uint8_t* ttl, int64_t t_tail_len, int64_t t_tail_bits,
-                     const int64_t* pos, word_t* values_out, uint64_t* sum_out, uint8_t* tokens, word_t* rs) noexcept nogil:
-    """A SPARSE payload's residual section, its ``m`` positions decoded: the new words and the word-sum change."""
-    cdef Py_ssize_t k
-    cdef int status
-    gather_core(pos, m, r, rs)
-    status = sparse_tokens(rs, m, mant_bits, emask, pool_below, tt, t_table_len, t_alphabet, t_states, tw, t_n_words,
-                           tokens)
-    if not status:
-        status = unpack_core(tokens, m, ttl, t_tail_len, t_tail_bits, values_out)
-    if not status:
-        for k in range(m):
-            if values_out[k] == 0:
-                return -7
-        reconstruct_block(rs, values_out, 0, m)
-        sum_out[0] = sum_update_core(r, n, pos, m, values_out)
+cdef int sparse_rest(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_below,
+                     const uint8_t[::1] t_table, const uint32_t[::1] t_states, const uint8_t[::1] t_words,
+                     const uint8_t[::1] t_tail, int64_t t_tail_bits, int t_alphabet,
+                     const int64_t[::1] pos, word_t[::1] values_out, uint64_t[::1] sum_out) noexcept nogil:
+    """A SPARSE payload's residual section, its ``m`` positions decoded (both versions): the new words and
+    the word-sum change; 0, a stream or table status, -7 (a zero residual) or -8 (out of memory)."""
+    cdef Py_ssize_t m = pos.shape[0], n = r.shape[0], k
+    cdef int status = -8
+    cdef uint8_t zero8 = 0
+    cdef uint8_t* tokens = <uint8_t*>malloc(m)
+    cdef word_t* rs = <word_t*>malloc(m * sizeof(word_t))
+    if tokens != NULL and rs != NULL:
+        gather_core(&pos[0], m, &r[0], rs)
+        status = sparse_tokens(rs, m, mant_bits, emask, pool_below, &t_table[0] if t_table.shape[0] else &zero8,
+                               t_table.shape[0], t_alphabet, &t_states[0],
+                               &t_words[0] if t_words.shape[0] else NULL, t_words.shape[0] // 2, tokens)
+        if not status:
+            status = unpack_core(tokens, m, &t_tail[0] if t_tail.shape[0] else NULL, t_tail.shape[0], t_tail_bits,
+                                 &values_out[0])
+        if not status:
+            for k in range(m):
+                if values_out[k] == 0:
+                    status = -7
+                    break
+        if not status:
+            reconstruct_block(rs, &values_out[0], 0, m)
+            sum_out[0] = sum_update_core(&r[0], n, &pos[0], m, &values_out[0])
+    free(tokens)
+    free(rs)
     return status
 
 
@@ -1226,13 +1237,9 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
     cdef int32_t row0 = 0
     cdef uint8_t zero8 = 0
     cdef const uint8_t* gt = &g_table[0] if g_table.shape[0] else &zero8
-    cdef const uint8_t* tt = &t_table[0] if t_table.shape[0] else &zero8
     cdef const uint8_t* gw = &g_words[0] if g_words.shape[0] else NULL
-    cdef const uint8_t* tw = &t_words[0] if t_words.shape[0] else NULL
     cdef const uint8_t* gtl = &g_tail[0] if g_tail.shape[0] else NULL
-    cdef const uint8_t* ttl = &t_tail[0] if t_tail.shape[0] else NULL
     cdef uint8_t* tokens
-    cdef word_t* rs
     cdef int64_t* q
     cdef uint32_t freqs[256]
     cdef uint32_t* slots
@@ -1241,10 +1248,9 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
         return -9
     with nogil:
         tokens = <uint8_t*>malloc(m)
-        rs = <word_t*>malloc(m * sizeof(word_t))
         q = <int64_t*>calloc(g_alphabet, sizeof(int64_t))
         slots = <uint32_t*>malloc(SCALE * sizeof(uint32_t))
-        if tokens != NULL and rs != NULL and q != NULL and slots != NULL:
+        if tokens != NULL and q != NULL and slots != NULL:
             # gaps: one context (the residual words double as a dummy context source: emask 0)
             status = read_table_core(gt, g_table.shape[0], &one, 1, g_alphabet, SCALE_BITS, q)
             if status:
@@ -1256,14 +1262,12 @@ def sparse_decode(const word_t[::1] r, int mant_bits, uint32_t emask, int pool_b
                                           &g_states[0], tokens)
             if not status:
                 status = gap_positions(tokens, m, gtl, g_tail.shape[0], g_tail_bits, n, &pos_out[0])
-            if not status:
-                status = sparse_rest(&r[0], n, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
-                                     &t_states[0], tw, t_words.shape[0] // 2, ttl, t_tail.shape[0], t_tail_bits,
-                                     &pos_out[0], &values_out[0], &sum_out[0], tokens, rs)
         free(tokens)
-        free(rs)
         free(q)
         free(slots)
+        if not status:
+            status = sparse_rest(r, mant_bits, emask, pool_below, t_table, t_states, t_words, t_tail, t_tail_bits,
+                                 t_alphabet, pos_out, values_out, sum_out)
     return status
 
 
@@ -1336,27 +1340,15 @@ def sparse_decode_ef(const word_t[::1] r, int mant_bits, uint32_t emask, int poo
     """:func:`sparse_decode` of a version-4 SPARSE payload: Elias-Fano positions (:func:`ef_positions`'s
     statuses), then the residual section as in version 2."""
     cdef Py_ssize_t m = pos_out.shape[0], n = r.shape[0]
-    cdef int status = -8
-    cdef uint8_t zero8 = 0
-    cdef const uint8_t* tt = &t_table[0] if t_table.shape[0] else &zero8
-    cdef const uint8_t* tw = &t_words[0] if t_words.shape[0] else NULL
-    cdef const uint8_t* ttl = &t_tail[0] if t_tail.shape[0] else NULL
-    cdef uint8_t* tokens
-    cdef word_t* rs
+    cdef int status
     if (m == 0 or m > n or t_alphabet > 256 or emask > 0xFFFF or values_out.shape[0] != m or sum_out.shape[0] < 1
             or t_states.shape[0] != LANES):
         return -9
     with nogil:
-        tokens = <uint8_t*>malloc(m)
-        rs = <word_t*>malloc(m * sizeof(word_t))
-        if tokens != NULL and rs != NULL:
-            status = ef_decode(lo, hi, n, m, &pos_out[0])
+        status = ef_decode(lo, hi, n, m, &pos_out[0])
         if not status:
-            status = sparse_rest(&r[0], n, m, mant_bits, emask, pool_below, tt, t_table.shape[0], t_alphabet,
-                                 &t_states[0], tw, t_words.shape[0] // 2, ttl, t_tail.shape[0], t_tail_bits,
-                                 &pos_out[0], &values_out[0], &sum_out[0], tokens, rs)
-        free(tokens)
-        free(rs)
+            status = sparse_rest(r, mant_bits, emask, pool_below, t_table, t_states, t_words, t_tail, t_tail_bits,
+                                 t_alphabet, pos_out, values_out, sum_out)
     return status
 
 
