@@ -53,6 +53,13 @@ def test_positions_round_trip_in_the_bytes_they_are_given(n, m, backend):
     assert 2 ** L <= n / m < 2 ** (L + 1)
     status, out = decode(backend, *split(coded, n, m), n, m)
     assert status == 0 and np.array_equal(out, pos)
+    written = np.full(len(coded), 0xA5, dtype=np.uint8)  # the kernel writes every byte, padding included
+    assert kernels(backend).ef_encode(pos, n, written) == 0 and written.tobytes() == coded
+    if m > 1:
+        twice = pos.copy()
+        twice[1] = twice[0]
+        assert kernels(backend).ef_encode(twice, n, written) == -9  # positions must ascend
+    assert kernels(backend).ef_encode(pos, n, written[:-1]) == -9
 
 
 def malformed(n: int, m: int, rng) -> dict[str, tuple[bytes, bytes, int]]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["low_bits", "sizes", "encode_positions", "ef_positions"]
+__all__ = ["low_bits", "sizes", "encode_positions", "ef_encode", "ef_positions"]
 
 
 def low_bits(n: int, m: int) -> int:
@@ -49,6 +49,21 @@ def encode_positions(pos: np.ndarray, n: int) -> bytes:
     high = np.zeros(hi_len * 8, dtype=np.uint8)
     high[(pos >> L) + np.arange(m, dtype=np.int64)] = 1
     return np.packbits(low, bitorder="little").tobytes() + np.packbits(high, bitorder="little").tobytes()
+
+
+def ef_encode(pos, n: int, out: np.ndarray) -> int:
+    """:func:`encode_positions` into ``out`` (exactly :func:`sizes` bytes): the NumPy twin of the kernel.
+
+    Returns 0, or -9 when a length is wrong or the positions do not ascend below ``n``.
+    """
+    pos = np.asarray(pos, dtype=np.int64)
+    m = len(pos)
+    if not 1 <= m <= n or n >= 1 << 58 or len(out) != sum(sizes(n, m)):
+        return -9
+    if (m > 1 and (np.diff(pos) <= 0).any()) or pos[0] < 0 or pos[-1] >= n:
+        return -9
+    out[:] = np.frombuffer(encode_positions(pos, n), dtype=np.uint8)
+    return 0
 
 
 def ef_positions(lo, hi, n: int, pos_out: np.ndarray) -> int:

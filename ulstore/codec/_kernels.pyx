@@ -1322,6 +1322,44 @@ cdef int ef_decode(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int6
     return ef_core(&lo[0] if lo.shape[0] else NULL, lo.shape[0], &hi[0], hi.shape[0], m, n, pos)
 
 
+def ef_encode(const int64_t[::1] pos, int64_t n, uint8_t[::1] out):
+    """The Elias-Fano coding of ascending positions ``pos`` below ``n`` (``_elias_fano.encode_positions``'s
+    bytes: low part, then high part) into ``out``, exactly ``_elias_fano.sizes`` bytes long; 0, or -9 (bad
+    arguments: a length, or a position that is not ascending and below ``n``)."""
+    cdef int64_t m = pos.shape[0], k, j = 0, lo_len, hi_len, bit, prev = -1
+    cdef int L, nacc = 0
+    cdef uint64_t acc = 0, mask
+    cdef bint bad = 0
+    if m < 1 or m > n or n >= (<int64_t>1) << 58:
+        return -9
+    L = ef_low_bits(n, m)
+    mask = ((<uint64_t>1) << L) - 1
+    lo_len, hi_len = (m * L + 7) // 8, (m + ((n - 1) >> L) + 1 + 7) // 8
+    if out.shape[0] != lo_len + hi_len:
+        return -9
+    for k in range(m):  # (a C loop)
+        bad |= pos[k] <= prev
+        prev = pos[k]
+    if bad or prev >= n:
+        return -9
+    with nogil:
+        memset(&out[0], 0, lo_len + hi_len)
+        for k in range(m):  # low parts, L bits each, LSB-first (nacc < 8 before each: at most 64 bits held)
+            acc |= (<uint64_t>pos[k] & mask) << nacc
+            nacc += L
+            while nacc >= 8:
+                out[j] = <uint8_t>acc
+                acc >>= 8
+                nacc -= 8
+                j += 1
+        if nacc:
+            out[j] = <uint8_t>acc
+        for k in range(m):
+            bit = (pos[k] >> L) + k
+            out[lo_len + (bit >> 3)] |= <uint8_t>(1 << (bit & 7))
+    return 0
+
+
 def ef_positions(const uint8_t[::1] lo, const uint8_t[::1] hi, int64_t n, int64_t[::1] pos_out):
     """Decode ``len(pos_out)`` Elias-Fano positions below ``n``: 0, -6 (one at or past ``n``), -9 (bad
     arguments: lengths that are not ``_elias_fano.sizes``, ``n`` of 2**58 or more) or -10 (not the coding of

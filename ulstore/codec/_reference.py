@@ -48,6 +48,7 @@ from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_t
 from ._reference_apply import SparseApply, sparse_apply
 from ._reference_hash import hash64, hash_fill, hash_sum64
 from ._reference_sparse import (
+    ef_encode,
     ef_positions,
     gap_gather,
     scatter,
@@ -80,6 +81,7 @@ __all__ = [
     "sum_update",
     "scatter",
     "sparse_decode",
+    "ef_encode",
     "ef_positions",
     "sparse_decode_ef",
     "sparse_apply",

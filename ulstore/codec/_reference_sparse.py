@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from . import _tables
-from ._elias_fano import ef_positions
+from ._elias_fano import ef_encode, ef_positions
 from ._format import LANES
 from ._reference1 import _bitlen, normalize_rows, rans_decode, read_table, reconstruct, slot_table, unpack_tails
 from ._reference_hash import _GOLDEN, _M64
 from ._reference_hash import mix_words as _mix
 from ._tables import SCALE_BITS
 
-__all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode", "ef_positions", "sparse_decode_ef"]
+__all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode", "ef_encode", "ef_positions",
+           "sparse_decode_ef"]
 
 
 def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:

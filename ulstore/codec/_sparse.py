@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat, format_of
-from ._elias_fano import encode_positions, sizes
+from ._elias_fano import sizes
 from ._section import encode_section, read_fields, status_error
 from ._tables import POOL_BELOW
 
@@ -63,8 +63,11 @@ def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: in
     head = bytearray()
     F.write_varint(head, m)
     positions = np.cumsum(gaps, dtype=np.int64) + np.arange(m, dtype=np.int64)  # p_k = sum of gaps to k, plus k
+    coded = np.empty(sum(sizes(len(z), m)), dtype=np.uint8)
+    if k.ef_encode(positions, len(z), coded):
+        raise RuntimeError("internal error: ef_encode refused the changed positions")
     counts = _histogram(k, tsym, (emask + 1) << fmt.token_bits)
-    return [head, encode_positions(positions, len(z)), *encode_section(k, fmt, tz, tsym, counts, emask)]
+    return [head, coded, *encode_section(k, fmt, tz, tsym, counts, emask)]
 
 
 def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int,
