@@ -133,6 +133,27 @@ def test_local_reads_refuse_symlinks_and_fifos(tmp_path):
     assert got == {"ranges": [None, None], "whole": [None, None]}  # a symlink is never followed, a FIFO no object
 
 
+@pytest.mark.parametrize("where", ["local", "memory", "s3"])
+def test_get_with_a_limit_refuses_larger_objects_without_reading_them_whole(tmp_path, where, request):
+    import errno
+
+    options = None
+    if where == "local":
+        url = str(tmp_path / "objs")
+    elif where == "memory":
+        url = f"memory://limit-{uuid.uuid4().hex}"
+    else:  # a ranged GET of limit + 1 bytes
+        s3 = request.getfixturevalue("moto_s3")
+        url, options = f"s3://{s3.bucket()}/objs", s3.options
+    objects = ObjectStore.from_url(url, options)
+    objects.put("doc", b"x" * 100)
+    assert objects.get("doc", limit=100) == b"x" * 100
+    with pytest.raises(OSError, match="'doc' holds more than 99 bytes") as info:
+        objects.get("doc", limit=99)
+    assert info.value.errno == errno.EFBIG
+    assert objects.get("missing", limit=10) is None
+
+
 def test_sweep_tmp_keeps_young_files_and_never_follows_symlinks(tmp_path):
     import os
     import time

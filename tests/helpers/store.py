@@ -64,9 +64,9 @@ class CountingIO:
         io.get = self._get_one
         io.get_ranges = self._get_ranges
 
-    def _get_one(self, key):
+    def _get_one(self, key, **kwargs):
         self.reads.append((key, None))
-        return self._get(key)
+        return self._get(key, **kwargs)
 
     def _get_ranges(self, key, ranges):
         self.reads += [(key, tuple(r)) for r in ranges]

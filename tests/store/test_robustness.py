@@ -222,6 +222,31 @@ def test_d4_a_fifo_or_symlink_in_place_of_a_step_document_or_ref_never_hangs_nor
     assert "value" in got or isinstance(got.get("error"), IntegrityError)  # an answer, not a hang
 
 
+def test_d4_a_huge_step_document_is_refused_without_reading_it(tmp_path):
+    url, _, _ = _two_steps(tmp_path)
+    doc = tmp_path / "t" / step_key(1)
+    os.truncate(doc, 4 << 30)  # a planted 4 GiB document (sparse: no disk used)
+    tracemalloc.start()
+    try:
+        got = _run_with_timeout(lambda: ulstore.open(url, mode="r").info(1))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(got.get("error"), OSError) and "more than" in str(got["error"])
+    assert peak < 512 << 20  # at most the document limit was read, never the 4 GiB
+
+
+def test_d4_a_table_block_longer_than_any_writer_makes_is_refused_before_it_is_fetched(tmp_path):
+    url, traj, _ = _two_steps(tmp_path)
+
+    def longer(b):
+        b["tables"][0][4] = 4 << 30  # a 4 GiB "table block": it would be fetched before its hash is checked
+
+    rewrite_step(traj, 1, body=longer)
+    with pytest.raises(CorruptManifestError, match="malformed.*length"):
+        ulstore.open(url, mode="r").info(1)
+
+
 def test_d4_a_step_directory_symlinked_out_of_the_root_is_never_read(tmp_path):
     url, traj, _ = _two_steps(tmp_path)
     step_dir = tmp_path / "t" / step_key(1).rsplit("/", 1)[0]

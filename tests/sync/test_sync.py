@@ -72,7 +72,7 @@ def test_follow_yields_each_version_and_late_join_uses_nearest_anchor(states, ur
     f = Follower(url, poll_interval=0.001)
     io = f.trajectory._io
     orig, orig_ranges = io.get, io.get_ranges
-    io.get = lambda key: (reads.append(key), orig(key))[1]
+    io.get = lambda key, **kw: (reads.append(key), orig(key, **kw))[1]
     io.get_ranges = lambda key, ranges: (reads.append(key), orig_ranges(key, ranges))[1]
     assert list(f.follow(timeout=0.05)) == [7]  # bootstrap jumps straight to the newest version
     assert f.events[0].kind == "bootstrap" and f.events[0].version == 5
@@ -765,11 +765,11 @@ def test_unreachable_bucket_mid_run(states, url):
     io = f.trajectory._io
     orig, failures = io.get, {"n": 0}
 
-    def flaky(key):  # the first three reads fail, like a network blip
+    def flaky(key, **kw):  # the first three reads fail, like a network blip
         failures["n"] += 1
         if failures["n"] <= 3:
             raise BucketAccessError("simulated outage", key=key)
-        return orig(key)
+        return orig(key, **kw)
 
     io.get = flaky
     with pytest.raises(BucketAccessError):

@@ -64,13 +64,18 @@ def _under(fd: int, path: str, root: str) -> bool:
     return real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def read_file(path: str, root: str | None = None) -> bytes | None:
-    """The bytes of file ``path``; None if it is missing, a symlink or not a regular file (as :func:`read_ranges`)."""
+def read_file(path: str, root: str | None = None, limit: int | None = None) -> bytes | None:
+    """The bytes of file ``path``; None if it is missing, a symlink or not a regular file (as :func:`read_ranges`).
+
+    ``limit``: read at most ``limit + 1`` bytes (the caller refuses more).
+    """
     opened = _open_regular(path, root)
     if opened is None:
         return None
-    with open(opened[0], "rb", buffering=0) as f:  # takes the descriptor (and closes it)
-        return f.readall()
+    fd, st = opened
+    with open(fd, "rb", buffering=0) as f:  # takes the descriptor (and closes it)
+        # read(n) allocates n bytes first: ask for what the file holds (one more byte shows it grew past limit)
+        return f.readall() if limit is None else f.read(min(limit, st.st_size) + 1)
 
 
 def read_ranges(path: str, ranges: list[tuple[int, int]], root: str | None = None) -> list | None:

@@ -56,7 +56,10 @@ from . import local_disk
 from .backends import OBJECT_STORES, is_s3, serial_lock
 from .object_writer import ObjectWriter
 
-__all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "TMP_DIR"]
+__all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "MAX_DOCUMENT_BYTES", "TMP_DIR"]
+
+#: The most bytes a whole-object read of a document (step document, ref entry, marker) accepts.
+MAX_DOCUMENT_BYTES = 256 << 20
 
 #: Exceptions backends raise for a missing object.
 MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
@@ -206,19 +209,28 @@ class ObjectStore:
 
     # -- reads ------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None if there is no such object."""
+    def get(self, key: str, *, limit: int | None = None) -> bytes | None:
+        """The object's bytes, or None if there is no such object.
+
+        ``limit``: the most bytes the caller accepts (a document): a larger object raises ``OSError``
+        (``EFBIG``) naming it, after reading at most ``limit + 1`` bytes of it, so that a planted huge
+        object cannot exhaust a reader's memory.
+        """
         with self._calling("GET", key):
             try:
-                if self.s3:
+                if self.local:  # never through a symlink or into a FIFO (a planted one would hang every reader)
+                    data = local_disk.read_file(self.path(key), self._local_root(), limit)
+                else:
+                    ranged = {} if limit is None else {"start": 0, "end": limit + 1}
                     # s3fs's default max_concurrency > 1 sends a HEAD (for the size) before
                     # every GET; one plain GET is all a chunk-sized object needs
-                    return self.fs.cat_file(self.path(key), max_concurrency=1)
-                if self.local:  # never through a symlink or into a FIFO (a planted one would hang every reader)
-                    return local_disk.read_file(self.path(key), self._local_root())
-                return self.fs.cat_file(self.path(key))
+                    extra = {"max_concurrency": 1} if self.s3 else {}
+                    data = self.fs.cat_file(self.path(key), **ranged, **extra)
             except MISSING_ERRORS:
                 return None
+            if data is not None and limit is not None and len(data) > limit:
+                raise OSError(errno.EFBIG, f"object {key!r} holds more than {limit} bytes, more than any document")
+            return data
 
     def get_ranges(self, key: str, ranges) -> builtins.list | None:
         """The bytes ``[start, end)`` of the object for each ``(start, end)`` in ``ranges``.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.objects import MAX_DOCUMENT_BYTES
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
 from ._chunkcodec import content_digest, decode_chunk
@@ -206,7 +207,7 @@ class IntegrityMixin(TrajectoryBase):
         manifests, manifest_bytes, blob_bytes, table_bytes = {}, {}, {}, {}
         used: dict[str, list] = {}
         for s in self.steps:
-            raw = self._io.get(step_key(s))
+            raw = self._io.get(step_key(s), limit=MAX_DOCUMENT_BYTES)
             if raw is None:
                 raise StepNotFoundError("step document vanished while reading", step=s, key=step_key(s))
             d = StepDoc.from_bytes(raw, key=step_key(s), step=s)

@@ -39,7 +39,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from ..core.objects import ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import open_sealed, seal
 from ..errors import ConflictError, CorruptManifestError, RefMovedError, StepNotFoundError
 from ._refs import RefLog, RefState
@@ -122,7 +122,7 @@ class Pending:
         return deletes, commits
 
     def _branch(self, key: str) -> str | None:
-        raw = self.io.get(key)
+        raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
             return None
         try:

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..core.objects import ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
 from ._chunkcodec import digest, zstd_decompress
 from ._decode_plan import Node, _paste, _Plan
@@ -121,7 +121,7 @@ class ChunkReader:
             if d is not None:
                 return d
             key = step_key(step)
-            data = self.io.get(key)
+            data = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
             if data is None:
                 raise StepNotFoundError("no such step", step=step, key=key)
             d = StepDoc.from_bytes(data, key=key, step=step)

@@ -36,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..core.objects import ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import open_sealed, seal
 from ..errors import CorruptManifestError, RefMovedError
 from ._layout import REFS_DIR, check_step
@@ -157,7 +157,7 @@ class RefLog:
     def _entry(self, name: str, seq: int) -> RefState | None:
         """Entry ``seq`` of ``name`` checked, or None if it is not there."""
         key = entry_key(name, seq)
-        raw = self.io.get(key)
+        raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
             return None
         last = self._last
@@ -184,7 +184,7 @@ class RefLog:
 
     def _legacy(self, name: str) -> RefState:
         key = legacy_key(name)
-        raw = self.io.get(key)
+        raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
             return RefState(name, None)
         try:

@@ -29,12 +29,16 @@ from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError
 from ._chunkcodec import digest
 from ._layout import check_file_names, is_pack_id, tensor_name_problem
+from ._table_block import MAX_BLOCK_RAW
 
 __all__ = ["FORMAT", "StepDoc", "TableRef", "FileRef", "is_hex128"]
 
 FORMAT = 2
 _HEX128 = re.compile(r"^[0-9a-f]{32}$")
 _MAX = 1 << 62
+#: A table block inflates to at most MAX_BLOCK_RAW bytes, so no writer's block is longer than this (Zstd's
+#: worst-case growth, the header): a longer directory entry would have a reader fetch it before its hash check
+_MAX_BLOCK_BYTES = MAX_BLOCK_RAW + (MAX_BLOCK_RAW >> 7) + (1 << 20)
 
 
 def _not_canonical(doc, key: str) -> str:
@@ -199,7 +203,14 @@ class StepDoc:
             if tables and first <= tables[-1].last:
                 raise ValueError("table directory is not sorted")
             tables.append(
-                TableRef(first, last, count(pack, "pack", n), count(offset, "offset"), count(length, "length"), h)
+                TableRef(
+                    first,
+                    last,
+                    count(pack, "pack", n),
+                    count(offset, "offset"),
+                    count(length, "length", _MAX_BLOCK_BYTES),
+                    h,
+                )
             )
         files = {}
         check_file_names(body["files"])

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from ..core.dtypes import numpy_dtype
-from ..core.objects import ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import ConflictError, CorruptBlobError, CorruptManifestError, InvalidInputError, NotFoundError
 from ._chunkcodec import decode_chunk, le_bytes
@@ -47,7 +47,7 @@ class LegacyTrajectory:
 
     def __init__(self, io: ObjectStore):
         self.io = io
-        raw = io.get(ROOT_META)
+        raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
             raise NotFoundError(f"no trajectory at {io.url!r}", key=ROOT_META)
         try:
@@ -77,7 +77,7 @@ class LegacyTrajectory:
             name = k[len("refs/") :]
             if "/" in name or not name.endswith(".json"):
                 continue
-            raw = self.io.get(k)
+            raw = self.io.get(k, limit=MAX_DOCUMENT_BYTES)
             try:
                 out[name[: -len(".json")]] = int(json.loads(raw)["step"])  # type: ignore[arg-type]
             except Exception as e:
@@ -90,7 +90,7 @@ class LegacyTrajectory:
         if m is not None:
             return m
         key = step_key(step)
-        raw = self.io.get(key)
+        raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
             raise CorruptManifestError("manifest is missing", step=step, key=key)
         try:

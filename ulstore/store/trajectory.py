@@ -44,7 +44,7 @@ import concurrent.futures as cf
 import json
 import os
 
-from ..core.objects import ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
 from ._chunkcodec import HASH_NAME
@@ -169,7 +169,7 @@ def open(
     url, io = _object_store(url, fs, storage_options, durable)
     if mode == "w":
         io.remove_tree()
-    raw = io.get(ROOT_META)
+    raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
     if raw is None:
         if mode in ("r", "r+"):
             raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
@@ -177,7 +177,7 @@ def open(
         try:
             io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
         except FileExistsError:  # another process created it just now: use theirs
-            raw = io.get(ROOT_META)
+            raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
         else:
             io.put(STEPS_META, canonical_json(_group({})))
     if raw is not None:
