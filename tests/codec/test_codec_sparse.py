@@ -336,3 +336,25 @@ def test_changes_apply_to_checks_its_target():
             with pytest.raises(InvalidInputError, match="ascend"):
                 Changes(np.array(positions, dtype=np.int64), vals, 0).apply_to(out, backend=b)
             assert not out.any(), (positions, b)
+
+
+def test_lane_states_reach_the_kernels_aligned():
+    """The kernels read lane states as ``uint32_t``: a view of the blob at an odd offset would be undefined
+    behaviour (UBSan flagged it); ``read_fields`` hands them over aligned."""
+    from ulstore.codec._dtypes import format_of
+    from ulstore.codec._elias_fano import sizes
+    from ulstore.codec._format import open_blob
+    from ulstore.codec._section import read_fields
+
+    rng = np.random.default_rng(13)
+    ref = reference(np.float32, 3000, rng)
+    misaligned = 0
+    for m in range(1, 40):
+        target = changed_at(ref, np.sort(rng.choice(ref.size, m, replace=False)), rng)
+        _, rd = open_blob(bytearray(ulstore.encode(target, ref, sparse=True)))  # a buffer at an aligned address
+        assert rd.varint("m", limit=ref.size) == m
+        rd.take(sum(sizes(ref.size, m)), "positions")
+        misaligned += (rd.pos + 1 + 1) % 4 != 0  # scale byte, one-byte table size: where the states would start
+        states = read_fields(rd, m, format_of(np.dtype(np.float32))).states
+        assert states.flags.aligned and states.ctypes.data % 4 == 0
+    assert misaligned  # some blobs put their states at an unaligned offset

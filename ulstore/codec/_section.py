@@ -107,7 +107,7 @@ def read_fields(rd: F.Reader, n: int, fmt: FloatFormat) -> Fields:
     raw_tail = rd.take((tail_bits + 7) // 8, "raw tail")
     if tail_bits % 8 and raw_tail[-1] >> (tail_bits % 8):
         raise CorruptBlobError("ULPack blob has non-zero padding bits after its raw tail")
-    states = np.frombuffer(raw_states, dtype="<u4")
+    states = np.frombuffer(raw_states, dtype="<u4").copy()  # aligned: the kernels read them as uint32_t
     return Fields(table, states, words, np.frombuffer(raw_tail, dtype=np.uint8), tail_bits)
 
 

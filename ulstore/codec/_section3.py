@@ -332,7 +332,7 @@ def decode_section3(
     lane_states = struct.unpack(_STATES_FORMAT[lanes], state_bytes)  # (cheaper than numpy for 4 or 32 values)
     if min(lane_states) < STATE_LOW or max(lane_states) >= 1 << 31:
         raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
-    states = np.frombuffer(state_bytes, dtype="<u4")
+    states = np.frombuffer(state_bytes, dtype="<u4").copy()  # aligned: the kernels read them as uint32_t
     n_bytes = rd.end - rd.pos
     if n_bytes % 2:
         raise CorruptBlobError("ULPack blob has an odd number of bytes of rANS words")
