@@ -133,6 +133,17 @@ def test_local_reads_refuse_symlinks_and_fifos(tmp_path):
     assert got == {"ranges": [None, None], "whole": [None, None]}  # a symlink is never followed, a FIFO no object
 
 
+def test_a_pickled_client_resolves_its_root_again(tmp_path):
+    import pickle
+
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("a", b"inside")
+    assert objects.get("a") == b"inside" and objects._real_root is not None
+    again = pickle.loads(pickle.dumps(objects))
+    assert again._real_root is None  # this machine's real path is not shipped to a worker
+    assert again.get("a") == b"inside" and again._real_root == objects._real_root
+
+
 @pytest.mark.parametrize("where", ["local", "memory", "s3"])
 def test_get_with_a_limit_refuses_larger_objects_without_reading_them_whole(tmp_path, where, request):
     import errno

@@ -154,6 +154,11 @@ class ObjectStore:
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
 
+    def __getstate__(self) -> dict:
+        # the root's real path is this machine's: a process that unpickles the client (a dask worker, maybe on
+        # another host mounting the root elsewhere) resolves its own
+        return {**self.__dict__, "_real_root": None}
+
     def _local_root(self) -> str:
         """The local root's real path: every file read must be under it (no symlinked directory out of it)."""
         real = self._real_root
