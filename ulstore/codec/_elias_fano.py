@@ -8,13 +8,12 @@ elements are split at ``L = bitlen(n // m) - 1`` bits (derived, never stored)::
          | every other bit 0 (LSB-first)
 
 Every padding bit is 0, so a set of positions has exactly one coding.  It costs
-at most ``L + 3`` bits per position, within 0.7 bits of the entropy of a
-uniformly random set (the gap section of version 2 codes the same within about
-0.1 bit, with an entropy coder): about 5% more bytes for a SPARSE blob of an RL
-step.  What it buys is the decoder: each position is the next set bit of
-``high`` (a count of trailing zeros) plus ``L`` bits of ``low``, with no table
-and no serial state, about a third of the cycles of decoding the gap tokens
-and summing them (see docs/format.md).
+at most ``L + 3`` bits per position, about 0.6 bit above the entropy of a
+uniformly random set (version 2's entropy-coded gap section comes closer): 5%
+more bytes for a SPARSE blob of an RL step.  What it buys is the decoder: each
+position is the next set bit of ``high`` (a count of trailing zeros) plus ``L``
+bits of ``low``, with no table and no serial state; the in-place apply runs 12%
+fewer instructions per version than with the gap section (docs/format.md).
 
 This module writes and (as the NumPy twin of the compiled kernel) reads them.
 """
