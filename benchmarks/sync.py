@@ -24,7 +24,10 @@ version to this one, in four formats, and what each costs in time:
   is written (the time until that check is done is printed below the
   table); **trusted**: the same with
   ``Follower(trust_state=True)``; both cost time in proportion to the
-  changed elements; **floor**: writing the changed values at known positions
+  changed elements.  Both are told the version, ``poll(to=v)``, as a
+  control plane's message tells them (and as TRL's replica is handed its
+  file); **polled**: a trusted follower that finds the version itself, by
+  reading the branch head (``poll()``: one LIST and one GET more); **floor**: writing the changed values at known positions
   with a compiled loop, which every format's apply must do (TRL and the
   floor keep their own state across versions, as a replica does, so every
   apply finds its memory as the last version left it); **dl@1GB/s**:
@@ -35,7 +38,7 @@ version to this one, in four formats, and what each costs in time:
 
 Every replica's timed apply starts right after a full garbage collection
 (untimed): this one process also holds torch, every checkpoint, two
-publishers and three followers, and a full collection of its ~180k objects
+publishers and four followers, and a full collection of its ~180k objects
 (about 100 ms) would otherwise land on whichever replica happens to allocate
 when the threshold trips, whoever made the garbage.
 
@@ -293,6 +296,7 @@ def main(argv=None) -> None:
     dense_pub.publish(0, states[0])
     follower = Follower(store, threads=threads)
     trusted = Follower(store, threads=threads, trust_state=True)
+    polled = Follower(store, threads=threads, trust_state=True)
     dense_follower = Follower(dense_store, threads=threads, trust_state=True)
     dense_follower.bootstrap()
     writes = Counter(pub.trajectory._io, reads=False)
@@ -300,7 +304,8 @@ def main(argv=None) -> None:
     follower.bootstrap()
     boot = time.perf_counter() - t1
     trusted.bootstrap()
-    reads = Counter(trusted.trajectory._io, reads=True)
+    polled.bootstrap()
+    reads = Counter(polled.trajectory._io, reads=True)  # what a follower that reads the branch head downloads
     dense_reads = Counter(dense_follower.trajectory._io, reads=True)
     print(
         f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
@@ -316,7 +321,7 @@ def main(argv=None) -> None:
     head = (
         f"{'ver':>3} {'changed':>8} {'objs':>4} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
         f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
-        f"{'trusted':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}"
+        f"{'trusted':>9} {'polled':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -331,12 +336,13 @@ def main(argv=None) -> None:
         assert dense_follower.poll() == v
         dense_follower.wait_scan()  # its background check must not share the cores with the timed replicas
         _, dense = dense_reads.take()
-        # the two modes take turns polling first: the second finds the version's bytes warm in cache
+        # the replicas take turns polling first: the later ones find the version's bytes warm in cache
         timed, checked = {}, {}
-        for f in (follower, trusted) if v % 2 else (trusted, follower):
+        order = (follower, trusted, polled)
+        for f in order[v % 3 :] + order[: v % 3]:
             gc.collect()  # untimed: see the module docstring
             t1 = time.perf_counter()
-            assert f.poll() == v
+            assert (f.poll() if f is polled else f.poll(to=v)) == v
             timed[f] = time.perf_counter() - t1
             f.wait_scan()  # the default mode's check of the state, which runs in the background after the apply
             checked[f] = time.perf_counter() - t1
@@ -366,6 +372,7 @@ def main(argv=None) -> None:
             apply=apply,
             checked=checked[follower],
             trusted=apply_trusted,
+            polled=timed[polled],
             floor=floor_apply(floor_state, cur, ch),
             trl_apply=trl_apply(trl_state, i32_path),
             trl_torch=None if trl_torch_state is None else trl_torch_apply(trl_torch_state, i32_path),
@@ -374,6 +381,7 @@ def main(argv=None) -> None:
         for name, state in (
             ("follower", follower.state),
             ("trusted", trusted.state),
+            ("polled", polled.state),
             ("TRL", trl_state),
             ("TRL torch", trl_torch_state),
             ("floor", floor_state),
@@ -388,12 +396,13 @@ def main(argv=None) -> None:
             f"{v:>3} {r['changed']:>8.2%} {r['objs']:>4} {human(r['ulp']):>9} {human(r['dense']):>9} {human(r['i32']):>9} "
             f"{human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
             f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
-            f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['floor']):>9} "
+            f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['polled']):>9} {seconds(r['floor']):>9} "
             f"{seconds(r['dl']):>9} {seconds(r['trl_best']):>9}"
         )
     dense_pub.close()
     dense_follower.close()
     trusted.close()
+    polled.close()
     pub.close()
     follower.close()
     for path in (store, dense_store, trl_bucket):  # the buckets are scratch: 2 x (anchor + deltas) of the model
@@ -422,7 +431,7 @@ def main(argv=None) -> None:
         f"{max(r['puts'] for r in rows)} writes with the store's transient commit intent)"
     )
     trl_total = [r["i32"] / GB + r["trl_best"] for r in rows]
-    for label, key in (("trusted", "trusted"), ("default", "apply")):
+    for label, key in (("trusted", "trusted"), ("default", "apply"), ("trusted, reading the branch head", "polled")):
         ours = [r["dl"] + r[key] for r in rows]
         ok = all(a <= b for a, b in zip(ours, trl_total))
         print(

@@ -65,10 +65,10 @@ class Replica(BaseHTTPRequestHandler):
         if cls.follower is None:  # the first message names the store
             cls.follower = Follower(body["url"], storage_options=body.get("storage_options"))
         f = cls.follower
-        # the version exists: the trainer publishes before it posts.  poll() catches up
-        # with everything published since the last message (one version or several).
-        while f.version is None or f.version < body["version"]:
-            f.poll()
+        # the version exists: the trainer publishes before it posts.  poll(to=) catches up with
+        # everything published since the last message (one version or several) up to exactly
+        # that version, without reading the branch head (the message names it)
+        f.poll(to=body["version"])
         self._reply(
             {
                 "version": f.version,

@@ -616,6 +616,46 @@ def test_damaged_branch_ref_is_reported_not_applied(states, url):
     assert f.poll() == 3
 
 
+def test_poll_to_an_announced_version_reads_no_ref_and_proves_the_chain(states, url):
+    """A control plane's message names the version: the follower reaches exactly it without reading the branch
+    head, the chain still proven; stale and unknown versions are told apart."""
+    publish_all(url, states[:6], anchor_every=5)
+    f = Follower(url)
+    reads = []
+    io = f.trajectory._io
+    orig_get, orig_list = io.get, io.list
+    io.get = lambda key, **kw: (reads.append(key), orig_get(key, **kw))[1]
+    io.list = lambda prefix, *a, **kw: (reads.append(prefix), orig_list(prefix, *a, **kw))[1]
+    assert f.poll(to=2) == 2  # the first call bootstraps: from the snapshot at 0, to 2 and not the head (5)
+    assert_same_bits(f.state, states[2])
+    assert f.poll(to=4) == 4
+    assert_same_bits(f.state, states[4])
+    assert not any(k.startswith("refs") for k in reads), reads
+    assert f.poll(to=3) is None and f.poll(to=4) is None and f.version == 4  # stale: nothing moves
+    assert_same_bits(f.state, states[4])
+    with pytest.raises(NotFoundError, match="version 9 is not published"):
+        f.poll(to=9)
+    for bad in (-1, 2.0, "5", True):
+        with pytest.raises(InvalidInputError, match="version number"):
+            f.poll(to=bad)
+    assert f.version == 4 and f.poll() == 5  # the branch head, as before
+    assert_same_bits(f.state, states[5])
+    f.close()
+
+
+def test_poll_to_a_version_with_a_damaged_step_document_recovers_as_a_polled_head(states, url):
+    publish_all(url, states[:7], anchor_every=5)
+    f = Follower(url)
+    assert f.poll(to=3) == 3
+    doc = os.path.join(url, "steps", "4", "zarr.json")  # version 4's step document
+    raw = open(doc, "rb").read()
+    open(doc, "wb").write(raw[:-10] + b"0123456789")
+    assert f.poll(to=6) == 6  # 4 cannot be read: reported, and the snapshot at 5 leads to 6
+    assert any(e.kind == "corrupt" and e.version == 6 for e in f.events), f.events
+    assert_same_bits(f.state, states[6])
+    f.close()
+
+
 def test_zero_dim_tensors_are_published_and_followed_as_zero_dim(url):
     """A model with a BatchNorm (num_batches_tracked is a 0-d int64 buffer) bootstraps and follows."""
     torch = pytest.importorskip("torch")

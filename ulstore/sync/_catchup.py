@@ -135,17 +135,19 @@ class CatchUp:
                 raise ChainBroken(f"version {b.step} was not coded against version {a.step} as stored")
         return [i.step for i in infos]
 
-    def _advance(self, one_by_one: bool) -> Iterator[int]:
-        """Generator behind poll/follow: yields each version reached."""
+    def _advance(self, one_by_one: bool, to: int | None = None) -> Iterator[int]:
+        """Generator behind poll/follow: yields each version reached (the branch head's, or ``to``)."""
         self._check_open()
+        start = self.version
+        if to is not None and start is not None and to <= start:  # a stale announcement
+            return
         try:
-            head = self._head()
+            head = self._head() if to is None else to
         except IntegrityError as e:  # a damaged ref: nothing is applied
             self._problem(None, e)
             return
         if head is None:
             return
-        start = self.version
         if start is None:
             try:
                 self._bootstrap(head, "rebootstrap" if self._stalled_at is not None else "bootstrap")

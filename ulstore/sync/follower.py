@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 
-from ..errors import InvalidInputError, NotFoundError
+from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ..store._base import MAIN
 from ..store._layout import check_ref_name
 from . import _open
@@ -356,8 +356,19 @@ class Follower(CatchUp, WorkerOwner):
 
     # -- polling ----------------------------------------------------------------------
 
-    def poll(self) -> int | None:
-        """Catch up with the newest published version.
+    def poll(self, to: int | None = None) -> int | None:
+        """Catch up with the newest published version (or with version ``to``).
+
+        Parameters
+        ----------
+        to : int, optional
+            A version the publisher announced (a control plane's message, as in
+            ``examples/weight_sync_http.py``): catch up to exactly that version
+            without reading the branch head, one read of the bucket fewer per
+            version (on S3 a LIST and a GET).  The announcement only says which
+            version to reach: the chain from the version held to it is proven
+            from the step documents as always.  A version at or below the one
+            held is a stale announcement: nothing happens.
 
         Returns
         -------
@@ -367,15 +378,38 @@ class Follower(CatchUp, WorkerOwner):
 
         Raises
         ------
+        NotFoundError
+            ``to`` is not a step of the trajectory (not published yet, or pruned).
         BucketAccessError
             The bucket could not be read; the state still holds :attr:`version`.
         InvalidInputError
-            The published tensors no longer match the caller's state dict.
+            The published tensors no longer match the caller's state dict, or
+            ``to`` is not a version number.
         """
         before = self.version
-        for _ in self._advance(one_by_one=False):
+        for _ in self._advance(one_by_one=False, to=self._announced(to)):
             pass
         return self.version if self.version != before else None
+
+    def _announced(self, to) -> int | None:
+        """``to`` checked: None, or a published step (its step document read, and kept for the chain proof)."""
+        if to is None:
+            return None
+        if isinstance(to, bool) or not isinstance(to, int) or to < 0:
+            raise InvalidInputError(f"to must be a version number (an int >= 0), got {to!r}")
+        self._check_open()
+        if self.version is not None and to <= self.version:
+            return to
+        traj = self._trajectory()
+        try:
+            if traj is None:
+                raise NotFoundError("no trajectory")
+            traj.info(to)
+        except NotFoundError:
+            raise NotFoundError(f"version {to} is not published to {self.url!r}") from None
+        except IntegrityError:
+            pass  # a damaged step document: reported and recovered from as for a head read from the ref
+        return to
 
     def follow(self, *, until: int | None = None, timeout: float | None = None) -> Iterator[int]:
         """Yield every version as soon as it is applied (the state then holds it).
