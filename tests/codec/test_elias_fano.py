@@ -62,6 +62,19 @@ def test_positions_round_trip_in_the_bytes_they_are_given(n, m, backend):
     assert kernels(backend).ef_encode(pos, n, written[:-1]) == -9
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_low_bits_near_the_end_of_their_bytes_decode_exactly(backend):
+    """Every count of positions around where the low part's last unchecked 8-byte load falls (the decoder
+    switches loads there), for L from 0 to 41 bits."""
+    rng = np.random.default_rng(7)
+    for m in range(1, 40):
+        for n in (m, 3 * m + 1, 17 * m, 1000 * m + 7, (1 << 35) + 3, (1 << 41) + 5):
+            pos = np.unique(rng.integers(0, n, m, dtype=np.int64)) if n > 2 * m else np.arange(n - m, n)
+            k = len(pos)
+            status, out = decode(backend, *split(encode_positions(pos, n), n, k), n, k)
+            assert status == 0 and np.array_equal(out, pos), (n, k, low_bits(n, k))
+
+
 def malformed(n: int, m: int, rng) -> dict[str, tuple[bytes, bytes, int]]:
     """Codings that no ascending position set has, with the status every backend must give."""
     pos = np.sort(rng.choice(n, m, replace=False))

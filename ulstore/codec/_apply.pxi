@@ -152,6 +152,12 @@ cdef int parse_sparse(const uint8_t* b, int64_t size, const uint8_t* meta, int64
     return status
 
 
+cdef extern from *:
+    # a return type that also keeps GCC from inlining the function into the job (sum_put): inlined, the job's
+    # other live values pushed its loop's sum and pointers out of registers (loads and stores per change)
+    ctypedef void void_noinline "__attribute__((noinline)) void"
+
+
 cdef inline uint32_t fold32(uint64_t h) noexcept nogil:
     return <uint32_t>(h ^ (h >> 32))
 
@@ -190,9 +196,10 @@ cdef void gather_old(const int64_t* pos, Py_ssize_t m, const word_t* r, int64_t 
         gather_one(pos, k, r, n, rs, old64)
 
 
-cdef uint64_t sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values,
-                      word_t* dst) noexcept nogil:
-    """As sum_update_core, from the saved 8-byte words (no read of the array); with ``dst``, also writes the values.
+cdef void_noinline sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, const word_t* values,
+                        word_t* dst, uint64_t* out) noexcept nogil:
+    """As sum_update_core, from the saved 8-byte words (no read of the array), into ``out[0]``; with ``dst``,
+    also writes the values.
 
     One pass: each change updates the word being built (started from its saved
     old word when the change opens a word), and a word's difference joins the
@@ -206,8 +213,9 @@ cdef uint64_t sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, c
     cdef uint64_t cur, old, salt, acc = 0
     cdef int64_t w, prev
     cdef int shift
+    out[0] = 0
     if m == 0:
-        return 0
+        return
     prev = <int64_t>(<uint64_t>pos[0] // <uint64_t>per)  # a shift: per is a power of two known at compile time
     cur = old = old64[0]
     for k in range(m):
@@ -222,7 +230,7 @@ cdef uint64_t sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t m, c
         if dst != NULL:
             dst[pos[k]] = values[k]
     salt = (<uint64_t>prev + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
-    return acc + mix(cur + salt) - mix(old + salt)
+    out[0] = acc + mix(cur + salt) - mix(old + salt)
 
 
 cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
@@ -279,7 +287,8 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
         if zero:
             return -7
         reconstruct_block(old, newv, 0, m)
-        acc = ref_sum + sum_put(old64, pos, m, newv, dst if write else NULL)
+        sum_put(old64, pos, m, newv, dst if write else NULL, &acc)
+        acc += ref_sum
         if fold32(finish(acc, nbytes) ^ meta_hash) != p.target_hash:
             if write:
                 put_words(dst, pos, m, old)

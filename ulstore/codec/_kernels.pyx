@@ -1288,7 +1288,7 @@ cdef int ef_core(const uint8_t* lo, int64_t lo_len, const uint8_t* hi, int64_t h
     instructions per position.
     """
     cdef int L = ef_low_bits(n, m), t
-    cdef int64_t ones = 0, i, k = 0, bo = 0
+    cdef int64_t ones = 0, i, k = 0, bo = 0, fast
     cdef int64_t full = hi_len & ~(<int64_t>7)
     cdef uint64_t w, mask = ((<uint64_t>1) << L) - 1
     cdef bint bad = 0
@@ -1299,10 +1299,12 @@ cdef int ef_core(const uint8_t* lo, int64_t lo_len, const uint8_t* hi, int64_t h
     if ones != m or (m * L) % 8 and lo[lo_len - 1] >> ((m * L) % 8):
         return -10
     if L:
-        while k < m and (bo >> 3) + 8 <= lo_len:
+        # the positions whose L bits an unchecked 8-byte load reaches: k * L < 8 * (lo_len - 7)
+        fast = min(m, (8 * (lo_len - 7) + L - 1) // L) if lo_len >= 8 else 0
+        for k in range(fast):
             pos[k] = <int64_t>((load64(lo + (bo >> 3)) >> (bo & 7)) & mask)
             bo += L
-            k += 1
+        k = fast
         while k < m:
             pos[k] = <int64_t>(window(lo, lo_len, bo) & mask)
             bo += L
