@@ -218,15 +218,15 @@ class SparseApply:
         self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                       write, buffers, crc)
         self._lock = threading.Lock()
-        self._state = threading.Lock()  # guards _done and _active
+        self._state = threading.Condition()  # guards _done and _active
         self._result = None
         self._done = False
         self._active = 0
 
     def work(self):
         with self._state:
-            if self._done:
-                raise RuntimeError("SparseApply: work() after finish()")
+            if self._done:  # a worker that starts late: nothing is left to take
+                return
             self._active += 1
         try:
             with self._lock:
@@ -235,14 +235,18 @@ class SparseApply:
         finally:
             with self._state:
                 self._active -= 1
+                self._state.notify_all()
+
+    def join(self):
+        with self._state:
+            self._state.wait_for(lambda: not self._active)
 
     def finish(self):
         with self._state:
             if self._done:
                 raise RuntimeError("SparseApply: finish() called twice")
             if self._active:
-                raise RuntimeError("SparseApply: finish() while work() is running (call it once every work() has "
-                                   "returned)")
+                raise RuntimeError("SparseApply: finish() while work() is running (call join() first)")
             self._done = True
         blobs = self._args[0]
         if self._result is None and not blobs:
