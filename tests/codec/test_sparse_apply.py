@@ -316,7 +316,7 @@ def test_join_waits_for_every_worker_inside_the_job_then_finish_is_safe(backend)
         with cf.ThreadPoolExecutor(2) as pool:
             helpers = [pool.submit(j.work) for _ in range(2)]
             j.work()
-            j.join()
+            assert j.join(seconds=60)  # (spinning: the default gives up after 0.2 ms, and then False)
             out = j.finish()  # never "while work() is running"
             assert out[0] == 0
             assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))

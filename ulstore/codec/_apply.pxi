@@ -306,12 +306,16 @@ cdef extern from *:
     /* a worker leaves the job: its last access to the job's memory (release: its writes happen before) */
     static inline void ulp_leave(int* running) { __atomic_fetch_sub(running, 1, __ATOMIC_RELEASE); }
     static inline int ulp_running(const int* running) { return __atomic_load_n(running, __ATOMIC_ACQUIRE); }
-    #include <sched.h>
-    static inline void ulp_relax(long spins) {
+    #include <time.h>
+    static inline void ulp_relax(void) {
     #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
     #endif
-        if (spins > 4096) sched_yield();  /* a worker descheduled: let it run rather than spin on */
+    }
+    static inline double ulp_now(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
     }
     """
     Py_ssize_t ulp_take(Py_ssize_t* next) noexcept nogil
@@ -320,7 +324,8 @@ cdef extern from *:
     void ulp_enter(int* running) noexcept nogil
     void ulp_leave(int* running) noexcept nogil
     int ulp_running(const int* running) noexcept nogil
-    void ulp_relax(long spins) noexcept nogil
+    void ulp_relax() noexcept nogil
+    double ulp_now() noexcept nogil
 
 
 cdef struct Job:
@@ -407,13 +412,13 @@ cdef class SparseApply:
     default blob order, until none is left or one has failed); once one of
     them has returned, :meth:`join` waits for the others still working, and
     one call to :meth:`finish` gives the result.  A worker that starts after
-    that has nothing left to take and returns at once.  All or nothing: if
+    :meth:`join` has nothing left to take and returns at once.  All or nothing: if
     any blob failed, :meth:`finish` puts back every word written.
     """
 
     cdef Job job
     cdef Py_ssize_t c
-    cdef int parse_status, wb, got_b, got_d, done
+    cdef int parse_status, wb, got_b, got_d, done, closed
     cdef object pos, new, old, starts, sums, order, ref_sums, meta_hashes, statuses
 
     def __cinit__(self):
@@ -513,7 +518,7 @@ cdef class SparseApply:
         cdef uint8_t* new_p
         cdef uint8_t* old_p
         cdef uint8_t[::1] new_b, old_b
-        if self.done:  # (a pool thread that started late) every blob was taken, or the job stopped
+        if self.done or self.closed:  # (a pool thread that started late) every blob was taken, or the job stopped
             return
         if self.job.parsed == NULL:
             raise RuntimeError("SparseApply: work() before __init__")
@@ -531,19 +536,32 @@ cdef class SparseApply:
                 work_job(&self.job, <uint64_t*>new_p, <uint64_t*>old_p)
             ulp_leave(&self.job.running)
 
-    def join(self):
-        """Once a :meth:`work` call has returned (nothing is left to take): wait, the GIL released, until every
-        other worker is out of the job's memory.
+    def join(self, double seconds=2e-4):
+        """Once a :meth:`work` call has returned (nothing is left to take): wait, spinning for at most ``seconds``
+        with the GIL released, until every other worker is out of the job's memory; True if they are.
 
-        It spins (a worker finishes its last blob within a blob's time): waking
-        this thread from a sleep cost as much as the last blobs, 0.1-0.2 ms a
-        version on the machines measured.
+        A worker finishes its last blob within a blob's time, and being woken
+        from a sleep cost as much as the last blobs, 0.1-0.2 ms a version on the
+        machines measured.  False (a worker still inside: the machine is busy
+        and it lost its core): wait for the workers' return another way, not
+        with a spin that keeps a core from them.
         """
         cdef long spins = 0
+        cdef double deadline
+        cdef bint inside
+        # no worker enters from here on (a check under the GIL, as work() makes it): one that took the GIL
+        # between this thread's work() and now is inside, and counted; any later one returns at once
+        self.closed = 1
         with nogil:
-            while ulp_running(&self.job.running):
+            deadline = ulp_now() + seconds
+            inside = ulp_running(&self.job.running)
+            while inside:
+                ulp_relax()
                 spins += 1
-                ulp_relax(spins)
+                if spins % 64 == 0 and ulp_now() > deadline:
+                    break
+                inside = ulp_running(&self.job.running)
+        return not inside
 
     def finish(self):
         """``(status, index, pos, new, old, starts, sums)``, once every :meth:`work` call has returned.

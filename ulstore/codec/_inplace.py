@@ -11,6 +11,7 @@ decodes the blobs again with :func:`decode_changes` for the precise error.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from typing import NamedTuple
 
 import numpy as np
@@ -114,14 +115,16 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
         job.work()  # this thread works too (it would otherwise only wait): one pool wake-up fewer per version
     finally:
         # this thread's work() returns once every blob is taken: a helper that starts later takes nothing and
-        # returns at once, so only the ones inside the job are waited for (spinning, the GIL released: being
-        # woken by a helper's future cost 0.1-0.2 ms a version); the helpers' futures are not waited for (a
-        # helper cannot fail inside the job: a blob it never took is reported below as not taken)
-        job.join()
-        # finish() puts back every write if any blob failed or was never taken
-        status, _, pos, new, old, starts, target = job.finish()
+        # returns at once, so only the ones inside the job are waited for, first by spinning with the GIL
+        # released (being woken by a helper's future cost 0.1-0.2 ms a version).  A helper cannot fail inside
+        # the job (a blob it never took is reported by finish() as not taken), so its future is waited for
+        # only when the spin gave up: the machine is busy, and a sleep leaves the helper this thread's core
         for f in helpers:
             f.cancel()
+        if not job.join():
+            cf.wait([f for f in helpers if not f.cancelled()])
+        # finish() puts back every write if any blob failed or was never taken
+        status, _, pos, new, old, starts, target = job.finish()
     if buffers is not None:
         if bufs is None:  # the job's own outputs: their pages are in place (fresh arrays would fault them in again)
             buffers[key] = tuple(a if a.base is None else a.base for a in (pos, new, old))

@@ -220,7 +220,8 @@ class SparseApply:
         self._lock = threading.Lock()
         self._state = threading.Condition()  # guards _done and _active
         self._result = None
-        self._done = False
+        self._done = False  # no work() enters
+        self._finished = False
         self._active = 0
 
     def work(self):
@@ -237,17 +238,18 @@ class SparseApply:
                 self._active -= 1
                 self._state.notify_all()
 
-    def join(self):
+    def join(self, seconds=2e-4):
         with self._state:
-            self._state.wait_for(lambda: not self._active)
+            self._done = True  # no worker enters from here on (finish() still runs once)
+            return self._state.wait_for(lambda: not self._active, seconds)
 
     def finish(self):
         with self._state:
-            if self._done:
+            if self._finished:
                 raise RuntimeError("SparseApply: finish() called twice")
             if self._active:
                 raise RuntimeError("SparseApply: finish() while work() is running (call join() first)")
-            self._done = True
+            self._done = self._finished = True
         blobs = self._args[0]
         if self._result is None and not blobs:
             self._result = sparse_apply(*self._args)
