@@ -301,8 +301,10 @@ class ObjectStore:
         """:meth:`list` on local disk, answering as fsspec's ``ls`` does (an object lists as itself)."""
         path, head = self.path(prefix), prefix.rstrip("/")
         try:
-            with os.scandir(path) as entries:
-                return sorted(f"{head}/{e.name}" if head else e.name for e in entries)
+            # names sorted before the prefix is added (the same order: one prefix), and listdir, not scandir:
+            # a follower lists its ref's log (up to 2 * KEEP entries) at every poll
+            names = sorted(os.listdir(path))
+            return [f"{head}/{n}" for n in names] if head else names
         except NotADirectoryError:
             if os.path.isfile(path):
                 return [head]
