@@ -55,6 +55,29 @@ def _charge(length: int) -> int:
     return length * 16 + 1024
 
 
+class _Flight:
+    """A load under way in :meth:`ChunkReader._once`: ``done`` is held until its value or error is set.
+
+    (A follower loads a step document and a table block per version: a cf.Future with its Condition
+    cost several times this lock, most of it with the caches as cold as after an apply.)
+    """
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value = None
+        self.error: BaseException | None = None
+
+    def result(self):
+        with self.done:  # taken once the owner released it: value or error is set
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class ChunkReader:
     """Read step documents, tables and decoded chunks of a trajectory.
 
@@ -90,23 +113,22 @@ class ChunkReader:
     def _once(self, key, compute):
         """Run ``compute()`` once for concurrent callers asking for ``key`` (leaves only: no nested waits)."""
         with self._lock:
-            fut = self._inflight.get(key)
-            owner = fut is None
+            flight = self._inflight.get(key)
+            owner = flight is None
             if owner:
-                fut = self._inflight[key] = cf.Future()
+                flight = self._inflight[key] = _Flight()
         if not owner:
-            return fut.result()
+            return flight.result()
         try:
-            value = compute()
-        except BaseException as e:
-            fut.set_exception(e)
-            raise
-        else:
-            fut.set_result(value)
+            value = flight.value = compute()
             return value
+        except BaseException as e:
+            flight.error = e
+            raise
         finally:
             with self._lock:
                 del self._inflight[key]
+            flight.done.release()
 
     # -- step documents and tables --------------------------------------------------
 
