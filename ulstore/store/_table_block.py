@@ -404,15 +404,16 @@ def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarra
     ``i`` and ``x'[first] = x[first] - gap[first]`` (wrapping int64 sums: a bad table is caught by
     the caller's range checks).
     Integer arrays wrap silently (numpy checks overflow of scalars only).  One run (one pack throughout): its
-    ``x'[first]`` is 0, so ``off`` is ``x``.
+    ``x'[first]`` is 0, so ``off`` is ``x``.  (Array methods rather than np.cumsum/np.flatnonzero, which reach
+    them through a few Python frames each: a follower decodes a block per version.)
     """
     if not len(pack):
         return gap.astype(np.int64)
     start = np.empty(len(pack), bool)
     start[0] = True
     np.not_equal(pack[1:], pack[:-1], out=start[1:])
-    x = np.cumsum(gap + length) - length
-    first = np.flatnonzero(start)
+    x = (gap + length).cumsum() - length
+    (first,) = start.nonzero()
     if len(first) == 1:
         return x
-    return x - (x - gap)[first][np.cumsum(start) - 1]
+    return x - (x - gap)[first][start.cumsum() - 1]
