@@ -224,15 +224,17 @@ class ChunkReader:
     def blocks(self, step: int) -> list[Block]:
         """The table blocks of ``step``, in name order (the missing ones fetched together)."""
         d = self.doc(step)
-        missing = [bi for bi in range(len(d.tables)) if self._blocks.get((step, d.content, d.tables[bi].hash)) is None]
+        # one cache look-up per block (a follower asks for a step's blocks three times per version)
+        got = [self._blocks.get((step, d.content, ref.hash)) for ref in d.tables]
+        missing = [bi for bi, block in enumerate(got) if block is None]
         if len(missing) > 1:  # one coalesced fetch instead of one GET per block
             datas = self.fetch(
                 [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
             )
             for bi, data in zip(missing, datas):
-                block = self._parse_block(step, d, bi, data)
+                block = self._parse_block(step, d, bi, data)  # (returned from the cache below, as before)
                 self._blocks.put((step, d.content, d.tables[bi].hash), block, _charge(d.tables[bi].length))
-        return [self._block(step, bi) for bi in range(len(d.tables))]
+        return [block if block is not None else self._block(step, bi) for bi, block in enumerate(got)]
 
     def tables(self, step: int) -> dict[str, TensorTable]:
         """Every tensor table of ``step``, in name order (blocks fetched together)."""
