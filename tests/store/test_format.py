@@ -173,6 +173,29 @@ def test_step_document_roundtrip_and_directory():
         StepDoc.from_bytes(raw, key="k", step=13)
 
 
+def test_step_document_checksum_is_checked_whatever_the_document_holds():
+    """The checksum is taken over the document without it: cut from the canonical bytes where the document has
+    the shape ulstore writes, dumped again where it has another (an extra attribute, sealed too)."""
+    import json
+
+    from ulstore.core.sealed import canonical_json
+    from ulstore.store._stepdoc import _checksum
+
+    d = _doc(metadata={"ulstore_checksum": "f" * 32, "note": '"},"node_type":"group","zarr_format":3}'})
+    assert StepDoc.from_bytes(d.to_bytes(), key="k", step=12) == d
+    doc = json.loads(d.to_bytes())
+    doc["attributes"]["ulstore_checksum"] = "0" * 32  # canonical, well-formed, wrong
+    with pytest.raises(CorruptManifestError, match="fails its checksum"):
+        StepDoc.from_bytes(canonical_json(doc), key="k", step=12)
+    del doc["attributes"]["ulstore_checksum"]
+    doc["attributes"]["zz"] = 1  # another attribute, sealed with the rest: read as before
+    doc["attributes"]["ulstore_checksum"] = _checksum(canonical_json(doc))
+    assert StepDoc.from_bytes(canonical_json(doc), key="k", step=12) == d
+    doc["attributes"]["zz"] = 2  # ... and covered by the checksum
+    with pytest.raises(CorruptManifestError, match="fails its checksum"):
+        StepDoc.from_bytes(canonical_json(doc), key="k", step=12)
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -41,11 +41,10 @@ layer's :class:`~ulstore.sync.BucketAccessError`).  ``FileExistsError`` from
 from __future__ import annotations
 
 import builtins
-import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -53,7 +52,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from . import local_disk
-from .backends import OBJECT_STORES, is_s3, serial_lock
+from .backends import OBJECT_STORES, Calling, is_s3, serial_lock
 from .object_writer import ObjectWriter
 
 __all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "MAX_DOCUMENT_BYTES", "TMP_DIR"]
@@ -168,23 +167,13 @@ class ObjectStore:
                 self._real_root = real
         return real
 
-    @contextlib.contextmanager
-    def _calling(self, what: str, key: str | None) -> Iterator[None]:
+    def _calling(self, what: str, key: str | None) -> Calling:
         """Map a backend failure to ``access_error`` when the client has one.
 
         Calls into a filesystem that cannot be shared between threads (fsspec's
         ``filecache::`` and ``blockcache::`` wrappers) are serialised.
         """
-        lock = serial_lock(self.fs)
-        try:
-            with lock if lock is not None else contextlib.nullcontext():
-                yield
-        except FileExistsError:
-            raise
-        except Exception as e:
-            if self.access_error is None:
-                raise
-            raise self.access_error(f"{what} failed on {self.url!r}: {type(e).__name__}: {e}", key=key) from e
+        return Calling(serial_lock(self.fs), self.access_error, what, self.url, key)
 
     # -- probing ----------------------------------------------------------------
 
@@ -301,8 +290,10 @@ class ObjectStore:
         """:meth:`list` on local disk, answering as fsspec's ``ls`` does (an object lists as itself)."""
         path, head = self.path(prefix), prefix.rstrip("/")
         try:
-            with os.scandir(path) as entries:
-                return sorted(f"{head}/{e.name}" if head else e.name for e in entries)
+            # names sorted before the prefix is added (the same order: one prefix), and listdir, not scandir:
+            # a follower lists its ref's log (up to 2 * KEEP entries) at every poll
+            names = sorted(os.listdir(path))
+            return [f"{head}/{n}" for n in names] if head else names
         except NotADirectoryError:
             if os.path.isfile(path):
                 return [head]

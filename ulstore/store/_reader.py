@@ -55,6 +55,29 @@ def _charge(length: int) -> int:
     return length * 16 + 1024
 
 
+class _Flight:
+    """A load under way in :meth:`ChunkReader._once`: ``done`` is held until its value or error is set.
+
+    (A follower loads a step document and a table block per version: a cf.Future with its Condition
+    cost several times this lock, most of it with the caches as cold as after an apply.)
+    """
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value = None
+        self.error: BaseException | None = None
+
+    def result(self):
+        with self.done:  # taken once the owner released it: value or error is set
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class ChunkReader:
     """Read step documents, tables and decoded chunks of a trajectory.
 
@@ -90,23 +113,22 @@ class ChunkReader:
     def _once(self, key, compute):
         """Run ``compute()`` once for concurrent callers asking for ``key`` (leaves only: no nested waits)."""
         with self._lock:
-            fut = self._inflight.get(key)
-            owner = fut is None
+            flight = self._inflight.get(key)
+            owner = flight is None
             if owner:
-                fut = self._inflight[key] = cf.Future()
+                flight = self._inflight[key] = _Flight()
         if not owner:
-            return fut.result()
+            return flight.result()
         try:
-            value = compute()
-        except BaseException as e:
-            fut.set_exception(e)
-            raise
-        else:
-            fut.set_result(value)
+            value = flight.value = compute()
             return value
+        except BaseException as e:
+            flight.error = e
+            raise
         finally:
             with self._lock:
                 del self._inflight[key]
+            flight.done.release()
 
     # -- step documents and tables --------------------------------------------------
 
@@ -202,15 +224,17 @@ class ChunkReader:
     def blocks(self, step: int) -> list[Block]:
         """The table blocks of ``step``, in name order (the missing ones fetched together)."""
         d = self.doc(step)
-        missing = [bi for bi in range(len(d.tables)) if self._blocks.get((step, d.content, d.tables[bi].hash)) is None]
+        # one cache look-up per block (a follower asks for a step's blocks three times per version)
+        got = [self._blocks.get((step, d.content, ref.hash)) for ref in d.tables]
+        missing = [bi for bi, block in enumerate(got) if block is None]
         if len(missing) > 1:  # one coalesced fetch instead of one GET per block
             datas = self.fetch(
                 [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
             )
             for bi, data in zip(missing, datas):
-                block = self._parse_block(step, d, bi, data)
+                block = self._parse_block(step, d, bi, data)  # (returned from the cache below, as before)
                 self._blocks.put((step, d.content, d.tables[bi].hash), block, _charge(d.tables[bi].length))
-        return [self._block(step, bi) for bi in range(len(d.tables))]
+        return [block if block is not None else self._block(step, bi) for bi, block in enumerate(got)]
 
     def tables(self, step: int) -> dict[str, TensorTable]:
         """Every tensor table of ``step``, in name order (blocks fetched together)."""

@@ -107,9 +107,20 @@ class _Cursor:
         size = struct.calcsize(fmt)
         return struct.unpack(fmt, self.take(size))
 
-    def array(self, dtype: str, n: int) -> np.ndarray:
+    def view(self, dtype: str, n: int) -> np.ndarray:
+        """The next ``n`` values of ``dtype``: a read-only view of the buffer (no copy)."""
         dt = np.dtype(dtype)
-        return np.frombuffer(self.take(n * dt.itemsize), dtype=dt).astype(dt.newbyteorder("="))
+        size = n * dt.itemsize
+        if n < 0 or self.pos + size > len(self.buf):
+            raise TableError("table block is truncated")
+        out = np.frombuffer(self.buf, dt, n, self.pos)
+        self.pos += size
+        return out
+
+    def array(self, dtype: str, n: int) -> np.ndarray:
+        """The next ``n`` values of ``dtype``, copied out in native byte order."""
+        view = self.view(dtype, n)
+        return view.astype(view.dtype.newbyteorder("="))
 
 
 def decode_block(data, *, n_packs: int) -> list[TensorTable]:
@@ -281,11 +292,12 @@ def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
 def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
     """The chunk columns after the headers, checked."""
     total = heads.total
-    content = np.frombuffer(cur.take(16 * total), np.uint8).reshape(total, 16)
+    # one copy of each column kept (views of the inflated bytes for the rest): a follower parses a block per version
+    content = cur.view("u1", 16 * total).reshape(total, 16)
     ref = cur.array("<i8", total)
-    pack = cur.array("<u4", total).astype(np.int64)
-    gap = cur.array("<i8", total)
-    length = cur.array("<u8", total)
+    pack = cur.view("<u4", total).astype(np.int64)
+    gap = cur.view("<i8", total)
+    length = cur.view("<u8", total)
     (n_snap,) = cur.unpack("<Q")
     if n_snap > total:
         raise TableError("table block declares more snapshots than chunks")
@@ -391,13 +403,17 @@ def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarra
     lengths before ``i``: ``x[i] - x'[first]`` with ``x`` = gaps through ``i`` plus lengths before
     ``i`` and ``x'[first] = x[first] - gap[first]`` (wrapping int64 sums: a bad table is caught by
     the caller's range checks).
+    Integer arrays wrap silently (numpy checks overflow of scalars only).  One run (one pack throughout): its
+    ``x'[first]`` is 0, so ``off`` is ``x``.  (Array methods rather than np.cumsum/np.flatnonzero, which reach
+    them through a few Python frames each: a follower decodes a block per version.)
     """
     if not len(pack):
-        return gap.copy()
+        return gap.astype(np.int64)
     start = np.empty(len(pack), bool)
     start[0] = True
     np.not_equal(pack[1:], pack[:-1], out=start[1:])
-    with np.errstate(over="ignore"):
-        x = np.cumsum(gap) + np.cumsum(length) - length
-        first = np.flatnonzero(start)
-        return x - (x - gap)[first][np.cumsum(start) - 1]
+    x = (gap + length).cumsum() - length
+    (first,) = start.nonzero()
+    if len(first) == 1:
+        return x
+    return x - (x - gap)[first][start.cumsum() - 1]
