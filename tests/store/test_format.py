@@ -219,10 +219,21 @@ def test_step_document_refuses_crafted_fields(change):
 def test_pack_ids_are_checked_before_any_key_is_built():
     pid = new_pack_id()
     assert is_pack_id(pid) and pack_key(pid) == f"packs/{pid}.pack"
-    for bad in ("../" + pid[3:], pid.upper(), pid[:-1], pid + "0", "", None, pid[:-1] + "/"):
+    for bad in ("../" + pid[3:], pid.upper(), pid[:-1], pid + "0", "", None, pid[:-1] + "/", pid + "\n"):
         assert not is_pack_id(bad)
         with pytest.raises(ValueError):
             pack_key(bad)
+
+
+def test_names_read_from_storage_match_whole_not_up_to_a_trailing_newline():
+    """``$`` also matches before a final newline: every name checked from storage is matched to its very end."""
+    from ulstore.store._layout import check_ref_name, step_of
+    from ulstore.store._stepdoc import is_hex128
+
+    assert check_ref_name("main") == "main" and step_of("12") == 12 and is_hex128("0" * 32)
+    with pytest.raises(ValueError):
+        check_ref_name("main\n")
+    assert step_of("12\n") is None and not is_hex128("0" * 32 + "\n")
 
 
 def test_coalesce_merges_near_ranges_only():

@@ -55,9 +55,9 @@ PACKS_DIR = "packs"
 PACK_SUFFIX = ".pack"
 REFS_DIR = "refs"
 
-_REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}$")
-_PACK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
-_STEP_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+_REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}\Z")
+_PACK_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
+_STEP_RE = re.compile(r"^(0|[1-9][0-9]*)\Z")
 #: longest tensor or file name, in UTF-8 bytes
 MAX_NAME_BYTES = 4096
 

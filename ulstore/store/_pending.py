@@ -47,8 +47,8 @@ from ._refs import RefLog, RefState
 __all__ = ["Pending", "Intent", "PENDING_DIR"]
 
 PENDING_DIR = "pending"
-_COMMIT_RE = re.compile(r"^pending/commit/(0|[1-9][0-9]*)/(0|[1-9][0-9]*)\.json$")
-_DELETE_RE = re.compile(r"^pending/delete/(0|[1-9][0-9]*)\.json$")
+_COMMIT_RE = re.compile(r"^pending/commit/(0|[1-9][0-9]*)/(0|[1-9][0-9]*)\.json\Z")
+_DELETE_RE = re.compile(r"^pending/delete/(0|[1-9][0-9]*)\.json\Z")
 
 
 def _refuse_interrupted(step: int, parent: int, branch: str, commits: list[Intent], existing: set[int]) -> None:

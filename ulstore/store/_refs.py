@@ -46,8 +46,8 @@ __all__ = ["RefState", "RefLog", "KEEP", "entry_key", "log_dir", "legacy_key"]
 #: Entries kept below the head by compaction.
 KEEP = 64
 _SEQ_DIGITS = 20
-_ENTRY_RE = re.compile(r"^([0-9]{20})\.json$")
-_LEGACY_RE = re.compile(r"^([^/]+)\.json$")
+_ENTRY_RE = re.compile(r"^([0-9]{20})\.json\Z")
+_LEGACY_RE = re.compile(r"^([^/]+)\.json\Z")
 _FIELDS = {"ref", "seq", "step", "replaces", "created", "checksum"}
 
 

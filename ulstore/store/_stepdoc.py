@@ -34,7 +34,7 @@ from ._table_block import MAX_BLOCK_RAW
 __all__ = ["FORMAT", "StepDoc", "TableRef", "FileRef", "is_hex128"]
 
 FORMAT = 2
-_HEX128 = re.compile(r"^[0-9a-f]{32}$")
+_HEX128 = re.compile(r"^[0-9a-f]{32}\Z")
 _MAX = 1 << 62
 #: A table block inflates to at most MAX_BLOCK_RAW bytes, so no writer's block is longer than this (Zstd's
 #: worst-case growth, the header): a longer directory entry would have a reader fetch it before its hash check

@@ -50,7 +50,7 @@ log = logging.getLogger("ulstore.sync")
 FORMAT_NAME = "sparse_weight_patch"
 #: Index layouts :func:`export_trl` writes: legacy int32 ``.indices``, ``.idx`` int32 ("raw"), ``.idx`` gaps.
 INDEX_FORMATS = ("indices", "raw", "gap_delta")
-_STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors$")
+_STEP_FILE = re.compile(r"^step_(\d{6,})\.safetensors\Z")
 _INT32_MAX = (1 << 31) - 1
 
 
