@@ -305,14 +305,20 @@ def test_job_misuse_is_an_error_and_a_job_never_worked_writes_nothing(backend):
     assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
 
 
+def rounds(backend, n_chunks: int, seed: int):
+    """Four fresh jobs over the same large chunks (10% changed, so that a worker takes a while): ``(job, arrays,
+    references, targets)``."""
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [200_000] * n_chunks, seed=seed, density=0.1)
+    for _ in range(4):
+        arrays = [r.copy() for r in refs]
+        yield job(backend, dtype, blobs, arrays), arrays, refs, targets
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_join_waits_for_every_worker_inside_the_job_then_finish_is_safe(backend):
     """The caller's work() returns once every blob is taken; join() waits for the other workers still decoding."""
-    dtype = ml_dtypes.bfloat16
-    refs, targets, blobs = chunks(dtype, [200_000] * 6, seed=16, density=0.1)
-    for _ in range(4):
-        arrays = [r.copy() for r in refs]
-        j = job(backend, dtype, blobs, arrays)
+    for j, arrays, _, targets in rounds(backend, 6, seed=16):
         with cf.ThreadPoolExecutor(2) as pool:
             helpers = [pool.submit(j.work) for _ in range(2)]
             j.work()
@@ -327,11 +333,7 @@ def test_join_waits_for_every_worker_inside_the_job_then_finish_is_safe(backend)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_job_finish_while_a_worker_runs_is_an_error_and_writes_stay_all_or_nothing(backend):
     """finish() under a running work() (it used to release the job under the worker: a crash) raises; later works."""
-    dtype = ml_dtypes.bfloat16
-    refs, targets, blobs = chunks(dtype, [200_000] * 4, seed=15, density=0.1)
-    for _ in range(4):
-        arrays = [r.copy() for r in refs]
-        j = job(backend, dtype, blobs, arrays)
+    for j, arrays, refs, targets in rounds(backend, 4, seed=15):
         started = threading.Event()
 
         def run():
