@@ -332,6 +332,31 @@ def test_join_waits_for_every_worker_inside_the_job_then_finish_is_safe(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_sparse_waits_on_the_helpers_when_the_spin_gives_up(backend, monkeypatch):
+    """A busy machine: join() gives up spinning while a helper is inside; apply_sparse then sleeps on the
+    helpers' futures, and the result is the same."""
+    import ulstore.codec._inplace as inplace
+
+    real = kernels(backend)
+    joins = []
+
+    class GivesUp(real.SparseApply):
+        def join(self, seconds=2e-4):
+            joins.append(seconds)
+            return False  # as if a helper were still inside after the spin
+
+    monkeypatch.setattr(inplace, "kernels", lambda backend=None: type("K", (), {"SparseApply": GivesUp})())
+    dtype = ml_dtypes.bfloat16
+    refs, targets, blobs = chunks(dtype, [200_000] * 6, seed=17, density=0.1)
+    arrays = [r.copy() for r in refs]
+    with cf.ThreadPoolExecutor(2) as pool:
+        out = apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [r.shape for r in refs], pool=pool,
+                           parts=3)
+    assert joins and out is not None and len(out) == len(blobs)
+    assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_job_finish_while_a_worker_runs_is_an_error_and_writes_stay_all_or_nothing(backend):
     """finish() under a running work() (it used to release the job under the worker: a crash) raises; later works."""
     for j, arrays, refs, targets in rounds(backend, 4, seed=15):
