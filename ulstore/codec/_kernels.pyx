@@ -495,14 +495,19 @@ cdef inline Py_ssize_t decode_groups(const word_t* pr, Py_ssize_t n, int mant_bi
     cdef int32_t r0, r1, r2, r3
     r0 = r1 = r2 = r3 = rows[0]
     while i + 4 <= n and at + 4 <= n_words:
+        # each lane's row looked up just before its step: looked up together at the top, the four rows
+        # and four states outnumbered the registers and the states lived on the stack
         if not one_row:
             r0 = rows[(pr[i] >> mant_bits) & emask]
-            r1 = rows[(pr[i + 1] >> mant_bits) & emask]
-            r2 = rows[(pr[i + 2] >> mant_bits) & emask]
-            r3 = rows[(pr[i + 3] >> mant_bits) & emask]
         x0 = dec_renorm(dec_step(x0, sl, r0, pt + i), pw, &at, rare)
+        if not one_row:
+            r1 = rows[(pr[i + 1] >> mant_bits) & emask]
         x1 = dec_renorm(dec_step(x1, sl, r1, pt + i + 1), pw, &at, rare)
+        if not one_row:
+            r2 = rows[(pr[i + 2] >> mant_bits) & emask]
         x2 = dec_renorm(dec_step(x2, sl, r2, pt + i + 2), pw, &at, rare)
+        if not one_row:
+            r3 = rows[(pr[i + 3] >> mant_bits) & emask]
         x3 = dec_renorm(dec_step(x3, sl, r3, pt + i + 3), pw, &at, rare)
         i += 4
     x[0], x[1], x[2], x[3] = x0, x1, x2, x3
