@@ -36,6 +36,13 @@ version to this one, in four formats, and what each costs in time:
   scattering its values into the state: the faster of numpy fancy
   assignment and TRL's own torch ``index_copy_`` (when torch is installed).
 
+Every kind of replica (default, trusted, polled, TRL's numpy apply) runs
+``--replicas`` times (3 by default), each keeping its own state; a version's
+time for a kind is the median of its replicas.  They take turns going first,
+the kinds alternating, so that a pause of this shared machine (a run's single
+worst apply is often 1.5x its median) costs one replica of each kind rather
+than deciding a version for one of them.
+
 Every replica's timed apply starts right after a full garbage collection
 (untimed): this one process also holds torch, every checkpoint, two
 publishers and four followers, and a full collection of its ~180k objects
@@ -274,6 +281,9 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--threads", type=int, default=None, help="publisher/follower threads (default: CPU count)")
+    p.add_argument(
+        "--replicas", type=int, default=3, help="replicas of each kind; a version's time is their median (default 3)"
+    )
     args = p.parse_args(argv)
 
     states, desc = load_states(args)
@@ -294,17 +304,19 @@ def main(argv=None) -> None:
     dense_pub = Publisher(dense_store, anchor_every=0, threads=threads, sparse=False)
     info0 = pub.publish(0, states[0])
     dense_pub.publish(0, states[0])
-    follower = Follower(store, threads=threads)
-    trusted = Follower(store, threads=threads, trust_state=True)
-    polled = Follower(store, threads=threads, trust_state=True)
+    # ``--replicas`` replicas of every kind; a version's time for a kind is the median of its replicas, so one
+    # replica caught by a scheduling hiccup of this shared machine does not decide the version for its kind
+    kinds = {"apply": {}, "trusted": {"trust_state": True}, "polled": {"trust_state": True}}
+    fleet = {k: [Follower(store, threads=threads, **kw) for _ in range(args.replicas)] for k, kw in kinds.items()}
+    follower, polled = fleet["apply"][0], fleet["polled"][0]
     dense_follower = Follower(dense_store, threads=threads, trust_state=True)
     dense_follower.bootstrap()
     writes = Counter(pub.trajectory._io, reads=False)
     t1 = time.perf_counter()
     follower.bootstrap()
     boot = time.perf_counter() - t1
-    trusted.bootstrap()
-    polled.bootstrap()
+    for f in (f for group in fleet.values() for f in group if f is not follower):
+        f.bootstrap()
     reads = Counter(polled.trajectory._io, reads=True)  # what a follower that reads the branch head downloads
     dense_reads = Counter(dense_follower.trajectory._io, reads=True)
     print(
@@ -314,7 +326,7 @@ def main(argv=None) -> None:
 
     # the baselines are replicas too: each keeps its own state and applies every version in place, so its
     # memory is as cold (or warm) as the followers' when a version arrives
-    trl_state = {k: v.copy() for k, v in states[0].items()}
+    trl_states = [{k: v.copy() for k, v in states[0].items()} for _ in range(args.replicas)]
     trl_torch_state = torch_state(states[0])
     floor_state = {k: v.copy() for k, v in states[0].items()}
 
@@ -336,26 +348,35 @@ def main(argv=None) -> None:
         assert dense_follower.poll() == v
         dense_follower.wait_scan()  # its background check must not share the cores with the timed replicas
         _, dense = dense_reads.take()
-        # the replicas take turns polling first: the later ones find the version's bytes warm in cache
-        timed, checked = {}, {}
-        order = (follower, trusted, polled)
-        for f in order[v % 3 :] + order[: v % 3]:
-            gc.collect()  # untimed: see the module docstring
-            t1 = time.perf_counter()
-            assert (f.poll() if f is polled else f.poll(to=v)) == v
-            timed[f] = time.perf_counter() - t1
-            f.wait_scan()  # the default mode's check of the state, which runs in the background after the apply
-            checked[f] = time.perf_counter() - t1
-        apply, apply_trusted = timed[follower], timed[trusted]
-        _, ulp = reads.take()
-        traj = pub.trajectory
-        deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
-        packs = b"".join(traj.fetch_blobs(deltas))
         ch = changes(prev, cur)
         i32, gap = trl_file(cur, ch, gap=False), trl_file(cur, ch, gap=True)
         i32_path = os.path.join(trl_bucket, f"{v}.safetensors")
         with open(i32_path, "wb") as out:  # the TRL trainer's upload; its replicas read it back, as ours do
             out.write(i32)
+        # every replica, ours and TRL's, takes its turn at going first (the later ones find the version warm);
+        # the kinds alternate, so that a pause of this machine's longer than one apply costs a replica of each
+        timed, checked = {k: [] for k in (*kinds, "trl")}, []
+        order = [
+            (k, r)
+            for i in range(args.replicas)
+            for k, r in ((k, g[i]) for k, g in (*fleet.items(), ("trl", trl_states)))
+        ]
+        for kind, replica in order[v % len(order) :] + order[: v % len(order)]:
+            if kind == "trl":
+                timed[kind].append(trl_apply(replica, i32_path))
+                continue
+            gc.collect()  # untimed: see the module docstring
+            t1 = time.perf_counter()
+            assert (replica.poll() if kind == "polled" else replica.poll(to=v)) == v
+            timed[kind].append(time.perf_counter() - t1)
+            replica.wait_scan()  # the default mode's check of the state, in the background after the apply
+            if kind == "apply":
+                checked.append(time.perf_counter() - t1)
+        median = {k: statistics.median(t) for k, t in timed.items()}
+        _, ulp = reads.take()
+        traj = pub.trajectory
+        deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
+        packs = b"".join(traj.fetch_blobs(deltas))
         r = dict(
             v=v,
             changed=sum(i.size for i in ch.values()) / n_params,
@@ -369,23 +390,19 @@ def main(argv=None) -> None:
             z_i32=zstd19(i32),
             z_gap=zstd19(gap),
             publish=info.seconds,
-            apply=apply,
-            checked=checked[follower],
-            trusted=apply_trusted,
-            polled=timed[polled],
+            apply=median["apply"],
+            checked=statistics.median(checked),
+            trusted=median["trusted"],
+            polled=median["polled"],
+            spread={k: (min(t), max(t)) for k, t in timed.items()},
             floor=floor_apply(floor_state, cur, ch),
-            trl_apply=trl_apply(trl_state, i32_path),
+            trl_apply=median["trl"],
             trl_torch=None if trl_torch_state is None else trl_torch_apply(trl_torch_state, i32_path),
             trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32_path),  # on a state just copied: warm
         )
-        for name, state in (
-            ("follower", follower.state),
-            ("trusted", trusted.state),
-            ("polled", polled.state),
-            ("TRL", trl_state),
-            ("TRL torch", trl_torch_state),
-            ("floor", floor_state),
-        ):
+        replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() for i, f in enumerate(group)]
+        replicas += [(f"TRL {i}", state) for i, state in enumerate(trl_states)]
+        for name, state in (*replicas, ("TRL torch", trl_torch_state), ("floor", floor_state)):
             if state is not None:
                 same_bits(state, cur, name)
         r["dl"] = r["ulp"] / GB
@@ -401,10 +418,9 @@ def main(argv=None) -> None:
         )
     dense_pub.close()
     dense_follower.close()
-    trusted.close()
-    polled.close()
+    for f in (f for group in fleet.values() for f in group):
+        f.close()
     pub.close()
-    follower.close()
     for path in (store, dense_store, trl_bucket):  # the buckets are scratch: 2 x (anchor + deltas) of the model
         shutil.rmtree(path, ignore_errors=True)
 

@@ -65,6 +65,19 @@ def test_in_place_apply_matches_every_version(store, states, threads):
             assert not rep.verify()
 
 
+def test_a_loaded_step_has_its_slots_ready_for_the_first_version(store, states, monkeypatch):
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(store, 0, pool)
+        made = []
+        slot = Replica._slot
+        monkeypatch.setattr(Replica, "_slot", lambda self, *a: made.append(a) or slot(self, *a))
+        f = Replica.fetch(store, 1)
+        assert len(rep._in_place(list(zip([c for c in f.changes if c.kind != "unchanged"], f.blobs)))) == 1
+        rep.apply(f)
+        assert made == []  # every slot the version needed was made when step 0 was loaded
+        assert_same_bits(rep.state, states[1])
+
+
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("how", ["payload resealed", "crc", "truncated", "not sparse"])
 def test_a_bad_chunk_anywhere_leaves_the_state_untouched(store, states, where, how):

@@ -137,6 +137,7 @@ class Replica:
         self._rebind(f.specs, fresh=True)
         self._write(f, decoded, fresh=True)
         self._reserve()
+        self._prime_slots()
         return f.nbytes
 
     def _reserve(self) -> None:
@@ -225,7 +226,7 @@ class Replica:
                 continue
             slot = slots.get(key)
             if slot is None or slot[0] != c.start or slot[1] != c.stop:
-                slot = slots[key] = self._slot(c)
+                slot = slots[key] = self._slot(c.tensor, c.start, c.stop)
             if slot[2] is not None:
                 rows.append((slot[4], i, slot[2], blob, kept, slot[3]))
         groups = {}
@@ -234,14 +235,21 @@ class Replica:
             groups[dtype] = tuple(map(list, columns))
         return groups
 
-    def _slot(self, c) -> tuple:
-        """What the in-place apply needs of chunk ``c``, kept while the bindings stay: ``(start, stop, words of
-        the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
-        spec = self.specs[c.tensor]
-        first, stop, box = geometry(spec.shape, c.start, c.stop)
-        mirror = self._bindings[c.tensor].mirror
-        view = None if stop is None else words(mirror[first:stop])
-        return c.start, c.stop, view, box, spec.dtype, first
+    def _slot(self, tensor: str, start: tuple, stop: tuple) -> tuple:
+        """What the in-place apply needs of a chunk of ``tensor``, kept while the bindings stay: ``(start, stop,
+        words of the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
+        spec = self.specs[tensor]
+        first, end, box = geometry(spec.shape, start, stop)
+        mirror = self._bindings[tensor].mirror
+        view = None if end is None else words(mirror[first:end])
+        return start, stop, view, box, spec.dtype, first
+
+    def _prime_slots(self) -> None:
+        """A step just loaded: the slots of every chunk an in-place apply may write, made now rather than by the
+        first version applied (about 3 us a chunk, a tenth of a millisecond at 13M parameters)."""
+        for key, (_, start, stop) in self._contents.items():
+            if key not in self._slots and codec_for(self.specs[key[0]].dtype) == "ulpack":
+                self._slots[key] = self._slot(key[0], start, stop)
 
     def _apply_in_place(self, groups: dict) -> dict | None:
         """Decode, check and write the SPARSE delta chunks ``groups`` (from :meth:`_in_place`) into the state:

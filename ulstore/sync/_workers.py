@@ -22,6 +22,10 @@ class Workers:
         self.compute = cf.ThreadPoolExecutor(n, thread_name_prefix=f"{name}-compute")
         self.io = cf.ThreadPoolExecutor(max(8, 2 * n), thread_name_prefix=f"{name}-io")
         self.prefetch = cf.ThreadPoolExecutor(2, thread_name_prefix=f"{name}-prefetch")
+        # a pool starts its threads on first use, and starting one takes about 0.3 ms, which the first version
+        # a follower applies would otherwise pay: one thread of each now
+        for pool in (self.compute, self.io, self.prefetch):
+            pool.submit(int)
 
     def close(self) -> None:
         for pool in (self.prefetch, self.io, self.compute):
