@@ -37,8 +37,9 @@ version to this one, in four formats, and what each costs in time:
   assignment and TRL's own torch ``index_copy_`` (when torch is installed).
 
 Every kind of replica (default, trusted, polled, TRL's numpy apply) runs
-``--replicas`` times (3 by default), each keeping its own state; a version's
-time for a kind is the median of its replicas.  They take turns going first,
+``--replicas`` times (5 by default, 3 above 100M parameters to bound memory),
+each keeping its own state; a version's time for a kind is the median of its
+replicas.  They take turns going first,
 the kinds alternating, so that a pause of this shared machine (a run's single
 worst apply is often 1.5x its median) costs one replica of each kind rather
 than deciding a version for one of them.
@@ -282,13 +283,17 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--threads", type=int, default=None, help="publisher/follower threads (default: CPU count)")
     p.add_argument(
-        "--replicas", type=int, default=3, help="replicas of each kind; a version's time is their median (default 3)"
+        "--replicas",
+        type=int,
+        default=None,
+        help="replicas of each kind; a version's time is their median (default 5; 3 above 100M parameters)",
     )
     args = p.parse_args(argv)
 
     states, desc = load_states(args)
     n_params = sum(v.size for v in states[0].values())
     threads = args.threads or os.cpu_count() or 1
+    args.replicas = max(1, args.replicas or (5 if n_params < 100e6 else 3))
     print(
         f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
         f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
@@ -427,7 +432,9 @@ def main(argv=None) -> None:
     def mean(key):
         return statistics.mean(r[key] for r in rows)
 
-    print("\ntargets (every version):")
+    print(
+        f"\ntargets (every version; a replica kind's time for a version: the median of its {args.replicas} replicas):"
+    )
     for label, key in (("ULPack (sparse, the default)", "ulp"), ("ULPack dense", "dense")):
         size_i32 = all(r[key] <= r["i32"] / 4 for r in rows)
         size_gap = all(r[key] <= r["gap"] / 2 for r in rows)

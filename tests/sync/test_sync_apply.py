@@ -282,3 +282,25 @@ def test_a_helper_cancelled_by_the_pools_shutdown_neither_hangs_the_apply_nor_fa
         assert not isinstance(out[0], BaseException), out[0]
         assert rep.version == 2  # this thread took every blob: nothing was lost with the helper
         assert_same_bits(rep.state, states[2])
+
+
+def test_chunk_sizes_follow_a_version_chunked_otherwise(tmp_path, states):
+    """The sizes the default mode's scan walks are kept from version to version, and made again when a
+    version's chunks have other boxes (a publisher resumed with another chunk size)."""
+    url = str(tmp_path / "rechunked")
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+        pub.publish(1, states[1])
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK // 4) as pub:
+        pub.publish(2, states[2])
+    traj = trajectory(objects(url, None), "r", keep_parent=False)
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(traj, 1, pool)
+        before = rep.chunk_bytes()
+        rep.apply(Replica.fetch(traj, 2))
+        after = rep.chunk_bytes()
+    traj.close()
+    total = sum(a.nbytes for a in states[2].values())
+    assert sum(before.values()) == total == sum(after.values())
+    assert set(after) == set(rep._contents) and len(after) > len(before)
+    assert_same_bits(rep.state, states[2])

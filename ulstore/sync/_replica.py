@@ -96,6 +96,7 @@ class Replica:
         self._sums: dict[Key, int] = {}  # content_sum of each float chunk held (O(1) reference checks)
         self._buffers: dict = {}  # apply_sparse's outputs, reused from version to version
         self._slots: dict[Key, tuple] = {}  # Replica._slot of each chunk applied in place (until the next rebind)
+        self._sizes: dict[Key, int] | None = None  # chunk_bytes(), while the chunks held keep their boxes
         self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
 
     def flat(self, name: str) -> np.ndarray:
@@ -338,7 +339,7 @@ class Replica:
         self._contents = {k: v for k, v in self._contents.items() if k[0] in keep}
         self._sums = {k: v for k, v in self._sums.items() if k[0] in keep}
         self._bindings, self.specs = bindings, dict(specs)
-        self._slots = {}
+        self._slots, self._sizes = {}, None
 
     def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
         """Every chunk verified (SPARSE deltas already in the mirror): write the rest, then record the step held."""
@@ -373,7 +374,12 @@ class Replica:
                     else:
                         self._sums.pop(key, None)
             # exactly the step's chunks: a tensor chunked differently leaves none of its old chunks behind
-            self._contents = {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes}
+            held, self._contents = (
+                self._contents,
+                {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes},
+            )
+            if len(held) != len(self._contents) or any(held.get(k, v)[1:] != v[1:] for k, v in self._contents.items()):
+                self._sizes = None
             self._sums = {k: v for k, v in self._sums.items() if k in self._contents}
         except BaseException:
             self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
@@ -394,12 +400,15 @@ class Replica:
         ]
 
     def chunk_bytes(self) -> dict[Key, int]:
-        """Bytes of each chunk held, in a stable order (name, piece, coordinate)."""
-        out = {}
-        for key in sorted(self._contents, key=lambda k: (k[0], k[1], k[2])):
-            _, start, stop = self._contents[key]
-            out[key] = math.prod(b - a for a, b in zip(start, stop)) * self.specs[key[0]].dtype.itemsize
-        return out
+        """Bytes of each chunk held, in a stable order (name, piece, coordinate); kept while the chunks held
+        keep their boxes (the default mode's scan asks once a version)."""
+        if self._sizes is None:
+            out = {}
+            for key in sorted(self._contents, key=lambda k: (k[0], k[1], k[2])):
+                _, start, stop = self._contents[key]
+                out[key] = math.prod(b - a for a, b in zip(start, stop)) * self.specs[key[0]].dtype.itemsize
+            self._sizes = out
+        return dict(self._sizes)
 
     def verify(self, keys=None, *, sums: bool = False) -> list[str]:
         """The chunks (all, or ``keys``) whose bits differ from the store's content hash: ``["name[coord]", ...]``.
@@ -437,3 +446,4 @@ class Replica:
         self._applied_specs = None
         self._sums.clear()
         self._contents.clear()
+        self._sizes = None
