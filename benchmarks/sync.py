@@ -36,17 +36,17 @@ version to this one, in four formats, and what each costs in time:
   scattering its values into the state: the faster of numpy fancy
   assignment and TRL's own torch ``index_copy_`` (when torch is installed).
 
-Every kind of replica (default, trusted, polled, TRL's numpy apply) runs
-``--replicas`` times (5 by default, 3 above 100M parameters to bound memory),
-each keeping its own state; a version's time for a kind is the median of its
-replicas.  They take turns going first,
-the kinds alternating, so that a pause of this shared machine (a run's single
+Every kind of replica (default, trusted, polled, TRL's numpy apply and its
+torch ``index_copy_``) runs ``--replicas`` times (5 by default, 3 above 100M
+parameters to bound memory), each keeping its own state; a version's time
+for a kind is the median of its replicas.  They take turns going first, the
+kinds alternating, so that a pause of this shared machine (a run's single
 worst apply is often 1.5x its median) costs one replica of each kind rather
 than deciding a version for one of them.
 
 Every replica's timed apply starts right after a full garbage collection
 (untimed): this one process also holds torch, every checkpoint, two
-publishers and four followers, and a full collection of its ~180k objects
+publishers and a dozen followers, and a full collection of its ~180k objects
 (about 100 ms) would otherwise land on whichever replica happens to allocate
 when the threshold trips, whoever made the garbage.
 
@@ -332,7 +332,7 @@ def main(argv=None) -> None:
     # the baselines are replicas too: each keeps its own state and applies every version in place, so its
     # memory is as cold (or warm) as the followers' when a version arrives
     trl_states = [{k: v.copy() for k, v in states[0].items()} for _ in range(args.replicas)]
-    trl_torch_state = torch_state(states[0])
+    trl_torch_states = [t for t in (torch_state(states[0]) for _ in range(args.replicas)) if t is not None]
     floor_state = {k: v.copy() for k, v in states[0].items()}
 
     head = (
@@ -360,15 +360,12 @@ def main(argv=None) -> None:
             out.write(i32)
         # every replica, ours and TRL's, takes its turn at going first (the later ones find the version warm);
         # the kinds alternate, so that a pause of this machine's longer than one apply costs a replica of each
-        timed, checked = {k: [] for k in (*kinds, "trl")}, []
-        order = [
-            (k, r)
-            for i in range(args.replicas)
-            for k, r in ((k, g[i]) for k, g in (*fleet.items(), ("trl", trl_states)))
-        ]
+        timed, checked = {k: [] for k in (*kinds, "trl", "trl_torch")}, []
+        groups = (*fleet.items(), ("trl", trl_states), ("trl_torch", trl_torch_states))
+        order = [(k, g[i]) for i in range(args.replicas) for k, g in groups if g]
         for kind, replica in order[v % len(order) :] + order[: v % len(order)]:
-            if kind == "trl":
-                timed[kind].append(trl_apply(replica, i32_path))
+            if kind.startswith("trl"):
+                timed[kind].append((trl_apply if kind == "trl" else trl_torch_apply)(replica, i32_path))
                 continue
             gc.collect()  # untimed: see the module docstring
             t1 = time.perf_counter()
@@ -377,7 +374,7 @@ def main(argv=None) -> None:
             replica.wait_scan()  # the default mode's check of the state, in the background after the apply
             if kind == "apply":
                 checked.append(time.perf_counter() - t1)
-        median = {k: statistics.median(t) for k, t in timed.items()}
+        median = {k: statistics.median(t) for k, t in timed.items() if t}
         _, ulp = reads.take()
         traj = pub.trajectory
         deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
@@ -399,15 +396,15 @@ def main(argv=None) -> None:
             checked=statistics.median(checked),
             trusted=median["trusted"],
             polled=median["polled"],
-            spread={k: (min(t), max(t)) for k, t in timed.items()},
             floor=floor_apply(floor_state, cur, ch),
             trl_apply=median["trl"],
-            trl_torch=None if trl_torch_state is None else trl_torch_apply(trl_torch_state, i32_path),
+            trl_torch=median.get("trl_torch"),
             trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32_path),  # on a state just copied: warm
         )
         replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() for i, f in enumerate(group)]
         replicas += [(f"TRL {i}", state) for i, state in enumerate(trl_states)]
-        for name, state in (*replicas, ("TRL torch", trl_torch_state), ("floor", floor_state)):
+        replicas += [(f"TRL torch {i}", state) for i, state in enumerate(trl_torch_states)]
+        for name, state in (*replicas, ("floor", floor_state)):
             if state is not None:
                 same_bits(state, cur, name)
         r["dl"] = r["ulp"] / GB
