@@ -374,12 +374,11 @@ class Replica:
                     else:
                         self._sums.pop(key, None)
             # exactly the step's chunks: a tensor chunked differently leaves none of its old chunks behind
-            held, self._contents = (
-                self._contents,
-                {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes},
-            )
-            if len(held) != len(self._contents) or any(held.get(k, v)[1:] != v[1:] for k, v in self._contents.items()):
-                self._sizes = None
+            contents = {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes}
+            held, none = self._contents, (None, None, None)
+            if len(contents) != len(held) or any(held.get(k, none)[1:] != v[1:] for k, v in contents.items()):
+                self._sizes = None  # other chunks, or other boxes: chunk_bytes() makes them again
+            self._contents = contents
             self._sums = {k: v for k, v in self._sums.items() if k in self._contents}
         except BaseException:
             self.invalidate()  # part of a version is written: only a bootstrap makes the state whole again
