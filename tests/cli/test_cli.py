@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -301,6 +302,9 @@ def test_demo_tiny(tmp_path):
     ):
         assert fragment in out, fragment
     assert ulstore.open(tmp_path / "ulstore-demo", mode="r").steps == [0, 1, 2, 3, 4]
+    # the tour of the directory names what is there
+    listed = re.findall(r"^  ([a-z]+)/", out.split("The data lives in", 1)[1], flags=re.M)
+    assert listed and all((tmp_path / "ulstore-demo" / d).is_dir() for d in listed), listed
     # runs again over its own earlier demo; refuses anything else
     doc = json.loads(
         run("demo", "ulstore-demo", "--preset", "tiny", "--steps", 2, "--json", cwd=tmp_path, check=0).stdout
