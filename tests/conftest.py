@@ -1,6 +1,8 @@
-"""Fixtures every test package shares: one moto S3 server per session."""
+"""Fixtures every test package shares: one moto S3 server per session; no test leaks environment variables."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -18,3 +20,21 @@ def moto_s3():
     s3.bucket("ulstore-test")
     yield s3
     s3.stop()
+
+
+def _environment_kept():
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+#: Undo what a test, or a module's fixtures, changed in ``os.environ``.  distributed's Nanny sets
+#: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` to 1 in the environment of the
+#: process that starts a cluster and leaves them there.  Subprocesses started by later tests then train
+#: ``toytrain`` models on one BLAS thread while the test process uses two, and on AVX-512 machines
+#: OpenBLAS's float32 products differ in their last bits between the two: a checkpoint a test recomputes
+#: would not be the one its subprocess committed.
+_environment_restored = pytest.fixture(autouse=True)(_environment_kept)
+_environment_restored_per_module = pytest.fixture(autouse=True, scope="module")(_environment_kept)
