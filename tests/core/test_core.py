@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import ml_dtypes
@@ -68,6 +69,65 @@ def test_local_get_and_list_answer_as_fsspec_does(tmp_path):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             expected = None
         assert objects.get(key) == expected, key
+
+
+def test_local_find_answers_as_fsspec_does_and_never_follows_a_symlink(tmp_path):
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    for key in ("steps/3/zarr.json", "steps/10/zarr.json", "packs/a.pack", "zarr.json", "refs/main/0.json"):
+        objects.put(key, b"x")
+    (tmp_path / "objs" / "steps" / "11").mkdir()  # an empty directory lists nothing
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "zarr.json").write_bytes(b"secret")
+    os.symlink(outside, tmp_path / "objs" / "steps" / "12")  # a directory planted as a symlink out of the root
+
+    def plain(prefix):  # fsspec's generic walk
+        try:
+            paths = objects.fs.find(objects.path(prefix))
+        except FileNotFoundError:
+            return []
+        return sorted(k for p in paths if (k := objects._key(p)) is not None)
+
+    for prefix in ("", "steps", "steps/", "steps/3", "steps/3/zarr.json", "refs", "nothing", "steps/11"):
+        want = [k for k in plain(prefix) if k != "steps/12" and not k.startswith("steps/12/")]
+        want += ["steps/12"] if prefix in ("", "steps", "steps/") else []
+        assert objects.find(prefix) == sorted(want), prefix
+    assert objects.find("steps/12") == ["steps/12"]  # the symlink itself, never what it points to
+    os.symlink(tmp_path / "objs", tmp_path / "alias")  # a root that is a symlink is followed, as the user asked
+    assert ObjectStore.from_url(str(tmp_path / "alias")).find("") == objects.find("")
+
+
+def test_local_deletes_remove_the_directories_they_empty(tmp_path):
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    for key in ("pending/commit/3/4.json", "pending/commit/3/5.json", "steps/4/zarr.json", "packs/a.pack"):
+        objects.put(key, b"x")
+    objects.delete("pending/commit/3/4.json")
+    assert (tmp_path / "objs" / "pending" / "commit" / "3").is_dir()  # 5.json is still there
+    objects.delete_many(["pending/commit/3/5.json", "steps/4/zarr.json", "packs/a.pack"])
+    # emptied directories go, up to the top-level ones
+    assert sorted(os.listdir(tmp_path / "objs")) == [".tmp", "packs", "pending", "steps"]
+    assert not os.listdir(tmp_path / "objs" / "pending") and not os.listdir(tmp_path / "objs" / "steps")
+
+
+def test_a_local_write_places_its_file_again_if_its_directory_was_removed_meanwhile(tmp_path, monkeypatch):
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    made = []
+    real = objects._makedirs
+
+    def makedirs_then_lose_it(d):  # another process's delete finds the new directory empty and removes it
+        real(d)
+        if d not in made:  # once per directory
+            made.append(d)
+            os.rmdir(d)
+
+    monkeypatch.setattr(objects, "_makedirs", makedirs_then_lose_it)
+    objects.put("pending/commit/1/2.json", b"put")
+    objects.create("pending/commit/7/8.json", b"created")
+    assert made == [objects.path("pending/commit/1"), objects.path("pending/commit/7")]
+    assert objects.get("pending/commit/1/2.json") == b"put" and objects.get("pending/commit/7/8.json") == b"created"
+    with pytest.raises(FileExistsError):
+        objects.create("pending/commit/7/8.json", b"again")
+    assert not os.listdir(objects.local_tmp_dir())  # no staged file left behind
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

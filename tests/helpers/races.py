@@ -37,7 +37,7 @@ def race_worker(url: str, storage_options, worker: int, trials: int, barrier) ->
     traj = ulstore.open(url, mode="a", storage_options=storage_options, threads=1)
     out = []
     for t in range(trials):
-        barrier.wait()
+        barrier.wait(timeout=120)  # a worker that died fails the others, not the whole run (pytest-timeout)
         step = first_step(t, worker)
         state = {"w": np.full((8, 8), worker + t / 64, np.float32), "n": np.int64(t)}
         record = {"trial": t, "worker": worker, "before": 0, "after": [], "sibling": 0}

@@ -294,6 +294,28 @@ print("DONE", flush=True)
 """
 
 
+def test_a_local_commit_reads_no_listing_that_grows_with_the_run(tmp_path):
+    """A commit on local disk neither walks ``steps/`` (a directory per step) nor finds the directories of
+    earlier commits' intents under ``pending/``: a long run's commits stay as fast as its first."""
+    root = tmp_path / "t"
+    traj = ulstore.open(root, mode="w", chunk_bytes=64)
+    states = [{"w": np.arange(100, dtype=np.float32) * (i + 1)} for i in range(6)]
+    for i in range(5):
+        traj.commit(i, states[i])
+    traj.commit(100, states[0], parent=2, branch="side")
+    traj.delete(100)
+    listed = []
+    real = traj._io.find
+    traj._io.find = lambda prefix, **kw: listed.append(prefix.rstrip("/")) or real(prefix, **kw)
+    traj.commit(5, states[5])
+    assert listed == ["pending"]
+    # no directory is left empty below the top-level ones (each commit's intent had one)
+    empty = [d for d, dirs, files in os.walk(root) if not dirs and not files and os.path.dirname(d) != str(root)]
+    assert not empty, empty
+    for i in range(6):
+        assert bits(ulstore.open(root, mode="r").read(i)["w"]).tobytes() == bits(states[i]["w"]).tobytes()
+
+
 def test_writer_killed_mid_commit(tmp_path):
     import signal
     import subprocess
@@ -325,9 +347,9 @@ def test_two_writers_same_step(backend_url):
     w1 = ulstore.open(url, mode="a", storage_options=so, chunk_bytes=CHUNK)
     w1.commit(0, states_bf16(20)[0])
     w2 = ulstore.open(url, mode="a", storage_options=so)
-    # both pass the early existence check, then race on the conditional create
+    # both pass the early existence check of step 1, then race on the conditional create
     for w in (w1, w2):
-        w._io.exists = lambda key: False
+        w._io.exists = lambda key, real=w._io.exists: False if key == step_key(1) else real(key)
     barrier = threading.Barrier(2)
     for w in (w1, w2):
         real = w._io.create

@@ -13,7 +13,7 @@ import os
 from ..core.objects import ObjectStore
 from ..errors import NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
 from ._kept import KeptStep
-from ._layout import STEPS_DIR, check_ref_name, check_step, step_of
+from ._layout import STEPS_DIR, check_ref_name, check_step, step_key, step_of
 from ._logical import LogicalStore
 from ._packs import DEFAULT_PACK_BYTES
 from ._pending import Pending
@@ -25,6 +25,8 @@ __all__ = ["TrajectoryBase", "MAIN", "ANY"]
 
 #: Default main branch.
 MAIN = "main"
+#: a commit checks at most this many steps exist with a stat each on local disk (more: one LIST)
+_STATS_NOT_LIST = 64
 
 
 class _Any:
@@ -99,6 +101,13 @@ class TrajectoryBase:
             if len(parts) == 3 and parts[2] == "zarr.json" and step_of(parts[1]) is not None:
                 out.append(int(parts[1]))
         return sorted(out)
+
+    def _committed(self, steps: set[int]) -> set[int]:
+        """Which of ``steps`` are committed: a stat each on local disk (where listing ``steps/`` reads a
+        directory per step, so a commit of a long run would take longer than the last), else one LIST."""
+        if self._io.local and len(steps) <= _STATS_NOT_LIST:
+            return {s for s in steps if self._io.exists(step_key(s))}
+        return steps & set(self.steps)
 
     def __contains__(self, step) -> bool:
         try:

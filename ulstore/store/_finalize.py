@@ -125,7 +125,7 @@ class FinalizerMixin(TrajectoryBase):
             self._reader.remember(doc, tables)
 
         refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
-        self._pending.publish(step, parent, refers, create, refs=self._refs, branch=branch, steps=lambda: self.steps)
+        self._pending.publish(step, parent, refers, create, refs=self._refs, branch=branch, existing=self._committed)
 
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
         """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""

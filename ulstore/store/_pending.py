@@ -142,13 +142,13 @@ class Pending:
         *,
         refs: RefLog,
         branch: RefState | None,
-        steps: Callable[[], list[int]],
+        existing: Callable[[set[int]], set[int]],
     ) -> None:
         """The end of every commit: checks, the commit point ``create()``, then the branch's compare-and-swap.
 
         ``refers``: the steps the new step's entries are coded against;
         ``branch``: the branch as read when the commit started (None: move no
-        ref); ``steps()``: LIST of the existing steps.
+        ref); ``existing(steps)``: which of ``steps`` are committed.
 
         Raises
         ------
@@ -168,10 +168,11 @@ class Pending:
         try:
             if parent is not None:
                 deletes, commits = self.listing()
-                existing = set(steps())
+                needed = {parent, *refers}
+                found = existing(needed | {i.step for i in commits if i.parent == parent})
                 if branch is not None:
-                    _refuse_interrupted(step, parent, branch.name, commits, existing)
-                _refuse_deleted(step, {parent, *refers}, deletes, existing)
+                    _refuse_interrupted(step, parent, branch.name, commits, found)
+                _refuse_deleted(step, needed, deletes, found)
             if branch is not None:  # last, to keep the window to the ref move short
                 refs.check(branch)
             create()
