@@ -294,6 +294,27 @@ print("DONE", flush=True)
 """
 
 
+def test_a_commit_lists_no_steps(backend_url):
+    """A commit checks the steps it is coded against one by one: listing ``steps/`` walks a directory per
+    step on local disk and pages through 1,000 steps a request on S3, so each commit of a long run would
+    take longer than the last."""
+    url, so = backend_url
+    traj = ulstore.open(url, mode="w", storage_options=so, chunk_bytes=64)
+    states = [{"w": np.arange(100, dtype=np.float32) * (i + 1)} for i in range(3)]
+    traj.commit(0, states[0])
+    traj.commit(1, states[1])
+    listed = []
+    real = traj._io.find
+    traj._io.find = lambda prefix, **kw: listed.append(prefix.rstrip("/")) or real(prefix, **kw)
+    traj.commit(2, states[2])
+    assert listed == ["pending"]
+    for i in range(3):
+        assert (
+            bits(ulstore.open(url, mode="r", storage_options=so).read(i)["w"]).tobytes()
+            == bits(states[i]["w"]).tobytes()
+        )
+
+
 def test_a_local_commit_reads_no_listing_that_grows_with_the_run(tmp_path):
     """A commit on local disk neither walks ``steps/`` (a directory per step) nor finds the directories of
     earlier commits' intents under ``pending/``: a long run's commits stay as fast as its first."""

@@ -25,8 +25,10 @@ __all__ = ["TrajectoryBase", "MAIN", "ANY"]
 
 #: Default main branch.
 MAIN = "main"
-#: a commit checks at most this many steps exist with a stat each on local disk (more: one LIST)
-_STATS_NOT_LIST = 64
+#: a commit checks that at most this many steps exist with a stat (HEAD) each, more with one LIST of
+#: ``steps/``; local disk and memory:// walk a directory per step to list them, an object store pages
+#: through 1,000 steps a request
+_HEADS_NOT_LIST = {"near": 64, "remote": 4}
 
 
 class _Any:
@@ -103,9 +105,14 @@ class TrajectoryBase:
         return sorted(out)
 
     def _committed(self, steps: set[int]) -> set[int]:
-        """Which of ``steps`` are committed: a stat each on local disk (where listing ``steps/`` reads a
-        directory per step, so a commit of a long run would take longer than the last), else one LIST."""
-        if self._io.local and len(steps) <= _STATS_NOT_LIST:
+        """Which of ``steps`` are committed: a stat (HEAD) each if they are few, else one LIST of ``steps/``.
+
+        A commit asks this of the steps it is coded against (mostly just its parent).  Listing every step
+        instead made each commit of a long run slower than the last: a directory walk per step on local
+        disk, a request per 1,000 steps on an object store.
+        """
+        near = self._io.local or self._io.memory
+        if len(steps) <= _HEADS_NOT_LIST["near" if near else "remote"]:
             return {s for s in steps if self._io.exists(step_key(s))}
         return steps & set(self.steps)
 
