@@ -24,6 +24,7 @@ def kernels(name, source, flags=()):
         depends=[
             "ulstore/codec/_simd3.h",
             "ulstore/codec/_crc32.h",
+            "ulstore/codec/_mixsum.h",
             "ulstore/codec/_kernels3.pxi",
             "ulstore/codec/_constants.pxi",
             "ulstore/codec/_apply.pxi",

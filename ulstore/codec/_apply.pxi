@@ -152,6 +152,36 @@ cdef int parse_sparse(const uint8_t* b, int64_t size, const uint8_t* meta, int64
     return status
 
 
+cdef extern from "_mixsum.h" nogil:
+    uint64_t ulp_mix_diff_sum(const uint64_t* a, const uint64_t* b, Py_ssize_t n)
+    uint64_t ulp_mix_diff_sum_plain(const uint64_t* a, const uint64_t* b, Py_ssize_t n)
+    int ulp_mixsum_init()
+    int ulp_mixsum_get()
+    void ulp_mixsum_set(int simd)
+
+cdef enum:
+    MIX_BLOCK = 128  # words mixed together; two blocks of them live on the stack of sum_put
+
+ulp_mixsum_init()
+
+
+def mixsum_simd(enable=None):
+    """Whether the in-place apply's checksum pass mixes 8 words at a time (AVX-512); ``enable`` sets it
+    (tests run both: they give the same sums).  It cannot be enabled where the CPU or build lacks AVX-512."""
+    if enable is not None:
+        ulp_mixsum_set(0)
+        if enable and ulp_mixsum_init() == 0:
+            raise ValueError("this CPU or build has no AVX-512 (avx512f and avx512dq)")
+    return bool(ulp_mixsum_get())
+
+
+def mix_diff_sum(const uint64_t[::1] a, const uint64_t[::1] b):
+    """sum(mix(a[i]) - mix(b[i])) mod 2**64 with the path :func:`mixsum_simd` chose (for tests)."""
+    if a.shape[0] != b.shape[0]:
+        raise ValueError("a and b differ in length")
+    return ulp_mix_diff_sum(&a[0] if a.shape[0] else NULL, &b[0] if b.shape[0] else NULL, a.shape[0])
+
+
 cdef extern from *:
     # a return type that also keeps GCC from inlining the function into the job (sum_put): inlined, the job's
     # other live values pushed its loop's sum and pointers out of registers (loads and stores per change)
@@ -208,9 +238,13 @@ cdef void_noinline sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t
     well; summing every change's difference under a mask instead (no branch)
     ran twice as many instructions, the checksum's mix being most of them.
     """
-    cdef Py_ssize_t k, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t)
+    cdef Py_ssize_t k, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t), nb = 0
     cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
     cdef uint64_t cur, old, salt, acc = 0
+    # the salted new and old words of a block of finished words, mixed and summed together (_mixsum.h:
+    # 8 words at a time where the CPU has AVX-512)
+    cdef uint64_t new_words[MIX_BLOCK]
+    cdef uint64_t old_words[MIX_BLOCK]
     cdef int64_t w, prev
     cdef int shift
     out[0] = 0
@@ -222,7 +256,12 @@ cdef void_noinline sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t
         w = <int64_t>(<uint64_t>pos[k] // <uint64_t>per)
         if w != prev:
             salt = (<uint64_t>prev + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
-            acc += mix(cur + salt) - mix(old + salt)
+            new_words[nb] = cur + salt
+            old_words[nb] = old + salt
+            nb += 1
+            if nb == MIX_BLOCK:
+                acc += ulp_mix_diff_sum(new_words, old_words, nb)
+                nb = 0
             cur = old = old64[k]
             prev = w
         shift = <int>((pos[k] - w * per) * bits)
@@ -230,7 +269,9 @@ cdef void_noinline sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t
         if dst != NULL:
             dst[pos[k]] = values[k]
     salt = (<uint64_t>prev + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
-    out[0] = acc + mix(cur + salt) - mix(old + salt)
+    new_words[nb] = cur + salt
+    old_words[nb] = old + salt
+    out[0] = acc + ulp_mix_diff_sum(new_words, old_words, nb + 1)
 
 
 cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
