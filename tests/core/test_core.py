@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.bits import awkward_floats, bits_of
-from ulstore.core import dtypes, formatting, safetensors, sealed
+from ulstore.core import dtypes, formatting, local_disk, safetensors, sealed
 from ulstore.core.objects import ObjectStore
 from ulstore.errors import DtypeError, InvalidInputError
 
@@ -112,15 +112,15 @@ def test_local_deletes_remove_the_directories_they_empty(tmp_path):
 def test_a_local_write_places_its_file_again_if_its_directory_was_removed_meanwhile(tmp_path, monkeypatch):
     objects = ObjectStore.from_url(str(tmp_path / "objs"))
     made = []
-    real = objects._makedirs
+    real = local_disk.makedirs
 
-    def makedirs_then_lose_it(d):  # another process's delete finds the new directory empty and removes it
-        real(d)
+    def makedirs_then_lose_it(d, durable):  # another process's delete finds the new directory empty, removes it
+        real(d, durable)
         if d not in made:  # once per directory
             made.append(d)
             os.rmdir(d)
 
-    monkeypatch.setattr(objects, "_makedirs", makedirs_then_lose_it)
+    monkeypatch.setattr(local_disk, "makedirs", makedirs_then_lose_it)
     objects.put("pending/commit/1/2.json", b"put")
     objects.create("pending/commit/7/8.json", b"created")
     assert made == [objects.path("pending/commit/1"), objects.path("pending/commit/7")]

@@ -64,8 +64,6 @@ MAX_DOCUMENT_BYTES = 256 << 20
 MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 _MEMORY_LOCK = threading.Lock()
-#: times a local write places its file again after another process removed the (empty) directory it made
-_DIRECTORY_RACES = 8
 
 TMP_DIR = ".tmp"
 
@@ -304,8 +302,8 @@ class ObjectStore:
     def find(self, prefix: str, *, detail: bool = False) -> Any:
         """Keys of all objects under ``prefix`` (recursively); with ``detail``, ``{key: info}``."""
         with self._calling("LIST", prefix):
-            if self.local and not detail:
-                return self._find_local(prefix)
+            if self.local and not detail:  # fsspec's walk builds an info dict per entry, several times over
+                return local_disk.find_keys(self.path(prefix.rstrip("/")), prefix.rstrip("/"))
             try:
                 found = self.fs.find(self.path(prefix), detail=detail)
             except FileNotFoundError:
@@ -313,33 +311,6 @@ class ObjectStore:
         if detail:
             return {k: info for p, info in found.items() if (k := self._key(p)) is not None}
         return [k for p in found if (k := self._key(p)) is not None]
-
-    def _find_local(self, prefix: str) -> builtins.list[str]:
-        """:meth:`find` on local disk: a walk with ``os.scandir``, symlinks listed, never followed.
-
-        fsspec's generic walk builds an info dict (and normalises a path) per entry, several times over:
-        ``steps/`` holds a directory per step, and a commit lists it, so that walk made every commit of a
-        long run slower than the last (80 ms more per commit at 3,000 steps).
-        """
-        head = prefix.rstrip("/")
-        path = self.path(head)
-        # an object, or nothing (a symlink under the root is an object, never followed; the root may be one)
-        if (head and os.path.islink(path)) or not os.path.isdir(path):
-            return [head] if head and os.path.lexists(path) else []
-        keys, todo = [], [(path, head)]
-        while todo:  # iterative: a crafted tree cannot exhaust the stack
-            directory, key = todo.pop()
-            try:
-                entries = list(os.scandir(directory))
-            except (FileNotFoundError, NotADirectoryError):  # removed meanwhile
-                continue
-            for e in entries:
-                name = f"{key}/{e.name}" if key else e.name
-                if e.is_dir(follow_symlinks=False):
-                    todo.append((e.path, name))
-                else:
-                    keys.append(name)
-        return sorted(keys)
 
     def _key(self, path: str) -> str | None:
         """The key of backend path ``path``, or None if it is not under the root."""
@@ -356,7 +327,7 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                self._into_directory(tmp, path, lambda: os.replace(tmp, path))
+                local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
             else:
                 self.fs.pipe_file(path, data)
 
@@ -373,7 +344,9 @@ class ObjectStore:
             if self.local:
                 tmp = self._local_tmp(data)
                 try:
-                    self._into_directory(tmp, path, lambda: os.link(tmp, path))  # atomic, fails if path exists
+                    local_disk.place(
+                        tmp, path, lambda: os.link(tmp, path), self.durable
+                    )  # atomic, fails if path exists
                 finally:
                     os.unlink(tmp)
             elif self.memory:
@@ -410,22 +383,7 @@ class ObjectStore:
             except FileNotFoundError:
                 pass
             if self.local:
-                self._remove_empty_directories(key)
-
-    def _remove_empty_directories(self, key: str) -> None:
-        """Remove the directories of ``key`` that are empty now, up to (not including) the top-level ones.
-
-        Every commit puts and deletes ``pending/commit/<parent>/<step>.json``: without this a run of n
-        steps left n empty directories, walked by every later commit's LIST of ``pending/``.  A writer
-        that made one of them just before it is removed places its file again (:meth:`_into_directory`).
-        """
-        parts = key.split("/")[:-1]
-        while len(parts) >= 2:
-            try:
-                os.rmdir(self.path("/".join(parts)))
-            except OSError:  # not empty, already gone, or not a directory: the ones above are not empty either
-                return
-            parts.pop()
+                local_disk.remove_empty_directories(self.root, key)
 
     def delete_many(self, keys: builtins.list[str]) -> None:
         """Remove many objects, missing ones ignored (one batched request on S3)."""
@@ -462,22 +420,6 @@ class ObjectStore:
 
     def _local_tmp(self, data: bytes) -> str:
         return local_disk.write_staged(self.local_tmp_dir(), data, self.durable)
-
-    def _into_directory(self, tmp: str, path: str, place) -> None:
-        """Make ``path``'s directory, then ``place()`` the staged file ``tmp`` there (rename or link).
-
-        Tried again if another process removed the directory in between (it found it empty,
-        :meth:`_remove_empty_directories`); a missing ``tmp`` is an error at once.
-        """
-        for attempt in range(_DIRECTORY_RACES):
-            try:
-                self._makedirs(os.path.dirname(path))  # (a directory on its way may go meanwhile, too)
-                place()
-                break
-            except FileNotFoundError:
-                if attempt == _DIRECTORY_RACES - 1 or not os.path.exists(tmp):
-                    raise
-        self._sync_dir(os.path.dirname(path))  # holds the file now: nobody removes it
 
     def _makedirs(self, d: str) -> None:
         """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
