@@ -154,7 +154,6 @@ cdef int parse_sparse(const uint8_t* b, int64_t size, const uint8_t* meta, int64
 
 cdef extern from "_mixsum.h" nogil:
     uint64_t ulp_mix_diff_sum(const uint64_t* a, const uint64_t* b, Py_ssize_t n)
-    uint64_t ulp_mix_diff_sum_plain(const uint64_t* a, const uint64_t* b, Py_ssize_t n)
     int ulp_mixsum_init()
     int ulp_mixsum_get()
     void ulp_mixsum_set(int simd)

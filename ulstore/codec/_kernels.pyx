@@ -80,15 +80,11 @@ cdef inline uint64_t load64(const uint8_t* p) noexcept nogil:
 # -- checksum --------------------------------------------------------------------
 
 
-cdef inline uint64_t mix(uint64_t z) noexcept nogil:
-    """splitmix64's finaliser, a bijection with full avalanche.
-
-    The checksum is a sum over words, so a weaker per-word mix lets flips cancel in
-    pairs (two flipped top bits add 2**64); with full avalanche they do not.
-    """
-    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
-    return z ^ (z >> 31)
+cdef extern from "_mixsum.h" nogil:
+    # splitmix64's finaliser, a bijection with full avalanche.  The checksum is a sum over words, so a
+    # weaker per-word mix lets flips cancel in pairs (two flipped top bits add 2**64); with full
+    # avalanche they do not.  In C beside the in-place apply's block form of it (one definition).
+    uint64_t mix "ulp_mix"(uint64_t z)
 
 
 cdef struct Hasher:

@@ -1,7 +1,8 @@
 /* The sum of mix(a[i]) - mix(b[i]) (mod 2^64): the checksum difference of the words
  * an in-place apply changed (_apply.pxi, sum_put), over a block of words.
  *
- * mix is splitmix64's finaliser (_kernels.pyx, mix).  The sum is modular, so any
+ * ulp_mix is splitmix64's finaliser, the checksum's per-word mix (the one
+ * definition: _kernels.pyx declares it as mix for hash64).  The sum is modular, so any
  * order gives the same value: the AVX-512 version (8 words per register, 64-bit
  * multiplies in one instruction, AVX512DQ) and the plain one agree bit for bit.
  * The AVX-512 version is compiled into every build with a target attribute and

@@ -343,10 +343,8 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                try:
-                    local_disk.place(
-                        tmp, path, lambda: os.link(tmp, path), self.durable
-                    )  # atomic, fails if path exists
+                try:  # a link: atomic, and it fails if path exists
+                    local_disk.place(tmp, path, lambda: os.link(tmp, path), self.durable)
                 finally:
                     os.unlink(tmp)
             elif self.memory:
