@@ -4,8 +4,8 @@
 machine, so a module-level import of a package that ``[project].dependencies``
 does not list breaks it there while every test passes on a machine that
 happens to have the package (``blake3`` went unlisted that way).  Each module
-is parsed, not imported; imports inside functions are how optional extras
-(torch, matplotlib, s3fs, dask) are reached and are not checked here.
+is parsed, not imported.  Imports inside functions are how optional extras
+(torch, matplotlib) are reached: each must be in some extra.
 """
 
 from __future__ import annotations
@@ -58,8 +58,34 @@ def test_module_level_imports_are_declared_dependencies():
     assert not missing, "not in [project].dependencies:\n" + "\n".join(missing)
 
 
+def _all_imports(path: Path) -> set[str]:
+    """Top-level names imported anywhere in the module (functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_every_import_is_a_dependency_or_in_an_extra():
+    """What a function imports on demand (torch, matplotlib...) must be in an extra a user can install."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _names(project["dependencies"]).union(*map(_names, project["optional-dependencies"].values()))
+    distributions = packages_distributions()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for module in _all_imports(path) - set(sys.stdlib_module_names) - {"ulstore", "__future__"}:
+            dists = {canonicalize_name(d) for d in distributions.get(module, [module])}
+            if not dists & declared:
+                missing.append(f"{path.relative_to(ROOT)}: import {module} ({', '.join(sorted(dists))})")
+    assert not missing, "in no dependency list of pyproject.toml:\n" + "\n".join(missing)
+
+
 def test_the_check_sees_an_undeclared_import(tmp_path):
     """The parser finds module-level imports and leaves function-level ones alone."""
     module = tmp_path / "m.py"
     module.write_text("import blake3\nfrom numcodecs import zstd\n\ndef f():\n    import torch\n")
     assert _module_level_imports(module) == {"blake3", "numcodecs"}
+    assert _all_imports(module) == {"blake3", "numcodecs", "torch"}
