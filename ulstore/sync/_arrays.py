@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 from typing import NamedTuple
 
 import numpy as np
@@ -148,10 +149,54 @@ def bind(spec: Spec, value) -> Binding:
     return Binding(spec.name, value.reshape(-1), source=value)
 
 
-def allocate(spec: Spec) -> tuple[np.ndarray, Binding]:
-    """A fresh zeroed array for ``spec`` (follower-owned state) and its binding."""
-    arr = np.zeros(spec.shape, dtype=spec.dtype)
-    return arr, Binding(spec.name, arr.reshape(-1), source=arr)
+#: Linux's transparent huge pages: 2 MiB
+HUGE_PAGE = 1 << 21
+_ALIGN = 64  # each tensor starts on a cache line of its own
+
+
+def allocate(specs: list[Spec]) -> dict[str, tuple[np.ndarray, Binding]]:
+    """Fresh zeroed arrays for ``specs`` (follower-owned state) and their bindings: ``{name: (array, binding)}``.
+
+    All of them are views of one :func:`arena`: a version's changes land at
+    random positions across the whole state, and on 4 KiB pages nearly every
+    one first misses the TLB (on 2 MiB pages a 13M-parameter state is 13 pages).
+    The arena lives while any of its arrays does.
+    """
+    offsets, total = [], 0
+    for spec in specs:
+        offsets.append(total)
+        total += -(-math.prod(spec.shape) * spec.dtype.itemsize // _ALIGN) * _ALIGN
+    memory = arena(total)
+    out = {}
+    for spec, start in zip(specs, offsets):
+        n = math.prod(spec.shape)
+        arr = memory[start : start + n * spec.dtype.itemsize].view(spec.dtype).reshape(spec.shape)
+        out[spec.name] = arr, Binding(spec.name, arr.reshape(-1), source=arr)
+    return out
+
+
+def arena(nbytes: int) -> np.ndarray:
+    """``nbytes`` zeroed, writeable bytes from a cache line's start; from ``HUGE_PAGE`` up, on huge pages where
+    the OS offers them.
+
+    Linux backs an anonymous private mapping advised ``MADV_HUGEPAGE`` with
+    2 MiB pages (``transparent_hugepage`` set to ``madvise`` or ``always``);
+    elsewhere, or below a huge page, this is ``np.zeros``.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or nbytes < HUGE_PAGE:
+        whole = np.zeros(nbytes + _ALIGN, np.uint8)
+        skip = -whole.ctypes.data % _ALIGN
+        return whole[skip : skip + nbytes]
+    # a huge page more than asked, to start on a 2 MiB boundary (the unused rest is never touched: no memory)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(advice)
+    except OSError:  # huge pages disabled for this process or kernel: ordinary pages
+        pass
+    whole = np.frombuffer(region, np.uint8)  # keeps the mapping alive
+    skip = -whole.ctypes.data % HUGE_PAGE
+    return whole[skip : skip + nbytes]
 
 
 def _check_dtype(spec: Spec, dtype: np.dtype) -> None:

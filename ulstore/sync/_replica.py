@@ -323,15 +323,19 @@ class Replica:
                     f"the state dict does not match the published tensors: missing {missing[:5]}"
                     f"{'...' if len(missing) > 5 else ''}, not published {extra[:5]}{'...' if len(extra) > 5 else ''}"
                 )
-        bindings = {}
+        bindings: dict[str, Binding] = {}
+        fresh_specs = []
         for name, spec in specs.items():
             kept = self._bindings.get(name)
             if self.specs.get(name) == spec and kept is not None and kept.current(self.state.get(name)):
                 bindings[name] = kept
             elif self.owned:
-                self.state[name], bindings[name] = allocate(spec)
+                bindings[name] = None  # type: ignore[assignment]  # (in the specs' order) allocated below, together
+                fresh_specs.append(spec)
             else:
                 bindings[name] = bind(spec, self.state[name])
+        for name, (arr, binding) in allocate(fresh_specs).items():
+            self.state[name], bindings[name] = arr, binding
         if self.owned:
             for name in [n for n in self.state if n not in specs]:
                 del self.state[name]
