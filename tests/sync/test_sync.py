@@ -17,7 +17,13 @@ import pytest
 import ulstore
 from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_digest
 from ulstore.errors import InvalidInputError, NotFoundError
-from ulstore.sync import BucketAccessError, ChangeDetector, Follower, Publisher
+from ulstore.sync import (
+    BucketAccessError,
+    ChangeDetector,
+    Follower,
+    Publisher,
+    _replica,
+)
 from ulstore.sync._arrays import Binding
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -130,20 +136,25 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
-    orig_write, orig_push = Binding.write, Binding.push
+    orig_write, orig_apply = Binding.write, _replica.apply_sparse
+
+    def spy_apply(dtype, blobs, arrays, *args, **kwargs):  # SPARSE deltas, written in place by the compiled job
+        out = orig_apply(dtype, blobs, arrays, *args, **kwargs)
+        for a, applied in zip(arrays, out or []):
+            names = [k for k, t in state.items() if np.shares_memory(a, t.view(torch.int16).numpy())]
+            writes.append(("changes", names, applied.positions.tolist()))
+        return out
+
     Binding.write = lambda self, start, values: (
         writes.append(("write", self.name, start, values.size)),
         orig_write(self, start, values),
     )[1]
-    Binding.push = lambda self, start, positions, values: (  # every element write reaches it (mirror written)
-        writes.append(("changes", self.name, start, positions.tolist())),
-        orig_push(self, start, positions, values),
-    )[1]
+    _replica.apply_sparse = spy_apply
     try:
         assert f.poll() == 3
     finally:
-        Binding.write, Binding.push = orig_write, orig_push
-    assert writes == [("changes", "lm_head.weight", 0, [0])]  # one element written: a SPARSE delta
+        Binding.write, _replica.apply_sparse = orig_write, orig_apply
+    assert writes == [("changes", ["lm_head.weight"], [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 
 
@@ -891,14 +902,19 @@ def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
         calls.append(self.name)
         if len(calls) == 2:  # after one chunk was written
             raise RuntimeError("device lost")
-        return orig(self, start, positions, values)
 
+    # as if every tensor lived on a device (a copy is pushed there once the host mirror is written)
+    bindings = f._replica._bindings.values()
+    for b in bindings:
+        b.device = "a device"
     Binding.push = failing
     try:
         with pytest.raises(RuntimeError, match="device lost"):
             f.poll()
     finally:
         Binding.push = orig
+        for b in bindings:
+            b.device = None
     assert f.version is None and f._replica._sums == {}
     assert f.poll() == 3
     assert_same_bits(f.state, states[3])

@@ -12,7 +12,6 @@ decodes the blobs again with :func:`decode_changes` for the precise error.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import NamedTuple
 
 import numpy as np
 
@@ -25,13 +24,29 @@ from ._tables import POOL_BELOW
 __all__ = ["Applied", "is_sparse_blob", "apply_sparse", "reserve_buffers"]
 
 
-class Applied(NamedTuple):
-    """One blob applied in place: its changed positions (int64, in the array), new and old words, target word sum."""
+class Applied:
+    """One blob applied in place: its changed positions (int64, in the array), new and old words, target word sum.
 
-    positions: np.ndarray
-    words: np.ndarray
-    old: np.ndarray
-    content_sum: int
+    The three arrays are sliced from the job's outputs when first asked for: a
+    follower whose state is host memory only needs ``content_sum``.
+    """
+
+    __slots__ = ("_outputs", "_start", "_end", "content_sum")
+
+    def __init__(self, outputs: tuple, start: int, end: int, content_sum: int) -> None:
+        self._outputs, self._start, self._end, self.content_sum = outputs, start, end, content_sum
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self._outputs[0][self._start : self._end]
+
+    @property
+    def words(self) -> np.ndarray:
+        return self._outputs[1][self._start : self._end]
+
+    @property
+    def old(self) -> np.ndarray:
+        return self._outputs[2][self._start : self._end]
 
 
 def is_sparse_blob(blob) -> bool:
@@ -133,5 +148,5 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list, *, 
             buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
     if status:
         return None
-    bounds = starts.tolist()
-    return [Applied(pos[s:e], new[s:e], old[s:e], t) for s, e, t in zip(bounds, bounds[1:], target.tolist())]
+    bounds, outputs = starts.tolist(), (pos, new, old)
+    return [Applied(outputs, s, e, t) for s, e, t in zip(bounds, bounds[1:], target.tolist())]

@@ -355,7 +355,8 @@ class Replica:
                 b = self._bindings[c.tensor]
                 key = (c.tensor, c.piece, c.coord)
                 if isinstance(item, Applied):  # already in the mirror (apply_sparse)
-                    b.push(self._slots[key][5], item.positions, item.words)
+                    if b.device is not None:
+                        b.push(self._slots[key][5], item.positions, item.words)
                     self._sums[key] = item.content_sum
                     continue
                 first, stop, box = geometry(spec.shape, c.start, c.stop)
