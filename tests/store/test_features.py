@@ -236,6 +236,63 @@ def test_change_feed_and_hash_chain():
     assert traj.verify().ok
 
 
+def _read_ahead_traj(**commit):
+    """A trajectory of two steps, step 1 committed with ``commit``; a fresh reader of it (nothing cached)."""
+    states = states_bf16(20)
+    url = _mem()
+    w = ulstore.open(url, mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    w.commit(0, states[0])
+    w.commit(1, states[1], **commit)
+    traj = ulstore.open(url)
+    traj.changes(0)  # the parent's tables are held, as a follower in step holds them
+    return traj, states, url
+
+
+def test_read_ahead_fetches_a_steps_tables_and_blobs_in_one_request():
+    traj, states, url = _read_ahead_traj()
+    plain_traj = ulstore.open(url)  # another reader of the same steps
+    counter = CountingIO(traj._io)
+    feed = traj.changes(1, read_ahead=True)
+    changed = [c for c in feed if c.kind != "unchanged"]
+    assert changed and all(c.kind == "delta" for c in changed)
+    blobs = traj.fetch_blobs(changed)
+    reads = counter.packs()
+    assert len(reads) == 1 and reads[0][1][0] == 0  # the pack's head and its table block, one range
+    # exactly the bytes the step wrote: its blobs, then its table block
+    doc = traj._reader.doc(1)
+    assert reads[0][1][1] == doc.tables[0].offset + doc.tables[0].length
+    assert sum(c.blob[2] for c in changed) == doc.tables[0].offset
+    # the same feed and bytes as without read-ahead
+    plain = plain_traj.changes(1)
+    assert _feed(plain) == _feed(feed)
+    assert blobs == plain_traj.fetch_blobs([c for c in plain if c.kind != "unchanged"])
+    for c, blob in zip(changed, blobs):
+        region = tuple(slice(a, b) for a, b in zip(c.start, c.stop))
+        target = traj.read(0)[c.tensor][region].copy()
+        ulstore.decode_changes(blob, target).apply_to(target)
+        np.testing.assert_array_equal(bits(target), bits(states[1][c.tensor][region]))
+    # the bytes read ahead serve one fetch: a second one reads the pack again
+    counter.reset()
+    assert traj.fetch_blobs(changed) == blobs
+    assert len(counter.packs()) >= 1
+
+
+@pytest.mark.parametrize("commit", [{"snapshot": True}, {"files": {"config.json": b'{"a": 1}'}}])
+def test_read_ahead_reads_nothing_a_follower_would_not_fetch(commit):
+    """A step whose pack also holds snapshots or files: its tables are read alone, as without read-ahead."""
+    traj, _, _ = _read_ahead_traj(**commit)
+    counter = CountingIO(traj._io)
+    feed = traj.changes(1, read_ahead=True)
+    doc = traj._reader.doc(1)
+    assert counter.packs() == [
+        (pack_key(doc.packs[doc.tables[0].pack]), (doc.tables[0].offset, doc.tables[0].offset + doc.tables[0].length))
+    ]
+    counter.reset()
+    changed = [c for c in feed if c.kind != "unchanged"]
+    traj.fetch_blobs(changed)
+    assert sum(b - a for _, (a, b) in counter.packs()) < doc.tables[0].offset  # only the blobs asked for
+
+
 def _feed(changes) -> list[tuple]:
     return [
         (c.tensor, c.piece, c.coord, c.start, c.stop, c.dtype, c.kind, c.content, c.ref, c.blob, c.snapshot)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.store import CountingIO
 from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_digest
 from ulstore.errors import InvalidInputError, NotFoundError
 from ulstore.sync import (
@@ -156,6 +157,23 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         Binding.write, _replica.apply_sparse = orig_write, orig_apply
     assert writes == [("changes", ["lm_head.weight"], [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
+
+
+def test_a_follower_told_each_version_reads_its_document_and_one_range_of_its_pack(states, url):
+    """Per version in step: the step document, then the step's blobs and tables in one range read."""
+    publish_all(url, states[:1], anchor_every=0)
+    f = Follower(url, trust_state=True)
+    f.bootstrap()
+    counter = CountingIO(f._io)
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
+        for v in range(1, 4):
+            pub.publish(v, states[v])
+            counter.reset()
+            assert f.poll(to=v) == v
+            assert_same_bits(f.state, states[v])
+            assert counter.docs() == [f"steps/{v}/zarr.json"]
+            (pack_read,) = counter.packs()
+            assert pack_read[1][0] == 0  # from the pack's first byte: its blobs, then its table block
 
 
 def test_a_tensor_replaced_in_the_state_dict_is_noticed_and_loaded(states, url):

@@ -66,13 +66,17 @@ class ChunkChange:
     snapshot: Location | None
 
 
-def changes_of(reader: ChunkReader, step: int, names=None, *, against_parent: bool = True) -> list[ChunkChange]:
+def changes_of(
+    reader: ChunkReader, step: int, names=None, *, against_parent: bool = True, read_ahead: bool = False
+) -> list[ChunkChange]:
     """The change feed of ``step`` (all tensors, or ``names``), in name, piece and C order.
 
     ``against_parent=False`` reads this step's tables only (every chunk is then
     ``new``): enough for a reader that loads the step whole from its snapshots.
+    ``read_ahead``: see :meth:`ChunkReader.blocks` (``own_blobs``).
     """
     doc = reader.doc(step)
+    reader.blocks(step, own_blobs=read_ahead)
     if names is None and against_parent and doc.parent is not None:
         fast = _same_layout_changes(reader, step, doc)
         if fast is not None:

@@ -78,6 +78,33 @@ class _Flight:
         return self.value
 
 
+#: The most bytes :meth:`ChunkReader.blocks` reads ahead (a larger step's blobs are fetched as usual).
+_MAX_AHEAD = 64 << 20
+#: Packs whose bytes read ahead a reader keeps until they are fetched.
+_MAX_AHEAD_PACKS = 4
+
+
+def _own_blobs(d: StepDoc) -> Location | None:
+    """The bytes step ``d``'s commit wrote before its table blocks, if they are all blobs of its changes: ``(pack,
+    0, first block's offset)``; else None.
+
+    A commit streams its blobs (plan order), then its files, then its table
+    blocks into packs of its own, so the pack holding the blocks starts with
+    the step's last blobs.  Every blob is of a changed chunk unless the step
+    carries snapshots (then no chunk is a delta without one: anchor distance
+    0) or files in that pack.  Snapshots for some chunks only (pieces
+    committed apart with and without them) would be read ahead too: bytes
+    read in vain, never a wrong value.
+    """
+    if d.anchor_distance == 0 or not d.tables:
+        return None
+    pack = d.tables[0].pack
+    if any(t.pack != pack for t in d.tables) or any(f.pack == pack for f in d.files.values()):
+        return None
+    start = min(t.offset for t in d.tables)
+    return (d.packs[pack], 0, start) if 0 < start <= _MAX_AHEAD else None
+
+
 class ChunkReader:
     """Read step documents, tables and decoded chunks of a trajectory.
 
@@ -99,6 +126,10 @@ class ChunkReader:
         self._blocks = _LRU(_TABLE_CACHE_BYTES)
         self._chunks = _LRU(self.cache_bytes)
         self._inflight: dict = {}
+        # steps' own blobs, read with their table blocks for a caller that fetches them next (blocks(own_blobs=)):
+        # pack id -> view of its first bytes, dropped by the first fetch that reads from it (a follower that
+        # catches up reads a step ahead while it applies one: a few at most, the oldest dropped beyond that)
+        self._ahead: dict[str, memoryview] = {}
 
     def __getstate__(self) -> dict:
         # where to read and how, not the caches (locks, decoded chunks): a process that
@@ -221,16 +252,29 @@ class ChunkReader:
             raise TensorNotFoundError("no such tensor", step=step, tensor=name)
         return t
 
-    def blocks(self, step: int) -> list[Block]:
-        """The table blocks of ``step``, in name order (the missing ones fetched together)."""
+    def blocks(self, step: int, *, own_blobs: bool = False) -> list[Block]:
+        """The table blocks of ``step``, in name order (the missing ones fetched together).
+
+        ``own_blobs``: when every byte the step's commit wrote before its table
+        blocks is a blob of one of its changes (no snapshot, no file: see
+        :func:`_own_blobs`), read those bytes in the same request as the
+        blocks and keep them for the next :meth:`fetch`.  For a caller that
+        fetches the blobs of the step's changes next (a weight-sync follower):
+        one request per step fewer, the same bytes.
+        """
         d = self.doc(step)
         # one cache look-up per block (a follower asks for a step's blocks three times per version)
         got = [self._blocks.get((step, d.content, ref.hash)) for ref in d.tables]
         missing = [bi for bi, block in enumerate(got) if block is None]
-        if len(missing) > 1:  # one coalesced fetch instead of one GET per block
-            datas = self.fetch(
-                [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
-            )
+        head = _own_blobs(d) if own_blobs and missing else None
+        if len(missing) > 1 or head is not None:  # one coalesced fetch instead of one GET per block
+            locations = [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
+            datas = self.fetch(locations + ([head] if head is not None else []))
+            if head is not None:
+                with self._lock:
+                    self._ahead[head[0]] = datas[-1]
+                    while len(self._ahead) > _MAX_AHEAD_PACKS:
+                        del self._ahead[next(iter(self._ahead))]
             for bi, data in zip(missing, datas):
                 block = self._parse_block(step, d, bi, data)  # (returned from the cache below, as before)
                 self._blocks.put((step, d.content, d.tables[bi].hash), block, _charge(d.tables[bi].length))
@@ -253,8 +297,24 @@ class ChunkReader:
     # -- bytes ------------------------------------------------------------------------
 
     def fetch(self, locations: list[Location], pool: cf.Executor | None = None) -> list[memoryview]:
-        """Bytes at (pack, offset, length) locations, with coalesced range reads."""
-        return fetch(self.io, locations, pool=pool)
+        """Bytes at (pack, offset, length) locations, with coalesced range reads (and from the bytes
+        :meth:`blocks` read ahead, if any: this call drops them)."""
+        if not self._ahead:
+            return fetch(self.io, locations, pool=pool)
+        with self._lock:
+            heads = {p: self._ahead.pop(p) for p in {loc[0] for loc in locations} if p in self._ahead}
+        out: list = [None] * len(locations)
+        rest = []
+        for i, (p, off, n) in enumerate(locations):
+            head = heads.get(p)
+            if head is not None and off + n <= len(head):  # (locations are non-negative: checked with the tables)
+                out[i] = head[off : off + n]
+            else:
+                rest.append(i)
+        if rest:
+            for i, view in zip(rest, fetch(self.io, [locations[i] for i in rest], pool=pool)):
+                out[i] = view
+        return out
 
     def file(self, step: int, name: str) -> bytes:
         """The content of file ``name`` of ``step``, checked against its hash."""

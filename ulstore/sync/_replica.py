@@ -112,8 +112,9 @@ class Replica:
     def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
+        # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request)
+        feed = traj.changes(step, against_parent=not snapshot, read_ahead=not snapshot)
         specs = specs_of(traj.tensors(step))
-        feed = traj.changes(step, against_parent=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
             for c in plain:
