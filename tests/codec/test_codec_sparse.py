@@ -16,7 +16,7 @@ from tests.helpers.bits import flat_bits, words_view
 from tests.helpers.blobs import reseal
 from ulstore import CorruptBlobError, IntegrityError, ReferenceMismatchError, content_sum, decode_changes
 from ulstore.codec._dtypes import FORMATS
-from ulstore.codec._sparse import SPARSE_MAX_FRACTION
+from ulstore.codec._sparse import SPARSE_ALWAYS_UP_TO, SPARSE_MAX_FRACTION
 
 DTYPES = {f.name: f.dtype for f in FORMATS}
 BACKENDS = ulstore.available_backends()
@@ -66,12 +66,9 @@ def test_sparse_roundtrip_odd_sizes_and_edges(name, n):
     target = changed_at(ref, positions, rng)
     blob = ulstore.encode(target, ref, sparse=True)
     mode = ulstore.inspect_blob(blob)["mode"]
-    if budget >= 1:
-        assert mode in ("sparse", "raw"), mode  # tiny tensors may be cheaper raw
-        if n >= 64:
-            assert mode == "sparse"
-    else:
-        assert mode in ("rans", "raw"), mode  # one change in < 8 elements is too dense for SPARSE
+    assert mode in ("sparse", "raw"), mode  # tiny tensors may be cheaper raw (and are SPARSE however dense)
+    if n >= 64:
+        assert mode == "sparse"
     check(blob, ref, target)
 
 
@@ -94,6 +91,21 @@ def test_density_threshold_and_size(name):
         assert ulstore.inspect_blob(ulstore.encode(ref.copy(), ref, sparse=sparse))["mode"] == "same"
     # intra blobs ignore sparse=True
     assert ulstore.encode(target, sparse=True) == ulstore.encode(target)
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float32"])
+def test_small_tensors_are_sparse_however_dense_the_change(name):
+    """Up to SPARSE_ALWAYS_UP_TO elements a delta is SPARSE even with every element changed; above, RANS."""
+    dt = DTYPES[name]
+    rng = np.random.default_rng(5)
+    for n, want in ((SPARSE_ALWAYS_UP_TO, "sparse"), (SPARSE_ALWAYS_UP_TO + 1, "rans")):
+        ref = reference(dt, n, rng)
+        for m in (n // 2, n):
+            target = changed_at(ref, np.sort(rng.choice(n, m, replace=False)), rng)
+            blob = ulstore.encode(target, ref, sparse=True)
+            assert ulstore.inspect_blob(blob)["mode"] == want, (n, m)
+            assert ulstore.encode(target, ref, sparse=True, backend="numpy") == blob
+            check(blob, ref, target)
 
 
 @pytest.mark.parametrize("econd", [True, False])

@@ -41,7 +41,7 @@ from ._dtypes import FloatFormat, as_bits, from_bits
 from ._scratch import scratch
 from ._section import check_v1_intra_size, decode_section
 from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
-from ._sparse import SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
+from ._sparse import SPARSE_ALWAYS_UP_TO, SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 
 __all__ = ["encode", "decode", "decode_into", "HEADER_BOUND"]
 
@@ -80,11 +80,13 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
         Condition the models on the reference exponent.  ``False`` is the ablation
         that measures what conditioning buys; blobs record it.
     sparse : bool, default False
-        For deltas in which at most 1/8 of the elements change, code where the
-        changes are instead of every element's residual (mode SPARSE), so that
-        :func:`decode_changes` costs time in proportion to the changes, not to
-        the tensor.  About a third larger on RL deltas: positions cannot be
-        conditioned on the reference exponent.  Ignored for intra blobs.
+        For deltas in which at most 1/8 of the elements change, or of tensors
+        of at most 4096 elements, code where the changes are instead of every
+        element's residual (mode SPARSE), so that :func:`decode_changes` costs
+        time in proportion to the changes, not to the tensor (and a weight-sync
+        follower applies them in place).  About a third larger on RL deltas:
+        positions cannot be conditioned on the reference exponent.  Ignored
+        for intra blobs.
     backend : {"cython", "numpy"}, optional
         Kernel implementation; defaults to the active one.  Blobs are identical.
 
@@ -115,7 +117,7 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
         changed = xf.size - int(hist[:: 1 << fmt.token_bits].sum())  # token 0 of every context
         if not changed:
             mode = F.MODE_SAME
-        elif sparse and changed * SPARSE_MAX_FRACTION <= xf.size:
+        elif sparse and (changed * SPARSE_MAX_FRACTION <= xf.size or xf.size <= SPARSE_ALWAYS_UP_TO):
             mode, coded = F.MODE_SPARSE, encode_sparse(k, fmt, z, sym, emask, changed)
         else:
             mode, coded = F.MODE_RANS, encode_delta(k, fmt, z, sym, hist, emask)[0]

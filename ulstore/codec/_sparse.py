@@ -39,11 +39,15 @@ from ._elias_fano import sizes
 from ._section import encode_section, read_fields, status_error
 from ._tables import POOL_BELOW
 
-__all__ = ["SPARSE_MAX_FRACTION", "encode_sparse", "decode_sparse"]
+__all__ = ["SPARSE_MAX_FRACTION", "SPARSE_ALWAYS_UP_TO", "encode_sparse", "decode_sparse"]
 
 #: SPARSE is used when at most 1/SPARSE_MAX_FRACTION of the elements change; above
 #: that, applying by position saves little over decoding every element.
 SPARSE_MAX_FRACTION = 8
+#: ... and for tensors of at most this many elements whatever changes (a norm's weights, a bias): a
+#: holder of the parent applies SPARSE deltas in place, a whole version's in one compiled call, but
+#: decodes a dense one on its own, at a fixed cost (0.2 ms) far above the few bytes it would save.
+SPARSE_ALWAYS_UP_TO = 4096
 
 GAPS: FloatFormat = format_of("float32")  # version 2's gaps are coded as 32-bit words, one context
 

@@ -107,8 +107,8 @@ class Publisher(WorkerOwner):
         against its head; False: the first new version is a reset (all intra).
     sparse : bool, default True
         Code each delta chunk by the positions of its changed elements when at
-        most 1/8 change (ULPack's SPARSE mode): followers then apply it in time
-        proportional to the changes.  False: dense deltas, about a quarter
+        most 1/8 change or it has at most 4096 elements (ULPack's SPARSE mode):
+        followers then apply it in place, in time proportional to the changes.  False: dense deltas, about a quarter
         smaller on RL steps, that followers decode element by element.
 
     Raises
