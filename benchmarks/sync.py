@@ -378,7 +378,7 @@ def main(argv=None) -> None:
             if kind == "apply":
                 checked.append(time.perf_counter() - t1)
         median = {k: statistics.median(t) for k, t in timed.items() if t}
-        _, ulp = reads.take()
+        gets, ulp = reads.take()
         traj = pub.trajectory
         deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
         packs = b"".join(traj.fetch_blobs(deltas))
@@ -388,6 +388,7 @@ def main(argv=None) -> None:
             objs=objects,
             puts=puts,
             ulp=ulp,
+            gets=gets,
             dense=dense,
             i32=len(i32),
             gap=len(gap),
@@ -452,6 +453,13 @@ def main(argv=None) -> None:
         f"  objects per delta version <= 3: {'HOLDS' if all(r['objs'] <= 3 for r in rows) else 'FAILS'} "
         f"(max {max(r['objs'] for r in rows)}: pack, step document, ref log entry; "
         f"{max(r['puts'] for r in rows)} writes with the store's transient commit intent)"
+    )
+    gets = sorted({r["gets"] for r in rows})
+    span = str(gets[0]) if len(gets) == 1 else f"{gets[0]}-{gets[-1]}"
+    print(
+        f"  GET requests per version, a follower reading the branch head: {span}"
+        " (the head's ref, the step document, one range of the step's pack: its blobs and table block; told the"
+        " version, one fewer); TRL int32: 1 file"
     )
     trl_total = [r["i32"] / GB + r["trl_best"] for r in rows]
     for label, key in (("trusted", "trusted"), ("default", "apply"), ("trusted, reading the branch head", "polled")):
