@@ -76,7 +76,8 @@ def changes_of(
     ``read_ahead``: see :meth:`ChunkReader.blocks` (``own_blobs``).
     """
     doc = reader.doc(step)
-    reader.blocks(step, own_blobs=read_ahead)
+    if read_ahead:
+        reader.blocks(step, own_blobs=True)
     if names is None and against_parent and doc.parent is not None:
         fast = _same_layout_changes(reader, step, doc)
         if fast is not None:

@@ -93,9 +93,10 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
             chunk: readers start from it instead of walking the chain.
         sparse : bool
             Code delta chunks in which at most 1/8 of the elements changed, and
-            those of at most 4096 elements, by position (ULPack SPARSE): a few more bytes than dense deltas, but a
-            holder of the parent applies them with :func:`ulstore.decode_changes`
-            in time proportional to the changes (see :meth:`changes`).
+            those of at most 4096 elements, by position (ULPack SPARSE): a few
+            more bytes than dense deltas, but a holder of the parent applies
+            them with :func:`ulstore.decode_changes` in time proportional to the
+            changes (see :meth:`changes`).
 
         Returns
         -------
