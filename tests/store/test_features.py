@@ -277,6 +277,25 @@ def test_read_ahead_fetches_a_steps_tables_and_blobs_in_one_request():
     assert len(counter.packs()) >= 1
 
 
+def test_bytes_read_ahead_and_never_fetched_are_bounded():
+    """A caller that reads ahead and never fetches holds the heads of the last two packs read, no more."""
+    from ulstore.store._reader import _MAX_AHEAD_PACKS
+
+    states = states_bf16(20)
+    url = _mem()
+    w = ulstore.open(url, mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for step in range(5):
+        w.commit(step, states[step])
+    traj = ulstore.open(url)
+    for step in range(1, 5):
+        traj.changes(step, read_ahead=True)
+    held = traj._reader._ahead
+    assert len(held) == _MAX_AHEAD_PACKS == 2
+    last = [traj._reader.doc(s) for s in (3, 4)]
+    assert set(held) == {d.packs[d.tables[0].pack] for d in last}
+    assert all(len(v) == d.tables[0].offset for v, d in zip(held.values(), last))
+
+
 @pytest.mark.parametrize("commit", [{"snapshot": True}, {"files": {"config.json": b'{"a": 1}'}}])
 def test_read_ahead_reads_nothing_a_follower_would_not_fetch(commit):
     """A step whose pack also holds snapshots or files: its tables are read alone, as without read-ahead."""

@@ -81,7 +81,7 @@ class _Flight:
 #: The most bytes :meth:`ChunkReader.blocks` reads ahead (a larger step's blobs are fetched as usual).
 _MAX_AHEAD = 64 << 20
 #: Packs whose bytes read ahead a reader keeps until they are fetched.
-_MAX_AHEAD_PACKS = 4
+_MAX_AHEAD_PACKS = 2
 
 
 def _own_blobs(d: StepDoc) -> Location | None:
@@ -128,7 +128,7 @@ class ChunkReader:
         self._inflight: dict = {}
         # steps' own blobs, read with their table blocks for a caller that fetches them next (blocks(own_blobs=)):
         # pack id -> view of its first bytes, dropped by the first fetch that reads from it (a follower that
-        # catches up reads a step ahead while it applies one: a few at most, the oldest dropped beyond that)
+        # catches up reads a step ahead while it applies one: two at most, the older dropped beyond that)
         self._ahead: dict[str, memoryview] = {}
 
     def __getstate__(self) -> dict:
