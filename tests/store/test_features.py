@@ -16,6 +16,7 @@ from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, 
 from ulstore.errors import CorruptBlobError, InvalidInputError, TensorNotFoundError
 from ulstore.store import _decode_plan, _writer
 from ulstore.store._layout import pack_key
+from ulstore.store._reader import _MAX_AHEAD_PACKS
 
 
 def _mem():
@@ -279,8 +280,6 @@ def test_read_ahead_fetches_a_steps_tables_and_blobs_in_one_request():
 
 def test_bytes_read_ahead_and_never_fetched_are_bounded():
     """A caller that reads ahead and never fetches holds the heads of the last two packs read, no more."""
-    from ulstore.store._reader import _MAX_AHEAD_PACKS
-
     states = states_bf16(20)
     url = _mem()
     w = ulstore.open(url, mode="w", chunk_bytes=CHUNK, anchor_every=0)
