@@ -21,7 +21,7 @@ from ._dtypes import format_of
 from ._sparse import GAPS
 from ._tables import POOL_BELOW
 
-__all__ = ["Applied", "is_sparse_blob", "apply_sparse", "reserve_buffers"]
+__all__ = ["Applied", "is_sparse_blob", "apply_sparse", "reserve_buffers", "undo"]
 
 
 class Applied:
@@ -47,6 +47,12 @@ class Applied:
     @property
     def old(self) -> np.ndarray:
         return self._outputs[2][self._start : self._end]
+
+
+def undo(written: list) -> None:
+    """Restore the old words of arrays :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
+    for a, r in written:
+        a.view(r.old.dtype)[r.positions] = r.old
 
 
 def is_sparse_blob(blob) -> bool:

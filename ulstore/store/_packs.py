@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from ..core.objects import ObjectStore, ObjectWriter
 from ..errors import CorruptBlobError
 from ._layout import new_pack_id, pack_key
 
-__all__ = ["PackStream", "coalesce", "fetch", "DEFAULT_PACK_BYTES", "Location"]
+if TYPE_CHECKING:
+    from ._stepdoc import StepDoc
+
+__all__ = ["PackStream", "coalesce", "fetch", "own_blob_range", "DEFAULT_PACK_BYTES", "Location"]
 
 #: Default bound of a pack: large enough that a step is a few objects, small enough to repack.
 DEFAULT_PACK_BYTES = 256 << 20
@@ -151,3 +155,29 @@ def fetch(
         for f in [pool.submit(run, job) for job in jobs]:
             f.result()
     return out
+
+
+#: The most bytes a reader reads ahead (:meth:`~ulstore.store._reader.ChunkReader.blocks`, ``own_blobs``): a
+#: larger step's blobs are fetched as usual.
+MAX_AHEAD = 64 << 20
+
+
+def own_blob_range(d: StepDoc) -> Location | None:
+    """The bytes step ``d``'s commit wrote before its table blocks, if they are all blobs of its changes: ``(pack,
+    0, first block's offset)``; else None.
+
+    A commit streams its blobs (plan order), then its files, then its table
+    blocks into packs of its own, so the pack holding the blocks starts with
+    the step's last blobs.  Every blob is of a changed chunk unless the step
+    carries snapshots (then no chunk is a delta without one: anchor distance
+    0) or files in that pack.  Snapshots for some chunks only (pieces
+    committed apart with and without them) would be read ahead too: bytes
+    read in vain, never a wrong value.
+    """
+    if d.anchor_distance == 0 or not d.tables:
+        return None
+    pack = d.tables[0].pack
+    if any(t.pack != pack for t in d.tables) or any(f.pack == pack for f in d.files.values()):
+        return None
+    start = min(t.offset for t in d.tables)
+    return (d.packs[pack], 0, start) if 0 < start <= MAX_AHEAD else None

@@ -35,7 +35,7 @@ from ._decode_plan import Node, _paste, _Plan
 from ._kept import KeptStep
 from ._layout import pack_key, step_key
 from ._lru import _LRU
-from ._packs import Location, fetch
+from ._packs import Location, fetch, own_blob_range
 from ._stepdoc import StepDoc
 from ._table_block import Block, TableError, parse_block
 from ._tables import TensorTable
@@ -78,31 +78,8 @@ class _Flight:
         return self.value
 
 
-#: The most bytes :meth:`ChunkReader.blocks` reads ahead (a larger step's blobs are fetched as usual).
-_MAX_AHEAD = 64 << 20
 #: Packs whose bytes read ahead a reader keeps until they are fetched.
 _MAX_AHEAD_PACKS = 2
-
-
-def _own_blobs(d: StepDoc) -> Location | None:
-    """The bytes step ``d``'s commit wrote before its table blocks, if they are all blobs of its changes: ``(pack,
-    0, first block's offset)``; else None.
-
-    A commit streams its blobs (plan order), then its files, then its table
-    blocks into packs of its own, so the pack holding the blocks starts with
-    the step's last blobs.  Every blob is of a changed chunk unless the step
-    carries snapshots (then no chunk is a delta without one: anchor distance
-    0) or files in that pack.  Snapshots for some chunks only (pieces
-    committed apart with and without them) would be read ahead too: bytes
-    read in vain, never a wrong value.
-    """
-    if d.anchor_distance == 0 or not d.tables:
-        return None
-    pack = d.tables[0].pack
-    if any(t.pack != pack for t in d.tables) or any(f.pack == pack for f in d.files.values()):
-        return None
-    start = min(t.offset for t in d.tables)
-    return (d.packs[pack], 0, start) if 0 < start <= _MAX_AHEAD else None
 
 
 class ChunkReader:
@@ -257,16 +234,16 @@ class ChunkReader:
 
         ``own_blobs``: when every byte the step's commit wrote before its table
         blocks is a blob of one of its changes (no snapshot, no file: see
-        :func:`_own_blobs`), read those bytes in the same request as the
-        blocks and keep them for the next :meth:`fetch`.  For a caller that
-        fetches the blobs of the step's changes next (a weight-sync follower):
-        one request per step fewer, the same bytes.
+        :func:`~ulstore.store._packs.own_blob_range`), read those bytes in the
+        same request as the blocks and keep them for the next :meth:`fetch`.
+        For a caller that fetches the blobs of the step's changes next (a
+        weight-sync follower): one request per step fewer, the same bytes.
         """
         d = self.doc(step)
         # one cache look-up per block (a follower asks for a step's blocks three times per version)
         got = [self._blocks.get((step, d.content, ref.hash)) for ref in d.tables]
         missing = [bi for bi, block in enumerate(got) if block is None]
-        head = _own_blobs(d) if own_blobs and missing else None
+        head = own_blob_range(d) if own_blobs and missing else None
         if len(missing) > 1 or head is not None:  # one coalesced fetch instead of one GET per block
             locations = [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
             datas = self.fetch(locations + ([head] if head is not None else []))

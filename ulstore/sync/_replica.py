@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import Changes, content_sum, decode_changes
-from ..codec._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buffers
+from ..codec._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buffers, undo
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
 from ..store import StepInfo
 from ..store._chunkcodec import codec_for, content_digest, decode_chunk
@@ -54,12 +54,6 @@ class Fetched:
     @property
     def nbytes(self) -> int:
         return sum(map(len, self.blobs))
-
-
-def _undo(written: list) -> None:
-    """Restore the old words of chunks :func:`apply_sparse` wrote: ``[(array, Applied), ...]``."""
-    for a, r in written:
-        a.view(r.old.dtype)[r.positions] = r.old
 
 
 class Replica:
@@ -271,10 +265,10 @@ class Replica:
                     buffers=self._buffers.setdefault(dtype, {}),
                 )
             except BaseException:
-                _undo(written)
+                undo(written)
                 raise
             if out is None:
-                _undo(written)
+                undo(written)
                 return None
             written += zip(arrays, out)
             done.update(zip(indices, out))
