@@ -480,6 +480,43 @@ def test_kept_parent_a_training_loop_never_decodes(monkeypatch):
     assert_state_equal(ulstore.open(traj.url, mode="r").read(9), states[9])
 
 
+@pytest.mark.parametrize("block_bytes", [None, 512])
+def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch, block_bytes):
+    """Columns for a step with its parent's layout (its tables in one block or in several), None for a root
+    step or after a layout change; row by row what changes() says of the chunks that are not unchanged, the
+    same blobs fetched, and one FeedLayout object for the steps of one layout."""
+    from ulstore.store import _finalize
+
+    if block_bytes is not None:
+        monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", block_bytes)
+    states = states_bf16(6)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for step in range(3):
+        traj.commit(step, states[step])
+    added = {**states[3], "new.weight": np.ones((3, 5), ml_dtypes.bfloat16)}
+    traj.commit(3, added)  # a tensor added: another layout
+    traj.commit(4, {**states[4], "new.weight": added["new.weight"]}, anchor=True)  # every changed chunk intra
+    ro = ulstore.open(traj.url, mode="r")
+    assert (len(ro._reader.blocks(1)) > 1) == (block_bytes is not None)
+    assert ro.change_columns(0) is None and ro.change_columns(3) is None
+    for step in (1, 2, 4):
+        cols, feed = ro.change_columns(step), ro.changes(step)
+        assert cols is not None
+        assert list(cols.layout.rows) == [(c.tensor, c.piece, c.coord, c.start, c.stop, c.dtype) for c in feed]
+        changed = [c for c in feed if c.kind != "unchanged"]
+        assert 0 < len(changed) < len(feed)
+        assert cols.changed.tolist() == [i for i, c in enumerate(feed) if c.kind != "unchanged"]
+        assert cols.ref.tolist() == [-1 if c.ref is None else c.ref for c in changed]
+        assert [row.tobytes().hex() for row in cols.content] == [c.content for c in changed]
+        assert cols.blobs == [c.blob for c in changed]
+        assert ro.fetch_blobs(cols) == ro.fetch_blobs(changed)
+    assert set(ro.change_columns(2).ref.tolist()) == {1} and set(ro.change_columns(4).ref.tolist()) == {-1}
+    assert ro.change_columns(2).layout is ro.change_columns(1).layout
+    assert ro.change_columns(4).layout is not ro.change_columns(1).layout
+    with pytest.raises(InvalidInputError, match="no snapshots"):
+        ro.fetch_blobs(ro.change_columns(1), snapshot=True)
+
+
 def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)

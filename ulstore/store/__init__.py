@@ -37,7 +37,7 @@ Objects go through :class:`ulstore.core.objects.ObjectStore`.  The store
 imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 """
 
-from ._changes import ChunkChange
+from ._changes import ChangeColumns, ChunkChange, FeedLayout
 from ._integrity import Inventory
 from ._layout import tensor_name_problem
 from ._logical import LogicalStore
@@ -57,6 +57,8 @@ __all__ = [
     "PieceWriter",
     "PieceRecord",
     "ChunkChange",
+    "ChangeColumns",
+    "FeedLayout",
     "tensor_name_problem",
     "LogicalStore",
 ]

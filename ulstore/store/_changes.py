@@ -10,6 +10,7 @@ chunks with coalesced range reads.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from ._packs import Location
 from ._reader import ChunkReader
 from ._tables import Piece, TensorTable
 
-__all__ = ["ChunkChange", "changes_of", "KINDS"]
+__all__ = ["ChunkChange", "ChangeColumns", "FeedLayout", "changes_of", "change_columns", "KINDS"]
 
 #: What a chunk's entry is against the parent step.
 KINDS = ("unchanged", "delta", "intra", "new", "reshaped")
@@ -106,9 +107,9 @@ def changes_of(
     return out
 
 
-def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChange] | None:
-    """The feed of a step whose table blocks have, block by block, the exact header bytes of its parent's
-    (the same tensors, dtypes, shapes and pieces: the usual step), from whole columns; else None.
+def _same_layout(reader: ChunkReader, step: int, doc) -> tuple[list, list] | None:
+    """The table blocks of ``step`` and of its parent when they have, block by block, the exact header bytes
+    (the same tensors, dtypes, shapes and pieces: the usual step); else None.
 
     Equal header bytes mean equal parses, so every chunk is co-located with the parent's chunk at the
     same column index, and what each chunk is (name, piece, box) was derived once for those headers.
@@ -119,9 +120,17 @@ def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChang
     for b, pb in zip(blocks, parents):
         if b.heads is None or pb.heads is None or (b.heads is not pb.heads and b.heads.prefix != pb.heads.prefix):
             return None
+    return blocks, parents
+
+
+def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChange] | None:
+    """The feed of a step with its parent's layout (:func:`_same_layout`), from whole columns; else None."""
+    pair = _same_layout(reader, step, doc)
+    if pair is None:
+        return None
     out: list[ChunkChange] = []
     packs = doc.packs
-    for b, pb in zip(blocks, parents):
+    for b, pb in zip(*pair):
         assert b.heads is not None
         same = (b.content == pb.content).all(axis=1).tolist()
         hexes = b.content.tobytes().hex()
@@ -134,6 +143,106 @@ def _same_layout_changes(reader: ChunkReader, step: int, doc) -> list[ChunkChang
             blob, hexed = (packs[pack[i]], off[i], length[i]), hexes[32 * i : 32 * i + 32]
             out.append(_change(name, j, coord, start, stop, dtype, kind, hexed, ref, blob, snap, packs))
     return out
+
+
+class FeedLayout:
+    """Every chunk of a step in change-feed order, for the steps whose table blocks have the same headers.
+
+    Built once per headers and shared: the steps of a trajectory mostly have one layout, so two
+    :class:`ChangeColumns` with the same layout (compared with ``is``) describe the same chunks.
+
+    Attributes
+    ----------
+    rows : tuple
+        Per chunk: ``(tensor, piece, coord, start, stop, dtype)`` (as in :class:`ChunkChange`).
+    """
+
+    __slots__ = ("rows", "columns")
+
+    def __init__(self, heads: tuple) -> None:
+        rows, columns, base = [], [], 0
+        for h in heads:
+            for i, name, j, coord, start, stop, dtype in h.feed():
+                rows.append((name, j, coord, start, stop, dtype))
+                columns.append(base + i)
+            base += h.total
+        self.rows = tuple(rows)
+        self.columns = np.array(columns, np.int64)  # per row, its index in the blocks' columns end to end
+
+
+#: Layouts of recent headers (the steps of a trajectory mostly share one).
+_LAYOUTS: dict[tuple[bytes, ...], FeedLayout] = {}
+_LAYOUTS_KEPT = 8
+_LAYOUTS_LOCK = threading.Lock()
+
+
+def _layout(heads: tuple) -> FeedLayout:
+    # keyed by the header bytes, not the parsed objects: a step with more blocks than the parsed headers
+    # kept (_table_block._HEADS_KEPT) parses them again, and still has the layout of its parent
+    key = tuple(h.prefix for h in heads)
+    with _LAYOUTS_LOCK:
+        out = _LAYOUTS.get(key)
+        if out is None:
+            out = _LAYOUTS[key] = FeedLayout(heads)
+            while len(_LAYOUTS) > _LAYOUTS_KEPT:
+                del _LAYOUTS[next(iter(_LAYOUTS))]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class ChangeColumns:
+    """The changed chunks of a step with its parent's chunk layout, as columns (:meth:`Trajectory.change_columns`).
+
+    The same facts as the :class:`ChunkChange` objects of the chunks whose
+    kind is not ``unchanged``, in the same order, without an object per chunk:
+    a step of a 1T-parameter model in 2 MB chunks has a million of them.
+
+    Attributes
+    ----------
+    layout : FeedLayout
+        Every chunk of the step (and of its parent); ``layout.rows[i]`` is what
+        row ``i`` is.
+    changed : np.ndarray of int64
+        The rows whose content differs from the parent's, ascending.
+    ref : np.ndarray of int64
+        Per changed chunk, the step its blob is coded against (``delta``), or
+        -1 (``intra``).
+    content : np.ndarray of uint8, shape (len(changed), 16)
+        Per changed chunk, the BLAKE3-128 of its values.
+    blobs : list of (pack id, offset, length)
+        Per changed chunk, its blob (:meth:`Trajectory.fetch_blobs` takes the
+        columns whole).
+    """
+
+    layout: FeedLayout
+    changed: np.ndarray
+    ref: np.ndarray
+    content: np.ndarray
+    blobs: list
+
+
+def change_columns(reader: ChunkReader, step: int, *, read_ahead: bool = False) -> ChangeColumns | None:
+    """The changed chunks of ``step`` as columns, or None when it has no parent or not its parent's layout."""
+    doc = reader.doc(step)
+    if read_ahead:
+        reader.blocks(step, own_blobs=True)
+    pair = _same_layout(reader, step, doc) if doc.parent is not None else None
+    if pair is None:
+        return None
+    blocks, parents = pair
+    layout = _layout(tuple(b.heads for b in blocks))
+
+    def joined(column, of):
+        return getattr(of[0], column) if len(of) == 1 else np.concatenate([getattr(b, column) for b in of])
+
+    content = joined("content", blocks)
+    differs = (content != joined("content", parents)).any(axis=1)  # per column
+    changed = differs[layout.columns].nonzero()[0]  # per row
+    at = layout.columns[changed]
+    packs = doc.packs
+    pack, off, length = joined("pack", blocks)[at].tolist(), joined("off", blocks)[at], joined("length", blocks)[at]
+    blobs = [(packs[p], o, n) for p, o, n in zip(pack, off.tolist(), length.tolist())]
+    return ChangeColumns(layout, changed, joined("ref", blocks)[at], content[at], blobs)
 
 
 def _parent_piece(pt: TensorTable, j: int, p: Piece) -> Piece | None:

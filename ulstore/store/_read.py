@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ._base import MAIN, TrajectoryBase
-from ._changes import ChunkChange, changes_of
+from ._changes import ChangeColumns, ChunkChange, change_columns, changes_of
 from ._logical import LogicalStore
 
 __all__ = ["ReadMixin", "StepInfo"]
@@ -167,8 +167,21 @@ class ReadMixin(TrajectoryBase):
             self._reader, self._resolve(step_or_ref), names, against_parent=against_parent, read_ahead=read_ahead
         )
 
+    def change_columns(self, step_or_ref, *, read_ahead: bool = False) -> ChangeColumns | None:
+        """The changed chunks of a step as columns, without an object per chunk; None when the step has no
+        parent or not its parent's chunk layout (a tensor added, removed, reshaped or chunked otherwise).
+
+        What :meth:`changes` says of the chunks that are not ``unchanged``, in
+        its order, for callers that go through a step's chunks at scale (a
+        weight-sync follower: a million chunks per version at 1T parameters).
+        :meth:`fetch_blobs` takes the columns whole; ``read_ahead`` is
+        :meth:`changes`'.
+        """
+        return change_columns(self._reader, self._resolve(step_or_ref), read_ahead=read_ahead)
+
     def fetch_blobs(self, changes, *, snapshot: bool = False, copy: bool = True) -> list:
-        """The blobs (or, with ``snapshot``, the snapshots) of ``changes``, fetched with coalesced range reads.
+        """The blobs (or, with ``snapshot``, the snapshots) of ``changes`` (:class:`ChunkChange` objects, or
+        :class:`ChangeColumns`), fetched with coalesced range reads.
 
         Unchanged chunks have no blob of their own in their step; asking for
         one returns the blob their entry names (the same bytes as the parent's).
@@ -178,7 +191,12 @@ class ReadMixin(TrajectoryBase):
         for callers that decode the blobs and drop them, such as weight sync's
         in-place apply; a view keeps its whole range read alive.
         """
-        locs = []
+        if isinstance(changes, ChangeColumns):
+            if snapshot:
+                raise InvalidInputError("change columns name no snapshots: use changes()")
+            locs, changes = list(changes.blobs), ()
+        else:
+            locs = []
         for c in changes:
             loc = c.snapshot if snapshot else c.blob
             if loc is None:
