@@ -23,6 +23,7 @@ from ulstore.sync import (
     ChangeDetector,
     Follower,
     Publisher,
+    _in_place,
     _replica,
 )
 from ulstore.sync._arrays import Binding
@@ -137,7 +138,7 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         info = pub.publish(3, {k: numpy_to_tensor(v) for k, v in nxt.items()})  # torch input too
     assert info.kind == "delta" and info.changed_chunks == 1
     writes = []
-    orig_write, orig_apply = Binding.write, _replica.apply_sparse
+    orig_write, orig_apply = Binding.write, _in_place.apply_sparse
 
     def spy_apply(dtype, blobs, arrays, *args, **kwargs):  # SPARSE deltas, written in place by the compiled job
         out = orig_apply(dtype, blobs, arrays, *args, **kwargs)
@@ -150,11 +151,11 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         writes.append(("write", self.name, start, values.size)),
         orig_write(self, start, values),
     )[1]
-    _replica.apply_sparse = spy_apply
+    _in_place.apply_sparse = spy_apply
     try:
         assert f.poll() == 3
     finally:
-        Binding.write, _replica.apply_sparse = orig_write, orig_apply
+        Binding.write, _in_place.apply_sparse = orig_write, orig_apply
     assert writes == [("changes", ["lm_head.weight"], [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 
@@ -906,13 +907,55 @@ def test_device_binding_writes_through_a_cpu_stand_in(name):
         assert np.array_equal(got, want.view(word))
 
 
-def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
-    """An error while writing a version (phase 2) leaves no claim on the state: the next poll bootstraps."""
-    publish_all(url, states[:3], anchor_every=5)
+@pytest.mark.parametrize("way", ["feed", "columns"])  # the first version after a bootstrap, or a later one
+def test_device_copies_get_exactly_the_changes_written(states, url, way):
+    """A state on a device gets, per chunk written in place, the changed positions and words of the mirror:
+    replayed on the last version's bits they make this version's."""
+    publish_all(url, states[:1], anchor_every=0)
     f = Follower(url, trust_state=True)
-    f.bootstrap()
+    assert f.bootstrap() == 0  # loaded whole
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
+        if way == "columns":  # a version applied first: the next one goes through the change columns
+            pub.publish(1, states[1])
+            assert f.poll() == 1
+        target = f.version + 1
+        pub.publish(target, states[target])
+    device = {n: np.asarray(v).reshape(-1).view(np.uint16).copy() for n, v in states[target - 1].items()}
+    taken, real = [], _replica.Replica._apply_columns
+    orig = Binding.push
+
+    def push(self, start, positions, values):  # what a CUDA copy's index_copy_ is given
+        device[self.name][start + positions] = values
+
+    bindings = f._replica._bindings.values()
+    for b in bindings:
+        b.device = "a device"
+    Binding.push = push
+    _replica.Replica._apply_columns = lambda self, fe: taken.append(real(self, fe)) or taken[-1]
+    try:
+        assert f.poll() == target
+    finally:
+        Binding.push, _replica.Replica._apply_columns = orig, real
+        for b in bindings:
+            b.device = None
+    assert taken == [way == "columns"]
+    assert_same_bits(f.state, states[target])
+    for n, v in states[target].items():
+        assert np.array_equal(device[n], np.asarray(v).reshape(-1).view(np.uint16)), n
+
+
+@pytest.mark.parametrize("way", ["feed", "columns"])
+def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url, way):
+    """An error while writing a version (phase 2) leaves no claim on the state: the next poll bootstraps."""
+    publish_all(url, states[:1], anchor_every=5)
+    f = Follower(url, trust_state=True)
+    assert f.bootstrap() == 0  # loaded whole: the next version goes through the feed
     with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
-        pub.publish(3, states[3])
+        if way == "columns":  # a version applied first: the next one goes through the change columns
+            pub.publish(1, states[1])
+            assert f.poll() == 1
+        target = f.version + 1
+        pub.publish(target, states[target])
     orig = Binding.push
     calls = []
 
@@ -934,8 +977,8 @@ def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url):
         for b in bindings:
             b.device = None
     assert f.version is None and f._replica._sums == {}
-    assert f.poll() == 3
-    assert_same_bits(f.state, states[3])
+    assert f.poll() == target
+    assert_same_bits(f.state, states[target])
 
 
 def test_a_tensor_rechunked_between_versions_is_followed_without_a_false_alarm(states, url):

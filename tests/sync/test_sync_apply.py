@@ -78,6 +78,48 @@ def test_a_loaded_step_has_its_slots_ready_for_the_first_version(store, states, 
         assert_same_bits(rep.state, states[1])
 
 
+def test_a_version_in_its_parents_layout_is_applied_from_columns_exactly_as_from_the_feed(store, states, monkeypatch):
+    """From the second version on, every changed chunk is a SPARSE delta the replica writes in place: it goes
+    through the change columns (no object per chunk), and leaves the very state and bookkeeping (content hashes,
+    word sums) that the feed of ChunkChange objects leaves."""
+    taken = []
+    real = Replica._apply_columns
+    monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
+    with cf.ThreadPoolExecutor(2) as pool:
+        cols, feed = replica_at(store, 0, pool), replica_at(store, 0, pool)
+        for v in range(1, len(states)):
+            f = Replica.fetch(store, v)
+            assert f.columns is not None
+            cols.apply(f)
+            feed.apply(dataclasses.replace(Replica.fetch(store, v), columns=None))
+            for rep in (cols, feed):
+                assert rep.version == v
+                assert_same_bits(rep.state, states[v])
+            assert cols._contents == feed._contents and cols._sums == feed._sums
+            assert not cols.verify() and not cols.verify(sums=True)
+    assert taken == [False] + [True] * (len(states) - 2)  # the first version after a load: the feed's way
+
+
+def test_a_version_the_columns_do_not_take_goes_the_general_way(tmp_path, states, monkeypatch):
+    """Intra chunks (an anchor step, in the parent's layout) and a held step applied from a feed: columns
+    are declined, nothing written, and the general path applies the version exactly."""
+    import ulstore
+
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=2 * CHUNK, anchor_every=0)
+    for v in range(4):  # as a publisher commits (SPARSE deltas), step 2 an anchor: every changed chunk intra
+        traj.commit(v, states[v], sparse=True, anchor=True if v == 2 else None)
+    traj = ulstore.open(traj.url, mode="r")  # (a writer's own steps have no parsed table blocks)
+    taken = []
+    real = Replica._apply_columns
+    monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
+    with cf.ThreadPoolExecutor(2) as pool:
+        rep = replica_at(traj, 3, pool)
+        assert_same_bits(rep.state, states[3])
+        assert not rep.verify()
+    assert taken == [False, False, True]  # v1: the layout held is not known yet; v2: intra chunks
+    assert set(Replica.fetch(traj, 2).columns.ref.tolist()) == {-1}
+
+
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("how", ["payload resealed", "crc", "truncated", "not sparse"])
 def test_a_bad_chunk_anywhere_leaves_the_state_untouched(store, states, where, how):
@@ -139,7 +181,7 @@ def test_a_feed_that_does_not_fit_the_held_tensors_is_refused_before_any_write(s
         held = next(c for c in f.changes if c.kind == "unchanged" and c.tensor != delta.tensor)
 
         def swap(old, new):
-            return dataclasses.replace(f, changes=[new if c is old else c for c in f.changes])
+            return dataclasses.replace(f, feed=[new if c is old else c for c in f.changes], columns=None)
 
         def respec(name):
             s = f.specs[name]
@@ -216,10 +258,10 @@ def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_int
     """The first version after a snapshot load finds its output buffers faulted in (1/RESERVE_EVERY of each float
     dtype's elements) and applies into them when it fits; a version that needs more grows them."""
     from ulstore.store._chunkcodec import codec_for
-    from ulstore.sync import _replica
+    from ulstore.sync import _in_place
 
-    monkeypatch.setattr(_replica, "RESERVE_EVERY", every)
-    monkeypatch.setattr(_replica, "RESERVE_MOST", 2000 if every == 8 else 1 << 26)  # the cap holds too
+    monkeypatch.setattr(_in_place, "RESERVE_EVERY", every)
+    monkeypatch.setattr(_in_place, "RESERVE_MOST", 2000 if every == 8 else 1 << 26)  # the cap holds too
     fits = every == 8
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(store, 0, pool)
@@ -233,7 +275,7 @@ def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_int
         reserved = {}
         for dtype, n in elements.items():
             pos, new, old = reserved[dtype] = rep._buffers[dtype][dtype.itemsize]
-            assert len(pos) == len(new) == len(old) == min(n // every, _replica.RESERVE_MOST) and pos.dtype == np.int64
+            assert len(pos) == len(new) == len(old) == min(n // every, _in_place.RESERVE_MOST) and pos.dtype == np.int64
         rep.apply(Replica.fetch(store, 1))
         assert_same_bits(rep.state, states[1])
         assert not rep.verify()

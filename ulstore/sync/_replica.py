@@ -12,25 +12,22 @@ verifies, every write undone if any chunk fails); (3) write the rest.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..codec import Changes, content_sum, decode_changes
-from ..codec._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buffers, undo
+from ..codec._inplace import Applied
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
-from ..store import StepInfo
+from ..store import ChangeColumns, StepInfo
 from ..store._chunkcodec import codec_for, content_digest, decode_chunk
-from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of, words
+from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of
+from ._in_place import InPlace
 
 __all__ = ["Replica", "ChainBroken", "Fetched"]
 
 Key = tuple  # (tensor name, piece index, chunk coordinate)
-
-#: A bootstrap faults in the apply's buffers for 1/RESERVE_EVERY of the elements (RL steps change 1-6%), at most
-#: RESERVE_MOST changes per dtype (768 MB in bf16): the first version applied would otherwise fault them in.
-RESERVE_EVERY = 64
-RESERVE_MOST = 1 << 26
 
 
 class ChainBroken(UlstoreError):
@@ -43,20 +40,33 @@ class ChainBroken(UlstoreError):
 
 @dataclass
 class Fetched:
-    """Phase 0 of applying a step (no state needed, so it can be prefetched): its feed and blobs."""
+    """Phase 0 of applying a step (no state needed, so it can be prefetched): its feed and blobs.
+
+    ``columns``: the step's :class:`~ulstore.store.ChangeColumns`, where it has
+    its parent's chunk layout.  ``feed``: the whole change feed, or (with
+    columns) a function that reads it from the cached tables, called on the
+    first use of :attr:`changes` if ever.
+    """
 
     info: StepInfo
     specs: dict
-    changes: list
+    feed: list | Callable[[], list]
     blobs: list
     snapshot: bool
+    columns: ChangeColumns | None = None
+
+    @property
+    def changes(self) -> list:
+        if callable(self.feed):
+            self.feed = self.feed()
+        return self.feed
 
     @property
     def nbytes(self) -> int:
         return sum(map(len, self.blobs))
 
 
-class Replica:
+class Replica(InPlace):
     """A state dict held equal to one step.
 
     Parameters
@@ -92,6 +102,8 @@ class Replica:
         self._slots: dict[Key, tuple] = {}  # Replica._slot of each chunk applied in place (until the next rebind)
         self._sizes: dict[Key, int] | None = None  # chunk_bytes(), while the chunks held keep their boxes
         self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
+        self._layout = None  # the FeedLayout of the step held, where it was applied from change columns
+        self._rows: list | None = None  # Replica._layout_rows, while the layout and bindings stay
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
@@ -107,8 +119,12 @@ class Replica:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
         info = traj.info(step)
         # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request)
-        feed = traj.changes(step, against_parent=not snapshot, read_ahead=not snapshot)
+        columns = None if snapshot else traj.change_columns(step, read_ahead=True)
         specs = specs_of(traj.tensors(step))
+        if columns is not None:  # the usual step: no object per chunk (apply() makes the feed if it needs it)
+            blobs = traj.fetch_blobs(columns, copy=False)
+            return Fetched(info, specs, lambda: traj.changes(step), blobs, False, columns)
+        feed = traj.changes(step, against_parent=not snapshot, read_ahead=not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
             for c in plain:
@@ -136,20 +152,13 @@ class Replica:
         self._prime_slots()
         return f.nbytes
 
-    def _reserve(self) -> None:
-        """Fault in the in-place apply's buffers now (RESERVE_EVERY); a version that changes more grows them."""
-        sizes: dict = {}
-        for spec in self.specs.values():
-            if codec_for(spec.dtype) == "ulpack":
-                sizes[spec.dtype] = sizes.get(spec.dtype, 0) + math.prod(spec.shape)
-        for dtype, n in sizes.items():
-            reserve_buffers(dtype, min(n // RESERVE_EVERY, RESERVE_MOST), self._buffers.setdefault(dtype, {}))
-
     def apply(self, f: Fetched) -> int:
         """Apply step ``f.info.step``, a child of the step held; returns bytes fetched."""
         info = f.info
         if self.version is None or info.parent != self.version or info.parent_content != self.content:
             raise ChainBroken(f"step {info.step} does not follow step {self.version}")
+        if f.columns is not None and self._apply_columns(f):
+            return f.nbytes
         changed = [c for c in f.changes if c.kind != "unchanged"]
         # tensors whose name, shape or dtype the held step does not have: only whole chunks may write them
         # (none if f.specs is the very dict the held step was applied with: _specs returns it again)
@@ -202,77 +211,6 @@ class Replica:
         if held is None or held[1] != c.start or held[2] != c.stop:
             return None
         return self._sums.get(key)
-
-    def _in_place(self, items: list) -> dict:
-        """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
-        SPARSE, their kept sum known), by dtype: ``{dtype: (indices, arrays, blobs, kept sums, box shapes)}``,
-        each array the chunk's words in the mirror."""
-        # one pass, few calls per chunk: at 13M parameters this Python ran as long as a fifth of the compiled apply
-        contents, sums, slots = self._contents, self._sums, self._slots
-        rows = []
-        for i, (c, blob) in enumerate(items):
-            if c.kind != "delta":
-                continue
-            key = (c.tensor, c.piece, c.coord)
-            held = contents.get(key)
-            if held is None or held[1] != c.start or held[2] != c.stop:
-                continue
-            kept = sums.get(key)
-            if kept is None or not is_sparse_blob(blob):
-                continue
-            slot = slots.get(key)
-            if slot is None or slot[0] != c.start or slot[1] != c.stop:
-                slot = slots[key] = self._slot(c.tensor, c.start, c.stop)
-            if slot[2] is not None:
-                rows.append((slot[4], i, slot[2], blob, kept, slot[3]))
-        groups = {}
-        for dtype in dict.fromkeys(r[0] for r in rows):  # (in chunk order: one order of writes, and of errors)
-            _, *columns = zip(*(r for r in rows if r[0] == dtype))
-            groups[dtype] = tuple(map(list, columns))
-        return groups
-
-    def _slot(self, tensor: str, start: tuple, stop: tuple) -> tuple:
-        """What the in-place apply needs of a chunk of ``tensor``, kept while the bindings stay: ``(start, stop,
-        words of the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
-        spec = self.specs[tensor]
-        first, end, box = geometry(spec.shape, start, stop)
-        mirror = self._bindings[tensor].mirror
-        view = None if end is None else words(mirror[first:end])
-        return start, stop, view, box, spec.dtype, first
-
-    def _prime_slots(self) -> None:
-        """A step just loaded: the slots of every chunk an in-place apply may write, made now rather than by the
-        first version applied (about 3 us a chunk, a tenth of a millisecond at 13M parameters)."""
-        for key, (_, start, stop) in self._contents.items():
-            if key not in self._slots and codec_for(self.specs[key[0]].dtype) == "ulpack":
-                self._slots[key] = self._slot(key[0], start, stop)
-
-    def _apply_in_place(self, groups: dict) -> dict | None:
-        """Decode, check and write the SPARSE delta chunks ``groups`` (from :meth:`_in_place`) into the state:
-        all of them, or (None) none.  Returns their :class:`Applied` by index of ``items``."""
-        done: dict = {}
-        written: list = []
-        for dtype, (indices, arrays, blobs, sums, shapes) in groups.items():
-            try:
-                out = apply_sparse(
-                    dtype,
-                    blobs,
-                    arrays,
-                    sums,
-                    shapes,
-                    pool=self.pool,
-                    parts=self.threads,
-                    buffers=self._buffers.setdefault(dtype, {}),
-                )
-            except BaseException:
-                undo(written)
-                raise
-            if out is None:
-                undo(written)
-                return None
-            written += zip(arrays, out)
-            done.update(zip(indices, out))
-        return done
 
     def _whole(self, f: Fetched, c, blob) -> np.ndarray:
         box = tuple(b - a for a, b in zip(c.start, c.stop))
@@ -339,6 +277,7 @@ class Replica:
         self._sums = {k: v for k, v in self._sums.items() if k[0] in keep}
         self._bindings, self.specs = bindings, dict(specs)
         self._slots, self._sizes = {}, None
+        self._layout, self._rows = None, None
 
     def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
         """Every chunk verified (SPARSE deltas already in the mirror): write the rest, then record the step held."""
@@ -386,6 +325,7 @@ class Replica:
         info = f.info
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
         self._applied_specs = f.specs  # self.specs is equal to it (a copy)
+        self._layout, self._rows = (f.columns.layout if f.columns is not None else None), None
 
     # -- checking -----------------------------------------------------------------------
 
@@ -443,6 +383,7 @@ class Replica:
     def invalidate(self) -> None:
         self.version = self.content = None
         self._applied_specs = None
+        self._layout, self._rows = None, None
         self._sums.clear()
         self._contents.clear()
         self._sizes = None

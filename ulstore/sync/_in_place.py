@@ -1,0 +1,201 @@
+"""The replica's in-place path: a version's SPARSE deltas written into the state by one compiled job.
+
+:class:`InPlace` is half of :class:`~ulstore.sync._replica.Replica`: which
+delta chunks :func:`~ulstore.codec._inplace.apply_sparse` can write where
+they are (contiguous in the state, ULPack, their word sum kept), their slots
+(the chunk's words in the state, made once per bindings), and the version
+applied from its :class:`~ulstore.store.ChangeColumns` with no object per
+chunk (the usual step: every changed chunk such a delta).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from ..codec._inplace import apply_sparse, is_sparse_blob, reserve_buffers, undo
+from ..store import FeedLayout
+from ..store._chunkcodec import codec_for
+from ._arrays import Binding, Spec, geometry, words
+
+if TYPE_CHECKING:
+    from ._replica import Fetched
+
+__all__ = ["InPlace", "RESERVE_EVERY", "RESERVE_MOST"]
+
+#: A bootstrap faults in the apply's buffers for 1/RESERVE_EVERY of the elements (RL steps change 1-6%), at most
+#: RESERVE_MOST changes per dtype (768 MB in bf16): the first version applied would otherwise fault them in.
+RESERVE_EVERY = 64
+RESERVE_MOST = 1 << 26
+
+
+class InPlace:
+    """The in-place apply of :class:`~ulstore.sync._replica.Replica`."""
+
+    # the replica's state this half reads and writes (set by Replica.__init__; see its comments)
+    pool: Any
+    threads: int
+    version: int | None
+    content: str | None
+    metadata: dict
+    specs: dict[str, Spec]
+    _bindings: dict[str, Binding]
+    _contents: dict[tuple, tuple]
+    _sums: dict[tuple, int]
+    _buffers: dict
+    _slots: dict[tuple, tuple]
+    _applied_specs: dict | None
+    _layout: FeedLayout | None
+    _rows: list | None
+
+    def invalidate(self) -> None:
+        raise NotImplementedError
+
+    def _reserve(self) -> None:
+        """Fault in the in-place apply's buffers now (RESERVE_EVERY); a version that changes more grows them."""
+        sizes: dict = {}
+        for spec in self.specs.values():
+            if codec_for(spec.dtype) == "ulpack":
+                sizes[spec.dtype] = sizes.get(spec.dtype, 0) + math.prod(spec.shape)
+        for dtype, n in sizes.items():
+            reserve_buffers(dtype, min(n // RESERVE_EVERY, RESERVE_MOST), self._buffers.setdefault(dtype, {}))
+
+    def _apply_columns(self, f: Fetched) -> bool:
+        """Apply a version from its change columns when every changed chunk is a delta against the step held
+        that :meth:`_in_place` would take (the usual step): the same checks and writes without an object per
+        chunk.  False, nothing done, for any other version: :meth:`apply` then takes the general path
+        (whole chunks, a precise error for a bad blob)."""
+        cols = f.columns
+        if cols is None or cols.layout is not self._layout or f.specs is not self._applied_specs:
+            return False
+        if (cols.ref != self.version).any():  # intra chunks, or a delta against another step (ChainBroken)
+            return False
+        rows = self._layout_rows(cols.layout)
+        picked = [rows[i] for i in cols.changed.tolist()]
+        sums, blobs = self._sums, f.blobs
+        kept = [None if r is None else sums.get(r[0]) for r in picked]
+        if None in kept or not all(map(is_sparse_blob, blobs)):
+            return False
+        groups = {}
+        dtypes = {r[1][4] for r in picked}
+        for dtype in dtypes:
+            at = range(len(picked)) if len(dtypes) == 1 else [k for k, r in enumerate(picked) if r[1][4] == dtype]
+            groups[dtype] = (
+                list(at),
+                [picked[k][1][2] for k in at],
+                [blobs[k] for k in at],
+                [kept[k] for k in at],
+                [picked[k][1][3] for k in at],
+            )
+        applied = self._apply_in_place(groups)
+        if applied is None:
+            return False
+        self.version = None  # the state is in flux until the bookkeeping is done
+        try:
+            hexes, contents, bindings = cols.content.tobytes().hex(), self._contents, self._bindings
+            for k, (key, slot) in enumerate(picked):
+                a = applied[k]
+                b = bindings[key[0]]
+                if b.device is not None:
+                    b.push(slot[5], a.positions, a.words)
+                sums[key] = a.content_sum
+                contents[key] = (hexes[32 * k : 32 * k + 32], slot[0], slot[1])
+        except BaseException:
+            self.invalidate()
+            raise
+        info = f.info
+        self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
+        return True
+
+    def _layout_rows(self, layout: FeedLayout) -> list:
+        """Per row of ``layout``, the held step's: ``(key, slot)`` of a chunk that :func:`apply_sparse` may write
+        in place (held with that box, contiguous, ULPack), else None; made once per layout and bindings."""
+        if self._rows is None:
+            rows: list = []
+            for name, piece, coord, start, stop, _ in layout.rows:
+                key = (name, piece, coord)
+                held = self._contents.get(key)
+                slot = None
+                if (
+                    held is not None
+                    and held[1] == start
+                    and held[2] == stop
+                    and codec_for(self.specs[name].dtype) == "ulpack"
+                ):
+                    slot = self._slots.get(key)
+                    if slot is None or slot[0] != start or slot[1] != stop:
+                        slot = self._slots[key] = self._slot(name, start, stop)
+                rows.append((key, slot) if slot is not None and slot[2] is not None else None)
+            self._rows = rows
+        return self._rows
+
+    def _in_place(self, items: list) -> dict:
+        """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
+        SPARSE, their kept sum known), by dtype: ``{dtype: (indices, arrays, blobs, kept sums, box shapes)}``,
+        each array the chunk's words in the mirror."""
+        # one pass, few calls per chunk: at 13M parameters this Python ran as long as a fifth of the compiled apply
+        contents, sums, slots = self._contents, self._sums, self._slots
+        rows = []
+        for i, (c, blob) in enumerate(items):
+            if c.kind != "delta":
+                continue
+            key = (c.tensor, c.piece, c.coord)
+            held = contents.get(key)
+            if held is None or held[1] != c.start or held[2] != c.stop:
+                continue
+            kept = sums.get(key)
+            if kept is None or not is_sparse_blob(blob):
+                continue
+            slot = slots.get(key)
+            if slot is None or slot[0] != c.start or slot[1] != c.stop:
+                slot = slots[key] = self._slot(c.tensor, c.start, c.stop)
+            if slot[2] is not None:
+                rows.append((slot[4], i, slot[2], blob, kept, slot[3]))
+        groups = {}
+        for dtype in dict.fromkeys(r[0] for r in rows):  # (in chunk order: one order of writes, and of errors)
+            _, *columns = zip(*(r for r in rows if r[0] == dtype))
+            groups[dtype] = tuple(map(list, columns))
+        return groups
+
+    def _slot(self, tensor: str, start: tuple, stop: tuple) -> tuple:
+        """What the in-place apply needs of a chunk of ``tensor``, kept while the bindings stay: ``(start, stop,
+        words of the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
+        spec = self.specs[tensor]
+        first, end, box = geometry(spec.shape, start, stop)
+        mirror = self._bindings[tensor].mirror
+        view = None if end is None else words(mirror[first:end])
+        return start, stop, view, box, spec.dtype, first
+
+    def _prime_slots(self) -> None:
+        """A step just loaded: the slots of every chunk an in-place apply may write, made now rather than by the
+        first version applied (about 3 us a chunk, a tenth of a millisecond at 13M parameters)."""
+        for key, (_, start, stop) in self._contents.items():
+            if key not in self._slots and codec_for(self.specs[key[0]].dtype) == "ulpack":
+                self._slots[key] = self._slot(key[0], start, stop)
+
+    def _apply_in_place(self, groups: dict) -> dict | None:
+        """Decode, check and write the SPARSE delta chunks ``groups`` (from :meth:`_in_place`) into the state:
+        all of them, or (None) none.  Returns their :class:`Applied` by index of ``items``."""
+        done: dict = {}
+        written: list = []
+        for dtype, (indices, arrays, blobs, sums, shapes) in groups.items():
+            try:
+                out = apply_sparse(
+                    dtype,
+                    blobs,
+                    arrays,
+                    sums,
+                    shapes,
+                    pool=self.pool,
+                    parts=self.threads,
+                    buffers=self._buffers.setdefault(dtype, {}),
+                )
+            except BaseException:
+                undo(written)
+                raise
+            if out is None:
+                undo(written)
+                return None
+            written += zip(arrays, out)
+            done.update(zip(indices, out))
+        return done
