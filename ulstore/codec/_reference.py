@@ -46,6 +46,7 @@ from ._reference1 import (
 from ._reference3 import intra_symbols, rans_decode3, rans_encode3
 from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
 from ._reference_apply import SparseApply, sparse_apply
+from ._reference_entries import table_entries
 from ._reference_hash import hash64, hash_fill, hash_sum64
 from ._reference_sparse import (
     ef_encode,
@@ -80,6 +81,7 @@ __all__ = [
     "gap_gather",
     "sum_update",
     "scatter",
+    "table_entries",
     "sparse_decode",
     "ef_encode",
     "ef_positions",

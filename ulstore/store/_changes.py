@@ -236,13 +236,27 @@ def change_columns(reader: ChunkReader, step: int, *, read_ahead: bool = False) 
         return getattr(of[0], column) if len(of) == 1 else np.concatenate([getattr(b, column) for b in of])
 
     content = joined("content", blocks)
-    differs = (content != joined("content", parents)).any(axis=1)  # per column
+    # per column (16-byte rows compared whole: a third faster than comparing bytes, then any())
+    differs = content.view("V16")[:, 0] != joined("content", parents).view("V16")[:, 0]
     changed = differs[layout.columns].nonzero()[0]  # per row
     at = layout.columns[changed]
     packs = doc.packs
     pack, off, length = joined("pack", blocks)[at].tolist(), joined("off", blocks)[at], joined("length", blocks)[at]
     blobs = [(packs[p], o, n) for p, o, n in zip(pack, off.tolist(), length.tolist())]
-    return ChangeColumns(layout, changed, joined("ref", blocks)[at], content[at], blobs)
+    # (a frozen dataclass's __init__ sets each field through object.__setattr__: filled at once, as _change does)
+    out = _new(ChangeColumns)
+    _set(
+        out,
+        "__dict__",
+        {
+            "layout": layout,
+            "changed": changed,
+            "ref": joined("ref", blocks)[at],
+            "content": content[at],
+            "blobs": blobs,
+        },
+    )
+    return out
 
 
 def _parent_piece(pt: TensorTable, j: int, p: Piece) -> Piece | None:

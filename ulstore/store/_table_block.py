@@ -27,6 +27,7 @@ import threading
 
 import numpy as np
 
+from ..codec._backend import kernels
 from ..core.dtypes import numpy_dtype
 from ._chunkcodec import ULPACK, ZSTD, codec_for, zstd_compress, zstd_decompress
 from ._layout import chunk_grid, tensor_name_problem
@@ -294,22 +295,23 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
     total = heads.total
     # one copy of each column kept (views of the inflated bytes for the rest): a follower parses a block per version
     content = cur.view("u1", 16 * total).reshape(total, 16)
-    ref = cur.array("<i8", total)
-    pack = cur.view("<u4", total).astype(np.int64)
-    gap = cur.view("<i8", total)
-    length = cur.view("<u8", total)
+    entries_at = cur.pos
+    cur.take((_ENTRY_BYTES - 16) * total)  # reference, pack, gap, length: read below, in one pass
     (n_snap,) = cur.unpack("<Q")
     if n_snap > total:
         raise TableError("table block declares more snapshots than chunks")
     snap_cols = [cur.array("<i8", n_snap) for _ in range(4)] if n_snap else []  # mostly none: no empty arrays
     if cur.pos != len(raw):
         raise TableError("table block has trailing bytes")
-    if total and (ref.min() < -1 or pack.max() >= n_packs or length.max() >= _MAX_DIM):
+    # one compiled pass (kernel table_entries; the NumPy twin makes about 15 calls, each slow with the caches
+    # as cold as a follower's between versions: 0.1 ms a block)
+    entries = np.empty((4, total), np.int64)
+    status = kernels().table_entries(raw, entries_at, total, n_packs, _MAX_DIM, entries)
+    if status == 1:
         raise TableError("an entry names a bad reference, pack or length")
-    length = length.astype(np.int64)
-    offs = _offsets(pack, gap, length)
-    if total and (offs.min() < 0 or (offs + length).max() >= _MAX_DIM):
+    if status:
         raise TableError("an entry has a bad offset")
+    ref, pack, offs, length = entries
     snap_all = None
     if n_snap:
         at, sp, so, sl = snap_cols
@@ -394,26 +396,3 @@ class Block:
             )
             out[name] = TensorTable(name, dtype, shape, codec, pieces)
         return out
-
-
-def _offsets(pack: np.ndarray, gap: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Invert the gap coding: ``off[i] = gap[i] + (off[i-1] + length[i-1] if pack[i] == pack[i-1] else 0)``.
-
-    Within a run of one pack, ``off[i]`` is the sum of the run's gaps up to ``i`` and of its
-    lengths before ``i``: ``x[i] - x'[first]`` with ``x`` = gaps through ``i`` plus lengths before
-    ``i`` and ``x'[first] = x[first] - gap[first]`` (wrapping int64 sums: a bad table is caught by
-    the caller's range checks).
-    Integer arrays wrap silently (numpy checks overflow of scalars only).  One run (one pack throughout): its
-    ``x'[first]`` is 0, so ``off`` is ``x``.  (Array methods rather than np.cumsum/np.flatnonzero, which reach
-    them through a few Python frames each: a follower decodes a block per version.)
-    """
-    if not len(pack):
-        return gap.astype(np.int64)
-    start = np.empty(len(pack), bool)
-    start[0] = True
-    np.not_equal(pack[1:], pack[:-1], out=start[1:])
-    x = (gap + length).cumsum() - length
-    (first,) = start.nonzero()
-    if len(first) == 1:
-        return x
-    return x - (x - gap)[first][start.cumsum() - 1]
