@@ -907,19 +907,27 @@ def test_device_binding_writes_through_a_cpu_stand_in(name):
         assert np.array_equal(got, want.view(word))
 
 
-@pytest.mark.parametrize("way", ["feed", "columns"])  # the first version after a bootstrap, or a later one
-def test_device_copies_get_exactly_the_changes_written(states, url, way):
-    """A state on a device gets, per chunk written in place, the changed positions and words of the mirror:
-    replayed on the last version's bits they make this version's."""
-    publish_all(url, states[:1], anchor_every=0)
+def follower_a_version_behind(states, url, way: str, anchor_every: int):
+    """A trusted follower loaded whole at version 0 and, ``way="columns"``, moved on to version 1, so that the
+    next version goes through the change columns (``"feed"``: through the feed, as the first after a load);
+    then that next version published.  Returns (follower, next version)."""
+    publish_all(url, states[:1], anchor_every=anchor_every)
     f = Follower(url, trust_state=True)
-    assert f.bootstrap() == 0  # loaded whole
-    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
-        if way == "columns":  # a version applied first: the next one goes through the change columns
+    assert f.bootstrap() == 0
+    with Publisher(url, anchor_every=anchor_every, chunk_elems=CHUNK) as pub:
+        if way == "columns":
             pub.publish(1, states[1])
             assert f.poll() == 1
         target = f.version + 1
         pub.publish(target, states[target])
+    return f, target
+
+
+@pytest.mark.parametrize("way", ["feed", "columns"])  # the first version after a bootstrap, or a later one
+def test_device_copies_get_exactly_the_changes_written(states, url, way):
+    """A state on a device gets, per chunk written in place, the changed positions and words of the mirror:
+    replayed on the last version's bits they make this version's."""
+    f, target = follower_a_version_behind(states, url, way, anchor_every=0)
     device = {n: np.asarray(v).reshape(-1).view(np.uint16).copy() for n, v in states[target - 1].items()}
     taken, real = [], _replica.Replica._apply_columns
     orig = Binding.push
@@ -947,15 +955,7 @@ def test_device_copies_get_exactly_the_changes_written(states, url, way):
 @pytest.mark.parametrize("way", ["feed", "columns"])
 def test_failed_write_leaves_the_follower_invalid_then_bootstraps(states, url, way):
     """An error while writing a version (phase 2) leaves no claim on the state: the next poll bootstraps."""
-    publish_all(url, states[:1], anchor_every=5)
-    f = Follower(url, trust_state=True)
-    assert f.bootstrap() == 0  # loaded whole: the next version goes through the feed
-    with Publisher(url, anchor_every=5, chunk_elems=CHUNK) as pub:
-        if way == "columns":  # a version applied first: the next one goes through the change columns
-            pub.publish(1, states[1])
-            assert f.poll() == 1
-        target = f.version + 1
-        pub.publish(target, states[target])
+    f, target = follower_a_version_behind(states, url, way, anchor_every=5)
     orig = Binding.push
     calls = []
 

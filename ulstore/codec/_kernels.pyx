@@ -1185,15 +1185,27 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
     cdef Py_ssize_t n_ctx = emask + 1, c, k, n_big = 0, n_rows
     cdef int status = -8  # out of memory
     cdef bint small = False
-    cdef int64_t* n_c = <int64_t*>calloc(n_ctx, sizeof(int64_t))
+    # four interleaved counts per context, summed after: most changes share a few contexts, and one count
+    # incremented change after change waits for its own previous store each time
+    cdef int64_t* n_c = <int64_t*>calloc(4 * n_ctx, sizeof(int64_t))
     cdef int32_t* ctx_rows = <int32_t*>calloc(n_ctx, sizeof(int32_t))
     cdef int64_t* row_n = <int64_t*>calloc(n_ctx + 1, sizeof(int64_t))
     cdef int64_t* q = NULL
     cdef uint32_t* freqs = NULL
     cdef uint32_t* slots = NULL
     if n_c != NULL and ctx_rows != NULL and row_n != NULL:
-        for k in range(m):
+        k = 0
+        while k + 4 <= m:
             n_c[(rs[k] >> mant_bits) & emask] += 1
+            n_c[n_ctx + ((rs[k + 1] >> mant_bits) & emask)] += 1
+            n_c[2 * n_ctx + ((rs[k + 2] >> mant_bits) & emask)] += 1
+            n_c[3 * n_ctx + ((rs[k + 3] >> mant_bits) & emask)] += 1
+            k += 4
+        while k < m:
+            n_c[(rs[k] >> mant_bits) & emask] += 1
+            k += 1
+        for c in range(n_ctx):
+            n_c[c] += n_c[n_ctx + c] + n_c[2 * n_ctx + c] + n_c[3 * n_ctx + c]
         for c in range(n_ctx):  # own rows in context order, then one pooled row (_tables.table_rows)
             if n_c[c] >= pool_below:
                 ctx_rows[c] = <int32_t>(n_big << SCALE_BITS)
