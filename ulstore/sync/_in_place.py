@@ -77,7 +77,7 @@ class InPlace:
         if None in kept or not all(map(is_sparse_blob, blobs)):
             return False
         groups = {}
-        dtypes = {r[1][4] for r in picked}
+        dtypes = dict.fromkeys(r[1][4] for r in picked)  # in chunk order, as _in_place: one order of writes
         for dtype in dtypes:
             at = range(len(picked)) if len(dtypes) == 1 else [k for k, r in enumerate(picked) if r[1][4] == dtype]
             groups[dtype] = (
