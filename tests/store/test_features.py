@@ -517,6 +517,44 @@ def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch
         ro.fetch_blobs(ro.change_columns(1), snapshot=True)
 
 
+def test_a_step_of_many_table_blocks_parses_their_headers_once_for_all_steps(monkeypatch):
+    """A follower parses every table block of a step per version: with more blocks than a short list of recent
+    headers would hold (a 1T-parameter step has hundreds), each block's headers are still found by their first
+    bytes and parsed once; with a budget too small to keep them, they are parsed again, to the same tables."""
+    from ulstore.store import _finalize, _table_block
+
+    monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", 256)
+    states = states_bf16(6)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for step in range(6):
+        traj.commit(step, states[step])
+    monkeypatch.setattr(_table_block, "_HEADS", _table_block._HeadsCache(64 << 20))
+    parses = _Count(monkeypatch, _table_block, "_parse_heads")
+    ro = ulstore.open(traj.url, mode="r")
+    n_blocks = len(ro._reader.blocks(0))
+    assert n_blocks > 8 and parses.n == n_blocks
+    tables = [ro._reader.tables(step) for step in range(6)]
+    assert parses.n == n_blocks  # steps 1-5: the same headers, none parsed again
+    assert len(_table_block._HEADS) == n_blocks
+    for step in range(1, 6):
+        assert ro.change_columns(step).layout is ro.change_columns(1).layout
+    tight = _table_block._HeadsCache(1)  # keeps one parse at a time
+    monkeypatch.setattr(_table_block, "_HEADS", tight)
+    again = ulstore.open(traj.url, mode="r")
+    for step in range(6):
+        got = again._reader.tables(step)
+        assert list(got) == list(tables[step])
+        for name, t in got.items():
+            want = tables[step][name]
+            assert (t.dtype, t.shape) == (want.dtype, want.shape)
+            for p, q in zip(t.pieces, want.pieces, strict=True):
+                assert p.layout == q.layout and np.array_equal(p.content, q.content)
+                assert np.array_equal(p.ref, q.ref) and np.array_equal(p.length, q.length)
+        assert len(tight) == 1
+    assert parses.n == n_blocks + 6 * n_blocks
+    assert_state_equal(again.read(5), states[5])
+
+
 def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)

@@ -177,8 +177,8 @@ _LAYOUTS_LOCK = threading.Lock()
 
 
 def _layout(heads: tuple) -> FeedLayout:
-    # keyed by the header bytes, not the parsed objects: a step with more blocks than the parsed headers
-    # kept (_table_block._HEADS_KEPT) parses them again, and still has the layout of its parent
+    # keyed by the header bytes, not the parsed objects: headers parsed again (once the parse cache,
+    # _table_block._HEADS, dropped them) still give the layout of the parent
     key = tuple(h.prefix for h in heads)
     with _LAYOUTS_LOCK:
         out = _LAYOUTS.get(key)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import struct
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -144,14 +145,14 @@ def parse_block(data, *, n_packs: int) -> Block:
     except ValueError as e:
         raise TableError(str(e)) from None
     cur = _Cursor(raw)
-    hit = _heads_seen(raw)
-    if hit is not None:  # the same tensor headers as a block parsed before: the same (checked) parse
-        heads, cur.pos = hit
+    heads = _HEADS.find(raw)
+    if heads is not None:  # the same tensor headers as a block parsed before: the same (checked) parse
+        cur.pos = len(heads.prefix)
         if heads.total * _ENTRY_BYTES > len(raw):
             raise TableError("table block declares more chunks than it holds")
     else:
         heads = _parse_heads(cur, raw)
-        _remember_heads(raw, cur.pos, heads)
+        _HEADS.add(raw, cur.pos, heads)
     return _columns(cur, raw, heads, n_packs)
 
 
@@ -201,27 +202,68 @@ class _Heads:
         return next(t[0] for t in self.tensors if any(p[4] <= i < p[5] for p in t[4]))
 
 
-#: Parsed tensor headers of recent blocks with the bytes they were parsed from (the steps of a
-#: trajectory mostly share one layout).  The parse of those bytes is a function of them alone, so a
-#: block that starts with the same bytes has the same, already checked, headers.
-_HEADS: list[tuple[bytes, _Heads]] = []
-_HEADS_KEPT = 8
-_HEADS_LOCK = threading.Lock()
+class _HeadsCache:
+    """Parsed tensor headers of recent blocks, by the first bytes of the block they were parsed from.
+
+    The parse of a block's header bytes is a function of those bytes alone, so a block that starts
+    with the same bytes has the same, already checked, headers.  A trajectory's steps mostly share one
+    layout, and a follower parses every block of a step per version: each block is found by its first
+    ``_ANCHOR`` bytes (its dtype list and first tensor), one dict look-up however many blocks a step
+    has (a 1T-parameter step has hundreds).  Bounded by the header bytes kept (``budget``), oldest out.
+    """
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._d: OrderedDict[bytes, _Heads] = OrderedDict()
+        self._lengths: dict[int, int] = {}  # anchor length -> entries (mostly one length: _ANCHOR)
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def find(self, raw: bytes) -> _Heads | None:
+        with self._lock:
+            for n in self._lengths:
+                heads = self._d.get(raw[:n])
+                if heads is not None and raw.startswith(heads.prefix):
+                    self._d.move_to_end(raw[:n])
+                    return heads
+        return None
+
+    def add(self, raw: bytes, end: int, heads: _Heads) -> None:
+        heads.prefix = bytes(raw[:end])
+        anchor = heads.prefix[:_ANCHOR]
+        with self._lock:
+            old = self._d.pop(anchor, None)
+            if old is not None:  # another block with these first bytes (its headers go on after them)
+                self._forget(anchor, old)
+            self._d[anchor] = heads
+            self._lengths[len(anchor)] = self._lengths.get(len(anchor), 0) + 1
+            self._used += _charge(heads)
+            while self._used > self.budget and len(self._d) > 1:
+                self._forget(*self._d.popitem(last=False))
+
+    def _forget(self, anchor: bytes, heads: _Heads) -> None:
+        self._used -= _charge(heads)
+        self._lengths[len(anchor)] -= 1
+        if not self._lengths[len(anchor)]:
+            del self._lengths[len(anchor)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._lengths.clear()
+            self._used = 0
 
 
-def _heads_seen(raw: bytes) -> tuple[_Heads, int] | None:
-    with _HEADS_LOCK:
-        for prefix, heads in _HEADS:
-            if raw.startswith(prefix):
-                return heads, len(prefix)
-    return None
+def _charge(heads: _Heads) -> int:
+    """What a parse of headers holds: its bytes, its Python objects (about 200 bytes a tensor) and a flag a chunk."""
+    return len(heads.prefix) + 200 * len(heads.tensors) + heads.total
 
 
-def _remember_heads(raw: bytes, end: int, heads: _Heads) -> None:
-    heads.prefix = bytes(raw[:end])
-    with _HEADS_LOCK:
-        _HEADS.insert(0, (heads.prefix, heads))
-        del _HEADS[_HEADS_KEPT:]
+_ANCHOR = 256  # first bytes of a block that key its headers (a block with fewer header bytes: all of them)
+_HEADS = _HeadsCache(64 << 20)
 
 
 def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
