@@ -484,7 +484,7 @@ def test_kept_parent_a_training_loop_never_decodes(monkeypatch):
 def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch, block_bytes):
     """Columns for a step with its parent's layout (its tables in one block or in several), None for a root
     step or after a layout change; row by row what changes() says of the chunks that are not unchanged, the
-    same blobs fetched, and one FeedLayout object for the steps of one layout."""
+    same blobs fetched, and one FeedLayout object for the steps of one layout (feed_layout() gives it too)."""
     from ulstore.store import _finalize
 
     if block_bytes is not None:
@@ -512,6 +512,10 @@ def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch
         assert ro.fetch_blobs(cols) == ro.fetch_blobs(changed)
     assert set(ro.change_columns(2).ref.tolist()) == {1} and set(ro.change_columns(4).ref.tolist()) == {-1}
     assert ro.change_columns(2).layout is ro.change_columns(1).layout
+    # a step held whole knows the layout its children's columns carry (a writer never parsed its tables)
+    assert ro.feed_layout(0) is ro.feed_layout(2) is ro.change_columns(1).layout
+    assert ro.feed_layout(3) is ro.change_columns(4).layout is not ro.feed_layout(2)
+    assert traj.feed_layout(2) is None
     assert ro.change_columns(4).layout is not ro.change_columns(1).layout
     with pytest.raises(InvalidInputError, match="no snapshots"):
         ro.fetch_blobs(ro.change_columns(1), snapshot=True)

@@ -79,9 +79,9 @@ def test_a_loaded_step_has_its_slots_ready_for_the_first_version(store, states, 
 
 
 def test_a_version_in_its_parents_layout_is_applied_from_columns_exactly_as_from_the_feed(store, states, monkeypatch):
-    """From the second version on, every changed chunk is a SPARSE delta the replica writes in place: it goes
-    through the change columns (no object per chunk), and leaves the very state and bookkeeping (content hashes,
-    word sums) that the feed of ChunkChange objects leaves."""
+    """Every changed chunk is a SPARSE delta the replica writes in place: from the first version after a load on,
+    it goes through the change columns (no object per chunk), and leaves the very state and bookkeeping (content
+    hashes, word sums) that the feed of ChunkChange objects leaves."""
     taken = []
     real = Replica._apply_columns
     monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
@@ -97,12 +97,12 @@ def test_a_version_in_its_parents_layout_is_applied_from_columns_exactly_as_from
                 assert_same_bits(rep.state, states[v])
             assert cols._contents == feed._contents and cols._sums == feed._sums
             assert not cols.verify() and not cols.verify(sums=True)
-    assert taken == [False] + [True] * (len(states) - 2)  # the first version after a load: the feed's way
+    assert taken == [True] * (len(states) - 1)  # the first version after a load too: the layout loaded is known
 
 
 def test_a_version_the_columns_do_not_take_goes_the_general_way(tmp_path, states, monkeypatch):
-    """Intra chunks (an anchor step, in the parent's layout) and a held step applied from a feed: columns
-    are declined, nothing written, and the general path applies the version exactly."""
+    """Intra chunks (an anchor step, in the parent's layout): columns are declined, nothing written, and the
+    general path applies the version exactly; the next version goes through the columns again."""
     import ulstore
 
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=2 * CHUNK, anchor_every=0)
@@ -116,7 +116,7 @@ def test_a_version_the_columns_do_not_take_goes_the_general_way(tmp_path, states
         rep = replica_at(traj, 3, pool)
         assert_same_bits(rep.state, states[3])
         assert not rep.verify()
-    assert taken == [False, False, True]  # v1: the layout held is not known yet; v2: intra chunks
+    assert taken == [True, False, True]  # v2: intra chunks
     assert set(Replica.fetch(traj, 2).columns.ref.tolist()) == {-1}
 
 

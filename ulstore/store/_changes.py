@@ -259,6 +259,12 @@ def change_columns(reader: ChunkReader, step: int, *, read_ahead: bool = False) 
     return out
 
 
+def feed_layout(reader: ChunkReader, step: int) -> FeedLayout | None:
+    """The :class:`FeedLayout` of ``step``'s chunks (None for tables this process wrote: no header bytes)."""
+    heads = tuple(b.heads for b in reader.blocks(step))
+    return None if any(h is None for h in heads) else _layout(heads)
+
+
 def _parent_piece(pt: TensorTable, j: int, p: Piece) -> Piece | None:
     """The parent's piece with the layout of ``p`` (mostly the one at the same index), or None."""
     if j < len(pt.pieces):

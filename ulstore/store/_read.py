@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from ._base import MAIN, TrajectoryBase
-from ._changes import ChangeColumns, ChunkChange, change_columns, changes_of
+from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
 from ._logical import LogicalStore
 
 __all__ = ["ReadMixin", "StepInfo"]
@@ -178,6 +178,17 @@ class ReadMixin(TrajectoryBase):
         :meth:`changes`'.
         """
         return change_columns(self._reader, self._resolve(step_or_ref), read_ahead=read_ahead)
+
+    def feed_layout(self, step_or_ref) -> FeedLayout | None:
+        """Every chunk of a step in change-feed order: the :class:`FeedLayout` that the :meth:`change_columns` of
+        its children with its chunk layout carry (the very object: compare with ``is``).
+
+        For a caller that holds a step (a weight-sync follower after a
+        bootstrap) and applies its children from their columns.  None where
+        this process wrote the step's tables (they were never parsed from
+        storage); a reader opened on the trajectory has them.
+        """
+        return feed_layout(self._reader, self._resolve(step_or_ref))
 
     def fetch_blobs(self, changes, *, snapshot: bool = False, copy: bool = True) -> list:
         """The blobs (or, with ``snapshot``, the snapshots) of ``changes`` (:class:`ChunkChange` objects, or

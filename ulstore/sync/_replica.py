@@ -20,7 +20,7 @@ import numpy as np
 from ..codec import Changes, content_sum, decode_changes
 from ..codec._inplace import Applied
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
-from ..store import ChangeColumns, StepInfo
+from ..store import ChangeColumns, FeedLayout, StepInfo
 from ..store._chunkcodec import codec_for, content_digest, decode_chunk
 from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of
 from ._in_place import InPlace
@@ -45,7 +45,8 @@ class Fetched:
     ``columns``: the step's :class:`~ulstore.store.ChangeColumns`, where it has
     its parent's chunk layout.  ``feed``: the whole change feed, or (with
     columns) a function that reads it from the cached tables, called on the
-    first use of :attr:`changes` if ever.
+    first use of :attr:`changes` if ever.  ``layout``: a snapshot's
+    :class:`~ulstore.store.FeedLayout`, which the columns of its children carry.
     """
 
     info: StepInfo
@@ -54,6 +55,7 @@ class Fetched:
     blobs: list
     snapshot: bool
     columns: ChangeColumns | None = None
+    layout: FeedLayout | None = None
 
     @property
     def changes(self) -> list:
@@ -102,7 +104,7 @@ class Replica(InPlace):
         self._slots: dict[Key, tuple] = {}  # Replica._slot of each chunk applied in place (until the next rebind)
         self._sizes: dict[Key, int] | None = None  # chunk_bytes(), while the chunks held keep their boxes
         self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
-        self._layout = None  # the FeedLayout of the step held, where it was applied from change columns
+        self._layout = None  # the FeedLayout of the step held (applied from change columns, or loaded whole)
         self._rows: list | None = None  # Replica._layout_rows, while the layout and bindings stay
 
     def flat(self, name: str) -> np.ndarray:
@@ -136,7 +138,7 @@ class Replica(InPlace):
                     )
             snaps = [c for c in feed if c.snapshot is not None]
             blobs = traj.fetch_blobs(plain, copy=False) + traj.fetch_blobs(snaps, snapshot=True, copy=False)
-            return Fetched(info, specs, plain + snaps, blobs, True)
+            return Fetched(info, specs, plain + snaps, blobs, True, layout=traj.feed_layout(step))
         changed = [c for c in feed if c.kind != "unchanged"]
         # views, not copies: every blob is decoded and checked, never kept
         return Fetched(info, specs, feed, traj.fetch_blobs(changed, copy=False), False)
@@ -150,6 +152,8 @@ class Replica(InPlace):
         self._write(f, decoded, fresh=True)
         self._reserve()
         self._prime_slots()
+        if self._layout is not None:  # the next version's columns carry this layout: its rows made now
+            self._layout_rows(self._layout)
         return f.nbytes
 
     def apply(self, f: Fetched) -> int:
@@ -325,7 +329,7 @@ class Replica(InPlace):
         info = f.info
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
         self._applied_specs = f.specs  # self.specs is equal to it (a copy)
-        self._layout, self._rows = (f.columns.layout if f.columns is not None else None), None
+        self._layout, self._rows = (f.columns.layout if f.columns is not None else f.layout), None
 
     # -- checking -----------------------------------------------------------------------
 
