@@ -106,6 +106,26 @@ def test_steps_saved_and_loaded_through_dcp_are_plain_ulstore_steps(tmp_path):
     _same(_load(_template(), udcp.Reader(url)), _state(2))
 
 
+@pytest.mark.parametrize("group_bytes", [None, 1])
+def test_a_rank_reads_its_boxes_together_in_bounded_groups(tmp_path, monkeypatch, group_bytes):
+    """A load plan's tensor boxes are read with read_boxes (coalesced range reads), all of them in one call, or
+    one call per group of about GROUP_BYTES (here 1 byte: a box each); the load is exact either way."""
+    from ulstore.dcp import _reader
+    from ulstore.store import Trajectory
+
+    url = str(tmp_path / "t")
+    _save(_state(1), udcp.Writer(url), 1)
+    if group_bytes is not None:
+        monkeypatch.setattr(_reader, "GROUP_BYTES", group_bytes)
+    calls = []
+    real = Trajectory.read_boxes
+    monkeypatch.setattr(
+        Trajectory, "read_boxes", lambda self, step, boxes: calls.append(len(boxes)) or real(self, step, boxes)
+    )
+    _same(_load(_template(), udcp.Reader(url, step=1)), _state(1))
+    assert calls == ([2] if group_bytes is None else [1, 1])  # model.w and model.h (DCP reads no empty tensor)
+
+
 def test_a_step_committed_without_dcp_loads_through_dcp(tmp_path):
     traj = ulstore.open(tmp_path / "t", mode="w")
     w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)

@@ -46,6 +46,40 @@ def _shards(w: np.ndarray, rows: list[int]):
     return [((a, 0), w[a:b]) for a, b in zip(cuts, cuts[1:])]
 
 
+def test_read_boxes_reads_many_boxes_in_one_plan_exactly():
+    """Boxes of several tensors (whole, across chunks, empty) read together: each one's exact values in a fresh
+    array, in fewer range reads than one read_box call per box; a box outside its tensor is refused."""
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=1024)
+    for step in range(2):
+        traj.commit(step, states[step])
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    names = [n for n, v in states[1].items() if v.ndim == 2][:4]
+    boxes = []
+    for n in names:
+        rows, cols = states[1][n].shape
+        boxes += [(n, (0, 0), (rows, cols)), (n, (rows // 3, 1), (rows // 2, cols - 2)), (n, (1, 1), (0, 3))]
+    boxes.append((names[0], (2, 0), (5, 4)))  # chunks another box reads too
+    for n in names:
+        ro.pieces(1, n)  # the tables read first: only blobs are counted
+    counter = CountingIO(ro._io)
+    got = ro.read_boxes(1, boxes)
+    together = len(counter.packs())
+    assert len(got) == len(boxes)
+    for (n, off, shape), g in zip(boxes, got, strict=True):
+        want = states[1][n][tuple(slice(o, o + k) for o, k in zip(off, shape))]
+        assert g.shape == want.shape and g.dtype == want.dtype and g.flags.writeable
+        np.testing.assert_array_equal(bits(g), bits(want))
+    assert got[0].base is None or got[0].base is not got[3].base  # fresh arrays, none a view of another
+    counter.reset()
+    for box, g in zip(boxes, got, strict=True):
+        np.testing.assert_array_equal(bits(ro.read_box(1, *box)), bits(g))
+    assert 0 < together < len(counter.packs())
+    assert ro.read_boxes(1, []) == []
+    with pytest.raises(InvalidInputError, match="outside"):
+        ro.read_boxes(1, [(names[0], (0, 0), (1, 1)), (names[1], (0, 0), (10**6, 1))])
+
+
 def test_pieces_from_several_writers_make_one_logical_tensor():
     states = states_bf16(20)
     name = "model.layers.0.mlp.up_proj.weight"

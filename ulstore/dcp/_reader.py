@@ -10,6 +10,7 @@ step's ``dcp/objects/...`` files, as the ``torch.save`` bytes DCP wrote.
 from __future__ import annotations
 
 import io
+import math
 import uuid
 
 import torch
@@ -31,6 +32,9 @@ from ..store import Trajectory
 from ._common import METADATA_FILE, TrajectoryEndpoint, decode_metadata, step_of
 
 __all__ = ["Reader"]
+
+#: a rank's boxes are read in groups of about this many bytes (each group's values are held until copied out)
+GROUP_BYTES = 256 << 20
 
 
 class Reader(TrajectoryEndpoint, StorageReader):
@@ -111,6 +115,7 @@ class Reader(TrajectoryEndpoint, StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         traj, step = self.trajectory, self._step
+        tensors = []
         for item in plan.items:
             fqn = item.storage_index.fqn
             if item.type == LoadItemType.BYTE_IO:
@@ -118,7 +123,10 @@ class Reader(TrajectoryEndpoint, StorageReader):
                 continue
             base = item.storage_index.offset or ()
             offset = tuple(a + b for a, b in zip(base, item.storage_offsets)) if base else tuple(item.storage_offsets)
-            src = to_tensor(traj.read_box(step, fqn, offset, tuple(item.lengths)))
+            tensors.append((item, offset))
+        for (item, offset), value in self._read_boxes(tensors):
+            fqn = item.storage_index.fqn
+            src = to_tensor(value)
             dest = planner.resolve_tensor(item).detach()
             if dest.size() != src.size():
                 raise InvalidInputError(
@@ -132,3 +140,19 @@ class Reader(TrajectoryEndpoint, StorageReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _read_boxes(self, tensors: list):
+        """``((item, offset), values)`` of the rank's boxes: read together (coalesced range reads, decoded on the
+        trajectory's threads) in groups of about GROUP_BYTES, so that only one group is held at a time."""
+        traj, step = self.trajectory, self._step
+        specs = traj.tensors(step)
+        group: list = []
+        size = 0
+        for k, (item, offset) in enumerate(tensors):
+            group.append((item, offset))
+            spec = specs.get(item.storage_index.fqn)
+            size += math.prod(item.lengths) * (spec[1].itemsize if spec is not None else 1)
+            if size >= GROUP_BYTES or k == len(tensors) - 1:
+                boxes = [(item.storage_index.fqn, offset, tuple(item.lengths)) for item, offset in group]
+                yield from zip(group, traj.read_boxes(step, boxes))
+                group, size = [], 0

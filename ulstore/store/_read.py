@@ -118,6 +118,22 @@ class ReadMixin(TrajectoryBase):
         from the chunks it overlaps (what a resharded load needs).
         """
         step = self._resolve(step_or_ref)
+        return np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
+
+    def read_boxes(self, step_or_ref, boxes) -> list[np.ndarray]:
+        """:meth:`read_box` of each ``(name, offset, shape)`` of ``boxes``, together: fresh arrays, in order.
+
+        The chunks of all the boxes are fetched in coalesced range reads and
+        decoded on the trajectory's threads, each once however many boxes
+        overlap it (a rank's share of a checkpoint: one plan, not one per
+        tensor, so a few large requests instead of one or more per tensor).
+        """
+        step = self._resolve(step_or_ref)
+        requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
+        return self._reader.boxes(step, requests)
+
+    def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
+        """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
         t = self._reader.tensor(step, name)
         lo = tuple(int(o) for o in offset)
         hi = tuple(a + int(n) for a, n in zip(lo, shape))
@@ -127,7 +143,7 @@ class ReadMixin(TrajectoryBase):
             or any(a < 0 or b < a or b > n for a, b, n in zip(lo, hi, t.shape))
         ):
             raise InvalidInputError(f"box at {list(lo)} of shape {list(shape)} is outside {list(t.shape)}", tensor=name)
-        return np.array(self._reader.box(step, name, lo, hi), copy=True)
+        return lo, hi
 
     def pieces(self, step_or_ref, name: str) -> list[tuple[tuple[int, ...], ...]]:
         """How a step stores tensor ``name``: ``(offset, shape, chunk shape)`` of each piece (box) of it.

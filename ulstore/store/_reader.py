@@ -341,18 +341,39 @@ class ChunkReader:
     def box(self, step: int, name: str, lo: tuple[int, ...], hi: tuple[int, ...], *, cache: bool = True) -> np.ndarray:
         """The values of ``name`` at ``step`` over the box ``[lo, hi)`` (assembled from its chunks)."""
         t = self.tensor(step, name)
-        shape = tuple(b - a for a, b in zip(lo, hi))
         parts = list(t.overlapping(lo, hi))
         if len(parts) == 1 and parts[0][2] == tuple(lo) and parts[0][3] == tuple(hi):
             return self.chunk(step, name, parts[0][1], parts[0][0], cache=cache)
-        plan = _Plan(self, lru=True, fill_lru=cache)
-        for j, c, _, _ in parts:
-            plan.add((step, name, j, c))
-        plan.run()
-        out = np.empty(shape, t.dtype)
-        for j, c, clo, chi in parts:
-            _paste(out, lo, plan.values[(step, name, j, c)], clo, chi)
-        return out
+        return self.boxes(step, [(name, lo, hi)], cache=cache)[0]
+
+    def boxes(self, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
+        """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
+        planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
+        threads, each chunk decoded once per batch however many boxes it overlaps."""
+        outs, batches, cur, size = [], [], [], 0
+        for name, lo, hi in requests:
+            t = self.tensor(step, name)
+            out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)
+            outs.append(out)
+            for j, c, clo, chi in t.overlapping(lo, hi):
+                cur.append(((step, name, j, c), out, lo, clo, chi))
+                size += math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
+                if size >= _BATCH_BYTES:
+                    batches.append(cur)
+                    cur, size = [], 0
+        if cur:
+            batches.append(cur)
+
+        def run(batch):
+            plan = _Plan(self, lru=True, fill_lru=cache)
+            for node, *_ in batch:
+                plan.add(node)
+            plan.run()
+            for node, out, lo, clo, chi in batch:
+                _paste(out, lo, plan.values[node], clo, chi)
+
+        self._run(run, batches)
+        return outs
 
     def read(
         self,
@@ -435,6 +456,10 @@ class ChunkReader:
                     else:
                         kp.put(i, value, plan.content(node))
 
+        self._run(run, batches)
+
+    def _run(self, run, batches: list) -> None:
+        """``run(batch)`` for every batch, on up to ``threads`` threads."""
         if self.threads == 1 or len(batches) <= 1:
             for b in batches:
                 run(b)
