@@ -304,6 +304,19 @@ def s3(states, args) -> None:
                 f"  one-element slice at depth {ro.info(step).anchor_distance}: {len(log.calls)} requests "
                 f"({log.summary()}), {sum(c[2] for c in gets) / 1e3:.1f} KB"
             )
+        # a DCP rank's load of a whole step: one read_box per tensor (before read_boxes) against read_boxes
+        boxes = [(n, (0,) * v.ndim, v.shape) for n, v in states[0].items()]
+        for way in ("read_box per tensor", "read_boxes"):
+            ro = ulstore.open(url, mode="r", storage_options=so, cache_bytes=0)
+            ro.tensors(0)  # the tables read first: blob reads only
+            log = _S3Log(ro._io.fs)
+            t0 = time.perf_counter()
+            got = ro.read_boxes(0, boxes) if way == "read_boxes" else [ro.read_box(0, *b) for b in boxes]
+            seconds = time.perf_counter() - t0
+            assert all(
+                np.array_equal(g.view(np.uint16), states[0][n].view(np.uint16)) for g, (n, _, _) in zip(got, boxes)
+            )
+            print(f"  step 0 read as {len(boxes)} boxes, {way}: {len(log.calls)} requests, {seconds * 1e3:.0f} ms")
     finally:
         server.stop()
 
