@@ -88,6 +88,38 @@ def test_repack_keeps_every_live_blob_and_drops_the_rest(tmp_path):
     assert ulstore.open(str(base), mode="r").verify().ok
 
 
+def test_deleting_the_parent_of_a_snapshot_step_makes_its_snapshots_its_entries(tmp_path, monkeypatch):
+    """A step that carries snapshots (commit(snapshot=True)) loses its parent: each of its chunks coded against
+    the parent takes its snapshot as its entry, with nothing decoded or encoded; every step reads exactly."""
+    from ulstore.store import _delete
+
+    states = states_bf16(20)
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=0)
+    for i in range(6):
+        traj.commit(i, states[i], snapshot=i == 3)
+    ro = ulstore.open(str(tmp_path / "t"), mode="r")
+    snaps = {(t.name, j, i): p.snapshot(i) for t in ro._reader.tables(3).values() for j, p in enumerate(t.pieces)
+             for i in range(p.n) if p.ref[i] == 2}  # fmt: skip
+    assert snaps and all(loc is not None for loc in snaps.values())
+    encodes = []
+    real = _delete.encode_chunk
+    monkeypatch.setattr(_delete, "encode_chunk", lambda *a, **k: encodes.append(a) or real(*a, **k))
+    traj.delete(2)
+    assert encodes == []
+    ro = ulstore.open(str(tmp_path / "t"), mode="r")
+    tables = ro._reader.tables(3)
+    for (name, j, i), loc in snaps.items():
+        p = tables[name].pieces[j]
+        assert p.ref[i] == -1 and (int(p.pack[i]), int(p.off[i]), int(p.length[i])) == loc and p.snapshot(i) is None
+    assert ro.info(3).parent == 1 and ro.info(3).anchor_distance == 0
+    assert ro.verify().ok
+    for s in (0, 1, 3, 4, 5):
+        assert_state_equal(ro.read(s), states[s])
+    traj.delete(1)  # 3 depends on no older step now: re-parented only
+    assert encodes == [] and ulstore.open(str(tmp_path / "t"), mode="r").info(3).parent == 0
+    assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(5), states[5])
+
+
 def test_delete_updates_the_anchor_distances_below_it(tmp_path):
     states = states_bf16(20)
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=4)

@@ -807,22 +807,35 @@ def test_s3_publish_follow(states, moto_s3):
         assert state_digest(f.state) == state_digest(states[4])
 
 
-def test_prune_keeps_what_followers_need(states, url):
+def test_prune_keeps_what_followers_need(states, url, monkeypatch):
+    from ulstore.store import _delete
+
     publish_all(url, states[:6], anchor_every=4)
     stale = Follower(url)
     assert stale.bootstrap() == 5
     with Publisher(url, anchor_every=4, chunk_elems=CHUNK) as pub:
         for v in range(6, 13):  # anchors 0, 4, 8, 12
             pub.publish(v, states[v])
+        current = Follower(url, trust_state=True)
+        assert current.bootstrap() == 12
+        encodes = []
+        real = _delete.encode_chunk
+        monkeypatch.setattr(_delete, "encode_chunk", lambda *a, **k: encodes.append(a) or real(*a, **k))
         out = pub.prune(keep_anchors=2)
+        assert encodes == []  # the cutoff's snapshots became its entries: no chunk re-encoded
+        pub.publish(13, states[11])  # (any state: the fixture has 13)
+    assert current.poll() == 13 and current.stats.rebootstraps == 0  # in step: the next delta, as before
+    assert_same_bits(current.state, states[11])
     assert out["cutoff"] == 8 and out["objects"] > 0
     traj = ulstore.open(url, mode="r")
-    assert traj.steps == list(range(8, 13)) and traj.verify().errors == []
+    assert traj.steps == list(range(8, 14)) and traj.verify().errors == []
+    for v in range(8, 14):
+        assert_same_bits(traj.read(v), states[v if v < 13 else 11])
     fresh = Follower(url)
-    assert fresh.bootstrap() == 12
-    assert_same_bits(fresh.state, states[12])
-    assert stale.poll() == 12  # its next delta (6) is gone: re-bootstraps from a kept snapshot
-    assert_same_bits(stale.state, states[12])
+    assert fresh.bootstrap() == 13  # snapshot 12, then the delta 13
+    assert_same_bits(fresh.state, states[11])
+    assert stale.poll() == 13  # its next delta (6) is gone: re-bootstraps from a kept snapshot
+    assert_same_bits(stale.state, states[11])
     assert stale.stats.rebootstraps == 1
 
 

@@ -34,7 +34,9 @@ class DeleteMixin(TrajectoryBase):
 
         Chunks of other steps coded against ``step`` are re-encoded against
         ``step``'s own reference (its entry's reference, or its parent's values
-        over the same box, or intra), and steps whose parent was ``step`` are
+        over the same box, or intra); a chunk that carries a snapshot (a full
+        copy, stored by an anchor commit) takes it as its entry instead, with
+        nothing decoded or encoded.  Steps whose parent was ``step`` are
         re-parented to ``step``'s parent; each such step document is rewritten
         with a single PUT (logical content and checksum unchanged; the hash
         chain follows the new parent).  Refs pointing at ``step`` move to its
@@ -151,7 +153,8 @@ class DeleteMixin(TrajectoryBase):
     def _recode(
         self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, recoded, packs: list[str]
     ) -> TensorTable:
-        """``t`` (of step ``s``) with every chunk coded against ``step`` re-encoded.
+        """``t`` (of step ``s``) with every chunk coded against ``step`` re-encoded (or, where the chunk carries
+        a snapshot, its snapshot made its entry).
 
         Pack numbers index ``packs`` (step ``s``'s list, extended here with new packs).
         """
@@ -163,6 +166,7 @@ class DeleteMixin(TrajectoryBase):
                 pieces.append(p)
                 continue
             ref, pack, off, length = p.ref.copy(), p.pack.copy(), p.off.copy(), p.length.copy()
+            snap = p.snap.copy() if p.snap is not None else None
 
             def number(pid: str) -> int:
                 if pid not in packs:
@@ -172,6 +176,12 @@ class DeleteMixin(TrajectoryBase):
             same = dt is not None and dt.dtype == t.dtype and dt.shape == t.shape
             dj = dt.find_piece(p.layout) if same and dt is not None else None
             for i in rows:
+                if snap is not None and snap[i, 0] >= 0:
+                    # the chunk's full copy (an intra blob of its values) becomes its entry: nothing is decoded
+                    # or encoded, and the chunk no longer depends on any step (pruning the steps before a
+                    # snapshot step re-encodes nothing)
+                    ref[i], (pack[i], off[i], length[i]), snap[i] = -1, snap[i], -1
+                    continue
                 coord = tuple(int(x) for x in np.unravel_index(i, p.grid)) if p.grid else ()
                 content = p.content[i].tobytes()
                 if dj is not None:
@@ -195,5 +205,5 @@ class DeleteMixin(TrajectoryBase):
                     loc = recoded[key] = stream.append(encode_chunk(value, refv, t.codec))
                 ref[i] = new_ref
                 pack[i], off[i], length[i] = number(loc[0]), loc[1], loc[2]
-            pieces.append(Piece(p.offset, p.shape, p.chunks, p.content, ref, pack, off, length, p.snap))
+            pieces.append(Piece(p.offset, p.shape, p.chunks, p.content, ref, pack, off, length, snap))
         return TensorTable(t.name, t.dtype, t.shape, t.codec, tuple(pieces))

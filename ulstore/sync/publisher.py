@@ -336,8 +336,11 @@ class Publisher(WorkerOwner):
         if len(snaps) <= keep_anchors:
             return {"objects": 0, "cutoff": snaps[-1] if snaps else None}
         cutoff = snaps[keep_anchors - 1]
-        old = sorted(i.step for i in ancestry if i.step < cutoff)
-        for s in old:  # oldest first: each delete re-parents (and re-codes) only its direct child
+        old = sorted((i.step for i in ancestry if i.step < cutoff), reverse=True)
+        # newest first: the first delete makes the cutoff's snapshots its entries (it then depends on no older
+        # step), and each later one only re-parents it, one step document each; oldest first re-encoded, per
+        # step deleted, every changed chunk of its child, which the next delete threw away
+        for s in old:
             traj.delete(s)
         removed = traj.gc()
         return {"objects": len(old) + int(removed.get("packs", 0)), "cutoff": cutoff}
