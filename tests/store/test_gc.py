@@ -120,6 +120,32 @@ def test_deleting_the_parent_of_a_snapshot_step_makes_its_snapshots_its_entries(
     assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(5), states[5])
 
 
+def test_a_delete_reads_again_only_the_tables_it_rewrote(tmp_path, monkeypatch):
+    """Each delete checks every step for dependants: from the cached tables, not from storage again (a
+    delete used to drop every cached table, so deleting n of N steps read n * N table blocks)."""
+    from ulstore.store._reader import ChunkReader
+
+    states = states_bf16(20)
+    traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=0)
+    for i in range(8):
+        traj.commit(i, states[i])
+    traj = ulstore.open(str(tmp_path / "t"), mode="r+")
+    for s in traj.steps:
+        traj._reader.tables(s)
+    parsed = []
+    real = ChunkReader._parse_block
+    monkeypatch.setattr(
+        ChunkReader, "_parse_block", staticmethod(lambda step, *a: parsed.append(step) or real(step, *a))
+    )
+    for s in (6, 5, 4):
+        traj.delete(s)
+    assert parsed == [7, 7]  # step 7, rewritten by each delete, read back by the next one
+    ro = ulstore.open(str(tmp_path / "t"), mode="r")
+    assert ro.steps == [0, 1, 2, 3, 7] and ro.info(7).parent == 3 and ro.verify().ok
+    for s in ro.steps:
+        assert_state_equal(ro.read(s), states[s])
+
+
 def test_delete_updates_the_anchor_distances_below_it(tmp_path):
     states = states_bf16(20)
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=4)

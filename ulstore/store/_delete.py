@@ -64,9 +64,7 @@ class DeleteMixin(TrajectoryBase):
         for s in self.steps:
             if s == step:
                 continue
-            if self._reader.doc(s).parent == step or any(
-                (p.ref == step).any() for t in self._reader.tables(s).values() for p in t.pieces
-            ):
+            if self._reader.doc(s).parent == step or any(step in b.refs() for b in self._reader.blocks(s)):
                 out.add(s)
         return out
 
@@ -83,10 +81,9 @@ class DeleteMixin(TrajectoryBase):
                 if s == step:
                     continue
                 d = reader.doc(s)
-                tables = reader.tables(s)
-                stale = any((p.ref == step).any() for t in tables.values() for p in t.pieces)
-                if not stale and d.parent != step:
+                if d.parent != step and not any(step in b.refs() for b in reader.blocks(s)):
                     continue
+                tables = reader.tables(s)
                 packs = list(d.packs)
                 tables = {
                     n: self._recode(s, t, step, dead, dead_tables.get(n), stream, recoded, packs)

@@ -42,6 +42,12 @@ class _LRU:
                 _, (_, n) = self._d.popitem(last=False)
                 self._used -= n
 
+    def drop(self, keep) -> None:
+        """Remove every entry whose key ``keep(key)`` rejects."""
+        with self._lock:
+            for key in [k for k in self._d if not keep(k)]:
+                self._used -= self._d.pop(key)[1]
+
     def clear(self) -> None:
         with self._lock:
             self._d.clear()

@@ -169,13 +169,16 @@ class ChunkReader:
 
     def forget(self, steps=None) -> None:
         """Drop cached step documents and tables (all, or of ``steps``): after they were rewritten."""
-        with self._lock:
-            if steps is None:
+        if steps is None:
+            with self._lock:
                 self._docs.clear()
-            else:
-                for s in steps:
-                    self._docs.pop(s, None)
-        self._blocks.clear()
+            self._blocks.clear()
+            return
+        steps = set(steps)
+        with self._lock:
+            for s in steps:
+                self._docs.pop(s, None)
+        self._blocks.drop(lambda key: key[0] not in steps)  # keyed (step, content, block hash)
 
     def clear_cache(self) -> None:
         """Drop every decoded chunk (documents and tables stay)."""

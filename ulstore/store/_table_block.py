@@ -381,12 +381,20 @@ class Block:
     ``heads`` is None for a block built from tables (:meth:`from_tables`).
     """
 
-    __slots__ = ("heads", "content", "ref", "pack", "off", "length", "snap", "_tables")
+    __slots__ = ("heads", "content", "ref", "pack", "off", "length", "snap", "_tables", "_refs")
 
     def __init__(self, heads: _Heads | None, content, ref, pack, off, length, snap) -> None:
         self.heads = heads
         self.content, self.ref, self.pack, self.off, self.length, self.snap = content, ref, pack, off, length, snap
         self._tables: dict[str, TensorTable] | None = None
+        self._refs: frozenset[int] | None = None
+
+    def refs(self) -> frozenset[int]:
+        """The steps the block's chunk entries are coded against (a delete asks it of every step), made once."""
+        if self._refs is None:
+            columns = [self.ref] if self.ref is not None else [p.ref for t in self.tables().values() for p in t.pieces]
+            self._refs = frozenset(np.unique(np.concatenate([c[c >= 0] for c in columns] or [[]])).astype(int).tolist())
+        return self._refs
 
     @classmethod
     def from_tables(cls, tables: list[TensorTable]) -> Block:
