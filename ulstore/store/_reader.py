@@ -353,19 +353,14 @@ class ChunkReader:
         """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
         planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
         threads, each chunk decoded once per batch however many boxes it overlaps."""
-        outs, batches, cur, size = [], [], [], 0
+        outs, parts = [], []
         for name, lo, hi in requests:
             t = self.tensor(step, name)
             out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)
             outs.append(out)
             for j, c, clo, chi in t.overlapping(lo, hi):
-                cur.append(((step, name, j, c), out, lo, clo, chi))
-                size += math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
-                if size >= _BATCH_BYTES:
-                    batches.append(cur)
-                    cur, size = [], 0
-        if cur:
-            batches.append(cur)
+                size = math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
+                parts.append((((step, name, j, c), out, lo, clo, chi), size))
 
         def run(batch):
             plan = _Plan(self, lru=True, fill_lru=cache)
@@ -375,7 +370,7 @@ class ChunkReader:
             for node, out, lo, clo, chi in batch:
                 _paste(out, lo, plan.values[node], clo, chi)
 
-        self._run(run, batches)
+        self._run(run, _batched(parts))
         return outs
 
     def read(
@@ -422,18 +417,10 @@ class ChunkReader:
         Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
         plan, one coalesced fetch each) run on ``threads`` threads.
         """
-        batches, cur, size = [], [], 0
-        for tgt in targets:
-            dest = tgt[1]
-            cur.append(tgt)
-            size += (
-                math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3].dtype if dest is None else dest.dtype).itemsize
-            )
-            if size >= _BATCH_BYTES:
-                batches.append(cur)
-                cur, size = [], 0
-        if cur:
-            batches.append(cur)
+        batches = _batched(
+            (tgt, math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3] if tgt[1] is None else tgt[1]).dtype.itemsize)
+            for tgt in targets
+        )
 
         def run(batch):
             plan = _Plan(self, kept=kept, lru=lru)
@@ -470,3 +457,19 @@ class ChunkReader:
             with cf.ThreadPoolExecutor(min(self.threads, len(batches))) as pool:
                 for f in [pool.submit(run, b) for b in batches]:
                     f.result()
+
+
+def _batched(items) -> list[list]:
+    """``(item, raw bytes)`` pairs cut into lists of about ``_BATCH_BYTES`` (one plan and coalesced fetch each)."""
+    batches: list[list] = []
+    cur: list = []
+    size = 0
+    for item, n in items:
+        cur.append(item)
+        size += n
+        if size >= _BATCH_BYTES:
+            batches.append(cur)
+            cur, size = [], 0
+    if cur:
+        batches.append(cur)
+    return batches
