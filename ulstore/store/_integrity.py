@@ -13,9 +13,10 @@ from ._chunkcodec import content_digest, decode_chunk
 from ._decode_plan import _Plan
 from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ._lru import _LRU
-from ._reader import _BATCH_BYTES, ChunkReader
+from ._reader import ChunkReader
 from ._stepdoc import StepDoc
 from ._tables import TensorTable, content_checksum
+from ._values import batched
 
 __all__ = ["IntegrityMixin", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
 
@@ -300,18 +301,13 @@ def _covered(ranges: list) -> int:
 
 
 def _batches(step: int, tables: dict[str, TensorTable]):
-    """The chunks of a step as ``(node, piece, i)`` in batches of about ``_BATCH_BYTES`` raw bytes."""
-    cur, size = [], 0
-    for name, t in tables.items():
-        for j, p in enumerate(t.pieces):
-            for i, c in enumerate(p.coords()):
-                cur.append(((step, name, j, c), p, i))
-                size += int(np.prod(p.region_shape(c))) * t.dtype.itemsize
-                if size >= _BATCH_BYTES:
-                    yield cur
-                    cur, size = [], 0
-    if cur:
-        yield cur
+    """The chunks of a step as ``(node, piece, i)`` in batches of about ``BATCH_BYTES`` raw bytes."""
+    return batched(
+        (((step, name, j, c), p, i), int(np.prod(p.region_shape(c))) * t.dtype.itemsize)
+        for name, t in tables.items()
+        for j, p in enumerate(t.pieces)
+        for i, c in enumerate(p.coords())
+    )
 
 
 def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> list[IntegrityError]:

@@ -9,6 +9,8 @@ decoded the same way, down to an intra blob or a snapshot.
 fetched and decoded (``_decode_plan.py``: the reference walk, with cycle
 detection and hard bounds, and the decoding deps-first, each intermediate
 chunk once).  Every decoded chunk is checked against its content hash.
+This module reads documents, tables and bytes; ``_values.py`` (the
+:class:`ValuesMixin` half) decodes chunks, boxes and tensors.
 
 Caches (all bounded): step documents (by count); parsed table blocks; decoded chunks in
 an LRU keyed by content hash (the zarr view's lazy slices); and the
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
-import math
 import threading
 
 import numpy as np
@@ -31,20 +32,19 @@ import numpy as np
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
 from ._chunkcodec import digest, zstd_decompress
-from ._decode_plan import Node, _paste, _Plan
-from ._kept import KeptStep
+from ._decode_plan import Node
 from ._layout import pack_key, step_key
 from ._lru import _LRU
 from ._packs import Location, fetch, own_blob_range
 from ._stepdoc import StepDoc
 from ._table_block import Block, TableError, parse_block
 from ._tables import TensorTable
+from ._values import ValuesMixin
 
 __all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
 
 DEFAULT_CACHE_BYTES = 128 << 20
 _TABLE_CACHE_BYTES = 256 << 20
-_BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a full read
 #: Step documents kept (oldest read first out): a follower reads one per version, for days
 _MAX_DOCS = 1 << 14
 
@@ -82,7 +82,7 @@ class _Flight:
 _MAX_AHEAD_PACKS = 2
 
 
-class ChunkReader:
+class ChunkReader(ValuesMixin):
     """Read step documents, tables and decoded chunks of a trajectory.
 
     Parameters
@@ -313,163 +313,3 @@ class ChunkReader:
         return data
 
     # -- chunks -----------------------------------------------------------------------
-
-    def chunk(self, step: int, name: str, coord: tuple[int, ...], piece: int = 0, *, cache: bool = True) -> np.ndarray:
-        """Decoded chunk ``coord`` of piece ``piece`` of ``name`` at ``step``: exact, shared (do not modify).
-
-        ``cache=False`` reads the decoded-chunk cache but adds nothing to it
-        (a commit without the kept parent: memory stays a few chunks).
-
-        Raises
-        ------
-        CorruptBlobError
-            A blob of the reference chain is missing, altered, or decodes to a
-            chunk that fails its content hash; ``key`` names its pack.
-        CorruptManifestError
-            Tables are inconsistent (a reference cycle, a missing reference).
-        """
-        t = self.tensor(step, name)
-        if not 0 <= piece < len(t.pieces):
-            raise IndexError(f"piece {piece} of {name!r} does not exist")
-        p = t.pieces[piece]
-        coord = tuple(coord)
-        if len(coord) != len(p.shape) or any(not 0 <= i < g for i, g in zip(coord, p.grid)):
-            raise IndexError(f"chunk {coord} is outside the chunk grid {p.grid} of {name!r}")
-        node = (step, name, piece, coord)
-        plan = _Plan(self, lru=True, fill_lru=cache)
-        plan.add(node)
-        plan.run()
-        return plan.values[node]
-
-    def box(self, step: int, name: str, lo: tuple[int, ...], hi: tuple[int, ...], *, cache: bool = True) -> np.ndarray:
-        """The values of ``name`` at ``step`` over the box ``[lo, hi)`` (assembled from its chunks)."""
-        t = self.tensor(step, name)
-        parts = list(t.overlapping(lo, hi))
-        if len(parts) == 1 and parts[0][2] == tuple(lo) and parts[0][3] == tuple(hi):
-            return self.chunk(step, name, parts[0][1], parts[0][0], cache=cache)
-        return self.boxes(step, [(name, lo, hi)], cache=cache)[0]
-
-    def boxes(self, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
-        """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
-        planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
-        threads, each chunk decoded once per batch however many boxes it overlaps."""
-        outs, parts = [], []
-        for name, lo, hi in requests:
-            t = self.tensor(step, name)
-            out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)
-            outs.append(out)
-            for j, c, clo, chi in t.overlapping(lo, hi):
-                size = math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
-                parts.append((((step, name, j, c), out, lo, clo, chi), size))
-
-        def run(batch):
-            plan = _Plan(self, lru=True, fill_lru=cache)
-            for node, *_ in batch:
-                plan.add(node)
-            plan.run()
-            for node, out, lo, clo, chi in batch:
-                _paste(out, lo, plan.values[node], clo, chi)
-
-        self._run(run, _batched(parts))
-        return outs
-
-    def read(
-        self,
-        step: int,
-        names=None,
-        *,
-        kept: KeptStep | None = None,
-        refresh_kept: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Decode whole tensors of ``step`` (all by default) into fresh arrays.
-
-        With ``kept`` (whose lock the caller holds), chunks whose reference
-        chain reaches values the kept step holds decode against them; with
-        ``refresh_kept`` the kept step becomes this step, overwritten in place.
-        """
-        tables = self.tables(step)
-        if names is None:
-            names = list(tables)
-        else:
-            names = list(names)
-            for n in names:
-                if n not in tables:
-                    raise TensorNotFoundError("no such tensor", step=step, tensor=n)
-        out = {n: np.empty(tables[n].shape, tables[n].dtype) for n in names}
-        targets = []
-        for n in names:
-            t = tables[n]
-            for j, p in enumerate(t.pieces):
-                kp = kept.ensure(n, t.dtype, t.shape, p.layout, p.n) if kept is not None and refresh_kept else None
-                base = tuple(slice(o, o + s) for o, s in zip(p.offset, p.shape))
-                dest = out[n][base] if p.shape else out[n]
-                for i, c in enumerate(p.coords()):
-                    targets.append(((step, n, j, c), dest, p.region(c), kp, i))
-        self.materialize(targets, kept=kept)
-        if kept is not None and refresh_kept:
-            kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
-            kept.step, kept.origin = step, "read"
-        return out
-
-    def materialize(self, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
-        """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
-
-        Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
-        plan, one coalesced fetch each) run on ``threads`` threads.
-        """
-        batches = _batched(
-            (tgt, math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3] if tgt[1] is None else tgt[1]).dtype.itemsize)
-            for tgt in targets
-        )
-
-        def run(batch):
-            plan = _Plan(self, kept=kept, lru=lru)
-            for node, dest, region, kp, _ in batch:
-                plan.add(node, root=True)
-                if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array
-                    view = dest[region] if region else dest
-                    if view.flags.c_contiguous and view.flags.writeable:
-                        plan.outs[node] = view
-            plan.run()
-            for node, dest, region, kp, i in batch:
-                value = plan.values[node]
-                if node in plan.into:
-                    continue
-                if dest is not None:
-                    if region:
-                        dest[region] = value
-                    else:
-                        dest[...] = value
-                if kp is not None and kp.arrays[i] is not value:
-                    if plan.decoded(node):
-                        kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
-                    else:
-                        kp.put(i, value, plan.content(node))
-
-        self._run(run, batches)
-
-    def _run(self, run, batches: list) -> None:
-        """``run(batch)`` for every batch, on up to ``threads`` threads."""
-        if self.threads == 1 or len(batches) <= 1:
-            for b in batches:
-                run(b)
-        else:
-            with cf.ThreadPoolExecutor(min(self.threads, len(batches))) as pool:
-                for f in [pool.submit(run, b) for b in batches]:
-                    f.result()
-
-
-def _batched(items) -> list[list]:
-    """``(item, raw bytes)`` pairs cut into lists of about ``_BATCH_BYTES`` (one plan and coalesced fetch each)."""
-    batches: list[list] = []
-    cur: list = []
-    size = 0
-    for item, n in items:
-        cur.append(item)
-        size += n
-        if size >= _BATCH_BYTES:
-            batches.append(cur)
-            cur, size = [], 0
-    if cur:
-        batches.append(cur)
-    return batches
