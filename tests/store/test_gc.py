@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -115,8 +116,11 @@ def test_deleting_the_parent_of_a_snapshot_step_makes_its_snapshots_its_entries(
     assert ro.verify().ok
     for s in (0, 1, 3, 4, 5):
         assert_state_equal(ro.read(s), states[s])
-    traj.delete(1)  # 3 depends on no older step now: re-parented only
+    packs = sorted(os.listdir(tmp_path / "t" / "packs"))
+    traj.delete(1)  # 3 depends on no older step now: re-parented only, its tables where they were
     assert encodes == [] and ulstore.open(str(tmp_path / "t"), mode="r").info(3).parent == 0
+    assert sorted(os.listdir(tmp_path / "t" / "packs")) == packs
+    assert ulstore.open(str(tmp_path / "t"), mode="r").verify().ok
     assert_state_equal(ulstore.open(str(tmp_path / "t"), mode="r").read(5), states[5])
 
 

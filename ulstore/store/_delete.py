@@ -81,7 +81,12 @@ class DeleteMixin(TrajectoryBase):
                 if s == step:
                     continue
                 d = reader.doc(s)
-                if d.parent != step and not any(step in b.refs() for b in reader.blocks(s)):
+                stale = any(step in b.refs() for b in reader.blocks(s))
+                if not stale and d.parent != step:
+                    continue
+                if not stale:  # re-parented only: its tables stay where they are (no new pack)
+                    parent_content = pdoc.content if pdoc is not None else None
+                    rewritten.append(dataclasses.replace(d, parent=dead.parent, parent_content=parent_content))
                     continue
                 tables = reader.tables(s)
                 packs = list(d.packs)
