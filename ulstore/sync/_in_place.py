@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..codec._inplace import apply_sparse, is_sparse_blob, reserve_buffers, undo
+from ..codec._inplace import apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 from ..store import FeedLayout
 from ..store._chunkcodec import codec_for
 from ._arrays import Binding, Spec, geometry, words
@@ -47,6 +47,7 @@ class InPlace:
     _applied_specs: dict | None
     _layout: FeedLayout | None
     _rows: list | None
+    _rows_dtypes: dict
 
     def invalidate(self) -> None:
         raise NotImplementedError
@@ -77,15 +78,17 @@ class InPlace:
         if None in kept or not all(map(is_sparse_blob, blobs)):
             return False
         groups = {}
-        dtypes = dict.fromkeys(r[1][4] for r in picked)  # in chunk order, as _in_place: one order of writes
+        dtypes = self._rows_dtypes  # in chunk order, as _in_place: one order of writes
+        if len(dtypes) > 1:
+            dtypes = dict.fromkeys(r[1][4] for r in picked)
         for dtype in dtypes:
             at = range(len(picked)) if len(dtypes) == 1 else [k for k, r in enumerate(picked) if r[1][4] == dtype]
             groups[dtype] = (
                 list(at),
                 [picked[k][1][2] for k in at],
-                [blobs[k] for k in at],
-                [kept[k] for k in at],
-                [picked[k][1][3] for k in at],
+                blobs if len(dtypes) == 1 else [blobs[k] for k in at],
+                kept if len(dtypes) == 1 else [kept[k] for k in at],
+                [picked[k][1][6] for k in at],
             )
         applied = self._apply_in_place(groups)
         if applied is None:
@@ -127,11 +130,12 @@ class InPlace:
                         slot = self._slots[key] = self._slot(name, start, stop)
                 rows.append((key, slot) if slot is not None and slot[2] is not None else None)
             self._rows = rows
+            self._rows_dtypes = dict.fromkeys(r[1][4] for r in rows if r is not None)
         return self._rows
 
     def _in_place(self, items: list) -> dict:
         """The delta chunks of ``items`` (``(change, blob)``) that :func:`apply_sparse` applies (contiguous,
-        SPARSE, their kept sum known), by dtype: ``{dtype: (indices, arrays, blobs, kept sums, box shapes)}``,
+        SPARSE, their kept sum known), by dtype: ``{dtype: (indices, arrays, blobs, kept sums, target metas)}``,
         each array the chunk's words in the mirror."""
         # one pass, few calls per chunk: at 13M parameters this Python ran as long as a fifth of the compiled apply
         contents, sums, slots = self._contents, self._sums, self._slots
@@ -150,7 +154,7 @@ class InPlace:
             if slot is None or slot[0] != c.start or slot[1] != c.stop:
                 slot = slots[key] = self._slot(c.tensor, c.start, c.stop)
             if slot[2] is not None:
-                rows.append((slot[4], i, slot[2], blob, kept, slot[3]))
+                rows.append((slot[4], i, slot[2], blob, kept, slot[6]))
         groups = {}
         for dtype in dict.fromkeys(r[0] for r in rows):  # (in chunk order: one order of writes, and of errors)
             _, *columns = zip(*(r for r in rows if r[0] == dtype))
@@ -159,12 +163,13 @@ class InPlace:
 
     def _slot(self, tensor: str, start: tuple, stop: tuple) -> tuple:
         """What the in-place apply needs of a chunk of ``tensor``, kept while the bindings stay: ``(start, stop,
-        words of the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start)``."""
+        words of the chunk in the mirror or None if not one contiguous run, box shape, dtype, flat start,
+        target_meta of the box)``."""
         spec = self.specs[tensor]
         first, end, box = geometry(spec.shape, start, stop)
         mirror = self._bindings[tensor].mirror
         view = None if end is None else words(mirror[first:end])
-        return start, stop, view, box, spec.dtype, first
+        return start, stop, view, box, spec.dtype, first, target_meta(spec.dtype, box)
 
     def _prime_slots(self) -> None:
         """A step just loaded: the slots of every chunk an in-place apply may write, made now rather than by the
@@ -178,14 +183,15 @@ class InPlace:
         all of them, or (None) none.  Returns their :class:`Applied` by index of ``items``."""
         done: dict = {}
         written: list = []
-        for dtype, (indices, arrays, blobs, sums, shapes) in groups.items():
+        for dtype, (indices, arrays, blobs, sums, metas) in groups.items():
             try:
                 out = apply_sparse(
                     dtype,
                     blobs,
                     arrays,
                     sums,
-                    shapes,
+                    None,
+                    metas=metas,
                     pool=self.pool,
                     parts=self.threads,
                     buffers=self._buffers.setdefault(dtype, {}),

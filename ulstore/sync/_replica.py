@@ -106,6 +106,7 @@ class Replica(InPlace):
         self._applied_specs: dict | None = None  # the Fetched.specs the step held was written with
         self._layout = None  # the FeedLayout of the step held (applied from change columns, or loaded whole)
         self._rows: list | None = None  # Replica._layout_rows, while the layout and bindings stay
+        self._rows_dtypes: dict = {}  # the dtypes of _rows' chunks, in order
 
     def flat(self, name: str) -> np.ndarray:
         """The host bits of tensor ``name`` (flat)."""
