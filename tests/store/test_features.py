@@ -555,6 +555,34 @@ def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch
         ro.fetch_blobs(ro.change_columns(1), snapshot=True)
 
 
+def test_change_columns_of_some_tensors_are_the_rows_of_those_tensors(monkeypatch):
+    """``change_columns(step, names)``: the rows of the whole columns whose tensor is named (blocks split or
+    not), in the same layout; their blobs fetched alone; a name the step lacks is TensorNotFoundError."""
+    from ulstore.store import _finalize
+
+    monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", 512)
+    states = states_bf16(3)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
+    for step in range(3):
+        traj.commit(step, states[step])
+    ro = ulstore.open(traj.url, mode="r")
+    assert len(ro._reader.blocks(1)) > 1
+    everything = sorted(states[0])
+    for names in (everything[:1], everything[1::2], everything[-2:], everything):
+        for step in (1, 2):
+            whole, some = ro.change_columns(step), ro.change_columns(step, names)
+            keep = [k for k, i in enumerate(whole.changed.tolist()) if whole.layout.rows[i][0] in names]
+            assert some.layout is whole.layout and 0 < len(keep)
+            assert some.changed.tolist() == whole.changed[keep].tolist()
+            assert some.ref.tolist() == whole.ref[keep].tolist()
+            assert some.content.tobytes() == whole.content[keep].tobytes()
+            assert some.blobs == [whole.blobs[k] for k in keep]
+            assert ro.fetch_blobs(some) == [b for k, b in enumerate(ro.fetch_blobs(whole)) if k in set(keep)]
+            assert {some.layout.rows[i][0] for i in some.changed.tolist()} <= set(names)
+    with pytest.raises(TensorNotFoundError, match=r"no such tensor \(step 1, tensor 'nope'\)"):
+        ro.change_columns(1, [everything[0], "nope"])
+
+
 def test_a_step_of_many_table_blocks_parses_their_headers_once_for_all_steps(monkeypatch):
     """A follower parses every table block of a step per version: with more blocks than a short list of recent
     headers would hold (a 1T-parameter step has hundreds), each block's headers are still found by their first

@@ -157,7 +157,7 @@ class FeedLayout:
         Per chunk: ``(tensor, piece, coord, start, stop, dtype)`` (as in :class:`ChunkChange`).
     """
 
-    __slots__ = ("rows", "columns")
+    __slots__ = ("rows", "columns", "_masks", "_lock")
 
     def __init__(self, heads: tuple) -> None:
         rows, columns, base = [], [], 0
@@ -168,6 +168,24 @@ class FeedLayout:
             base += h.total
         self.rows = tuple(rows)
         self.columns = np.array(columns, np.int64)  # per row, its index in the blocks' columns end to end
+        self._masks: dict[frozenset, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def mask(self, names: frozenset) -> np.ndarray:
+        """Per row, whether its tensor is one of ``names`` (made once per set of names: a follower of part of
+        a model asks it at every version).  TensorNotFoundError names one that no row has."""
+        with self._lock:
+            out = self._masks.get(names)
+        if out is None:
+            out = np.fromiter((r[0] in names for r in self.rows), bool, len(self.rows))
+            missing = names - {r[0] for r in self.rows}
+            if missing:
+                raise TensorNotFoundError("no such tensor", tensor=min(missing))
+            with self._lock:
+                if len(self._masks) >= 8:  # (a process follows a few parts of a model, not many)
+                    self._masks.clear()
+                self._masks[names] = out
+        return out
 
 
 #: Layouts of recent headers (the steps of a trajectory mostly share one).
@@ -221,10 +239,13 @@ class ChangeColumns:
     blobs: list
 
 
-def change_columns(reader: ChunkReader, step: int, *, read_ahead: bool = False) -> ChangeColumns | None:
-    """The changed chunks of ``step`` as columns, or None when it has no parent or not its parent's layout."""
+def change_columns(
+    reader: ChunkReader, step: int, names: frozenset | None = None, *, read_ahead: bool = False
+) -> ChangeColumns | None:
+    """The changed chunks of ``step`` (of the tensors ``names``, or all) as columns, or None when it has no parent
+    or not its parent's layout.  ``read_ahead`` is ignored with ``names``: it reads every blob of the step."""
     doc = reader.doc(step)
-    if read_ahead:
+    if read_ahead and names is None:
         reader.blocks(step, own_blobs=True)
     pair = _same_layout(reader, step, doc) if doc.parent is not None else None
     if pair is None:
@@ -239,6 +260,11 @@ def change_columns(reader: ChunkReader, step: int, *, read_ahead: bool = False) 
     # per column (16-byte rows compared whole: a third faster than comparing bytes, then any())
     differs = content.view("V16")[:, 0] != joined("content", parents).view("V16")[:, 0]
     changed = differs[layout.columns].nonzero()[0]  # per row
+    if names is not None:
+        try:
+            changed = changed[layout.mask(names)[changed]]
+        except TensorNotFoundError as e:
+            raise TensorNotFoundError("no such tensor", step=step, tensor=e.tensor) from None
     at = layout.columns[changed]
     packs = doc.packs
     pack, off, length = joined("pack", blocks)[at].tolist(), joined("off", blocks)[at], joined("length", blocks)[at]

@@ -183,17 +183,20 @@ class ReadMixin(TrajectoryBase):
             self._reader, self._resolve(step_or_ref), names, against_parent=against_parent, read_ahead=read_ahead
         )
 
-    def change_columns(self, step_or_ref, *, read_ahead: bool = False) -> ChangeColumns | None:
+    def change_columns(self, step_or_ref, names=None, *, read_ahead: bool = False) -> ChangeColumns | None:
         """The changed chunks of a step as columns, without an object per chunk; None when the step has no
         parent or not its parent's chunk layout (a tensor added, removed, reshaped or chunked otherwise).
 
         What :meth:`changes` says of the chunks that are not ``unchanged``, in
         its order, for callers that go through a step's chunks at scale (a
         weight-sync follower: a million chunks per version at 1T parameters).
-        :meth:`fetch_blobs` takes the columns whole; ``read_ahead`` is
-        :meth:`changes`'.
+        ``names``: only the chunks of these tensors (TensorNotFoundError if the
+        step has no such tensor); the rows keep their indices in the whole
+        layout.  :meth:`fetch_blobs` takes the columns whole; ``read_ahead`` is
+        :meth:`changes`' (without ``names``: it reads all the step's blobs).
         """
-        return change_columns(self._reader, self._resolve(step_or_ref), read_ahead=read_ahead)
+        wanted = None if names is None else frozenset(names)
+        return change_columns(self._reader, self._resolve(step_or_ref), wanted, read_ahead=read_ahead)
 
     def feed_layout(self, step_or_ref) -> FeedLayout | None:
         """Every chunk of a step in change-feed order: the :class:`FeedLayout` that the :meth:`change_columns` of
