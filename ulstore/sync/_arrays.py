@@ -226,16 +226,19 @@ def _spec(name: str, shape: tuple, dtype: np.dtype) -> Spec:
     return Spec(name, tuple(shape), np.dtype(dtype))
 
 
-_last_specs: tuple = ({}, {})  # (tensors, their specs) of the step fetched last
+#: per set of names followed (None: all), the tensors of the step fetched last and their specs
+_last_specs: dict[frozenset | None, tuple] = {}
 
 
-def specs_of(tensors: dict) -> dict[str, Spec]:
-    """The Specs of ``{name: (shape, dtype)}``: the same dict object as the last call's when the tensors are
-    the same (mostly: consecutive steps share their tensors; :meth:`Replica.apply` then skips comparing
-    them one by one).  Treat as read-only."""
-    global _last_specs
-    last, specs = _last_specs
+def specs_of(tensors: dict, names: frozenset | None = None) -> dict[str, Spec]:
+    """The Specs of ``{name: (shape, dtype)}`` (only those of ``names``, if given): the same dict object as the
+    last call's with these names when the tensors are the same (mostly: consecutive steps share their tensors;
+    :meth:`Replica.apply` then skips comparing them one by one).  Treat as read-only."""
+    last, specs = _last_specs.get(names, ({}, {}))
     if tensors != last:
-        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in tensors.items()}
-        _last_specs = (tensors, specs)  # one assignment: a thread sees the old or the new pair
+        items = tensors.items() if names is None else ((n, t) for n, t in tensors.items() if n in names)
+        specs = {n: _spec(n, shape, dtype) for n, (shape, dtype) in items}
+        if len(_last_specs) >= 8 and names not in _last_specs:  # (a process follows a few parts of models)
+            _last_specs.clear()
+        _last_specs[names] = (tensors, specs)  # one assignment: a thread sees the old or the new pair
     return specs

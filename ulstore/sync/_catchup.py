@@ -86,7 +86,7 @@ class CatchUp:
             if info.anchor_distance == 0:
                 tried.append(step)
                 try:
-                    fetched = Replica.fetch(traj, step, snapshot=True)
+                    fetched = Replica.fetch(traj, step, snapshot=True, names=self._replica.names)
                     self.stats.bytes_downloaded += self._replica.load(fetched)
                 except (IntegrityError, NotFoundError) as e:
                     self._problem(step, e)
@@ -199,7 +199,7 @@ class CatchUp:
         traj = self._trajectory()
 
         def fetch(s):
-            return self._workers.prefetch.submit(Replica.fetch, traj, s)
+            return self._workers.prefetch.submit(Replica.fetch, traj, s, names=self._replica.names)
 
         # one version (a poll that keeps up): nothing to overlap, so fetch it on this thread instead of
         # handing it to the prefetcher and waiting
@@ -223,7 +223,9 @@ class CatchUp:
                 # and tensors the caller replaced in the state dict are no longer the memory written
                 if not self._scan_result() or not self._bound():
                     raise ChainBroken(f"the state held diverged from version {held}")
-                fetched: Fetched = futures[i].result() if threaded else Replica.fetch(traj, s)
+                fetched: Fetched = (
+                    futures[i].result() if threaded else Replica.fetch(traj, s, names=self._replica.names)
+                )
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
                 self._start_scan()
             except (IntegrityError, NotFoundError, ChainBroken) as e:

@@ -79,6 +79,8 @@ class Replica(InPlace):
         ones.  None: the replica allocates numpy arrays.
     pool : concurrent.futures.Executor
         Where chunks are decoded (the ULPack kernels release the GIL).
+    names : frozenset, optional
+        The tensors to hold (a replica of part of a model); None: all.
 
     Attributes
     ----------
@@ -88,7 +90,8 @@ class Replica(InPlace):
         That step's content checksum (the next step's ``parent_content``).
     """
 
-    def __init__(self, state=None, *, pool=None, threads: int = 1) -> None:
+    def __init__(self, state=None, *, pool=None, threads: int = 1, names: frozenset | None = None) -> None:
+        self.names = names  # the tensors this replica holds (None: all)
         self.owned = state is None
         self.state = {} if state is None else state
         self.pool = pool
@@ -118,16 +121,32 @@ class Replica(InPlace):
     # -- phase 0: what to fetch ---------------------------------------------------------
 
     @staticmethod
-    def fetch(traj, step: int, *, snapshot: bool = False) -> Fetched:
-        """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs."""
+    def fetch(traj, step: int, *, snapshot: bool = False, names: frozenset | None = None) -> Fetched:
+        """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs.
+
+        ``names``: of these tensors only (a replica of part of a model).  A snapshot must have them all
+        (InvalidInputError); a later step that lacks one drops it, as a removed tensor is dropped.
+        """
         info = traj.info(step)
-        # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request)
-        columns = None if snapshot else traj.change_columns(step, read_ahead=True)
-        specs = specs_of(traj.tensors(step))
+        if names is not None:
+            tensors = traj.tensors(step)
+            if not names <= tensors.keys():
+                missing = sorted(names - tensors.keys())
+                if snapshot:
+                    raise InvalidInputError(
+                        f"step {step} has no tensor {missing[0]!r}"
+                        + (f" (nor {len(missing) - 1} more of the names followed)" if len(missing) > 1 else "")
+                    )
+                names = frozenset(n for n in names if n in tensors)
+        # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request;
+        # a replica of part of a model reads only its own)
+        ahead = names is None
+        columns = None if snapshot else traj.change_columns(step, names, read_ahead=ahead)
+        specs = specs_of(traj.tensors(step) if names is None else tensors, names)
         if columns is not None:  # the usual step: no object per chunk (apply() makes the feed if it needs it)
             blobs = traj.fetch_blobs(columns, copy=False)
-            return Fetched(info, specs, lambda: traj.changes(step), blobs, False, columns)
-        feed = traj.changes(step, against_parent=not snapshot, read_ahead=not snapshot)
+            return Fetched(info, specs, lambda: traj.changes(step, names), blobs, False, columns)
+        feed = traj.changes(step, names, against_parent=not snapshot, read_ahead=ahead and not snapshot)
         if snapshot:
             plain = [c for c in feed if c.snapshot is None]
             for c in plain:

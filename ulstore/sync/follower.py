@@ -57,6 +57,13 @@ class Follower(CatchUp, WorkerOwner):
         device), written in place, element by changed element.  Names, shapes
         and dtypes must match the published ones.  None: the follower
         allocates numpy arrays, available as :attr:`state`.
+    tensors : iterable of str, optional
+        Follow these tensors only (a replica that serves part of a model, such
+        as a pipeline stage): only their chunks are downloaded, applied and
+        checked, and ``state`` holds exactly them.  Every one must be in the
+        snapshot a bootstrap loads (InvalidInputError); a later version
+        without one drops it, as a follower of all tensors drops a tensor the
+        publisher removed.  None (default): every published tensor.
     storage_options : dict, optional
         fsspec options.
     branch : str, default "main"
@@ -107,6 +114,7 @@ class Follower(CatchUp, WorkerOwner):
         url,
         *,
         state: Mapping | None = None,
+        tensors=None,
         storage_options: dict | None = None,
         branch: str = MAIN,
         threads: int | None = None,
@@ -118,6 +126,7 @@ class Follower(CatchUp, WorkerOwner):
     ):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
+        names = None if tensors is None else _names(tensors)
         self._io = _open.objects(url, storage_options)
         self.url = self._io.url
         self.branch = check_ref_name(branch)
@@ -131,7 +140,7 @@ class Follower(CatchUp, WorkerOwner):
         self._scan = 0  # position of the default mode's rotating scan
         self._scanning: Future | None = None  # that scan, running in the background (see _start_scan)
         self._workers = Workers(threads, "ulstore-follow")
-        self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads)
+        self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads, names=names)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
         self._closed = False
         self.events: list[SyncEvent] = []
@@ -447,3 +456,16 @@ class Follower(CatchUp, WorkerOwner):
                 time.sleep(self.poll_interval)
 
     __iter__ = follow
+
+
+def _names(tensors) -> frozenset:
+    """``Follower(tensors=...)`` checked: a non-empty iterable of tensor names (not one name)."""
+    if isinstance(tensors, (str, bytes)):
+        raise InvalidInputError(f"tensors must be an iterable of tensor names, not one name: [{tensors!r}]?")
+    names = frozenset(tensors)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad or not names:
+        raise InvalidInputError(
+            f"tensors must be a non-empty iterable of tensor names, got {sorted(map(repr, bad))[:3] or 'none'}"
+        )
+    return names
