@@ -136,6 +136,7 @@ class Writer(TrajectoryEndpoint, StorageWriter):
         return self.step
 
     def storage_meta(self) -> StorageMeta | None:
+        """The step this save creates (as ``checkpoint_id``) and this writer's save id, for the planner's records."""
         return StorageMeta(checkpoint_id=None if self.step is None else str(self.step), save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
