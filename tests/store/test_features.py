@@ -579,8 +579,10 @@ def test_change_columns_of_some_tensors_are_the_rows_of_those_tensors(monkeypatc
             assert some.blobs == [whole.blobs[k] for k in keep]
             assert ro.fetch_blobs(some) == [b for k, b in enumerate(ro.fetch_blobs(whole)) if k in set(keep)]
             assert {some.layout.rows[i][0] for i in some.changed.tolist()} <= set(names)
-    with pytest.raises(TensorNotFoundError, match=r"no such tensor \(step 1, tensor 'nope'\)"):
-        ro.change_columns(1, [everything[0], "nope"])
+    for step in (0, 1):  # a root step has no columns, but its tensors are known
+        with pytest.raises(TensorNotFoundError, match=rf"no such tensor \(step {step}, tensor 'nope'\)"):
+            ro.change_columns(step, [everything[0], "nope"])
+    assert ro.change_columns(0, everything[:1]) is None
 
 
 def test_a_step_of_many_table_blocks_parses_their_headers_once_for_all_steps(monkeypatch):

@@ -89,9 +89,57 @@ def test_a_name_that_is_not_published_is_refused_at_the_bootstrap(states, tmp_pa
         with pytest.raises(InvalidInputError, match="step 0 has no tensor 'no.such.weight'"):
             f.bootstrap()
         assert f.version is None and f.state == {}
-    for bad in (name, [], [name, 3]):
+    for bad in (name, [], [name, 3], 5, [[name]]):
         with pytest.raises(InvalidInputError, match="tensors must be"):
             Follower(url, tensors=bad)
+    other = sorted(states[0])[1]
+    with pytest.raises(InvalidInputError, match=f"exactly the tensors followed: not in state \\['{other}'\\]"):
+        Follower(url, state={name: states[0][name].copy()}, tensors=[name, other])
+
+
+def synthetic(v: int, drop=()) -> dict:
+    """Three float32 tensors and one with no elements, each changed at every 40th element by version ``v``."""
+    out = {n: np.arange(4000, dtype=np.float32) + np.float32(v) * (np.arange(4000) % 40 == 0) for n in "abc"}
+    out["empty"] = np.zeros((0, 4), np.float32)
+    return {n: x.astype(np.float32) for n, x in out.items() if n not in drop}
+
+
+def test_a_tensor_with_no_elements_is_followed_like_any_other(tmp_path):
+    """It has no chunk (no row in the change columns) but is a tensor of every step: followed, not refused."""
+    url = str(tmp_path / "s")
+    with Publisher(url, anchor_every=0, chunk_elems=1024) as pub:
+        pub.publish(0, synthetic(0))
+        with Follower(url, tensors=["a", "empty"]) as f:
+            f.bootstrap()
+            for v in range(1, 4):
+                pub.publish(v, synthetic(v))
+                assert f.poll() == v and f.stats.rebootstraps == 0
+                assert_same_bits(f.state, part(synthetic(v), ["a", "empty"]))
+            assert f.trajectory.change_columns(2, ["empty"]).changed.tolist() == []
+
+
+def test_a_tensor_dropped_by_the_publisher_stays_dropped_through_a_rebootstrap(tmp_path):
+    """Dropped from the part at the version that removed it; a later bootstrap (past max_replay) from a snapshot
+    without it goes on with the rest; a version without any of the tensors followed is an error, not a follower
+    of nothing."""
+    url = str(tmp_path / "s")
+    with Publisher(url, anchor_every=3, chunk_elems=1024) as pub:
+        pub.publish(0, synthetic(0))
+        with Follower(url, tensors=["a", "b"], max_replay=2) as f:
+            f.bootstrap()
+            pub.publish(1, synthetic(1, drop="a"))
+            assert f.poll() == 1 and sorted(f.state) == ["b"]
+            for v in range(2, 8):
+                pub.publish(v, synthetic(v, drop="a"))
+            assert f.poll() == 7 and f.stats.bootstraps == 2
+            assert_same_bits(f.state, part(synthetic(7), ["b"]))
+            pub.publish(8, synthetic(8, drop="ab"))
+            with pytest.raises(InvalidInputError, match="step 8 has none of the tensors followed"):
+                f.poll()
+            assert f.version == 7
+            assert_same_bits(f.state, part(synthetic(7), ["b"]))
+        with pytest.raises(InvalidInputError, match="has no tensor 'a'"), Follower(url, tensors=["a", "b"]) as late:
+            late.bootstrap()
 
 
 def test_a_tensor_the_publisher_stops_sending_is_dropped_from_the_part(states, tmp_path):

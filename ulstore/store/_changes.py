@@ -157,7 +157,7 @@ class FeedLayout:
         Per chunk: ``(tensor, piece, coord, start, stop, dtype)`` (as in :class:`ChunkChange`).
     """
 
-    __slots__ = ("rows", "columns", "_masks", "_lock")
+    __slots__ = ("rows", "columns", "tensors", "_masks", "_lock")
 
     def __init__(self, heads: tuple) -> None:
         rows, columns, base = [], [], 0
@@ -168,19 +168,21 @@ class FeedLayout:
             base += h.total
         self.rows = tuple(rows)
         self.columns = np.array(columns, np.int64)  # per row, its index in the blocks' columns end to end
+        # every tensor, with rows or not (a tensor with no elements has no chunk)
+        self.tensors = frozenset(t[0] for h in heads for t in h.tensors)
         self._masks: dict[frozenset, np.ndarray] = {}
         self._lock = threading.Lock()
 
     def mask(self, names: frozenset) -> np.ndarray:
         """Per row, whether its tensor is one of ``names`` (made once per set of names: a follower of part of
-        a model asks it at every version).  TensorNotFoundError names one that no row has."""
+        a model asks it at every version).  TensorNotFoundError names one that the layout does not have."""
         with self._lock:
             out = self._masks.get(names)
         if out is None:
-            out = np.fromiter((r[0] in names for r in self.rows), bool, len(self.rows))
-            missing = names - {r[0] for r in self.rows}
+            missing = names - self.tensors
             if missing:
                 raise TensorNotFoundError("no such tensor", tensor=min(missing))
+            out = np.fromiter((r[0] in names for r in self.rows), bool, len(self.rows))
             with self._lock:
                 if len(self._masks) >= 8:  # (a process follows a few parts of a model, not many)
                     self._masks.clear()
@@ -249,6 +251,9 @@ def change_columns(
         reader.blocks(step, own_blobs=True)
     pair = _same_layout(reader, step, doc) if doc.parent is not None else None
     if pair is None:
+        missing = sorted(set(names or ()) - reader.specs(step).keys())
+        if missing:
+            raise TensorNotFoundError("no such tensor", step=step, tensor=missing[0])
         return None
     blocks, parents = pair
     layout = _layout(tuple(b.heads for b in blocks))

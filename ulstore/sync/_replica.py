@@ -121,23 +121,26 @@ class Replica(InPlace):
     # -- phase 0: what to fetch ---------------------------------------------------------
 
     @staticmethod
-    def fetch(traj, step: int, *, snapshot: bool = False, names: frozenset | None = None) -> Fetched:
+    def fetch(
+        traj, step: int, *, snapshot: bool = False, names: frozenset | None = None, strict: bool = False
+    ) -> Fetched:
         """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs.
 
-        ``names``: of these tensors only (a replica of part of a model).  A snapshot must have them all
-        (InvalidInputError); a later step that lacks one drops it, as a removed tensor is dropped.
+        ``names``: of these tensors only (a replica of part of a model).  ``strict`` (a first bootstrap):
+        the step must have them all (InvalidInputError); otherwise one it lacks is dropped, as a removed
+        tensor is dropped, but not all of them (InvalidInputError).
         """
         info = traj.info(step)
         if names is not None:
             tensors = traj.tensors(step)
             if not names <= tensors.keys():
                 missing = sorted(names - tensors.keys())
-                if snapshot:
-                    raise InvalidInputError(
-                        f"step {step} has no tensor {missing[0]!r}"
-                        + (f" (nor {len(missing) - 1} more of the names followed)" if len(missing) > 1 else "")
-                    )
+                more = f" (nor {len(missing) - 1} more of the tensors followed)" if len(missing) > 1 else ""
+                if strict:
+                    raise InvalidInputError(f"step {step} has no tensor {missing[0]!r}{more}")
                 names = frozenset(n for n in names if n in tensors)
+                if not names:
+                    raise InvalidInputError(f"step {step} has none of the tensors followed ({missing[0]!r}{more})")
         # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request;
         # a replica of part of a model reads only its own)
         ahead = names is None

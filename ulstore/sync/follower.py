@@ -61,9 +61,12 @@ class Follower(CatchUp, WorkerOwner):
         Follow these tensors only (a replica that serves part of a model, such
         as a pipeline stage): only their chunks are downloaded, applied and
         checked, and ``state`` holds exactly them.  Every one must be in the
-        snapshot a bootstrap loads (InvalidInputError); a later version
-        without one drops it, as a follower of all tensors drops a tensor the
-        publisher removed.  None (default): every published tensor.
+        snapshot the first bootstrap loads (InvalidInputError); a later version
+        without one drops it from an owned ``state``, as a follower of all
+        tensors drops a tensor the publisher removed (a caller's ``state``
+        then no longer matches: InvalidInputError, as for any follower), and a
+        version with none of them is InvalidInputError.  None (default): every
+        published tensor.
     storage_options : dict, optional
         fsspec options.
     branch : str, default "main"
@@ -127,6 +130,11 @@ class Follower(CatchUp, WorkerOwner):
         if state is not None and not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
         names = None if tensors is None else _names(tensors)
+        if names is not None and state is not None and set(state) != names:
+            raise InvalidInputError(
+                f"state must hold exactly the tensors followed: not in state {sorted(names - set(state))[:5]}, "
+                f"not followed {sorted(set(state) - names)[:5]}"
+            )
         self._io = _open.objects(url, storage_options)
         self.url = self._io.url
         self.branch = check_ref_name(branch)
@@ -462,7 +470,10 @@ def _names(tensors) -> frozenset:
     """``Follower(tensors=...)`` checked: a non-empty iterable of tensor names (not one name)."""
     if isinstance(tensors, (str, bytes)):
         raise InvalidInputError(f"tensors must be an iterable of tensor names, not one name: [{tensors!r}]?")
-    names = frozenset(tensors)
+    try:
+        names = frozenset(tensors)
+    except TypeError:  # not iterable, or unhashable items
+        raise InvalidInputError(f"tensors must be an iterable of tensor names, got {tensors!r:.100}") from None
     bad = [n for n in names if not isinstance(n, str)]
     if bad or not names:
         raise InvalidInputError(
