@@ -34,7 +34,10 @@ version to this one, in four formats, and what each costs in time:
   the ULPack bytes at 1 GB/s; **TRL apply**: reading the int32 file from
   its bucket (a local directory, like the followers'), parsing it and
   scattering its values into the state: the faster of numpy fancy
-  assignment and TRL's own torch ``index_copy_`` (when torch is installed).
+  assignment and TRL's own torch ``index_copy_`` (when torch is installed);
+  **stage** (below the table): a trusted follower of pipeline stage 0 of 2
+  (``Follower(tensors=...)``, the model's first tensors up to half its
+  parameters), its bytes and apply time against a whole replica's.
 
 Every kind of replica (default, trusted, polled, TRL's numpy apply and its
 torch ``index_copy_``) runs ``--replicas`` times (5 by default, 3 above 100M
@@ -311,7 +314,15 @@ def main(argv=None) -> None:
     dense_pub.publish(0, states[0])
     # ``--replicas`` replicas of every kind; a version's time for a kind is the median of its replicas, so one
     # replica caught by a scheduling hiccup of this shared machine does not decide the version for its kind
-    kinds = {"apply": {}, "trusted": {"trust_state": True}, "polled": {"trust_state": True}}
+    # "stage": a replica of pipeline stage 0 of 2 (the model's first tensors, half its parameters): Follower(tensors=)
+    counts = np.cumsum([v.size for v in states[0].values()])
+    stage = list(states[0])[: int(np.searchsorted(counts, n_params / 2)) + 1]
+    kinds = {
+        "apply": {},
+        "trusted": {"trust_state": True},
+        "polled": {"trust_state": True},
+        "stage": {"trust_state": True, "tensors": stage},
+    }
     fleet = {k: [Follower(store, threads=threads, **kw) for _ in range(args.replicas)] for k, kw in kinds.items()}
     follower, polled = fleet["apply"][0], fleet["polled"][0]
     dense_follower = Follower(dense_store, threads=threads, trust_state=True)
@@ -365,6 +376,7 @@ def main(argv=None) -> None:
         # the kinds alternate, so that a pause of this machine's longer than one apply costs a replica of each
         timed, checked = {k: [] for k in (*kinds, "trl", "trl_torch")}, []
         groups = (*fleet.items(), ("trl", trl_states), ("trl_torch", trl_torch_states))
+        staged, whole = fleet["stage"][0].stats.bytes_downloaded, fleet["trusted"][0].stats.bytes_downloaded
         order = [(k, g[i]) for i in range(args.replicas) for k, g in groups if g]
         for kind, replica in order[v % len(order) :] + order[: v % len(order)]:
             if kind.startswith("trl"):
@@ -400,12 +412,18 @@ def main(argv=None) -> None:
             checked=statistics.median(checked),
             trusted=median["trusted"],
             polled=median["polled"],
+            stage=median["stage"],
+            stage_bytes=fleet["stage"][0].stats.bytes_downloaded - staged,  # (blob bytes, as whole_bytes)
+            whole_bytes=fleet["trusted"][0].stats.bytes_downloaded - whole,
             floor=floor_apply(floor_state, cur, ch),
             trl_apply=median["trl"],
             trl_torch=median.get("trl_torch"),
             trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32_path),  # on a state just copied: warm
         )
-        replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() for i, f in enumerate(group)]
+        replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() if k != "stage" for i, f in enumerate(group)]
+        for i, f in enumerate(fleet["stage"]):  # exactly the stage's tensors
+            assert list(f.state) == stage
+            same_bits(f.state, {k: cur[k] for k in stage}, f"stage {i}")
         replicas += [(f"TRL {i}", state) for i, state in enumerate(trl_states)]
         replicas += [(f"TRL torch {i}", state) for i, state in enumerate(trl_torch_states)]
         for name, state in (*replicas, ("floor", floor_state)):
@@ -473,6 +491,12 @@ def main(argv=None) -> None:
             f"scatter floor {seconds(mean('floor'))}, TRL int32 apply alone {seconds(mean('trl_best'))}; "
             f"ULPack apply = {mean(key) / mean('floor'):.1f}x the scatter floor)"
         )
+    print(
+        f"     a replica of pipeline stage 0 of 2 (Follower(tensors=...): the model's first {len(stage)} of "
+        f"{len(states[0])} tensors, {sum(states[0][k].size for k in stage) / n_params:.0%} of its parameters), "
+        f"trusted: downloads {mean('stage_bytes') / mean('whole_bytes'):.2f} of a whole replica's blob bytes, applies in "
+        f"{seconds(mean('stage'))} ({mean('stage') / mean('trusted'):.2f} of a whole trusted replica's)"
+    )
     print(
         f"     default mode's check: it re-sums 1/16 of the state in the background once a version is written (the "
         f"next version waits for it); applied and checked {seconds(mean('checked'))} per version, against "
