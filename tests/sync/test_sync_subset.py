@@ -157,3 +157,29 @@ def test_a_tensor_the_publisher_stops_sending_is_dropped_from_the_part(states, t
             pub.publish(2, {n: a for n, a in states[2].items() if n != gone})
             assert f.poll() == 2
             assert_same_bits(f.state, part(states[2], first[1:]))
+
+
+def test_a_part_follows_a_run_on_s3_reading_less_than_a_whole_replica(states, moto_s3):
+    """On a moto S3 server: each version's pack bytes read by a part are fewer than a whole follower's (its own
+    blobs and the step's table block), its values exact."""
+    from tests.helpers.store import CountingIO
+
+    url = f"s3://{moto_s3.bucket()}/run"
+    first, _ = halves(states)
+    opts = moto_s3.options
+    with Publisher(url, anchor_every=0, storage_options=opts, chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+        with Follower(url, storage_options=opts, tensors=first) as f, Follower(url, storage_options=opts) as whole:
+            read = {}
+            for g in (f, whole):
+                g.bootstrap()
+                read[g] = CountingIO(g._io)
+            for v in range(1, len(states)):
+                pub.publish(v, states[v])
+                for g in (f, whole):
+                    read[g].reset()
+                    assert g.poll(to=v) == v
+                assert_same_bits(f.state, part(states[v], first))
+                assert_same_bits(whole.state, states[v])
+                part_bytes, whole_bytes = (sum(b - a for _, (a, b) in read[g].packs()) for g in (f, whole))
+                assert 0 < part_bytes < whole_bytes
