@@ -2,7 +2,8 @@
 
 The policy is described in :mod:`.follower`; this is its per-version loop.
 :class:`CatchUp` is a mixin of :class:`~ulstore.sync.Follower` and uses its
-trajectory, replica, worker pools, counters and event reporting.
+trajectory, replica, worker pools, counters and event reporting; it builds on
+the state checks of :class:`~ulstore.sync._checks.StateChecks`.
 """
 
 from __future__ import annotations
@@ -12,47 +13,29 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import IntegrityError, NotFoundError
-from ._events import FollowerStats
+from ._checks import StateChecks
 from ._replica import ChainBroken, Fetched, Replica
-from ._workers import Workers
 
 __all__ = ["CatchUp"]
 
 
-class CatchUp:
+class CatchUp(StateChecks):
     """Bootstrap from a snapshot, prove the chain to the head, and replay the versions after the one held."""
 
-    # provided by Follower
+    # provided by Follower (the rest, through StateChecks)
     url: str
     branch: str
     max_replay: int
     poll_interval: float
-    trust_state: bool
-    stats: FollowerStats
-    _replica: Replica
-    _workers: Workers
     _stalled_at: int | None
 
     if TYPE_CHECKING:
 
-        @property
-        def version(self) -> int | None: ...
-
         def _trajectory(self): ...
-
-        def _event(self, kind: str, version, detail: str = "", error: BaseException | None = None) -> None: ...
 
         def _problem(self, version, e: BaseException) -> None: ...
 
         def _head(self) -> int | None: ...
-
-        def _scan_result(self) -> bool: ...
-
-        def _start_scan(self) -> None: ...
-
-        def _check_open(self) -> None: ...
-
-        def _bound(self) -> bool: ...
 
     def _wait_head(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout

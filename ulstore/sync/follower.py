@@ -35,7 +35,6 @@ from ..store._base import MAIN
 from ..store._layout import check_ref_name
 from . import _open
 from ._catchup import CatchUp
-from ._checks import StateChecks
 from ._errors import BucketAccessError
 from ._events import FollowerStats, SyncEvent
 from ._replica import Replica
@@ -46,7 +45,7 @@ __all__ = ["Follower", "SyncEvent", "FollowerStats"]
 log = logging.getLogger("ulstore.sync")
 
 
-class Follower(CatchUp, StateChecks, WorkerOwner):
+class Follower(CatchUp, WorkerOwner):
     """Keep a state dict equal to the newest version published on a branch, in place.
 
     Parameters
