@@ -1,0 +1,175 @@
+"""The compiled in-place apply alone: two builds of the kernels against each other, in one process.
+
+A follower applies versions 1-10 of the bench RL trajectory (13.3M bf16
+parameters) while its ``apply_sparse`` calls are recorded; the calls are then
+replayed on fresh replica states (one huge-page arena each, as a follower's)
+with the caches flushed and a full garbage collection before each call, the
+builds taking turns call by call.  The machine's drift over minutes then
+lands on both builds alike, which a whole benchmark run per build cannot
+promise: this is how the in-place job's changes were measured (two copies of
+one build give the same figure).
+
+Usage::
+
+    python benchmarks/apply_ab.py A.so B.so            # two builds of ulstore/codec/_kernels_v3*.so (or _kernels)
+    python benchmarks/apply_ab.py A.so B.so --threads 1 --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import gc
+import importlib.util
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _data import load_trajectory  # noqa: E402
+
+from ulstore.codec import _inplace  # noqa: E402
+from ulstore.codec._backend import kernels  # noqa: E402
+from ulstore.codec._dtypes import format_of  # noqa: E402
+from ulstore.codec._sparse import GAPS  # noqa: E402
+from ulstore.codec._tables import POOL_BELOW  # noqa: E402
+from ulstore.sync import Follower, Publisher  # noqa: E402
+from ulstore.sync._arrays import Spec, allocate  # noqa: E402
+
+
+def load_build(path: str, name: str):
+    """The kernel module built at ``path``, loaded beside the one in use (same module name, its own copy)."""
+    saved = sys.modules.pop(name, None)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is not None:
+            sys.modules[name] = saved
+    return module
+
+
+def record(steps: int) -> tuple[dict, list]:
+    """Version 0's state and every ``apply_sparse`` call a follower makes for versions 1..steps, as
+    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes)``."""
+    states = load_trajectory("rl", "bfloat16", "bench", steps=steps)
+    where = tempfile.mkdtemp(prefix="ulstore-apply-ab-")
+    calls: list = []
+    try:
+        with Publisher(where, anchor_every=0) as pub:
+            pub.publish(0, states[0])
+            with Follower(where, trust_state=True) as f:
+                f.bootstrap()
+                mirrors = {n: b.mirror for n, b in f._replica._bindings.items()}
+                real = _inplace.apply_sparse
+
+                def spy(dtype, blobs, arrays, sums, shapes, *, metas=None, **kw):
+                    spans = []
+                    for a in arrays:
+                        for n, m in mirrors.items():
+                            offset = (a.ctypes.data - m.ctypes.data) // m.dtype.itemsize
+                            if 0 <= offset < m.size:
+                                spans.append((n, offset, a.size))
+                                break
+                    boxes = shapes or [None] * len(blobs)
+                    calls.append((str(dtype), [bytes(b) for b in blobs], spans, list(sums), boxes, metas))
+                    return real(dtype, blobs, arrays, sums, shapes, metas=metas, **kw)
+
+                _inplace.apply_sparse = spy
+                from ulstore.sync import _in_place
+
+                _in_place.apply_sparse = spy
+                try:
+                    for v in range(1, steps + 1):
+                        pub.publish(v, states[v])
+                        assert f.poll(to=v) == v
+                finally:
+                    _inplace.apply_sparse = _in_place.apply_sparse = real
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    return states[0], calls
+
+
+def run(k, call, state: dict, pool, threads: int) -> float:
+    """One recorded call on ``state`` with kernel module ``k``: the seconds of the job (made, worked, finished)."""
+    dtype, blobs, spans, sums, boxes, metas = call
+    fmt = format_of(np.dtype(dtype))
+    arrays = [state[n].reshape(-1)[o : o + c].view(fmt.word) for n, o, c in spans]
+    metas = metas or [_inplace.target_meta(dtype, b) for b in boxes]
+    t = time.perf_counter()
+    job = k.SparseApply(
+        blobs,
+        arrays,
+        np.array(sums, np.uint64),
+        metas,
+        fmt.code,
+        fmt.width,
+        fmt.mant_bits,
+        fmt.n_contexts - 1,
+        POOL_BELOW,
+        GAPS.alphabet,
+        fmt.alphabet,
+        True,
+        None,
+        None,
+        True,
+    )
+    helper = pool.submit(job.work) if threads > 1 else None
+    job.work()
+    if not job.join() and helper is not None:
+        helper.result()
+    status = job.finish()[0]
+    took = time.perf_counter() - t
+    assert status == 0, f"a recorded call failed with status {status}"
+    return took
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_v3*.so)")
+    p.add_argument("b", help="another build of it")
+    p.add_argument("--threads", type=int, default=2, help="threads in each job (default 2)")
+    p.add_argument("--rounds", type=int, default=4, help="passes over the 10 versions (default 4)")
+    p.add_argument("--replicas", type=int, default=8, help="replicas per build and round (default 8)")
+    args = p.parse_args(argv)
+    name = kernels().__name__
+    builds = {"A": load_build(args.a, name), "B": load_build(args.b, name)}
+    if builds["A"].SparseApply is builds["B"].SparseApply:
+        sys.exit("A and B are the same file: copy one build elsewhere first")
+    state0, calls = record(10)
+    specs = [Spec(n, a.shape, a.dtype) for n, a in state0.items()]
+    junk = np.ones(1 << 26, np.uint8)
+    times: dict[str, list] = {"A": [], "B": []}
+    with cf.ThreadPoolExecutor(max(1, args.threads - 1)) as pool:
+        for rnd in range(args.rounds):
+            replicas = []
+            for _ in range(2 * args.replicas):
+                arena = allocate(specs)
+                for n, (arr, _) in arena.items():
+                    arr[...] = state0[n]
+                replicas.append({n: arr for n, (arr, _) in arena.items()})
+            for v, call in enumerate(calls):
+                for r, state in enumerate(replicas):
+                    which = "AB"[(r + v + rnd) % 2]
+                    junk[::64] += 1  # 64 MB touched: the state and the job's buffers leave the caches
+                    gc.collect()
+                    times[which].append(run(builds[which], call, state, pool, args.threads))
+    ms = {k: (statistics.mean(t) * 1e3, statistics.median(t) * 1e3) for k, t in times.items()}
+    print(
+        f"in-place apply job, {len(calls)} versions x {args.rounds} rounds x {args.replicas} replicas, "
+        f"{args.threads} thread(s):"
+    )
+    for k, path in (("A", args.a), ("B", args.b)):
+        print(f"  {k}: mean {ms[k][0]:.3f} ms, median {ms[k][1]:.3f} ms  ({path})")
+    print(f"  B/A: mean {ms['B'][0] / ms['A'][0]:.3f}, median {ms['B'][1] / ms['A'][1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
