@@ -1,7 +1,7 @@
 """The compiled in-place apply alone: two builds of the kernels against each other, in one process.
 
 A follower applies versions 1-10 of the bench RL trajectory (13.3M bf16
-parameters) while its ``apply_sparse`` calls are recorded; the calls are then
+parameters; ``--preset``, ``--steps``) while its ``apply_sparse`` calls are recorded; the calls are then
 replayed on fresh replica states (one huge-page arena each, as a follower's)
 with the caches flushed and a full garbage collection before each call, the
 builds taking turns call by call.  The machine's drift over minutes then
@@ -56,10 +56,10 @@ def load_build(path: str, name: str):
     return module
 
 
-def record(steps: int) -> tuple[dict, list]:
+def record(preset: str, steps: int) -> tuple[dict, list]:
     """Version 0's state and every ``apply_sparse`` call a follower makes for versions 1..steps, as
-    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes)``."""
-    states = load_trajectory("rl", "bfloat16", "bench", steps=steps)
+    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes, target metas)``."""
+    states = load_trajectory("rl", "bfloat16", preset, steps=steps)
     where = tempfile.mkdtemp(prefix="ulstore-apply-ab-")
     calls: list = []
     try:
@@ -135,6 +135,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_v3*.so)")
     p.add_argument("b", help="another build of it")
+    p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"])
+    p.add_argument("--steps", type=int, default=10, help="versions recorded (default 10)")
     p.add_argument("--threads", type=int, default=2, help="threads in each job (default 2)")
     p.add_argument("--rounds", type=int, default=4, help="passes over the 10 versions (default 4)")
     p.add_argument("--replicas", type=int, default=8, help="replicas per build and round (default 8)")
@@ -143,7 +145,7 @@ def main(argv=None) -> None:
     builds = {"A": load_build(args.a, name), "B": load_build(args.b, name)}
     if builds["A"].SparseApply is builds["B"].SparseApply:
         sys.exit("A and B are the same file: copy one build elsewhere first")
-    state0, calls = record(10)
+    state0, calls = record(args.preset, args.steps)
     specs = [Spec(n, a.shape, a.dtype) for n, a in state0.items()]
     junk = np.ones(1 << 26, np.uint8)
     times: dict[str, list] = {"A": [], "B": []}

@@ -49,6 +49,22 @@ def test_sync_benchmark_smoke(cache):
     assert len([line for line in out.splitlines() if line.lstrip().startswith(("1 ", "2 "))]) == 2  # one row a version
 
 
+def test_apply_ab_benchmark_smoke(cache):
+    """Two copies of the kernel build in use, so the script's A and B are separate modules of one build."""
+    import shutil
+
+    from ulstore.codec._backend import kernels
+
+    build = kernels().__file__
+    a, b = cache / ("a" + Path(build).suffix), cache / ("b" + Path(build).suffix)
+    shutil.copy(build, a)
+    shutil.copy(build, b)
+    out = run_benchmark(
+        "apply_ab.py", a, b, "--preset", "tiny", "--steps", 2, "--rounds", 1, "--replicas", 1, cache=cache
+    )
+    assert "in-place apply job, 2 versions" in out and "B/A: mean" in out, out
+
+
 def test_codec_benchmark_smoke(cache):
     out = run_benchmark(
         "codec.py", "--preset", "tiny", "--steps", 1, "--only", "rl-bf16", "--reps", 1, "--time-budget", 0, cache=cache
