@@ -28,8 +28,8 @@ BACKENDS = ulstore.available_backends()
 DTYPES = {f.name: f.dtype for f in FORMATS}
 
 
-def chunks(dtype, sizes, seed=0, density=0.03):
-    """(references, targets, SPARSE blobs) for chunks of ``sizes`` elements."""
+def chunks(dtype, sizes, seed=0, density=0.03, econd=True):
+    """(references, targets, SPARSE blobs) for chunks of ``sizes`` elements (``econd``: see ``ulstore.encode``)."""
     rng = np.random.default_rng(seed)
     refs, targets, blobs = [], [], []
     for n in sizes:
@@ -40,7 +40,7 @@ def chunks(dtype, sizes, seed=0, density=0.03):
         t = u.view(r.dtype)
         refs.append(r)
         targets.append(t)
-        blobs.append(ulstore.encode(t, r, sparse=True))
+        blobs.append(ulstore.encode(t, r, sparse=True, econd=econd))
         assert is_sparse_blob(blobs[-1])
     return refs, targets, blobs
 
@@ -100,12 +100,15 @@ def test_the_mixed_difference_sums_agree_with_the_definition(mixsum):
             assert module.mix_diff_sum(a, b) == want, (module.__name__, n)
 
 
+@pytest.mark.parametrize("econd", [True, False], ids=["econd", "no-econd"])  # no-econd: the one-pass kernel path
 @pytest.mark.parametrize("density", [0.03, 0.12])  # 0.12: most 8-byte words of fp8/bf16 hold several changes
 @pytest.mark.parametrize("name", list(DTYPES))
-def test_backends_agree_and_apply_exactly(name, density, mixsum):
+def test_backends_agree_and_apply_exactly(name, density, econd, mixsum):
     dtype = DTYPES[name]
     # 40013: more changed words than one block of the checksum pass mixes together
-    refs, targets, blobs = chunks(dtype, [999, 1000, 1001, 1003, 4099, 40013], seed=len(name), density=density)
+    refs, targets, blobs = chunks(
+        dtype, [999, 1000, 1001, 1003, 4099, 40013], seed=len(name), density=density, econd=econd
+    )
     results = []
     for backend in BACKENDS:
         arrays = [r.copy() for r in refs]
@@ -119,10 +122,11 @@ def test_backends_agree_and_apply_exactly(name, density, mixsum):
         same(results[0], out)
 
 
-def test_every_byte_of_a_blob_corrupted_changes_nothing():
+@pytest.mark.parametrize("econd", [True, False], ids=["econd", "no-econd"])
+def test_every_byte_of_a_blob_corrupted_changes_nothing(econd):
     """Each byte of the middle blob changed (CRC recomputed): same status on every backend, arrays as before."""
     dtype = ml_dtypes.bfloat16
-    refs, targets, blobs = chunks(dtype, [500, 3000, 700], seed=3)
+    refs, targets, blobs = chunks(dtype, [500, 3000, 700], seed=3, econd=econd)
     good = blobs[1]
     statuses = set()
     for i in range(len(good) - 4):

@@ -367,3 +367,27 @@ def test_chunk_boxes_match_the_pieces_geometry_and_stay_bounded(monkeypatch):
         assert _tables._boxes_held <= 20 and sum(len(v) for v in _tables._BOXES.values()) == _tables._boxes_held
     assert len(_tables.chunk_boxes((0,), (100,), (2,))) == 50  # larger than the whole cache: computed, not kept
     assert ((0,), (100,), (2,)) not in _tables._BOXES
+
+
+def test_sparse_deltas_are_coded_without_exponent_contexts_and_everything_else_with():
+    """``encode_chunk(sparse=True)``: a SPARSE delta carries flag NO_ECOND (its in-place apply reads and writes each
+    changed word in one pass); dense deltas and intra chunks keep the exponent contexts.  All decode exactly."""
+    from ulstore.codec import _format as F
+
+    rng = np.random.default_rng(7)
+    ref = (rng.standard_normal(8192) * 2).astype(np.float32).astype(ml_dtypes.bfloat16)
+    few, many = ref.view(np.uint16).copy(), ref.view(np.uint16).copy()
+    few[rng.choice(8192, 40, replace=False)] += 1  # (more than 4096 elements: not always sparse)
+    many[::2] += 1  # half the elements: dense, whatever ``sparse`` asks
+    cases = {
+        "sparse delta": (few.view(ref.dtype), ref, True, F.MODE_SPARSE, True),
+        "dense delta, sparse asked": (many.view(ref.dtype), ref, True, F.MODE_RANS, True),
+        "dense delta": (few.view(ref.dtype), ref, False, F.MODE_RANS, False),
+        "intra": (ref, None, True, F.MODE_INTRA, False),
+    }
+    for what, (target, reference, sparse, mode, no_econd) in cases.items():
+        blob = encode_chunk(target, reference, "ulpack", sparse)
+        header, _ = F.open_blob(blob)
+        assert (header.mode, bool(header.flags & F.FLAG_NO_ECOND)) == (mode, no_econd), what
+        got = decode_chunk(blob, reference, "ulpack", target.dtype, target.shape, key=what)
+        assert got.view(np.uint16).tobytes() == target.view(np.uint16).tobytes(), what

@@ -77,8 +77,9 @@ def encode(target, reference=None, *, econd: bool = True, sparse: bool = False, 
     reference : array-like, optional
         Same dtype and shape.  The decoder must supply the identical bits.
     econd : bool, default True
-        Condition the models on the reference exponent.  ``False`` is the ablation
-        that measures what conditioning buys; blobs record it.
+        Condition the models on the reference exponent; blobs record it.  ``False``
+        measures what conditioning buys, and is what the store codes SPARSE deltas
+        with: 2-3% larger on RL steps, but applied in place in one pass over memory.
     sparse : bool, default False
         For deltas in which at most 1/8 of the elements change, or of tensors
         of at most 4096 elements, code where the changes are instead of every

@@ -5,8 +5,10 @@
 # sum, decodes the positions (version 4: Elias-Fano; 2: the gap stream), gathers the reference words (saving each
 # one's aligned 8-byte word, so the checksum update never reads the array again), decodes the
 # residuals, then writes the new words in the same pass that sums the target checksum, putting the
-# old words back if it fails.  A blob that fails stops the workers, and finish() undoes every
-# blob written from the saved old words.
+# old words back if it fails.  A blob coded without exponent contexts (flag NO_ECOND: what weight sync
+# publishes) decodes its residuals first and then reads, rebuilds and writes each changed word in one
+# pass (fused_put), each line touched once.  A blob that fails stops the workers, and finish() undoes
+# every blob written from the saved old words.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memcmp
@@ -287,6 +289,63 @@ cdef void_noinline sum_put(const uint64_t* old64, const int64_t* pos, Py_ssize_t
     out[0] = acc + ulp_mix_diff_sum(new_words, old_words, nb + 1)
 
 
+cdef void_noinline fused_put(const int64_t* pos, Py_ssize_t m, word_t* dst, int64_t n, word_t* newv, word_t* old,
+                           bint write, uint64_t* out) noexcept nogil:
+    """The values of a blob whose residuals do not depend on the reference (flag NO_ECOND) in one pass over
+    its positions: each change's line read once, its value rebuilt from the reference word there and its
+    residual (``newv`` in, the new word out), the old word saved in ``old``, the checksum summed as
+    :func:`sum_put` does and, with ``write``, the new word written.  A blob coded with exponent contexts
+    needs every reference word before its residuals decode, and touches each line twice (gather, then
+    write); here the lines are prefetched for writing ``AHEAD`` changes ahead and touched once."""
+    cdef Py_ssize_t k, per = 8 // sizeof(word_t), bits = 8 * sizeof(word_t), nb = 0
+    cdef uint64_t lane = (<uint64_t>-1) >> (64 - 8 * sizeof(word_t))
+    cdef uint64_t h = (<uint64_t>1) << (bits - 1)
+    cdef uint64_t cur = 0, ow = 0, salt, acc = 0, v, z
+    cdef uint64_t new_words[MIX_BLOCK]
+    cdef uint64_t old_words[MIX_BLOCK]
+    cdef int64_t w, prev = -1, base
+    cdef int shift
+    out[0] = 0
+    if m == 0:
+        return
+    for k in range(min(m, AHEAD)):
+        ulp_prefetch_write(&dst[pos[k]])
+    for k in range(m):
+        if k + AHEAD < m:
+            ulp_prefetch_write(&dst[pos[k + AHEAD]])
+        w = <int64_t>(<uint64_t>pos[k] // <uint64_t>per)
+        if w != prev:
+            if prev >= 0:
+                salt = (<uint64_t>prev + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+                new_words[nb] = cur + salt
+                old_words[nb] = ow + salt
+                nb += 1
+                if nb == MIX_BLOCK:
+                    acc += ulp_mix_diff_sum(new_words, old_words, nb)
+                    nb = 0
+            base = w * per
+            if base + per <= n:  # (no change of this word is written yet: positions ascend)
+                ow = load64(<const uint8_t*>&dst[base])
+            else:  # the last word is zero-padded, as in hash64
+                ow = 0
+                memcpy(&ow, &dst[base], (n - base) * sizeof(word_t))
+            cur = ow
+            prev = w
+        shift = <int>((pos[k] - w * per) * bits)
+        v = (ow >> shift) & lane
+        old[k] = <word_t>v
+        z = newv[k]
+        v = unkey((key(v, h, lane, bits) + ((z >> 1) ^ (0 - (z & 1)))) & lane, h, lane, bits)
+        newv[k] = <word_t>v
+        cur = (cur & ~(lane << shift)) | (v << shift)
+        if write:
+            dst[pos[k]] = <word_t>v
+    salt = (<uint64_t>prev + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+    new_words[nb] = cur + salt
+    old_words[nb] = ow + salt
+    out[0] = acc + ulp_mix_diff_sum(new_words, old_words, nb + 1)
+
+
 cdef inline void put_words(word_t* dst, const int64_t* pos, Py_ssize_t m, const word_t* values) noexcept nogil:
     cdef Py_ssize_t k
     for k in range(min(m, AHEAD)):
@@ -327,6 +386,26 @@ cdef int apply_one(const Parsed* p, word_t* dst, int64_t n, uint64_t ref_sum, ui
         status = rans_decode_core(dst, m, 0, 0, &row0, slots, p.g.words, p.g.n_words, p.g.states, tokens)
         if not status:
             status = gap_positions(tokens, m, p.g.tail, p.g.tail_len, p.g.tail_bits, n, pos)
+    if not status and p.emask == 0:  # no exponent contexts: residuals first, then one pass over the lines
+        status = sparse_tokens(newv, m, mant_bits, 0, pool_below, p.t.table, p.t.table_len, t_alphabet,
+                               p.t.states, p.t.words, p.t.n_words, tokens)  # (newv: any m words, masked out)
+        if not status:
+            status = unpack_core(tokens, m, p.t.tail, p.t.tail_len, p.t.tail_bits, newv)
+        if status:
+            return status
+        zero = 0
+        for k in range(m):
+            zero |= newv[k] == 0
+        if zero:
+            return -7
+        fused_put(pos, m, dst, n, newv, old, write, &acc)
+        acc += ref_sum
+        if fold32(finish(acc, nbytes) ^ meta_hash) != p.target_hash:
+            if write:
+                put_words(dst, pos, m, old)
+            return APPLY_TARGET
+        target[0] = acc
+        return 0
     if not status:
         gather_old(pos, m, dst, n, old, old64)
     if not status:

@@ -1275,7 +1275,8 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
     cdef Py_ssize_t stride
     cdef int fsh
     if n_c != NULL and ctx_rows != NULL and row_n != NULL:
-        k = 0
+        k = m if emask == 0 else 0  # one context (a blob without exponent contexts): its count is m
+        n_c[0] = k
         while k + 4 <= m:
             n_c[(rs[k] >> mant_bits) & emask] += 1
             n_c[n_ctx + ((rs[k + 1] >> mant_bits) & emask)] += 1

@@ -86,10 +86,15 @@ def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str, sp
     """Encode one chunk (against ``reference``, or intra) into its blob.
 
     ``sparse``: a ULPack delta in which few elements change is coded by position
-    (SPARSE mode), so :func:`ulstore.decode_changes` applies it in O(changes).
+    (SPARSE mode), so :func:`ulstore.decode_changes` applies it in O(changes), and
+    without exponent contexts: 2-3% larger on RL steps, but a follower's in-place
+    apply then reads and writes each changed word in one pass over memory instead
+    of two, 16-19% faster (``_apply.pxi``, ``fused_put``).
     """
     if codec == ULPACK:
-        return _ulpack.encode(chunk, reference, sparse=sparse and reference is not None)
+        if sparse and reference is not None:
+            return _ulpack.encode(chunk, reference, sparse=True, econd=False)
+        return _ulpack.encode(chunk, reference)
     return zstd_compress(le_bytes(chunk))
 
 
