@@ -13,6 +13,12 @@ Usage::
 
     python benchmarks/apply_ab.py A.so B.so            # two builds of ulstore/codec/_kernels_v3*.so (or _kernels)
     python benchmarks/apply_ab.py A.so B.so --threads 1 --rounds 6
+    python benchmarks/apply_ab.py K.so K2.so --a-contexts  # A's deltas with exponent contexts, B's as the store codes them
+
+``--a-contexts``: A replays the versions coded as the store coded SPARSE
+deltas before it dropped their exponent contexts (``encode(econd=True)``),
+B as it codes them now; with two copies of one build, this measures what
+the one-pass apply of context-free deltas gains (``_apply.pxi``, ``fused_put``).
 """
 
 from __future__ import annotations
@@ -56,10 +62,20 @@ def load_build(path: str, name: str):
     return module
 
 
-def record(preset: str, steps: int) -> tuple[dict, list]:
+def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]:
     """Version 0's state and every ``apply_sparse`` call a follower makes for versions 1..steps, as
-    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes, target metas)``."""
+    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes, target metas)``;
+    ``contexts``: the SPARSE deltas coded with exponent contexts (the store codes them without)."""
     states = load_trajectory("rl", "bfloat16", preset, steps=steps)
+    if contexts:
+        from ulstore.store import _chunkcodec
+
+        real_encode = _chunkcodec._ulpack.encode
+        _chunkcodec._ulpack.encode = lambda *a, **kw: real_encode(*a, **{**kw, "econd": True})
+        try:
+            return record(preset, steps)
+        finally:
+            _chunkcodec._ulpack.encode = real_encode
     where = tempfile.mkdtemp(prefix="ulstore-apply-ab-")
     calls: list = []
     try:
@@ -140,12 +156,22 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2, help="threads in each job (default 2)")
     p.add_argument("--rounds", type=int, default=4, help="passes over the 10 versions (default 4)")
     p.add_argument("--replicas", type=int, default=8, help="replicas per build and round (default 8)")
+    p.add_argument(
+        "--a-contexts",
+        action="store_true",
+        help="A replays the deltas coded with exponent contexts, B as the store codes them (no contexts)",
+    )
     args = p.parse_args(argv)
     name = kernels().__name__
     builds = {"A": load_build(args.a, name), "B": load_build(args.b, name)}
     if builds["A"].SparseApply is builds["B"].SparseApply:
         sys.exit("A and B are the same file: copy one build elsewhere first")
     state0, calls = record(args.preset, args.steps)
+    calls_of = {"A": record(args.preset, args.steps, contexts=True)[1] if args.a_contexts else calls, "B": calls}
+    if args.a_contexts:  # the same chunks changed: the same calls, blob for blob
+        assert [len(c[1]) for c in calls_of["A"]] == [len(c[1]) for c in calls]
+        sizes = {k: sum(len(b) for c in v for b in c[1]) for k, v in calls_of.items()}
+        print(f"blob bytes: A {sizes['A']} (exponent contexts), B {sizes['B']} ({sizes['B'] / sizes['A'] - 1:+.1%})")
     specs = [Spec(n, a.shape, a.dtype) for n, a in state0.items()]
     junk = np.ones(1 << 26, np.uint8)
     times: dict[str, list] = {"A": [], "B": []}
@@ -157,12 +183,12 @@ def main(argv=None) -> None:
                 for n, (arr, _) in arena.items():
                     arr[...] = state0[n]
                 replicas.append({n: arr for n, (arr, _) in arena.items()})
-            for v, call in enumerate(calls):
+            for v in range(len(calls)):
                 for r, state in enumerate(replicas):
                     which = "AB"[(r + v + rnd) % 2]
                     junk[::64] += 1  # 64 MB touched: the state and the job's buffers leave the caches
                     gc.collect()
-                    times[which].append(run(builds[which], call, state, pool, args.threads))
+                    times[which].append(run(builds[which], calls_of[which][v], state, pool, args.threads))
     ms = {k: (statistics.mean(t) * 1e3, statistics.median(t) * 1e3) for k, t in times.items()}
     print(
         f"in-place apply job, {len(calls)} versions x {args.rounds} rounds x {args.replicas} replicas, "

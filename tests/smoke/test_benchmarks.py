@@ -4,6 +4,7 @@ tests never assert speed or size targets, the scripts print them)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,25 @@ def test_apply_ab_benchmark_smoke(cache):
         "apply_ab.py", a, b, "--preset", "tiny", "--steps", 2, "--rounds", 1, "--replicas", 1, cache=cache
     )
     assert "in-place apply job, 2 versions" in out and "B/A: mean" in out, out
+    # A replaying the deltas coded with exponent contexts: the same calls
+    out = run_benchmark(
+        "apply_ab.py",
+        a,
+        b,
+        "--preset",
+        "tiny",
+        "--steps",
+        2,
+        "--rounds",
+        1,
+        "--replicas",
+        1,
+        "--a-contexts",
+        cache=cache,
+    )
+    sizes = re.search(r"blob bytes: A (\d+) \(exponent contexts\), B (\d+)", out)
+    # (tiny deltas pool every context into one row: no larger there)
+    assert sizes and 1 <= int(sizes[2]) / int(sizes[1]) < 1.1 and "B/A: mean" in out, out
 
 
 def test_codec_benchmark_smoke(cache):
