@@ -529,6 +529,9 @@ cdef void undo_job(Job* j, const word_t* oldv) noexcept nogil:
             put_words(<word_t*>j.db[i].buf, j.pos + j.starts[i], j.parsed[i].m, oldv + j.starts[i])
 
 
+_WORDS = {wb: np.dtype(f"<u{wb}") for wb in (1, 2, 4, 8)}  # the output word dtypes, made once
+
+
 cdef class SparseApply:
     """SPARSE blobs (format version 2 or 4) decoded against the arrays they were coded against and, ``write``, applied.
 
@@ -552,7 +555,12 @@ cdef class SparseApply:
     cdef Job job
     cdef Py_ssize_t c
     cdef int parse_status, wb, got_b, got_d, done, closed
-    cdef object pos, new, old, starts, sums, order, ref_sums, meta_hashes, statuses
+    cdef object pos, new, old
+    cdef uint8_t* new_p
+    cdef uint8_t* old_p
+    # the job's per-blob arrays, C memory (numpy arrays of a few dozen entries cost more to make than the job
+    # spends on them, with the caches as cold as a follower's between versions); one block, freed by _release
+    cdef void* small
 
     def __cinit__(self):
         self.c = 0
@@ -560,27 +568,37 @@ cdef class SparseApply:
     def __init__(self, list blobs, list dsts, ref_sums, list metas, int code, int width, int mant_bits, uint32_t emask,
                  int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None, order=None,
                  bint crc=False):
-        cdef Py_ssize_t c = len(blobs), i
+        cdef Py_ssize_t c = len(blobs), i, k, cc
         cdef int flags = PyBUF_WRITABLE if write else PyBUF_SIMPLE, wb = width // 8
         cdef Hasher hs
         cdef int64_t total = 0
-        cdef int64_t[::1] starts_v, pos_v, order_v
-        cdef const uint64_t[::1] ref_v
-        cdef uint64_t[::1] sums_v
-        cdef int[::1] statuses_v
-        cdef uint64_t[::1] mh_v
-        cdef Py_buffer meta
+        cdef Py_buffer meta, view
+        cdef uint8_t* seen
+        cdef uint64_t* refs
+        cdef uint64_t* mh
+        cdef int64_t* starts
+        cdef int64_t* order_c
         if self.c or self.job.parsed != NULL:
             raise RuntimeError("SparseApply is initialised once")
         if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb
                 or not 0 < g_alphabet <= 256 or not 0 < t_alphabet <= 256):
             raise ValueError("sparse_apply needs one array, word sum and shape per blob, and a word width of 8-64 bits")
         self.c, self.wb = c, wb
-        self.job.bb = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
-        self.job.db = <Py_buffer*>calloc(max(c, 1), sizeof(Py_buffer))
-        self.job.parsed = <Parsed*>calloc(max(c, 1), sizeof(Parsed))
-        if self.job.bb == NULL or self.job.db == NULL or self.job.parsed == NULL:
+        cc = max(c, 1)
+        self.job.bb = <Py_buffer*>calloc(cc, sizeof(Py_buffer))
+        self.job.db = <Py_buffer*>calloc(cc, sizeof(Py_buffer))
+        self.job.parsed = <Parsed*>calloc(cc, sizeof(Parsed))
+        # ref sums, meta hashes, sums (u64); starts (c + 1), order (i64); statuses (int)
+        self.small = calloc(3 * cc + 2 * cc + 1, sizeof(uint64_t) + sizeof(int))
+        if self.job.bb == NULL or self.job.db == NULL or self.job.parsed == NULL or self.small == NULL:
             raise MemoryError()
+        refs = <uint64_t*>self.small
+        mh = refs + cc
+        self.job.sums = mh + cc
+        starts = <int64_t*>(self.job.sums + cc)
+        order_c = starts + cc + 1
+        self.job.statuses = <int*>(order_c + cc)
+        self.job.ref_sums, self.job.meta_hashes, self.job.starts, self.job.order = refs, mh, starts, order_c
         for i in range(c):
             PyObject_GetBuffer(blobs[i], &self.job.bb[i], PyBUF_SIMPLE)
             self.got_b += 1
@@ -588,6 +606,7 @@ cdef class SparseApply:
             self.got_d += 1
             if self.job.db[i].len % wb:
                 raise ValueError("sparse_apply: an array is not a whole number of words")
+            refs[i] = ref_sums[i]
         if write:  # all or nothing needs each blob's words to itself: the undo restores blob by blob
             spans = sorted([(<size_t>self.job.db[i].buf, self.job.db[i].len) for i in range(c) if self.job.db[i].len])
             for i in range(1, len(spans)):
@@ -596,8 +615,6 @@ cdef class SparseApply:
         # parse every header first, to size the outputs; the first bad blob ends what the workers take
         self.job.upto = c
         self.parse_status = 0
-        meta_hashes = np.zeros(max(c, 1), dtype=np.uint64)
-        mh_v = meta_hashes
         for i in range(c):
             PyObject_GetBuffer(metas[i], &meta, PyBUF_SIMPLE)
             try:
@@ -609,54 +626,69 @@ cdef class SparseApply:
                         self.job.upto = i
                     else:
                         hs = Hasher(0, 0, 0)
-                        mh_v[i] = hash_final(&hs, <const uint8_t*>meta.buf, meta.len)
+                        mh[i] = hash_final(&hs, <const uint8_t*>meta.buf, meta.len)
             finally:
                 PyBuffer_Release(&meta)
-        self.starts = np.zeros(c + 1, dtype=np.int64)
-        starts_v = self.starts
         self.job.most = 1
         for i in range(self.job.upto):
             total += self.job.parsed[i].m
             self.job.most = max(self.job.most, self.job.parsed[i].m)
-            starts_v[i + 1] = total
+            starts[i + 1] = total
         for i in range(self.job.upto, c):
-            starts_v[i + 1] = total
-        word = np.dtype(f"<u{wb}")
+            starts[i + 1] = total
+        word = _WORDS[wb]
         if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
                 and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
-            self.pos, self.new, self.old = (b[:max(total, 1)] for b in buffers)
+            self.pos, self.new, self.old = buffers  # (finish() returns them cut to the changes)
         else:
             self.pos = np.empty(max(total, 1), dtype=np.int64)
             self.new = np.empty(max(total, 1), dtype=word)
             self.old = np.empty(max(total, 1), dtype=word)
-        self.sums = np.zeros(max(c, 1), dtype=np.uint64)
-        self.order = np.arange(max(c, 1), dtype=np.int64) if order is None else np.ascontiguousarray(order, np.int64)
-        if order is not None and (len(self.order) != c or c and not np.array_equal(np.sort(self.order), np.arange(c))):
-            raise ValueError("SparseApply: order must be a permutation of the blobs")
-        self.order = self.order[self.order < self.job.upto]  # the blobs parsed, in the order given
-        if not len(self.order):
-            self.order = np.zeros(1, dtype=np.int64)
-        self.ref_sums = np.ascontiguousarray(ref_sums, dtype=np.uint64) if c else np.zeros(1, np.uint64)
-        statuses = np.full(max(c, 1), APPLY_PENDING, dtype=np.intc)
-        self.meta_hashes, self.statuses = meta_hashes, statuses  # (the job points into them)
-        pos_v, sums_v, order_v, ref_v, statuses_v = self.pos, self.sums, self.order, self.ref_sums, statuses
-        self.job.ref_sums, self.job.meta_hashes, self.job.starts = &ref_v[0], &mh_v[0], &starts_v[0]
-        self.job.order, self.job.pos, self.job.sums, self.job.statuses = &order_v[0], &pos_v[0], &sums_v[0], &statuses_v[0]
+        for out, flag in ((self.pos, 0), (self.new, 1), (self.old, 2)):
+            PyObject_GetBuffer(out, &view, PyBUF_WRITABLE)  # (the arrays stay alive with the job: the memory too)
+            if flag == 0:
+                self.job.pos = <int64_t*>view.buf
+            elif flag == 1:
+                self.new_p = <uint8_t*>view.buf
+            else:
+                self.old_p = <uint8_t*>view.buf
+            PyBuffer_Release(&view)
+        # the blobs parsed, in the order given (default: blob order)
+        if order is None:
+            for i in range(self.job.upto):
+                order_c[i] = i
+        else:
+            if len(order) != c:
+                raise ValueError("SparseApply: order must be a permutation of the blobs")
+            seen = <uint8_t*>calloc(cc, 1)
+            if seen == NULL:
+                raise MemoryError()
+            try:
+                k = 0
+                for x in order:
+                    i = x
+                    if not 0 <= i < c or seen[i]:
+                        raise ValueError("SparseApply: order must be a permutation of the blobs")
+                    seen[i] = 1
+                    if i < self.job.upto:
+                        order_c[k] = i
+                        k += 1
+            finally:
+                free(seen)
+        for i in range(cc):
+            self.job.statuses[i] = APPLY_PENDING
         self.job.mant_bits, self.job.pool_below = mant_bits, pool_below
         self.job.g_alphabet, self.job.t_alphabet, self.job.crc, self.job.write = g_alphabet, t_alphabet, crc, write
         self.job.next, self.job.stop, self.job.running = 0, 0, 0
 
     def work(self):
         """Decode, check and write blobs until none is left (or one failed); the GIL released throughout."""
-        cdef uint8_t* new_p
-        cdef uint8_t* old_p
-        cdef uint8_t[::1] new_b, old_b
+        cdef uint8_t* new_p = self.new_p
+        cdef uint8_t* old_p = self.old_p
         if self.done or self.closed:  # (a pool thread that started late) every blob was taken, or the job stopped
             return
         if self.job.parsed == NULL:
             raise RuntimeError("SparseApply: work() before __init__")
-        new_b, old_b = self.new.view(np.uint8), self.old.view(np.uint8)
-        new_p, old_p = &new_b[0], &old_b[0]
         ulp_enter(&self.job.running)  # under the GIL, as finish() runs: it never releases the job under a worker
         with nogil:
             if self.wb == 1:
@@ -707,18 +739,18 @@ cdef class SparseApply:
         With blob order and one worker, ``index`` is the first blob that
         fails; otherwise a failing one.  ``pos[starts[i]:starts[i+1]]``,
         ``new[...]`` and ``old[...]`` are blob i's changed positions, new and
-        old words; ``sums[i]`` is ``hash_sum64`` of its target.
+        old words; ``sums[i]`` is ``hash_sum64`` of its target (``starts`` and
+        ``sums``: lists of ints).
         """
         cdef Py_ssize_t i
         cdef int status = 0, failed = -1
-        cdef uint8_t[::1] old_b
-        cdef int[::1] statuses
+        cdef const int* statuses = self.job.statuses
+        cdef const uint8_t* old_p = self.old_p
         if self.done:
             raise RuntimeError("SparseApply: finish() called twice")
         if ulp_running(&self.job.running):
             raise RuntimeError("SparseApply: finish() while work() is running (call join() first)")
         self.done = 1  # no work() starts from here on (the undo below releases the GIL)
-        statuses = self.statuses
         for i in range(self.job.upto):
             if statuses[i] != 0 and statuses[i] != APPLY_PENDING:
                 status, failed = statuses[i], i
@@ -731,19 +763,20 @@ cdef class SparseApply:
         if not status and self.parse_status:
             status, failed = self.parse_status, self.job.upto
         if status and self.job.write:
-            old_b = self.old.view(np.uint8)
             with nogil:
                 if self.wb == 1:
-                    undo_job(&self.job, <const uint8_t*>&old_b[0])
+                    undo_job(&self.job, <const uint8_t*>old_p)
                 elif self.wb == 2:
-                    undo_job(&self.job, <const uint16_t*>&old_b[0])
+                    undo_job(&self.job, <const uint16_t*>old_p)
                 elif self.wb == 4:
-                    undo_job(&self.job, <const uint32_t*>&old_b[0])
+                    undo_job(&self.job, <const uint32_t*>old_p)
                 else:
-                    undo_job(&self.job, <const uint64_t*>&old_b[0])
-        total = self.starts[-1]
+                    undo_job(&self.job, <const uint64_t*>old_p)
+        total = self.job.starts[self.c]
+        starts = [self.job.starts[i] for i in range(self.c + 1)]
+        sums = [self.job.sums[i] for i in range(self.c)]
         self._release()
-        return status, failed, self.pos[:total], self.new[:total], self.old[:total], self.starts, self.sums[:self.c]
+        return status, failed, self.pos[:total], self.new[:total], self.old[:total], starts, sums
 
     cdef _release(self):
         cdef Py_ssize_t i
@@ -756,8 +789,10 @@ cdef class SparseApply:
         free(self.job.bb)
         free(self.job.db)
         free(self.job.parsed)
+        free(self.small)
         self.job.bb = self.job.db = NULL
         self.job.parsed = NULL
+        self.small = NULL
 
     def __dealloc__(self):
         self._release()

@@ -137,8 +137,8 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list | No
     key = word.itemsize
     bufs = None if buffers is None else buffers.get(key)
     views = [a if a.dtype == word else a.view(word) for a in arrays]
-    job = k.SparseApply(blobs, views, np.array(sums, dtype=np.uint64), metas, fmt.code, fmt.width, fmt.mant_bits,
-                        fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs, None, True)
+    job = k.SparseApply(blobs, views, sums, metas, fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
+                        POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs, None, True)
     threads = max(1, min(parts, n))
     helpers = [pool.submit(job.work) for _ in range(threads - 1)] if pool is not None else []
     try:
@@ -163,5 +163,5 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list | No
             buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
     if status:
         return None
-    bounds, outputs = starts.tolist(), (pos, new, old)
-    return [Applied(outputs, s, e, t) for s, e, t in zip(bounds, bounds[1:], target.tolist())]
+    outputs = (pos, new, old)  # (starts and target: lists)
+    return [Applied(outputs, s, e, t) for s, e, t in zip(starts, starts[1:], target)]

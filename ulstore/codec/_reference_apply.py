@@ -202,7 +202,7 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
         for j in range(failed - 1, -1, -1):
             s, e = int(starts[j]), int(starts[j + 1])
             views[j][pos[s:e]] = old[s:e]
-    return status, failed, pos, new, old, starts, sums
+    return status, failed, pos, new, old, starts.tolist(), sums.tolist()
 
 
 class SparseApply:
