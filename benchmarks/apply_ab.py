@@ -123,7 +123,7 @@ def run(k, call, state: dict, pool, threads: int) -> float:
     job = k.SparseApply(
         blobs,
         arrays,
-        np.array(sums, np.uint64),
+        list(sums),  # (as apply_sparse passes them)
         metas,
         fmt.code,
         fmt.width,

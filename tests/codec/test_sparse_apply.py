@@ -50,9 +50,19 @@ def call(backend, dtype, blobs, arrays, sums=None, shapes=None, write=True):
     sums = [content_sum(a) for a in arrays] if sums is None else sums
     shapes = [a.shape for a in arrays] if shapes is None else shapes
     return kernels(backend).sparse_apply(
-        list(blobs), [a.view(fmt.word) for a in arrays], np.array(sums, dtype=np.uint64),
-        [_meta(fmt.code, tuple(s)) for s in shapes], fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
-        POOL_BELOW, GAPS.alphabet, fmt.alphabet, write)
+        list(blobs),
+        [a.view(fmt.word) for a in arrays],
+        np.array(sums, dtype=np.uint64),
+        [_meta(fmt.code, tuple(s)) for s in shapes],
+        fmt.code,
+        fmt.width,
+        fmt.mant_bits,
+        fmt.n_contexts - 1,
+        POOL_BELOW,
+        GAPS.alphabet,
+        fmt.alphabet,
+        write,
+    )
 
 
 def same(a, b):
@@ -169,9 +179,19 @@ def test_wrong_reference_shape_or_dtype_changes_nothing(backend):
     assert run(shapes=[(301,), (400,)]) == (-20, 0)
     fmt = format_of(np.dtype(np.float32))
     assert kernels(backend).sparse_apply(
-        blobs, [r.view(np.uint16) for r in refs], np.array(sums, dtype=np.uint64),
-        [_meta(fmt.code, (300,)), _meta(fmt.code, (400,))], fmt.code, 16, 10, 31, POOL_BELOW, GAPS.alphabet,
-        60, True)[:2] == (-20, 0)
+        blobs,
+        [r.view(np.uint16) for r in refs],
+        np.array(sums, dtype=np.uint64),
+        [_meta(fmt.code, (300,)), _meta(fmt.code, (400,))],
+        fmt.code,
+        16,
+        10,
+        31,
+        POOL_BELOW,
+        GAPS.alphabet,
+        60,
+        True,
+    )[:2] == (-20, 0)
     stale = [r.copy() for r in refs]
     at = np.flatnonzero(flat_bits(refs[1]) != flat_bits(targets[1]))[0]
     stale[1].view(np.uint16)[at] ^= 1  # not the reference its sum claims, at a changed element: the target check fails
@@ -209,8 +229,9 @@ def test_apply_sparse_undoes_the_other_runs_when_one_raises():
     arrays = [r.copy() for r in refs]
     arrays[3].flags.writeable = False  # the second run cannot write (numpy: ValueError)
     with cf.ThreadPoolExecutor(2) as pool, pytest.raises((ValueError, BufferError)):
-        apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays], pool=pool,
-                     parts=2)
+        apply_sparse(
+            dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays], pool=pool, parts=2
+        )
     assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
 
 
@@ -227,7 +248,7 @@ def test_apply_sparse_reuses_its_buffers(backend):
         assert out is not None and len(buffers) == 1
         for a, t in zip(arrays, targets):
             assert np.array_equal(flat_bits(a), flat_bits(t))
-    (pos, new, old), = buffers.values()
+    ((pos, new, old),) = buffers.values()
     assert all(np.shares_memory(r.positions, pos) and np.shares_memory(r.words, new) for r in out)
     assert all(np.shares_memory(r.old, old) for r in out)
 
@@ -238,14 +259,21 @@ def test_reserved_buffers_are_written_once_and_the_first_call_applies_into_them(
     refs, targets, blobs = chunks(dtype, [3000] * 3, seed=8)
     buffers: dict = {}
     reserve_buffers(dtype, 5000, buffers)
-    (pos, new, old), = buffers.values()
+    ((pos, new, old),) = buffers.values()
     assert len(pos) == len(new) == len(old) == 5000 and (pos.dtype, new.dtype) == (np.int64, np.uint16)
     assert not pos.any() and not new.any() and not old.any()  # written (its pages faulted in)
     reserve_buffers(dtype, 100, buffers)  # smaller: kept as they are
     assert buffers[2][0] is pos
     arrays = [r.copy() for r in refs]
-    out = apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays],
-                       buffers=buffers, backend=backend)
+    out = apply_sparse(
+        dtype,
+        blobs,
+        arrays,
+        [content_sum(r) for r in refs],
+        [a.shape for a in arrays],
+        buffers=buffers,
+        backend=backend,
+    )
     assert out is not None and sum(len(r.positions) for r in out) <= 5000
     assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
     assert buffers[2][0] is pos and all(np.shares_memory(r.positions, pos) for r in out)
@@ -291,9 +319,22 @@ def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_noth
 def job(backend, dtype, blobs, arrays, order=None, crc=True):
     fmt = format_of(np.dtype(dtype))
     return kernels(backend).SparseApply(
-        list(blobs), [a.view(fmt.word) for a in arrays], np.array([content_sum(a) for a in arrays], dtype=np.uint64),
-        [_meta(fmt.code, tuple(a.shape)) for a in arrays], fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
-        POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, None, order, crc)
+        list(blobs),
+        [a.view(fmt.word) for a in arrays],
+        np.array([content_sum(a) for a in arrays], dtype=np.uint64),
+        [_meta(fmt.code, tuple(a.shape)) for a in arrays],
+        fmt.code,
+        fmt.width,
+        fmt.mant_bits,
+        fmt.n_contexts - 1,
+        POOL_BELOW,
+        GAPS.alphabet,
+        fmt.alphabet,
+        True,
+        None,
+        order,
+        crc,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -389,8 +430,9 @@ def test_apply_sparse_waits_on_the_helpers_when_the_spin_gives_up(backend, monke
     refs, targets, blobs = chunks(dtype, [200_000] * 6, seed=17, density=0.1)
     arrays = [r.copy() for r in refs]
     with cf.ThreadPoolExecutor(2) as pool:
-        out = apply_sparse(dtype, blobs, arrays, [content_sum(r) for r in refs], [r.shape for r in refs], pool=pool,
-                           parts=3)
+        out = apply_sparse(
+            dtype, blobs, arrays, [content_sum(r) for r in refs], [r.shape for r in refs], pool=pool, parts=3
+        )
     assert joins and out is not None and len(out) == len(blobs)
     assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
 
@@ -449,10 +491,22 @@ def test_job_refuses_arrays_that_overlap(backend):
     arr, other = states[0].copy(), refs[0].copy()
     with pytest.raises(ValueError, match="overlap"):
         kernels(backend).SparseApply(
-            [second, first, reseal(body)], [arr.view(fmt.word), arr.view(fmt.word), other.view(fmt.word)],
+            [second, first, reseal(body)],
+            [arr.view(fmt.word), arr.view(fmt.word), other.view(fmt.word)],
             np.array([content_sum(states[1]), content_sum(states[0]), content_sum(refs[0])], dtype=np.uint64),
-            [_meta(fmt.code, (3000,))] * 2 + [_meta(fmt.code, (800,))], fmt.code, fmt.width, fmt.mant_bits,
-            fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, None, [1, 0, 2], True)
+            [_meta(fmt.code, (3000,))] * 2 + [_meta(fmt.code, (800,))],
+            fmt.code,
+            fmt.width,
+            fmt.mant_bits,
+            fmt.n_contexts - 1,
+            POOL_BELOW,
+            GAPS.alphabet,
+            fmt.alphabet,
+            True,
+            None,
+            [1, 0, 2],
+            True,
+        )
     assert flat_bits(arr).tobytes() == flat_bits(states[0]).tobytes()
     # parts of one buffer: overlapping ones are refused, neighbours (the replica's chunks of a tensor) are fine
     refs, targets, blobs = chunks(dtype, [1000, 1000], seed=17)
@@ -482,3 +536,72 @@ def test_arrays_of_any_shape_are_their_words_in_memory_order(backend):
     with pytest.raises((ValueError, BufferError)):
         call(backend, dtype, [blob], [fortran], shapes=[(30, 40)])
     assert flat_bits(fortran).tobytes() == flat_bits(ref).tobytes()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_never_initialised_or_whose_init_raised_refuses_work_and_finish(backend):
+    """No crash and nothing written: RuntimeError from work() and finish() (a subclass may skip or swallow
+    ``__init__``)."""
+    k = kernels(backend)
+    if not hasattr(k.SparseApply, "join") or not hasattr(k, "mixsum_simd"):
+        pytest.skip("the compiled job's lifecycle")
+    job = k.SparseApply.__new__(k.SparseApply)
+    with pytest.raises(RuntimeError, match="before __init__"):
+        job.work()
+    with pytest.raises(RuntimeError, match="before __init__"):
+        job.finish()
+    dtype = ml_dtypes.bfloat16
+    refs, _, blobs = chunks(dtype, [300, 300], seed=9)
+    fmt = format_of(np.dtype(dtype))
+    arr = refs[0].copy()
+    job = k.SparseApply.__new__(k.SparseApply)
+    with pytest.raises(ValueError, match="overlap"):  # raises after its buffers and C arrays were allocated
+        job.__init__(
+            blobs,
+            [arr.view(fmt.word), arr.view(fmt.word)],
+            [content_sum(arr)] * 2,
+            [_meta(fmt.code, arr.shape)] * 2,
+            fmt.code,
+            fmt.width,
+            fmt.mant_bits,
+            fmt.n_contexts - 1,
+            POOL_BELOW,
+            GAPS.alphabet,
+            fmt.alphabet,
+            True,
+        )
+    for call in (job.work, job.finish):
+        with pytest.raises(RuntimeError, match="before __init__"):
+            call()
+    assert flat_bits(arr).tobytes() == flat_bits(refs[0]).tobytes()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_never_worked_reports_lists_like_a_finished_one(backend):
+    """``finish()`` gives starts and sums as lists of ints on every backend, worked or not."""
+    dtype = ml_dtypes.bfloat16
+    refs, _, blobs = chunks(dtype, [300, 500], seed=4)
+    fmt = format_of(np.dtype(dtype))
+    for work in (True, False):
+        arrays = [r.copy() for r in refs]
+        job = kernels(backend).SparseApply(
+            blobs,
+            [a.view(fmt.word) for a in arrays],
+            [content_sum(a) for a in arrays],
+            [_meta(fmt.code, a.shape) for a in arrays],
+            fmt.code,
+            fmt.width,
+            fmt.mant_bits,
+            fmt.n_contexts - 1,
+            POOL_BELOW,
+            GAPS.alphabet,
+            fmt.alphabet,
+            True,
+        )
+        if work:
+            job.work()
+        job.join()
+        status, _, _, _, _, starts, sums = job.finish()
+        assert (status == 0) == work
+        assert type(starts) is list and type(sums) is list and len(starts) == 3 and len(sums) == 2
+        assert all(type(x) is int for x in starts + sums)

@@ -538,7 +538,8 @@ cdef class SparseApply:
     ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
     words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
     code byte and the LEB128 dims of its shape), whose ``hash_sum64`` is
-    ``ref_sums[i]``; with ``write``, no two arrays may overlap in memory
+    ``ref_sums[i]`` (an int in [0, 2**64): OverflowError otherwise; ``order``,
+    if given, a permutation of the blob indices as ints); with ``write``, no two arrays may overlap in memory
     (ValueError).  ``emask``: the dtype's context mask (0 for blobs flagged
     without exponent contexts).  ``crc``: check each blob's CRC-32 too (else
     the caller has).
@@ -554,7 +555,7 @@ cdef class SparseApply:
 
     cdef Job job
     cdef Py_ssize_t c
-    cdef int parse_status, wb, got_b, got_d, done, closed
+    cdef int parse_status, wb, got_b, got_d, done, closed, ready  # ready: __init__ ran to its end
     cdef object pos, new, old
     cdef uint8_t* new_p
     cdef uint8_t* old_p
@@ -680,6 +681,7 @@ cdef class SparseApply:
         self.job.mant_bits, self.job.pool_below = mant_bits, pool_below
         self.job.g_alphabet, self.job.t_alphabet, self.job.crc, self.job.write = g_alphabet, t_alphabet, crc, write
         self.job.next, self.job.stop, self.job.running = 0, 0, 0
+        self.ready = 1
 
     def work(self):
         """Decode, check and write blobs until none is left (or one failed); the GIL released throughout."""
@@ -687,7 +689,7 @@ cdef class SparseApply:
         cdef uint8_t* old_p = self.old_p
         if self.done or self.closed:  # (a pool thread that started late) every blob was taken, or the job stopped
             return
-        if self.job.parsed == NULL:
+        if not self.ready:  # (never initialised, or its __init__ raised)
             raise RuntimeError("SparseApply: work() before __init__")
         ulp_enter(&self.job.running)  # under the GIL, as finish() runs: it never releases the job under a worker
         with nogil:
@@ -748,6 +750,8 @@ cdef class SparseApply:
         cdef const uint8_t* old_p = self.old_p
         if self.done:
             raise RuntimeError("SparseApply: finish() called twice")
+        if not self.ready:  # (never initialised, or its __init__ raised: nothing was written)
+            raise RuntimeError("SparseApply: finish() before __init__")
         if ulp_running(&self.job.running):
             raise RuntimeError("SparseApply: finish() while work() is running (call join() first)")
         self.done = 1  # no work() starts from here on (the undo below releases the GIL)

@@ -256,5 +256,5 @@ class SparseApply:
         if self._result is None:  # never worked: nothing was written
             word = np.dtype(f"<u{self._args[5] // 8}")
             empty = np.empty(0, np.int64), np.empty(0, word), np.empty(0, word)
-            return -8, 0, *empty, np.zeros(len(blobs) + 1, np.int64), np.zeros(len(blobs), np.uint64)
+            return -8, 0, *empty, [0] * (len(blobs) + 1), [0] * len(blobs)
         return self._result

@@ -28,6 +28,7 @@ from numcodecs import zstd as _zstd
 from .. import codec as _ulpack
 from ..codec._api import decode_into
 from ..codec._dtypes import format_of
+from ..codec._inplace import is_sparse_blob
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [
@@ -87,13 +88,18 @@ def encode_chunk(chunk: np.ndarray, reference: np.ndarray | None, codec: str, sp
 
     ``sparse``: a ULPack delta in which few elements change is coded by position
     (SPARSE mode), so :func:`ulstore.decode_changes` applies it in O(changes), and
-    without exponent contexts: 2-3% larger on RL steps, but a follower's in-place
-    apply then reads and writes each changed word in one pass over memory instead
-    of two, 16-19% faster (``_apply.pxi``, ``fused_put``).
+    without exponent contexts: 2.7% larger on the benchmark's RL steps (more where
+    the changed elements' exponents say more about their residuals), but a
+    follower's in-place apply then reads and writes each changed word in one pass
+    over memory instead of two, 16-19% faster (``_apply.pxi``, ``fused_put``).  A
+    delta that changes too much for SPARSE mode keeps its contexts: it is coded
+    again with them (nothing applies dense deltas in place).
     """
     if codec == ULPACK:
         if sparse and reference is not None:
-            return _ulpack.encode(chunk, reference, sparse=True, econd=False)
+            blob = _ulpack.encode(chunk, reference, sparse=True, econd=False)
+            if is_sparse_blob(blob):
+                return blob
         return _ulpack.encode(chunk, reference)
     return zstd_compress(le_bytes(chunk))
 
