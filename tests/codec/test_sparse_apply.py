@@ -316,9 +316,10 @@ def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_noth
             assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs)), bad_at
 
 
-def job(backend, dtype, blobs, arrays, order=None, crc=True):
+def job_args(dtype, blobs, arrays, order=None, crc=True) -> tuple:
+    """``SparseApply``'s arguments: ``blobs`` applied to ``arrays`` (their sums and shapes as they are now)."""
     fmt = format_of(np.dtype(dtype))
-    return kernels(backend).SparseApply(
+    return (
         list(blobs),
         [a.view(fmt.word) for a in arrays],
         np.array([content_sum(a) for a in arrays], dtype=np.uint64),
@@ -335,6 +336,10 @@ def job(backend, dtype, blobs, arrays, order=None, crc=True):
         order,
         crc,
     )
+
+
+def job(backend, dtype, blobs, arrays, order=None, crc=True):
+    return kernels(backend).SparseApply(*job_args(dtype, blobs, arrays, order, crc))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -543,34 +548,20 @@ def test_a_job_never_initialised_or_whose_init_raised_refuses_work_and_finish(ba
     """No crash and nothing written: RuntimeError from work() and finish() (a subclass may skip or swallow
     ``__init__``)."""
     k = kernels(backend)
-    if not hasattr(k.SparseApply, "join") or not hasattr(k, "mixsum_simd"):
+    if not hasattr(k, "mixsum_simd"):
         pytest.skip("the compiled job's lifecycle")
-    job = k.SparseApply.__new__(k.SparseApply)
+    j = k.SparseApply.__new__(k.SparseApply)
     with pytest.raises(RuntimeError, match="before __init__"):
-        job.work()
+        j.work()
     with pytest.raises(RuntimeError, match="before __init__"):
-        job.finish()
+        j.finish()
     dtype = ml_dtypes.bfloat16
     refs, _, blobs = chunks(dtype, [300, 300], seed=9)
-    fmt = format_of(np.dtype(dtype))
     arr = refs[0].copy()
-    job = k.SparseApply.__new__(k.SparseApply)
+    j = k.SparseApply.__new__(k.SparseApply)
     with pytest.raises(ValueError, match="overlap"):  # raises after its buffers and C arrays were allocated
-        job.__init__(
-            blobs,
-            [arr.view(fmt.word), arr.view(fmt.word)],
-            [content_sum(arr)] * 2,
-            [_meta(fmt.code, arr.shape)] * 2,
-            fmt.code,
-            fmt.width,
-            fmt.mant_bits,
-            fmt.n_contexts - 1,
-            POOL_BELOW,
-            GAPS.alphabet,
-            fmt.alphabet,
-            True,
-        )
-    for call in (job.work, job.finish):
+        j.__init__(*job_args(dtype, blobs, [arr, arr]))
+    for call in (j.work, j.finish):
         with pytest.raises(RuntimeError, match="before __init__"):
             call()
     assert flat_bits(arr).tobytes() == flat_bits(refs[0]).tobytes()
@@ -581,27 +572,12 @@ def test_a_job_never_worked_reports_lists_like_a_finished_one(backend):
     """``finish()`` gives starts and sums as lists of ints on every backend, worked or not."""
     dtype = ml_dtypes.bfloat16
     refs, _, blobs = chunks(dtype, [300, 500], seed=4)
-    fmt = format_of(np.dtype(dtype))
     for work in (True, False):
-        arrays = [r.copy() for r in refs]
-        job = kernels(backend).SparseApply(
-            blobs,
-            [a.view(fmt.word) for a in arrays],
-            [content_sum(a) for a in arrays],
-            [_meta(fmt.code, a.shape) for a in arrays],
-            fmt.code,
-            fmt.width,
-            fmt.mant_bits,
-            fmt.n_contexts - 1,
-            POOL_BELOW,
-            GAPS.alphabet,
-            fmt.alphabet,
-            True,
-        )
+        j = job(backend, dtype, blobs, [r.copy() for r in refs], crc=False)
         if work:
-            job.work()
-        job.join()
-        status, _, _, _, _, starts, sums = job.finish()
+            j.work()
+        j.join()
+        status, _, _, _, _, starts, sums = j.finish()
         assert (status == 0) == work
         assert type(starts) is list and type(sums) is list and len(starts) == 3 and len(sums) == 2
         assert all(type(x) is int for x in starts + sums)
