@@ -24,9 +24,10 @@ version to this one, in four formats, and what each costs in time:
   is written (the time until that check is done is printed below the
   table); **trusted**: the same with
   ``Follower(trust_state=True)``; both cost time in proportion to the
-  changed elements.  Both are told the version, ``poll(to=v)``, as a
-  control plane's message tells them (and as TRL's replica is handed its
-  file); **polled**: a trusted follower that finds the version itself, by
+  changed elements.  Both are told the version and handed its step
+  document, ``poll(to=v, document=info.document)``, as a control plane's
+  message tells them (and as TRL's replica is handed its file's name), so
+  each version is one request, a range of its pack; **polled**: a trusted follower that finds the version itself, by
   reading the branch head (``poll()``: one LIST and one GET more); **floor**: writing the changed values at known positions
   with a compiled loop, which every format's apply must do (TRL and the
   floor keep their own state across versions, as a replica does, so every
@@ -334,6 +335,7 @@ def main(argv=None) -> None:
     for f in (f for group in fleet.values() for f in group if f is not follower):
         f.bootstrap()
     reads = Counter(polled.trajectory._io, reads=True)  # what a follower that reads the branch head downloads
+    told_reads = Counter(fleet["trusted"][0].trajectory._io, reads=True)  # and one told the version and document
     dense_reads = Counter(dense_follower.trajectory._io, reads=True)
     print(
         f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
@@ -384,13 +386,14 @@ def main(argv=None) -> None:
                 continue
             gc.collect()  # untimed: see the module docstring
             t1 = time.perf_counter()
-            assert (replica.poll() if kind == "polled" else replica.poll(to=v)) == v
+            assert (replica.poll() if kind == "polled" else replica.poll(to=v, document=info.document)) == v
             timed[kind].append(time.perf_counter() - t1)
             replica.wait_scan()  # the default mode's check of the state, in the background after the apply
             if kind == "apply":
                 checked.append(time.perf_counter() - t1)
         median = {k: statistics.median(t) for k, t in timed.items() if t}
         gets, ulp = reads.take()
+        told_gets, _ = told_reads.take()
         traj = pub.trajectory
         deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
         packs = b"".join(traj.fetch_blobs(deltas))
@@ -401,6 +404,7 @@ def main(argv=None) -> None:
             puts=puts,
             ulp=ulp,
             gets=gets,
+            told_gets=told_gets,
             dense=dense,
             i32=len(i32),
             gap=len(gap),
@@ -472,12 +476,15 @@ def main(argv=None) -> None:
         f"(max {max(r['objs'] for r in rows)}: pack, step document, ref log entry; "
         f"{max(r['puts'] for r in rows)} writes with the store's transient commit intent)"
     )
-    gets = sorted({r["gets"] for r in rows})
-    span = str(gets[0]) if len(gets) == 1 else f"{gets[0]}-{gets[-1]}"
+
+    def span(key):
+        got = sorted({r[key] for r in rows})
+        return str(got[0]) if len(got) == 1 else f"{got[0]}-{got[-1]}"
+
     print(
-        f"  GET requests per version, a follower reading the branch head: {span}"
-        " (the head's ref, the step document, one range of the step's pack: its blobs and table block; told the"
-        " version, one fewer); TRL int32: 1 file"
+        f"  GET requests per version: told the version and its step document, {span('told_gets')} (one range of the"
+        f" step's pack: its blobs and table block); reading the branch head, {span('gets')} (the head's ref and the"
+        " step document too); TRL int32: 1 file"
     )
     trl_total = [r["i32"] / GB + r["trl_best"] for r in rows]
     for label, key in (("trusted", "trusted"), ("default", "apply"), ("trusted, reading the branch head", "polled")):

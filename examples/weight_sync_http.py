@@ -6,10 +6,13 @@ a store (a local directory here; an ``s3://`` URL works the same).  An
 inference replica runs as a separate process with an HTTP server on localhost.
 After each publish the trainer POSTs one small JSON message::
 
-    {"url": "<store URL>", "version": 7}
+    {"url": "<store URL>", "version": 7, "document": "<version 7's step document>"}
 
-The replica follows the store up to that version (applying the ULPack deltas
-in place), and answers with the version it now holds and a sha256 of its
+The step document (a few hundred bytes of JSON text, ``PublishInfo.document``)
+spares the replica reading it from the bucket: a replica one version behind
+makes one request per version, a range of the version's pack, as a TRL
+replica reads the one delta file named in its message.  The replica follows
+the store up to that version (applying the ULPack deltas in place), and answers with the version it now holds and a sha256 of its
 weights, which the trainer compares with its own.  The trainer never sends
 weights to the replica and the replica never talks to the trainer except to
 answer: the bucket is the data plane.
@@ -67,8 +70,9 @@ class Replica(BaseHTTPRequestHandler):
         f = cls.follower
         # the version exists: the trainer publishes before it posts.  poll(to=) catches up with
         # everything published since the last message (one version or several) up to exactly
-        # that version, without reading the branch head (the message names it)
-        f.poll(to=body["version"])
+        # that version, without reading the branch head (the message names it) or the version's
+        # step document (the message carries it; checked as if read from the bucket)
+        f.poll(to=body["version"], document=body.get("document"))
         self._reply(
             {
                 "version": f.version,
@@ -118,7 +122,8 @@ def run_trainer(url: str, steps: int, anchor_every: int, port: int) -> bool:
     with Publisher(url, anchor_every=anchor_every) as pub:
         for step, state, loss in toytrain.train(config, steps, lr=3e-6, warmup_steps=40):
             info = pub.publish(step, state, metadata={"model_version": step, "loss": loss})
-            answer = post(port, "/update", {"url": url, "version": step})  # the whole control plane
+            # the whole control plane
+            answer = post(port, "/update", {"url": url, "version": step, "document": info.document.decode()})
             exact = answer["version"] == step and answer["sha256"] == digest(state)
             all_exact &= exact
             what = info.kind + (" + anchor" if info.anchor else "")

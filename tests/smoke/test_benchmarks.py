@@ -39,7 +39,8 @@ def test_sync_benchmark_smoke(cache):
         "ULPack (sparse, the default): <= 1/4 of TRL int32",
         "ULPack dense:",
         "objects per delta version <= 3",
-        "GET requests per version, a follower reading the branch head: 3 (",  # ref, step document, one pack range
+        "GET requests per version: told the version and its step document, 1 (",  # one pack range
+        "reading the branch head, 3 (",  # ref, step document, one pack range
         "download at 1 GB/s + apply <= TRL int32's, trusted",
         "scatter floor",
         "extrapolation on paper",

@@ -13,7 +13,8 @@ import pytest
 import ulstore
 from tests.helpers.bits import bits_of as bits
 from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, states_bf16
-from ulstore.errors import CorruptBlobError, InvalidInputError, TensorNotFoundError
+from ulstore.core.objects import MAX_DOCUMENT_BYTES
+from ulstore.errors import CorruptBlobError, CorruptManifestError, InvalidInputError, TensorNotFoundError
 from ulstore.store import _decode_plan, _writer
 from ulstore.store._layout import pack_key
 from ulstore.store._reader import _MAX_AHEAD_PACKS
@@ -809,3 +810,41 @@ def test_step_documents_cached_are_bounded_and_read_again_checked(monkeypatch):
         ro.info(5)
     assert_state_equal(ro.read(4), states[4])
     assert len(ro._reader._docs) <= 3
+
+
+def test_a_step_document_handed_over_spares_the_reader_its_request():
+    """step_document() on the writer, accept_step_document() on a reader: the step is then read with its blobs'
+    ranges only, exactly; a damaged, mismatched or different document is refused and nothing is kept."""
+    states = states_bf16(3)
+    traj = ulstore.open(_mem(), mode="w")
+    for step in range(3):
+        traj.commit(step, states[step])
+    doc = traj.step_document(2)
+    assert doc == traj._io.get("steps/2/zarr.json") and doc.isascii()
+    assert traj.step_document("main") == doc
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    counter = CountingIO(ro._io)
+    info = ro.accept_step_document(2, doc.decode())
+    assert info == traj.info(2) and info.parent == 1
+    assert ro.accept_step_document(2, doc) == info  # the same one again
+    assert_state_equal(ro.read(2), states[2])
+    assert "steps/2/zarr.json" not in counter.docs() and counter.packs()
+    fresh = ulstore.open(traj.url, mode="r")
+    for bad, step, err, match in [
+        (doc[:-2] + b"0}", 2, CorruptManifestError, "checksum|canonical"),
+        (doc, 1, CorruptManifestError, "is for step 2"),
+        (b"not json", 2, CorruptManifestError, "malformed"),
+        (bytearray(MAX_DOCUMENT_BYTES + 1), 2, InvalidInputError, "at most"),
+        ([1, 2], 2, InvalidInputError, "bytes or str"),
+        (doc, -1, InvalidInputError, "step"),
+    ]:
+        with pytest.raises(err, match=match):
+            fresh.accept_step_document(step, bad)
+    assert fresh._reader._docs == {}  # nothing kept from the refused ones
+    other = ulstore.open(_mem(), mode="w")
+    other.commit(0, states[0])
+    other.commit(1, states[2], parent=0)  # a step 1 of another trajectory
+    ro.info(1)
+    with pytest.raises(CorruptManifestError, match="differs from the step document already read"):
+        ro.accept_step_document(1, other.step_document(1))
+    assert ro.info(1) == traj.info(1)

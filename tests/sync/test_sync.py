@@ -17,6 +17,7 @@ import pytest
 import ulstore
 from tests.helpers.store import CountingIO
 from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_digest
+from ulstore.core.objects import MAX_DOCUMENT_BYTES
 from ulstore.errors import InvalidInputError, NotFoundError
 from ulstore.sync import (
     BucketAccessError,
@@ -670,6 +671,50 @@ def test_poll_to_an_announced_version_reads_no_ref_and_proves_the_chain(states, 
             f.poll(to=bad)
     assert f.version == 4 and f.poll() == 5  # the branch head, as before
     assert_same_bits(f.state, states[5])
+    f.close()
+
+
+def test_poll_with_the_announced_document_makes_one_request_per_version(states, url):
+    """The publisher's document sent with the version: a follower one version behind reads only the range of its
+    pack (TRL's one file per version), and ends bit-exact; a second announcement of the same document is fine."""
+    infos = publish_all(url, states[:2], anchor_every=20)
+    f = Follower(url)
+    assert f.poll(to=1, document=infos[1].document) == 1
+    io = f.trajectory._io
+    counter, listed = CountingIO(io), []
+    io.list = lambda prefix, *a, _list=io.list, **kw: (listed.append(prefix), _list(prefix, *a, **kw))[1]
+    with Publisher(url, anchor_every=20, chunk_elems=CHUNK) as pub:
+        for v in range(2, 5):
+            info = pub.publish(v, states[v])
+            assert info.document == open(os.path.join(url, "steps", str(v), "zarr.json"), "rb").read()
+            counter.reset()
+            assert f.poll(to=v, document=info.document.decode() if v == 3 else info.document) == v
+            assert len(counter.reads) == 1 and counter.packs() and not listed, (counter.reads, listed)
+            assert_same_bits(f.state, states[v])
+            assert f.poll(to=v, document=info.document) is None  # stale: nothing moves, nothing read
+    f.close()
+
+
+def test_poll_with_a_damaged_or_foreign_document_raises_and_changes_nothing(states, url):
+    infos = publish_all(url, states[:4], anchor_every=20)
+    f = Follower(url)
+    assert f.poll(to=1) == 1
+    good = infos[2].document
+    flipped = good.replace(b'"step":2', b'"step":3')
+    for bad, to, match in [
+        (good[:-1] + b"!", 2, "not sound"),  # a damaged byte: fails its canonical form / checksum
+        (flipped, 2, "not sound"),  # the number changed: fails its checksum
+        (infos[3].document, 2, "not sound"),  # another version's document
+        (good, None, "pass both"),
+        (bytearray(MAX_DOCUMENT_BYTES + 1), 2, "at most"),
+        (12, 2, "bytes or str"),
+    ]:
+        with pytest.raises(InvalidInputError, match=match):
+            f.poll(to=to, document=bad)
+        assert f.version == 1
+        assert_same_bits(f.state, states[1])
+    assert f.poll(to=2, document=good) == 2 and f.poll(to=3) == 3  # the good ones still work
+    assert_same_bits(f.state, states[3])
     f.close()
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.objects import MAX_DOCUMENT_BYTES
 from ..errors import InvalidInputError
 from ._base import MAIN, TrajectoryBase
 from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
+from ._layout import check_step
 from ._logical import LogicalStore
 
 __all__ = ["ReadMixin", "StepInfo"]
@@ -238,6 +240,49 @@ class ReadMixin(TrajectoryBase):
     def info(self, step_or_ref) -> StepInfo:
         """Parent, anchor distance, creation time, metadata and content checksums of one step."""
         return _info(self._reader.doc(self._resolve(step_or_ref)))
+
+    def step_document(self, step_or_ref) -> bytes:
+        """The step's document exactly as stored: a few hundred bytes of canonical JSON.
+
+        Hand it, with the step number, to another process that is about to
+        read the step (a replica told of a new version): its
+        :meth:`accept_step_document` then spares it the request for it.
+        """
+        return self._reader.doc(self._resolve(step_or_ref)).to_bytes()
+
+    def accept_step_document(self, step: int, document) -> StepInfo:
+        """Check ``step``'s document received from another process (:meth:`step_document`) and keep it.
+
+        Reading the step then needs no request for its document.  The bytes
+        are checked as if read from storage (canonical form, checksum, the
+        step number); they are not compared with the stored copy, so they are
+        trusted as the storage is: give only what the committing process sent.
+
+        Parameters
+        ----------
+        step : int
+        document : bytes or str
+            The document's bytes (its ASCII text also works, as a JSON control
+            message carries it).
+
+        Raises
+        ------
+        CorruptManifestError
+            The bytes are not a sound step document of ``step``, or this
+            trajectory already holds a different document for it.
+        InvalidInputError
+            ``document`` is neither bytes nor str, or longer than a step
+            document may be.
+        """
+        step = check_step(step)
+        if isinstance(document, str):
+            document = document.encode("ascii", "replace")  # canonical documents are ASCII: '?' fails the check
+        if not isinstance(document, (bytes, bytearray, memoryview)):
+            raise InvalidInputError(f"a step document is bytes or str, not {type(document).__name__}")
+        if len(document) > MAX_DOCUMENT_BYTES:
+            raise InvalidInputError(f"a step document is at most {MAX_DOCUMENT_BYTES} bytes, got {len(document)}")
+        d = self._reader.accept_doc(step, bytes(document))
+        return _info(d)
 
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""

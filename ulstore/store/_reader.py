@@ -160,6 +160,21 @@ class ChunkReader(ValuesMixin):
 
         return self._once(("doc", step), load)
 
+    def accept_doc(self, step: int, data: bytes) -> StepDoc:
+        """Check a step document received out of band and cache it; the one cached if it is the same document.
+
+        Raises CorruptManifestError if it fails its checks or differs from the one cached.
+        """
+        key = step_key(step)
+        d = StepDoc.from_bytes(data, key=key, step=step)
+        held = self._docs.get(step)
+        if held is None:
+            self.keep_doc(d)
+            return d
+        if held.content != d.content or held.to_bytes() != data:
+            raise CorruptManifestError("differs from the step document already read", step=step, key=key)
+        return held
+
     def keep_doc(self, d: StepDoc) -> None:
         """Cache a checked step document (the oldest cached goes beyond ``_MAX_DOCS``: read again if needed)."""
         with self._lock:

@@ -271,7 +271,7 @@ class Follower(CatchUp, WorkerOwner):
 
     # -- polling ----------------------------------------------------------------------
 
-    def poll(self, to: int | None = None) -> int | None:
+    def poll(self, to: int | None = None, *, document=None) -> int | None:
         """Catch up with the newest published version (or with version ``to``).
 
         Parameters
@@ -284,6 +284,13 @@ class Follower(CatchUp, WorkerOwner):
             version to reach: the chain from the version held to it is proven
             from the step documents as always.  A version at or below the one
             held is a stale announcement: nothing happens.
+        document : bytes or str, optional
+            Version ``to``'s step document, sent with the announcement
+            (:attr:`PublishInfo.document`): it is checked as if read from the
+            bucket (canonical form, checksum, version) and not read again, so
+            a version that follows the one held takes one request (a range of
+            its pack).  Trusted as the bucket is: send only what the publisher
+            returned.
 
         Returns
         -------
@@ -299,16 +306,20 @@ class Follower(CatchUp, WorkerOwner):
             The bucket could not be read; the state still holds :attr:`version`.
         InvalidInputError
             The published tensors no longer match the caller's state dict, or
-            ``to`` is not a version number.
+            ``to`` is not a version number, or ``document`` is not a sound
+            step document of version ``to`` (nothing changed).
         """
         before = self.version
-        for _ in self._advance(one_by_one=False, to=self._announced(to)):
+        for _ in self._advance(one_by_one=False, to=self._announced(to, document)):
             pass
         return self.version if self.version != before else None
 
-    def _announced(self, to) -> int | None:
-        """``to`` checked: None, or a published step (its step document read, and kept for the chain proof)."""
+    def _announced(self, to, document=None) -> int | None:
+        """``to`` checked: None, or a published step (its step document read or ``document`` accepted, and kept for
+        the chain proof)."""
         if to is None:
+            if document is not None:
+                raise InvalidInputError("poll(document=) is the document of version to=: pass both")
             return None
         if isinstance(to, bool) or not isinstance(to, int) or to < 0:
             raise InvalidInputError(f"to must be a version number (an int >= 0), got {to!r}")
@@ -316,6 +327,12 @@ class Follower(CatchUp, WorkerOwner):
         if self.version is not None and to <= self.version:
             return to
         traj = self._trajectory()
+        if traj is not None and document is not None:
+            try:
+                traj.accept_step_document(to, document)
+            except IntegrityError as e:  # the message was damaged (or is not this bucket's): the caller's to fix
+                raise InvalidInputError(f"the document announced with version {to} is not sound: {e}") from None
+            return to
         try:
             if traj is None:
                 raise NotFoundError("no trajectory")

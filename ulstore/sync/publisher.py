@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,6 +61,12 @@ class PublishInfo:
         Blob bytes written for the delta and for the snapshot.
     seconds : float
         Wall time of the call.
+    document : bytes
+        The version's step document as stored (a few hundred bytes of ASCII
+        JSON).  A control plane that sends it with the version lets followers
+        skip reading it from the bucket: ``Follower.poll(to=version,
+        document=document)`` then makes one request for the version, as a
+        replica told the name of a TRL delta file does.
     """
 
     version: int
@@ -72,6 +78,7 @@ class PublishInfo:
     delta_bytes: int
     anchor_bytes: int
     seconds: float
+    document: bytes = field(repr=False, default=b"")
 
 
 class Publisher(WorkerOwner):
@@ -263,6 +270,7 @@ class Publisher(WorkerOwner):
         self.stats["versions"] += 1
         self.stats["anchors"] += int(snapshot or reset)
         self.stats["bytes"] += delta_bytes + (anchor_bytes if not reset else 0)
+        document = traj.step_document(version)  # cached: no read
         return PublishInfo(
             version,
             "reset" if reset else "delta",
@@ -273,6 +281,7 @@ class Publisher(WorkerOwner):
             0 if reset else delta_bytes,
             anchor_bytes,
             time.perf_counter() - t0,
+            document,
         )
 
     def _drop_orphan(self, version: int, head: int | None) -> None:
