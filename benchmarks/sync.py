@@ -332,8 +332,21 @@ def main(argv=None) -> None:
     t1 = time.perf_counter()
     follower.bootstrap()
     boot = time.perf_counter() - t1
-    for f in (f for group in fleet.values() for f in group if f is not follower):
-        f.bootstrap()
+    # the replicas' states are made in turns too, replica i of every kind (TRL's below included) before replica
+    # i + 1: a slow stretch of this VM's memory then holds one replica of each kind, as a pause of its CPUs meets
+    # one of each.  (Made kind by kind, every replica of one kind shared it: its whole job ran 5-10x slower for one
+    # version, on-CPU, with no page fault or context switch, while the other kinds' replicas ran as ever.)
+    # the baselines are replicas too: each keeps its own state and applies every version in place, so its
+    # memory is as cold (or warm) as the followers' when a version arrives
+    trl_states: list[dict] = []
+    trl_torch_states: list = []
+    for i in range(args.replicas):
+        for group in fleet.values():
+            if group[i] is not follower:
+                group[i].bootstrap()
+        trl_states.append({k: v.copy() for k, v in states[0].items()})
+        trl_torch_states.append(torch_state(states[0]))
+    trl_torch_states = [t for t in trl_torch_states if t is not None]
     reads = Counter(polled.trajectory._io, reads=True)  # what a follower that reads the branch head downloads
     told_reads = Counter(fleet["trusted"][0].trajectory._io, reads=True)  # and one told the version and document
     dense_reads = Counter(dense_follower.trajectory._io, reads=True)
@@ -342,13 +355,9 @@ def main(argv=None) -> None:
         f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n"
     )
 
-    # the baselines are replicas too: each keeps its own state and applies every version in place, so its
-    # memory is as cold (or warm) as the followers' when a version arrives
-    trl_states = [{k: v.copy() for k, v in states[0].items()} for _ in range(args.replicas)]
-    trl_torch_states = [t for t in (torch_state(states[0]) for _ in range(args.replicas)) if t is not None]
     floor_state = {k: v.copy() for k, v in states[0].items()}
-    # the baselines' states were copied just now, after the followers bootstrapped: without this they would
-    # meet the first version in a warm cache (at 204M parameters, TRL's last-made states in a 300 MB L3)
+    # the states made last (TRL's, the floor's) would otherwise meet the first version in a warm cache (at 204M
+    # parameters, in a 300 MB L3)
     np.ones(1 << 29, np.uint8)  # 512 MB written
 
     head = (
