@@ -493,7 +493,8 @@ def main(argv=None) -> None:
     print(
         f"  GET requests per version: told the version and its step document, {span('told_gets')} (one range of the"
         f" step's pack: its blobs and table block); reading the branch head, {span('gets')} (the head's ref and the"
-        " step document too); TRL int32: 1 file"
+        " step document too); TRL int32: 1 file.  The times here leave out each request's latency (on S3 tens of ms to"
+        " the first byte): one request per version each, a told follower and TRL's pay it alike"
     )
     trl_total = [r["i32"] / GB + r["trl_best"] for r in rows]
     for label, key in (("trusted", "trusted"), ("default", "apply"), ("trusted, reading the branch head", "polled")):
