@@ -813,8 +813,9 @@ def test_step_documents_cached_are_bounded_and_read_again_checked(monkeypatch):
 
 
 def test_a_step_document_handed_over_spares_the_reader_its_request():
-    """step_document() on the writer, accept_step_document() on a reader: the step is then read with its blobs'
-    ranges only, exactly; a damaged, mismatched or different document is refused and nothing is kept."""
+    """step_document() on the writer, accept_step_document() on a reader holding its parent: the step is then read
+    with its blobs' ranges only, exactly; a damaged, unlinked, mismatched or different document is refused (or, on
+    another parent, not kept)."""
     states = states_bf16(3)
     traj = ulstore.open(_mem(), mode="w")
     for step in range(3):
@@ -822,29 +823,34 @@ def test_a_step_document_handed_over_spares_the_reader_its_request():
     doc = traj.step_document(2)
     assert doc == traj._io.get("steps/2/zarr.json") and doc.isascii()
     assert traj.step_document("main") == doc
+    with pytest.raises(InvalidInputError, match="mode='r'"):
+        traj.accept_step_document(2, doc, parent=(1, traj.info(1).content))  # a writer reads its own
     ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    held = (1, ro.info(1).content)
     counter = CountingIO(ro._io)
-    info = ro.accept_step_document(2, doc.decode())
+    info = ro.accept_step_document(2, doc.decode(), parent=held)
     assert info == traj.info(2) and info.parent == 1
-    assert ro.accept_step_document(2, doc) == info  # the same one again
+    assert ro.accept_step_document(2, doc, parent=held) == info  # the same one again
     assert_state_equal(ro.read(2), states[2])
     assert "steps/2/zarr.json" not in counter.docs() and counter.packs()
     fresh = ulstore.open(traj.url, mode="r")
-    for bad, step, err, match in [
-        (doc[:-2] + b"0}", 2, CorruptManifestError, "checksum|canonical"),
-        (doc, 1, CorruptManifestError, "is for step 2"),
-        (b"not json", 2, CorruptManifestError, "malformed"),
-        (bytearray(MAX_DOCUMENT_BYTES + 1), 2, InvalidInputError, "at most"),
-        ([1, 2], 2, InvalidInputError, "bytes or str"),
-        (doc, -1, InvalidInputError, "step"),
+    for bad, step, parent, err, match in [
+        (doc[:-2] + b"0}", 2, held, CorruptManifestError, "checksum|canonical"),
+        (doc, 1, held, CorruptManifestError, "is for step 2"),
+        (b"not json", 2, held, CorruptManifestError, "malformed"),
+        (doc, 2, (1, "0" * 32), CorruptManifestError, "not committed on step 1 as held"),
+        (bytearray(MAX_DOCUMENT_BYTES + 1), 2, held, InvalidInputError, "at most"),
+        ([1, 2], 2, held, InvalidInputError, "bytes or str"),
+        (doc, -1, held, InvalidInputError, "step"),
     ]:
         with pytest.raises(err, match=match):
-            fresh.accept_step_document(step, bad)
+            fresh.accept_step_document(step, bad, parent=parent)
+    assert fresh.accept_step_document(2, doc, parent=(0, traj.info(0).content)) == info  # another parent: not kept
     assert fresh._reader._docs == {}  # nothing kept from the refused ones
     other = ulstore.open(_mem(), mode="w")
     other.commit(0, states[0])
-    other.commit(1, states[2], parent=0)  # a step 1 of another trajectory
+    other.commit(1, states[2], parent=0)  # a step 1 of another trajectory, on the same step 0
     ro.info(1)
     with pytest.raises(CorruptManifestError, match="differs from the step document already read"):
-        ro.accept_step_document(1, other.step_document(1))
+        ro.accept_step_document(1, other.step_document(1), parent=(0, traj.info(0).content))
     assert ro.info(1) == traj.info(1)

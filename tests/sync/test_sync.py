@@ -5,6 +5,7 @@ missing objects, clear errors for misconfigured buckets, and the sync bucket rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -695,26 +696,70 @@ def test_poll_with_the_announced_document_makes_one_request_per_version(states, 
     f.close()
 
 
-def test_poll_with_a_damaged_or_foreign_document_raises_and_changes_nothing(states, url):
+def test_poll_with_a_damaged_or_foreign_document_raises_and_changes_nothing(states, url, tmp_path):
+    """A refused document: InvalidInputError, the state, version, stats and events as they were, nothing recovered
+    and nothing kept; the version's genuine document then works.  Among them another bucket's document of the same
+    version on the same history (its pack is not in this bucket) and one not committed on the version held."""
     infos = publish_all(url, states[:4], anchor_every=20)
+    mirror = str(tmp_path / "mirror")  # the same versions 0 and 1, then its own version 2
+    foreign = publish_all(mirror, [states[0], states[1], states[5]], anchor_every=20)[2].document
+    assert foreign != infos[2].document
     f = Follower(url)
     assert f.poll(to=1) == 1
     good = infos[2].document
     flipped = good.replace(b'"step":2', b'"step":3')
+    before = (dataclasses.replace(f.stats), list(f.events))
     for bad, to, match in [
-        (good[:-1] + b"!", 2, "not sound"),  # a damaged byte: fails its canonical form / checksum
-        (flipped, 2, "not sound"),  # the number changed: fails its checksum
-        (infos[3].document, 2, "not sound"),  # another version's document
+        (good[:-1] + b"!", 2, "refused"),  # a damaged byte: fails its canonical form / checksum
+        (flipped, 2, "refused"),  # the number changed: fails its checksum
+        (infos[3].document, 2, "refused"),  # another version's document
+        (foreign, 2, "could not be applied from the document announced"),
         (good, None, "pass both"),
         (bytearray(MAX_DOCUMENT_BYTES + 1), 2, "at most"),
         (12, 2, "bytes or str"),
+        (12, 1, "bytes or str"),  # even with a stale version
     ]:
         with pytest.raises(InvalidInputError, match=match):
             f.poll(to=to, document=bad)
-        assert f.version == 1
+        assert f.version == 1 and (f.stats, f.events) == before
         assert_same_bits(f.state, states[1])
-    assert f.poll(to=2, document=good) == 2 and f.poll(to=3) == 3  # the good ones still work
+    assert f.poll(to=2, document=good) == 2
+    assert_same_bits(f.state, states[2])
+    with Publisher(mirror, anchor_every=20, chunk_elems=CHUNK) as pub:  # the mirror's 3 is not on this bucket's 2
+        other3 = pub.publish(3, states[3]).document
+    with pytest.raises(InvalidInputError, match="not committed on step 2 as held"):
+        f.poll(to=3, document=other3)
+    assert f.version == 2 and f.poll(to=3, document=infos[3].document) == 3
     assert_same_bits(f.state, states[3])
+    f.close()
+
+
+def test_a_document_of_a_version_after_missed_ones_is_not_used(states, url):
+    """Messages were missed: the announced version's document names a parent the follower does not hold; the chain
+    is read from the bucket (the document too) and proven as always."""
+    infos = publish_all(url, states[:5], anchor_every=20)
+    f = Follower(url)
+    assert f.poll(to=1) == 1
+    counter = CountingIO(f.trajectory._io)
+    assert f.poll(to=4, document=infos[4].document) == 4
+    assert set(counter.docs()) >= {"steps/2/zarr.json", "steps/3/zarr.json", "steps/4/zarr.json"}
+    assert_same_bits(f.state, states[4])
+    f.close()
+
+
+def test_a_follower_that_read_a_version_later_deleted_and_published_again_reaches_the_new_one(states, url):
+    """The publisher deletes version 2 and publishes another 2: the follower holding the old 2 finds the chain
+    broken, re-bootstraps with its cached step documents dropped, and holds the bucket's versions exactly."""
+    publish_all(url, states[:3], anchor_every=0)
+    f = Follower(url)
+    assert f.poll() == 2
+    with Publisher(url, anchor_every=0, chunk_elems=CHUNK) as pub:
+        pub.trajectory.delete(2)
+        pub.publish(2, states[6])
+        pub.publish(3, states[3])
+    assert f.poll() == 3
+    assert_same_bits(f.state, states[3])
+    assert any(e.kind == "reset" for e in f.events), f.events
     f.close()
 
 

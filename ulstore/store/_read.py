@@ -250,13 +250,17 @@ class ReadMixin(TrajectoryBase):
         """
         return self._reader.doc(self._resolve(step_or_ref)).to_bytes()
 
-    def accept_step_document(self, step: int, document) -> StepInfo:
-        """Check ``step``'s document received from another process (:meth:`step_document`) and keep it.
+    def accept_step_document(self, step: int, document, *, parent: tuple[int, str]) -> StepInfo:
+        """Check ``step``'s document received from another process (:meth:`step_document`); keep it if it links.
 
         Reading the step then needs no request for its document.  The bytes
         are checked as if read from storage (canonical form, checksum, the
-        step number); they are not compared with the stored copy, so they are
-        trusted as the storage is: give only what the committing process sent.
+        step number) and must link to a step this reader holds: ``parent``.
+        They are not compared with the stored copy, so they are trusted as
+        the storage is: they decide what the step holds for this reader (a
+        crafted document, or one delivered after its step was deleted and
+        committed again, names other data).  Give only what the committing
+        process returned, over a channel you trust as you trust the writers.
 
         Parameters
         ----------
@@ -264,25 +268,41 @@ class ReadMixin(TrajectoryBase):
         document : bytes or str
             The document's bytes (its ASCII text also works, as a JSON control
             message carries it).
+        parent : (int, str)
+            The step the reader holds and its content checksum
+            (:attr:`StepInfo.content`).  A document committed on that step
+            with that checksum as its parent's is kept; one committed on
+            another step is returned but not kept (the reader cannot link it:
+            read the step from storage instead).
+
+        Returns
+        -------
+        StepInfo
+            The document's; kept if and only if its ``parent`` is ``parent[0]``.
 
         Raises
         ------
         CorruptManifestError
-            The bytes are not a sound step document of ``step``, or this
-            trajectory already holds a different document for it.
+            The bytes are not a sound step document of ``step``; or it names
+            ``parent[0]`` as its parent with another content checksum; or this
+            trajectory already read a different document of ``step``.
+            Nothing is kept.
         InvalidInputError
             ``document`` is neither bytes nor str, or longer than a step
-            document may be.
+            document may be; or the trajectory is writable (a writer reads
+            the documents of its own commits).
         """
         step = check_step(step)
+        if not self.read_only:
+            raise InvalidInputError("accept_step_document is for readers: open the trajectory with mode='r'")
         if isinstance(document, str):
             document = document.encode("ascii", "replace")  # canonical documents are ASCII: '?' fails the check
         if not isinstance(document, (bytes, bytearray, memoryview)):
             raise InvalidInputError(f"a step document is bytes or str, not {type(document).__name__}")
         if len(document) > MAX_DOCUMENT_BYTES:
             raise InvalidInputError(f"a step document is at most {MAX_DOCUMENT_BYTES} bytes, got {len(document)}")
-        d = self._reader.accept_doc(step, bytes(document))
-        return _info(d)
+        held, content = parent
+        return _info(self._reader.accept_doc(step, bytes(document), held, content))
 
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""

@@ -160,18 +160,33 @@ class ChunkReader(ValuesMixin):
 
         return self._once(("doc", step), load)
 
-    def accept_doc(self, step: int, data: bytes) -> StepDoc:
-        """Check a step document received out of band and cache it; the one cached if it is the same document.
+    def accept_doc(self, step: int, data: bytes, parent: int, parent_content: str) -> StepDoc:
+        """Check a step document received out of band; cache it if it was committed on ``parent`` (whose content
+        checksum is ``parent_content``).  The one cached if the same document was read already.
 
-        Raises CorruptManifestError if it fails its checks or differs from the one cached.
+        Raises CorruptManifestError (nothing cached) if it fails its checks, names ``parent`` with another
+        content checksum, or differs from the document of ``step`` read already.
         """
         key = step_key(step)
         d = StepDoc.from_bytes(data, key=key, step=step)
-        held = self._docs.get(step)
-        if held is None:
-            self.keep_doc(d)
-            return d
-        if held.content != d.content or held.to_bytes() != data:
+        if d.parent != parent:
+            return d  # sound, but not linked to what the caller holds: not kept
+        if d.parent_content != parent_content:
+            raise CorruptManifestError(
+                f"was not committed on step {parent} as held (its parent's content differs)", step=step, key=key
+            )
+
+        def keep() -> StepDoc:
+            with self._lock:
+                held = self._docs.get(step)
+            if held is None:
+                self.keep_doc(d)
+                return d
+            return held
+
+        # as a load of the step's document: one that is under way (another thread's read) is waited for
+        held = self._once(("doc", step), keep)
+        if held is not d and held.to_bytes() != data:
             raise CorruptManifestError("differs from the step document already read", step=step, key=key)
         return held
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import IntegrityError, NotFoundError
+from ..errors import IntegrityError, InvalidInputError, NotFoundError
 from ._checks import StateChecks
 from ._replica import ChainBroken, Fetched, Replica
 
@@ -28,6 +28,7 @@ class CatchUp(StateChecks):
     max_replay: int
     poll_interval: float
     _stalled_at: int | None
+    _handed: int | None
 
     if TYPE_CHECKING:
 
@@ -217,6 +218,14 @@ class CatchUp(StateChecks):
             except (IntegrityError, NotFoundError, ChainBroken) as e:
                 for f in futures[i + 1 :]:
                     f.cancel()
+                if s == self._handed and not isinstance(e, ChainBroken):
+                    # its document came with the announcement, not from the bucket: the message is what failed
+                    # (all or nothing: the state still holds the version before); forget it, no recovery
+                    traj.close()  # (drops the cached documents)
+                    raise InvalidInputError(
+                        f"version {s} could not be applied from the document announced with it, which is "
+                        f"forgotten (poll again without it): {e}"
+                    ) from e
                 if not isinstance(e, ChainBroken) or self.version is not None:
                     self._problem(s, e)
                 if head is None:
@@ -237,6 +246,9 @@ class CatchUp(StateChecks):
         """Re-bootstrap after version ``failed`` could not be reached; yields the version reached, if new."""
         before = self.version
         self._stalled_at = failed
+        traj = self._trajectory()
+        if traj is not None:
+            traj.close()  # documents read before may be of steps deleted (or committed again) since: read afresh
         try:
             self._bootstrap(head, reason)
         except IntegrityError as e:

@@ -150,6 +150,7 @@ class Follower(CatchUp, WorkerOwner):
         self._workers = Workers(threads, "ulstore-follow")
         self._replica = Replica(state, pool=self._workers.compute, threads=self._workers.threads, names=names)
         self._stalled_at: int | None = None  # a version we could not apply, waiting for a newer snapshot
+        self._handed: int | None = None  # during a poll: the version whose document came with the announcement
         self._closed = False
         self.events: list[SyncEvent] = []
         self.stats = FollowerStats()
@@ -286,11 +287,17 @@ class Follower(CatchUp, WorkerOwner):
             held is a stale announcement: nothing happens.
         document : bytes or str, optional
             Version ``to``'s step document, sent with the announcement
-            (:attr:`PublishInfo.document`): it is checked as if read from the
-            bucket (canonical form, checksum, version) and not read again, so
-            a version that follows the one held takes one request (a range of
-            its pack).  Trusted as the bucket is: send only what the publisher
-            returned.
+            (:attr:`PublishInfo.document`).  When ``to`` was published right
+            after the version held, the document is checked as if read from
+            the bucket (canonical form, checksum, version, and its parent's
+            content checksum against the state held) and not read again: the
+            version takes one request, a range of its pack.  Otherwise
+            (versions were missed, or the follower bootstraps) it is not used.
+            It decides which data is applied as version ``to`` (a crafted one,
+            or one delivered after its version was deleted and published
+            again, names other data), so send only what the publisher
+            returned, over a channel you trust as you trust the bucket's
+            writers.
 
         Returns
         -------
@@ -306,17 +313,25 @@ class Follower(CatchUp, WorkerOwner):
             The bucket could not be read; the state still holds :attr:`version`.
         InvalidInputError
             The published tensors no longer match the caller's state dict, or
-            ``to`` is not a version number, or ``document`` is not a sound
-            step document of version ``to`` (nothing changed).
+            ``to`` is not a version number; or ``document`` is refused: not
+            a sound step document of version ``to``, not committed on the
+            version held as held, or naming data the bucket does not hold
+            (then the state still holds :attr:`version` and the document is
+            forgotten: poll again without it).
         """
         before = self.version
-        for _ in self._advance(one_by_one=False, to=self._announced(to, document)):
-            pass
+        try:
+            for _ in self._advance(one_by_one=False, to=self._announced(to, document)):
+                pass
+        finally:
+            self._handed = None
         return self.version if self.version != before else None
 
     def _announced(self, to, document=None) -> int | None:
-        """``to`` checked: None, or a published step (its step document read or ``document`` accepted, and kept for
-        the chain proof)."""
+        """``to`` checked: None, or a published step (its step document read, or ``document`` accepted and marked
+        as handed over, and kept for the chain proof)."""
+        if document is not None and not isinstance(document, (bytes, bytearray, memoryview, str)):
+            raise InvalidInputError(f"document must be bytes or str, not {type(document).__name__}")
         if to is None:
             if document is not None:
                 raise InvalidInputError("poll(document=) is the document of version to=: pass both")
@@ -327,12 +342,16 @@ class Follower(CatchUp, WorkerOwner):
         if self.version is not None and to <= self.version:
             return to
         traj = self._trajectory()
-        if traj is not None and document is not None:
+        if document is not None and traj is not None and self.version is not None and self._stalled_at is None:
             try:
-                traj.accept_step_document(to, document)
-            except IntegrityError as e:  # the message was damaged (or is not this bucket's): the caller's to fix
-                raise InvalidInputError(f"the document announced with version {to} is not sound: {e}") from None
-            return to
+                info = traj.accept_step_document(to, document, parent=(self.version, self._replica.content))
+            except (IntegrityError, InvalidInputError) as e:  # a damaged message, or not this bucket's
+                raise InvalidInputError(f"the document announced with version {to} is refused: {e}") from None
+            if info.parent == self.version:
+                self._handed = to
+                return to
+            # committed on a later version than the one held (messages were missed): the chain is read from the
+            # bucket, the document too
         try:
             if traj is None:
                 raise NotFoundError("no trajectory")
