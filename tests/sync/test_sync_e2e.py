@@ -8,8 +8,9 @@ import json
 import signal
 import time
 
-from tests.helpers.sync import delta_modes, read_jsonl, run_role, state_digest
-from ulstore.sync import Follower
+from tests.helpers.store import CountingIO
+from tests.helpers.sync import assert_same_bits, delta_modes, read_jsonl, rl_states, run_role, state_digest
+from ulstore.sync import Follower, Publisher
 
 STEPS = 32
 ANCHOR_EVERY = 8
@@ -156,3 +157,27 @@ def test_publisher_killed_mid_publish(moto_s3, tmp_path):
     traj = ulstore.open(url, mode="r", storage_options=moto_s3.options)
     assert [i.step for i in reversed(traj.log())] == list(range(21))
     assert traj.verify().errors == []
+
+
+def test_a_follower_handed_each_document_reads_one_range_per_version_from_s3(moto_s3):
+    """The control message carries the version's step document: on S3 a follower one version behind makes one
+    GET per version (a range of its pack), bit-exact; without the document, two."""
+    url = f"s3://{moto_s3.bucket()}/handed"
+    states = rl_states(6)
+    with Publisher(url, anchor_every=20, chunk_elems=4096, storage_options=moto_s3.options) as pub:
+        pub.publish(0, states[0])
+        handed = Follower(url, storage_options=moto_s3.options, trust_state=True)
+        told = Follower(url, storage_options=moto_s3.options, trust_state=True)
+        assert handed.bootstrap() == 0 and told.bootstrap() == 0
+        counted = {"handed": CountingIO(handed.trajectory._io), "told": CountingIO(told.trajectory._io)}
+        for v in range(1, len(states)):
+            info = pub.publish(v, states[v])
+            for c in counted.values():
+                c.reset()
+            assert handed.poll(to=v, document=info.document) == v and told.poll(to=v) == v
+            assert len(counted["handed"].reads) == 1 and counted["handed"].packs(), counted["handed"].reads
+            assert counted["told"].docs() == [f"steps/{v}/zarr.json"] and len(counted["told"].reads) == 2
+            assert_same_bits(handed.state, states[v])
+            assert_same_bits(told.state, states[v])
+    handed.close()
+    told.close()
