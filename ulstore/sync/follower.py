@@ -284,7 +284,11 @@ class Follower(CatchUp, WorkerOwner):
             version (on S3 a LIST and a GET).  The announcement only says which
             version to reach: the chain from the version held to it is proven
             from the step documents as always.  A version at or below the one
-            held is a stale announcement: nothing happens.
+            held is a stale announcement: nothing happens.  The proof shows
+            that ``to`` descends from the version held, not that it is on
+            :attr:`branch`: a version of another branch is applied as told
+            (a later poll of the head finds the state off the branch and
+            re-bootstraps).
         document : bytes or str, optional
             Version ``to``'s step document, sent with the announcement
             (:attr:`PublishInfo.document`).  When ``to`` was published right
