@@ -271,20 +271,20 @@ class ReadMixin(TrajectoryBase):
         parent : (int, str)
             The step the reader holds and its content checksum
             (:attr:`StepInfo.content`).  A document committed on that step
-            with that checksum as its parent's is kept; one committed on
-            another step is returned but not kept (the reader cannot link it:
-            read the step from storage instead).
+            with that checksum as its parent's is kept; any other is returned
+            but not kept (the reader cannot link it: read the step from
+            storage instead, whose chain says which of the two moved on).
 
         Returns
         -------
         StepInfo
-            The document's; kept if and only if its ``parent`` is ``parent[0]``.
+            The document's; kept if and only if its ``parent`` and
+            ``parent_content`` are ``parent``.
 
         Raises
         ------
         CorruptManifestError
-            The bytes are not a sound step document of ``step``; or it names
-            ``parent[0]`` as its parent with another content checksum; or this
+            The bytes are not a sound step document of ``step``, or this
             trajectory already read a different document of ``step``.
             Nothing is kept.
         InvalidInputError

@@ -164,17 +164,13 @@ class ChunkReader(ValuesMixin):
         """Check a step document received out of band; cache it if it was committed on ``parent`` (whose content
         checksum is ``parent_content``).  The one cached if the same document was read already.
 
-        Raises CorruptManifestError (nothing cached) if it fails its checks, names ``parent`` with another
-        content checksum, or differs from the document of ``step`` read already.
+        Raises CorruptManifestError (nothing cached) if it fails its checks or differs from the document of
+        ``step`` read already.
         """
         key = step_key(step)
         d = StepDoc.from_bytes(data, key=key, step=step)
-        if d.parent != parent:
+        if d.parent != parent or d.parent_content != parent_content:
             return d  # sound, but not linked to what the caller holds: not kept
-        if d.parent_content != parent_content:
-            raise CorruptManifestError(
-                f"was not committed on step {parent} as held (its parent's content differs)", step=step, key=key
-            )
 
         def keep() -> StepDoc:
             with self._lock:

@@ -291,12 +291,13 @@ class Follower(CatchUp, WorkerOwner):
             re-bootstraps).
         document : bytes or str, optional
             Version ``to``'s step document, sent with the announcement
-            (:attr:`PublishInfo.document`).  When ``to`` was published right
-            after the version held, the document is checked as if read from
-            the bucket (canonical form, checksum, version, and its parent's
-            content checksum against the state held) and not read again: the
-            version takes one request, a range of its pack.  Otherwise
-            (versions were missed, or the follower bootstraps) it is not used.
+            (:attr:`PublishInfo.document`).  It is checked as if read from the
+            bucket (canonical form, checksum, version).  When it was committed
+            on the version held (its parent, and its parent's content checksum
+            against the state held), it is not read again: the version takes
+            one request, a range of its pack.  Otherwise (versions were
+            missed, the follower bootstraps, or the bucket's history moved on
+            from the version held) it is not used and the bucket's is read.
             It decides which data is applied as version ``to`` (a crafted one,
             or one delivered after its version was deleted and published
             again, names other data), so send only what the publisher
@@ -318,10 +319,9 @@ class Follower(CatchUp, WorkerOwner):
         InvalidInputError
             The published tensors no longer match the caller's state dict, or
             ``to`` is not a version number; or ``document`` is refused: not
-            a sound step document of version ``to``, not committed on the
-            version held as held, or naming data the bucket does not hold
-            (then the state still holds :attr:`version` and the document is
-            forgotten: poll again without it).
+            a sound step document of version ``to``, or naming data the
+            bucket does not hold (then the state still holds :attr:`version`
+            and the document is forgotten: poll again without it).
         """
         before = self.version
         try:
@@ -351,11 +351,11 @@ class Follower(CatchUp, WorkerOwner):
                 info = traj.accept_step_document(to, document, parent=(self.version, self._replica.content))
             except (IntegrityError, InvalidInputError) as e:  # a damaged message, or not this bucket's
                 raise InvalidInputError(f"the document announced with version {to} is refused: {e}") from None
-            if info.parent == self.version:
+            if info.parent == self.version and info.parent_content == self._replica.content:
                 self._handed = to
                 return to
-            # committed on a later version than the one held (messages were missed): the chain is read from the
-            # bucket, the document too
+            # not committed on the version held: messages were missed, or the bucket's history moved on from it
+            # (a version deleted and published again): the bucket's chain, its document too, says which
         try:
             if traj is None:
                 raise NotFoundError("no trajectory")
