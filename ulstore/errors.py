@@ -7,7 +7,8 @@ Errors are grouped by what a handler would do about them::
     │   └── DtypeError (TypeError)             not a supported floating-point dtype
     ├── IntegrityError (ValueError)            stored bytes are not what was written
     │   ├── CorruptBlobError                   a blob fails its checks (truncated, flipped, bad table)
-    │   │   └── UnsupportedVersionError        a blob written by a newer format version
+    │   │   ├── UnsupportedVersionError        a blob written by a newer format version
+    │   │   └── PackMissingError               a pack a step names is gone
     │   ├── ReferenceMismatchError             a delta blob decoded against the wrong reference
     │   └── CorruptManifestError               a step manifest or metadata object is damaged
     ├── NotFoundError (KeyError, FileNotFoundError)
@@ -15,7 +16,9 @@ Errors are grouped by what a handler would do about them::
     │   └── TensorNotFoundError
     ├── ConflictError                          someone else already wrote that name
     │   ├── StepExistsError
-    │   └── RefMovedError                      a branch/tag moved since it was read: re-read, retry
+    │   ├── RefMovedError                      a branch/tag moved since it was read: re-read, retry
+    │   └── StaleParentError                   the parent was replaced since it was read: re-open, retry
+    ├── OutcomeUnknownError (OSError)          a write failed and whether it landed cannot be known: retry it
     ├── FormatError                            an older on-storage format: convert it (``ulstore upgrade``)
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
@@ -31,6 +34,7 @@ __all__ = [
     "IntegrityError",
     "CorruptBlobError",
     "UnsupportedVersionError",
+    "PackMissingError",
     "ReferenceMismatchError",
     "CorruptManifestError",
     "NotFoundError",
@@ -39,6 +43,8 @@ __all__ = [
     "ConflictError",
     "StepExistsError",
     "RefMovedError",
+    "StaleParentError",
+    "OutcomeUnknownError",
     "FormatError",
     "ReadOnlyError",
 ]
@@ -95,6 +101,15 @@ class UnsupportedVersionError(CorruptBlobError):
     """A blob declares a format version this ulstore cannot read."""
 
 
+class PackMissingError(CorruptBlobError):
+    """A pack that a step document names is missing.
+
+    Damage, or (for a document read a while ago) another process deleted a step
+    and collected its packs since: readers read the documents anew once before
+    they report it.
+    """
+
+
 class ReferenceMismatchError(IntegrityError):
     """A delta blob was decoded against a reference other than its own."""
 
@@ -133,6 +148,23 @@ class RefMovedError(ConflictError):
     def __init__(self, message: str = "", *, head=None, step=None, tensor=None, key=None):
         super().__init__(message, step=step, tensor=tensor, key=key)
         self.head = head
+
+
+class OutcomeUnknownError(UlstoreError, OSError):
+    """A write failed (its answer was lost) and reading its object back failed too.
+
+    The write may or may not have landed.  Retrying the same call is safe: every
+    write ulstore retries is idempotent (a create that finds its own bytes
+    succeeds; a commit of the same content completes the step).
+    """
+
+
+class StaleParentError(ConflictError):
+    """A commit's parent was deleted and committed again (other content) since this process read it.
+
+    Nothing was committed: the commit's deltas were coded against values the
+    parent no longer holds.  Commit again (the parent is read anew).
+    """
 
 
 class FormatError(UlstoreError):

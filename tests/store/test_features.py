@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 import uuid
 
 import ml_dtypes
@@ -731,10 +732,12 @@ def test_a_commit_writes_one_pack_and_two_small_objects(tmp_path):
     real_open = io.open_writer
     io.open_writer = lambda k, **kw: counter["stream"].append(k) or real_open(k, **kw)
     traj.commit(1, states[1])
+    marker = counter["put"][0]
+    assert re.fullmatch(r"pending/commit/0/1\.[0-9a-f]{32}\.json", marker)  # a token per writer
     assert counter == {
-        "put": ["pending/commit/0/1.json"],
+        "put": [marker],
         "create": ["steps/1/zarr.json", "refs/main/00000000000000000001.json"],
-        "delete": ["pending/commit/0/1.json"],
+        "delete": [marker],
         "stream": [counter["stream"][0]],
     }
     assert counter["stream"][0].startswith("packs/")

@@ -314,8 +314,12 @@ def test_retrying_a_commit_interrupted_after_its_commit_point_completes_it(tmp_p
     assert traj.commit(2, states[2]) == 2
     assert traj.head() == 2 and [i.step for i in traj.log()] == [2, 1, 0]
     assert_state_equal(traj.read(2), states[2])
-    with pytest.raises(StepExistsError):  # now it is an ordinary existing step
-        traj.commit(2, states[2])
+    assert traj.commit(2, states[2]) == 2  # a retry once more (its answer lost, say): idempotent
+    assert traj.head() == 2 and [i.step for i in traj.log()] == [2, 1, 0]
+    with pytest.raises(StepExistsError, match="different"):  # other content at the head: refused
+        traj.commit(2, states[3])
+    with pytest.raises(StepExistsError):  # the same content on another parent: an ordinary existing step
+        traj.commit(2, states[2], parent=0)
     assert traj.verify().ok
 
 
@@ -407,8 +411,9 @@ def test_a_distributed_commit_interrupted_after_its_commit_point_completes_on_a_
     assert traj.finalize(1, records_of(states[1]), metadata={"k": 1}) == 1  # re-encoded: same content
     assert traj.head() == 1
     assert_state_equal(traj.read(1), states[1])
-    with pytest.raises(StepExistsError):  # now an ordinary existing step
-        traj.piece_writer(1)
+    assert traj.finalize(1, records_of(states[1]), metadata={"k": 1}) == 1  # once more: idempotent
+    with pytest.raises(StepExistsError, match="different"):
+        traj.finalize(1, records_of(states[2]), metadata={"k": 1})
     traj.commit(2, states[2])
     assert [i.step for i in traj.log()] == [2, 1, 0]
     assert traj.verify().ok

@@ -173,11 +173,14 @@ def test_d4_crafted_pack_names_and_tensor_names_are_refused(tmp_path):
         assert info.value.key == step_key(1)
         assert not any("secret" in p or "/dev/" in p for p in opened)
 
-    def rename(tables, append):
-        t = tables.pop("lm_head.weight")
-        t.name = "../../secret"
+    def rename(tables, append):  # (a name that sorts inside its table block's range: the block keeps it)
+        t = tables.pop("model.embed_tokens.weight")
+        t.name = "model.embed_tokens/../../secret"
         tables[t.name] = t
 
+    with pytest.raises(CorruptManifestError, match="malformed"):  # a commit proves its parent: refused too
+        traj.commit(2, states[2])
+    traj._io.put(step_key(1), original)
     traj.commit(2, states[2])
     rewrite_step(traj, 2, rename)  # a tensor name is never a key, but it is checked all the same
     with pytest.raises(CorruptManifestError, match="malformed"):
@@ -278,7 +281,8 @@ def test_d5_gc_never_deletes_outside_the_root(tmp_path):
     (outside / ("0" * 32 + ".pack")).write_bytes(b"looks like a pack")
     os.rmdir(url / ".tmp") if (url / ".tmp").exists() else None
     os.symlink(outside, url / ".tmp")
-    traj.gc()
+    with pytest.raises(OSError, match="not a real directory"):
+        traj.gc()  # (it announces itself first: no write is staged through the symlink)
     assert sorted(os.listdir(outside)) == ["0" * 32 + ".pack", "precious"]
     with pytest.raises(OSError, match="not a real directory"):
         traj.commit(1, states[1])  # and never stages a write through it

@@ -19,7 +19,9 @@ nobody truncates the file meanwhile (packs are never modified).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -28,6 +30,7 @@ import uuid
 from collections.abc import Callable
 
 __all__ = [
+    "exclusive",
     "read_file",
     "read_ranges",
     "find_keys",
@@ -43,6 +46,23 @@ __all__ = [
 _MMAP_BYTES = 1 << 20  # local range reads at least this large map the file instead of copying
 #: times a write places its file again after another process removed the (empty) directory it made
 _DIRECTORY_RACES = 8
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: str):
+    """Hold an exclusive ``flock`` of ``lock_path`` (created if missing) for the body.
+
+    The kernel releases it when the process dies, so a killed writer never
+    leaves it held.  Threads of one process exclude each other too (each call
+    opens its own descriptor).
+    """
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(lock_path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _open_regular(path: str, root: str | None = None) -> tuple[int, os.stat_result] | None:

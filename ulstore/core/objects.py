@@ -48,9 +48,11 @@ from collections.abc import Callable
 from typing import Any
 
 import fsspec
+import fsspec.asyn
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from ..errors import OutcomeUnknownError
 from . import local_disk
 from .backends import OBJECT_STORES, Calling, is_s3, serial_lock
 from .object_writer import ObjectWriter
@@ -66,6 +68,8 @@ MISSING_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 _MEMORY_LOCK = threading.Lock()
 
 TMP_DIR = ".tmp"
+#: Local disk: the file whose ``flock`` serialises conditional rewrites and removals (:meth:`ObjectStore.replace_if`).
+_LOCK_KEY = ".lock"
 
 #: Builds the error raised for a failed backend call: ``access_error(message, key=key)``.
 AccessError = Callable[..., Exception]
@@ -326,19 +330,71 @@ class ObjectStore:
         path = self.path(key)
         with self._calling("PUT", key):
             if self.local:
-                tmp = self._local_tmp(data)
-                local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+                self._put_local(key, data)
             else:
                 self.fs.pipe_file(path, data)
 
     def create(self, key: str, data: bytes) -> None:
         """Write ``data`` at ``key`` only if no object is there.
 
+        Idempotent: if the object already holds exactly ``data``, the create
+        succeeds.  That is what a lost response looks like on S3 (the first PUT
+        landed, its answer was lost, the client's retry gets 412 from our own
+        object); every document ulstore creates carries a timestamp and names
+        fresh packs, so equal bytes are this writer's own.
+
         Raises
         ------
         FileExistsError
-            An object already exists at ``key`` (another writer won).
+            Another object already exists at ``key`` (another writer won).
+        OutcomeUnknownError
+            The write failed in a way that leaves unknown whether it landed, and
+            reading the key back failed too: retry the same call.
         """
+        try:
+            self._create(key, data)
+        except FileExistsError:
+            if not self._holds(key, data):
+                raise
+        except OSError as e:
+            if not self.s3:  # local disk and memory://: a failed write did not happen
+                raise
+            self._settle(key, data, e)
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        """Whether the object at ``key`` is exactly ``data``."""
+        try:
+            return self.get(key, limit=len(data)) == data
+        except OSError as e:
+            if e.errno == errno.EFBIG:  # larger than data: not it
+                return False
+            raise
+
+    def _settle(self, key: str, data: bytes, error: OSError) -> None:
+        """After a failed conditional write of ``data`` on an object store: did it land?  (Read it back.)"""
+        try:
+            now = self.get(key, limit=len(data))
+        except OSError as e:
+            if e.errno != errno.EFBIG:
+                raise OutcomeUnknownError(
+                    f"writing {key!r} on {self.url!r} failed ({type(error).__name__}: {error}) and reading it back "
+                    "failed too: the write may or may not have happened; retry the same call (it is idempotent)",
+                    key=key,
+                ) from error
+            now = b""  # larger than ours: another writer's
+        except Exception:
+            raise OutcomeUnknownError(
+                f"writing {key!r} on {self.url!r} failed ({type(error).__name__}: {error}) and reading it back "
+                "failed too: the write may or may not have happened; retry the same call (it is idempotent)",
+                key=key,
+            ) from error
+        if now == data:
+            return  # it landed: the failure was the answer's
+        if now is not None:
+            raise FileExistsError(errno.EEXIST, "object exists", self.path(key)) from error
+        raise error
+
+    def _create(self, key: str, data: bytes) -> None:
         path = self.path(key)
         with self._calling("PUT", key):
             if self.local:
@@ -358,11 +414,115 @@ class ObjectStore:
                 except FileExistsError:
                     raise
                 except OSError as e:  # s3fs maps HTTP 412 PreconditionFailed to a generic OSError
-                    if "PreconditionFailed" in str(e) or "412" in str(e) or "conditional" in str(e).lower():
+                    if _precondition_failed(e):
                         raise FileExistsError(errno.EEXIST, "object exists", path) from e
                     raise
             else:
                 self.fs.pipe_file(path, data, mode="create")
+
+    # -- conditional rewrites: compare-and-swap on what was read ----------------------
+
+    def replace_if(self, key: str, data: bytes, expected: bytes) -> bool:
+        """Overwrite ``key`` with ``data`` only if it still holds exactly ``expected``; False if it does not.
+
+        The compare-and-swap every rewrite of an existing document goes through
+        (gc's repack, delete's re-parenting): a document another writer changed
+        or removed since it was read is never overwritten with a stale version.
+
+        - local disk: read, compare and ``os.replace`` under an exclusive
+          ``flock`` of ``<root>/.lock`` (released by the kernel if the process dies);
+        - S3: GET (bytes and ETag), compare, then ``PutObject`` with ``If-Match``;
+        - memory://: under the process lock;
+        - other fsspec backends: compare, then write (racy between processes).
+
+        A write whose answer was lost (retried, then refused: the object changed,
+        to ``data``) is recognised by reading the object back: holding ``data``,
+        it succeeded.  So ``data`` must be this writer's own: every document
+        ulstore rewrites names fresh packs or a new parent, and a writer that
+        wrote the very same bytes left the same state.
+        """
+        if data == expected:
+            return self._holds(key, data)
+        with self._calling("PUT", key):
+            if self.local:
+                with local_disk.exclusive(self.path(_LOCK_KEY)):
+                    if local_disk.read_file(self.path(key), self._local_root(), len(expected)) != expected:
+                        return False
+                    self._put_local(key, data)
+                    return True
+            if self.memory:
+                with _MEMORY_LOCK:
+                    if not self.fs.exists(self.path(key)) or self.fs.cat_file(self.path(key)) != expected:
+                        return False
+                    self.fs.pipe_file(self.path(key), data)
+                    return True
+            if self.s3:
+                return self._s3_swap(key, data, expected)
+            if self.get(key, limit=len(expected)) != expected:
+                return False
+            self.fs.pipe_file(self.path(key), data)
+            return True
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Remove ``key`` only if it still holds exactly ``expected``; False if it does not (or is gone)."""
+        with self._calling("DELETE", key):
+            if self.local:
+                with local_disk.exclusive(self.path(_LOCK_KEY)):
+                    if local_disk.read_file(self.path(key), self._local_root(), len(expected)) != expected:
+                        return False
+                    os.unlink(self.path(key))
+                local_disk.remove_empty_directories(self.root, key)
+                return True
+            if self.memory:
+                with _MEMORY_LOCK:
+                    if not self.fs.exists(self.path(key)) or self.fs.cat_file(self.path(key)) != expected:
+                        return False
+                    self.fs.rm_file(self.path(key))
+                    return True
+            if self.s3:
+                return self._s3_swap(key, None, expected)
+            if self.get(key, limit=len(expected)) != expected:
+                return False
+            self.fs.rm_file(self.path(key))
+            return True
+
+    def _put_local(self, key: str, data: bytes) -> None:
+        path = self.path(key)
+        tmp = self._local_tmp(data)
+        local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+
+    def _s3_swap(self, key: str, data: bytes | None, expected: bytes) -> bool:
+        """S3: ``key`` -> ``data`` (None: delete) if it holds ``expected``, by ETag (``If-Match``)."""
+        fs, path = self.fs, self.path(key)
+        bucket, name, _ = fs.split_path(path)
+
+        async def swap() -> str:
+            try:
+                got = await fs._call_s3("get_object", Bucket=bucket, Key=name)
+            except FileNotFoundError:
+                return "changed"
+            if await got["Body"].read() != expected:
+                return "changed"
+            try:
+                if data is None:
+                    await fs._call_s3("delete_object", Bucket=bucket, Key=name, IfMatch=got["ETag"])
+                else:
+                    await fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data, IfMatch=got["ETag"])
+            except FileNotFoundError:
+                return "changed"
+            except OSError as e:
+                if not _precondition_failed(e):
+                    raise
+                return "412"
+            return "done"
+
+        try:
+            outcome = fsspec.asyn.sync(fs.loop, swap)
+        finally:
+            fs.invalidate_cache(path)
+        if outcome == "412":  # changed since the GET -- or a retry of our own write whose first answer was lost
+            return data is not None and self._holds(key, data)
+        return outcome == "done"
 
     def open_writer(self, key: str, *, block_size: int = 32 << 20) -> ObjectWriter:
         """A writer that streams a new object to ``key``; it appears only at :meth:`ObjectWriter.close`.
@@ -426,3 +586,12 @@ class ObjectStore:
     def _sync_dir(self, d: str) -> None:
         """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
         local_disk.sync_dir(d, self.durable)
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """Whether an s3fs error is HTTP 412 (a conditional write's condition did not hold)."""
+    response = getattr(e.__cause__, "response", None)  # s3fs keeps botocore's ClientError as the cause
+    if isinstance(response, dict) and response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+        return True
+    text = str(e)
+    return "PreconditionFailed" in text or "412" in text or "condition" in text.lower()

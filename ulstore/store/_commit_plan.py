@@ -42,6 +42,11 @@ class CommitPlanMixin(TrajectoryBase):
             parent = head
         elif parent is not None:
             parent = self._resolve(parent)
+        if parent is not None:
+            # the parent as stored now: another process may have rewritten it (gc moved its blobs, a delete
+            # re-coded it) since this process read it, and the entries this commit reuses must name where its
+            # bytes are now (a gc's grace period covers a commit, not a document read long before)
+            self._reader.forget_docs([parent])
         if branch_given and head is not None and head != parent:
             raise ConflictError(
                 f"branch {ref.name!r} is at step {head}, not at parent {parent}; "
@@ -60,8 +65,14 @@ class CommitPlanMixin(TrajectoryBase):
         parent this commit asks for.  Otherwise ``StepExistsError``.
         """
         doc = self._reader.doc(step)
+        if ref.step == step:
+            # the branch is at the step already: the retry of a commit that completed (its answer may have been
+            # lost); idempotent if it asks for the same parent and content (:meth:`_complete` checks the content)
+            if parent is HEAD or doc.parent == (None if parent is None else self._resolve(parent)):
+                return doc
+            raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
         wanted = ref.step if parent is HEAD else (None if parent is None else self._resolve(parent))
-        if ref.step == step or doc.parent != wanted or doc.parent != ref.step:
+        if doc.parent != wanted or doc.parent != ref.step:
             raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
         return doc
 
@@ -79,7 +90,8 @@ class CommitPlanMixin(TrajectoryBase):
                 step=step,
                 key=step_key(step),
             )
-        self._refs.move(ref, step)
+        if ref.step != step:
+            self._refs.move(ref, step)
         if doc.parent is not None:
             self._pending.clear(step, doc.parent)
         return step

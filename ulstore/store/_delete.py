@@ -14,16 +14,19 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import RefMovedError
+from ..errors import ConflictError, RefMovedError, StepExistsError
 from ._base import TrajectoryBase
 from ._chunkcodec import encode_chunk
-from ._layout import step_key
+from ._layout import check_ref_name, check_step, step_key
 from ._packs import PackStream
 from ._relocate import relocated_doc
 from ._stepdoc import StepDoc
 from ._tables import Piece, TensorTable
 
 __all__ = ["DeleteMixin"]
+
+#: Attempts of a delete whose step documents another process rewrites meanwhile (each starts from a fresh read).
+_ATTEMPTS = 4
 
 
 class DeleteMixin(TrajectoryBase):
@@ -55,8 +58,64 @@ class DeleteMixin(TrajectoryBase):
         """
         self._check_writable()
         step = self._resolve(step)
-        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps):
-            self._delete(step)
+        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps, self._refs) as beat:
+            for _ in range(_ATTEMPTS):
+                self._reader.forget_docs()  # documents as stored now (their tables stay cached by hash)
+                if self._delete(step, beat):
+                    return
+        raise ConflictError(
+            f"another process kept rewriting the step documents delete({step}) rewrites; nothing was lost (every "
+            "step stays readable): run the delete again",
+            step=step,
+        )
+
+    def discard(self, step, *, branch: str = "main") -> None:
+        """Delete ``step`` if it is an interrupted commit on ``branch``: created, never put on the branch.
+
+        What a restarted writer does with the step its killed predecessor
+        created but never published.  Unlike :meth:`delete`, it never moves a
+        ref: the branch is first **fenced** (a new entry of its log, its head
+        unchanged), so the interrupted commit, should it still be running
+        somewhere, fails its compare-and-swap and can never put the step on the
+        branch afterwards; then the step is deleted if no ref points at it.
+
+        Raises
+        ------
+        ConflictError
+            The step's commit may still be running: its intent (``pending/``) is
+            within its lease and its writer is not known to be dead.  Retry later.
+        StepExistsError
+            A ref points at the step: it was published, it is no orphan.
+        """
+        self._check_writable()
+        step = check_step(step)
+        name = check_ref_name(branch)
+        if self._reader.stored_doc(step) is None:
+            return
+        live = [i for i in self._pending.intents(step) if i.live()]
+        if live:
+            raise ConflictError(
+                f"step {step} is being committed right now by another writer ({live[0].writer}); it is no orphan "
+                "until that commit ends or its lease expires: retry later",
+                step=step,
+                key=live[0].key,
+            )
+        for _ in range(16):
+            state = self._refs.read(name)
+            if state.step == step:
+                break
+            try:
+                self._refs.move(state, state.step)  # the fence
+                break
+            except RefMovedError:
+                continue
+        on = sorted(n for n, s in self.refs.items() if s == step)
+        if on:
+            raise StepExistsError(
+                f"step {step} is on ref {on[0]!r}: it was published, not interrupted; nothing was deleted",
+                step=step,
+            )
+        self.delete(step)
 
     def _dependants(self, step: int) -> set[int]:
         """Steps whose parent is ``step`` or whose chunks are coded against it."""
@@ -68,19 +127,29 @@ class DeleteMixin(TrajectoryBase):
                 out.add(s)
         return out
 
-    def _delete(self, step: int) -> None:
+    def _delete(self, step: int, beat=lambda: None) -> bool:
+        """One attempt; False if a step document it rewrites changed meanwhile (nothing is lost: run it again).
+
+        Every rewrite is a compare-and-swap against the document this attempt
+        read (:meth:`ObjectStore.replace_if`), and so is the removal of the
+        deleted step's own document: a document another process rewrote is
+        never overwritten with a stale version, and a removed one never comes back.
+        """
         reader = self._reader
-        dead = reader.doc(step)
+        read = {s: reader.doc(s) for s in self.steps}  # what every compare-and-swap below compares against
+        if step not in read:
+            return not self._io.exists(step_key(step))
+        dead = read[step]
         dead_tables = reader.tables(step)
         pdoc = reader.doc(dead.parent) if dead.parent is not None else None
         stream = PackStream(self._io, self.pack_bytes)
         recoded: dict = {}
         rewritten: list[StepDoc] = []
         try:
-            for s in self.steps:
+            for s, d in read.items():
+                beat()  # a long delete renews its marker's lease: gc keeps deferring to it
                 if s == step:
                     continue
-                d = reader.doc(s)
                 stale = any(step in b.refs() for b in reader.blocks(s))
                 if not stale and d.parent != step:
                     continue
@@ -109,8 +178,10 @@ class DeleteMixin(TrajectoryBase):
         except BaseException:
             stream.abort()
             raise
-        for nd in self._new_anchor_distances(rewritten, step):
-            self._io.put(step_key(nd.step), nd.to_bytes())  # contents unchanged: one atomic PUT
+        for nd in self._new_anchor_distances(read, rewritten, step):
+            # contents unchanged: one atomic compare-and-swap against the document read
+            if not self._io.replace_if(step_key(nd.step), nd.to_bytes(), read[nd.step].to_bytes()):
+                return False
             reader.forget([nd.step])
         for name, target in self.refs.items():
             if target == step:
@@ -118,10 +189,13 @@ class DeleteMixin(TrajectoryBase):
                     self._move_ref(name, dead.parent, step)  # compare-and-swap; None deletes the ref
                 except RefMovedError:  # moved away from step meanwhile: nothing to do
                     pass
-        self._io.delete(step_key(step))
+        if not self._io.delete_if(step_key(step), dead.to_bytes()):
+            return not self._io.exists(step_key(step))  # gone: another delete finished it; else changed: again
         reader.forget([step])
+        return True
 
-    def _new_anchor_distances(self, rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
+    @staticmethod
+    def _new_anchor_distances(read: dict[int, StepDoc], rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
         """The step documents to write once ``gone`` is deleted: ``rewritten``, and every step whose anchor distance changes.
 
         A step's anchor distance is its parent's plus one, unless it is an anchor
@@ -131,7 +205,7 @@ class DeleteMixin(TrajectoryBase):
         change too: their documents are rewritten with the new number (content and
         checksum unchanged).
         """
-        docs = {s: self._reader.doc(s) for s in self.steps if s != gone}
+        docs = {s: d for s, d in read.items() if s != gone}
         docs.update({d.step: d for d in rewritten})
         new: dict[int, int] = {}
         for start in docs:

@@ -124,8 +124,25 @@ class FinalizerMixin(TrajectoryBase):
                 raise StepExistsError("another writer committed this step first", step=step, key=key) from None
             self._reader.remember(doc, tables)
 
+        def parent_content() -> str | None:  # the parent as stored now (another writer may have replaced it)
+            stored = self._reader.stored_doc(parent)
+            if stored is None or stored.content != doc.parent_content:
+                self._reader.forget([parent])  # a retry reads the parent anew
+            return None if stored is None else stored.content
+
         refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
-        self._pending.publish(step, parent, refers, create, refs=self._refs, branch=branch, existing=self._committed)
+        self._pending.publish(
+            step,
+            parent,
+            refers,
+            create,
+            refs=self._refs,
+            branch=branch,
+            existing=self._committed,
+            parent_content=parent_content if parent is not None else None,
+            coded_against=doc.parent_content,
+            still_mine=lambda: self._reader.stored_doc(step) == doc,
+        )
 
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
         """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""

@@ -39,10 +39,11 @@ class GcMixin(TrajectoryBase):
         ----------
         older_than : float
             Grace period in seconds.  A commit writes its packs before its step
-            document, so only packs (and local ``.tmp/`` files) at least this old
-            are removed, and a pack emptied by repacking is only removed by a
-            later ``gc`` once it has been unused for this long.  While other
-            processes may commit, use a grace period longer than a commit takes.
+            document, so only packs (and local ``.tmp/`` files, and markers of
+            work in flight under ``pending/``) at least this old are removed, and
+            a pack emptied by repacking is only removed by a later ``gc`` once it
+            has been unused for this long.  While other processes may commit, use
+            a grace period longer than a commit takes.
         repack_below : float
             Repack a pack whose live bytes are less than this fraction of it:
             its live blobs are copied to a new pack, the step documents that
@@ -52,13 +53,32 @@ class GcMixin(TrajectoryBase):
         -------
         dict
             ``packs`` (removed), ``bytes`` (freed), ``repacked`` (packs whose
-            live blobs were moved), ``steps_rewritten``.
+            live blobs were moved), ``steps_rewritten``, and ``deferred``: the
+            key of a delete in flight, which made this gc remove and rewrite
+            nothing (run it again later), else None.
+
+        Notes
+        -----
+        Safe against a concurrent ``delete`` and another ``gc``: gc announces
+        itself under ``pending/``; a delete that sees it refuses, and a gc that
+        sees a delete defers.  Every step document gc rewrites is a
+        compare-and-swap against the version it read, so a document another
+        process changed or removed meanwhile is left as it is, and the packs it
+        names are kept.  Steps deleted during the scan are skipped.
         """
         self._check_writable()
         if not isinstance(older_than, int | float) or older_than < 0:
             raise InvalidInputError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
-        io, reader = self._io, self._reader
         self._check_not_symlinked(PACKS_DIR)
+        with self._pending.collecting() as (marker, deleting):
+            if deleting is not None:
+                return {"packs": 0, "bytes": 0, "repacked": 0, "steps_rewritten": 0, "deferred": deleting}
+            out = self._collect(older_than, repack_below)
+            self._drop_stale_markers(older_than, keep=marker)
+        return {**out, "deferred": None}
+
+    def _collect(self, older_than: float, repack_below: float) -> dict:
+        io, reader = self._io, self._reader
         now = time.time()
         listing = {}  # listed FIRST: a pack created after this is never considered
         for key, info in io.find(PACKS_DIR, detail=True).items():
@@ -69,12 +89,8 @@ class GcMixin(TrajectoryBase):
                 listing[name[: -len(PACK_SUFFIX)]] = (int(info.get("size") or 0), _age(info, now))
         retired = self._retired(now)
         reader.forget()
-        docs = {s: reader.doc(s) for s in self.steps}
+        docs, live = self._scan()
         listed = {pid for d in docs.values() for pid in d.packs}
-        live: dict[str, set] = {}
-        for s, d in docs.items():
-            for pid, off, n in self._locations(s, d):
-                live.setdefault(pid, set()).add((off, n))
         removed, freed = [], 0
         for pid, (size, age) in listing.items():
             if pid in listed:
@@ -92,21 +108,46 @@ class GcMixin(TrajectoryBase):
             and size
             and sum(n for _, n in live.get(pid, ())) < repack_below * size
         ]
-        rewritten = self._repack(repack, docs, live) if repack else 0
-        if repack and not older_than:
-            removed += repack
-            freed += sum(listing[p][0] for p in repack)
-        elif repack:
-            for pid in repack:
+        rewritten, kept = self._repack(repack, docs, live) if repack else (0, set())
+        emptied = [pid for pid in repack if pid not in kept]
+        if emptied and not older_than:
+            removed += emptied
+            freed += sum(listing[p][0] for p in emptied)
+        else:
+            for pid in emptied:
                 io.put(f"{RETIRED_DIR}/{pid}", b"")
         io.delete_many([pack_key(p) for p in removed])
         io.delete_many([f"{RETIRED_DIR}/{p}" for p in retired if p in removed or p in listed])
         io.sweep_tmp(older_than)
-        # markers of commits/deletes killed mid-way (see _pending.py): past the grace period only
-        pending = io.find(PENDING_DIR, detail=True)
-        io.delete_many([k for k, info in pending.items() if not older_than or (_age(info, now) or 0.0) >= older_than])
         reader.forget()
-        return {"packs": len(removed), "bytes": freed, "repacked": len(repack), "steps_rewritten": rewritten}
+        return {"packs": len(removed), "bytes": freed, "repacked": len(emptied), "steps_rewritten": rewritten}
+
+    def _scan(self) -> tuple[dict[int, StepDoc], dict[str, set]]:
+        """Every step's document and the byte ranges it names, per pack; steps deleted meanwhile are skipped."""
+        docs: dict[int, StepDoc] = {}
+        live: dict[str, set] = {}
+        for s in self.steps:
+            got = self._reader.stored_tables(s)
+            if got is None:
+                continue
+            d = got[1]
+            locations = self._locations(s, d)
+            docs[s] = d
+            for pid, off, n in locations:
+                live.setdefault(pid, set()).add((off, n))
+        return docs, live
+
+    def _drop_stale_markers(self, older_than: float, keep: str) -> None:
+        """Markers of commits/deletes/gcs killed mid-way (see ``_pending.py``): past the grace period only."""
+        now = time.time()
+        pending = self._io.find(PENDING_DIR, detail=True)
+        self._io.delete_many(
+            [
+                k
+                for k, info in pending.items()
+                if k != keep and (not older_than or (_age(info, now) or 0.0) >= older_than)
+            ]
+        )
 
     def _retired(self, now: float) -> dict[str, float | None]:
         out = {}
@@ -131,8 +172,13 @@ class GcMixin(TrajectoryBase):
                     out += [(d.packs[int(a)], int(b), int(c)) for a, b, c in p.snap if a >= 0]
         return out
 
-    def _repack(self, packs: list[str], docs: dict[int, StepDoc], live: dict[str, set]) -> int:
-        """Copy the live blobs of ``packs`` to a new pack and rewrite every step document naming them."""
+    def _repack(self, packs: list[str], docs: dict[int, StepDoc], live: dict[str, set]) -> tuple[int, set[str]]:
+        """Copy the live blobs of ``packs`` to a new pack and rewrite every step document naming them.
+
+        Returns the number of documents rewritten and the packs still named by a
+        document that changed since it was read (its compare-and-swap failed):
+        those are kept.
+        """
         reader = self._reader
         gone = set(packs)
         tables_of = {s: reader.tables(s) for s, d in docs.items() if gone & set(d.packs)}
@@ -156,10 +202,17 @@ class GcMixin(TrajectoryBase):
         except BaseException:
             stream.abort()
             raise
+        done, kept = 0, set()
         for nd in new_docs:
-            self._io.put(step_key(nd.step), nd.to_bytes())
+            old = docs[nd.step]
+            if self._io.replace_if(step_key(nd.step), nd.to_bytes(), old.to_bytes()):
+                done += 1
+            else:  # rewritten (a delete re-parented it) or removed meanwhile: what it names now stays
+                kept |= gone & set(old.packs)
+                now = reader.stored_doc(nd.step)
+                kept |= gone & set(now.packs if now is not None else ())
         reader.forget()
-        return len(new_docs)
+        return done, kept
 
 
 def _age(info: dict, now: float) -> float | None:

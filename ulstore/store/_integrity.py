@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.objects import MAX_DOCUMENT_BYTES
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
 from ._base import TrajectoryBase
 from ._chunkcodec import content_digest, decode_chunk
@@ -133,23 +132,28 @@ class IntegrityMixin(TrajectoryBase):
         if step is None:
             self._verify_refs(note)
         for s in steps:
-            try:
-                d = fresh.doc(s)
-                tables = fresh.tables(s)
-                self._verify_step(fresh, d, tables)
-            except IntegrityError as e:
-                note(e, s)
-                continue
-            report.steps += 1
-            for name in d.files:
+            for _ in range(3):
+                errors: list[IntegrityError] = []
                 try:
-                    fresh.file(s, name)
-                except IntegrityError as e:
-                    note(e, s)
-            for batch in _batches(s, tables):
-                report.chunks += len(batch)
-                for err in _verify_chunks(fresh, memo, batch, blobs):
-                    note(err, s)
+                    counts = self._verify_one(fresh, memo, s, blobs, errors)
+                except StepNotFoundError:
+                    counts = None  # deleted since it was listed: nothing to check
+                    break
+                if not errors:
+                    break
+                # damage, or another process rewrote (delete, gc) or removed the step meanwhile: read it anew
+                now = _since(fresh, s)
+                if now == "gone":
+                    counts, errors = None, []
+                    break
+                if now == "same":
+                    break
+                fresh.forget_docs()
+            for e in errors:
+                note(e, s)
+            if counts is not None:
+                report.steps += counts[0]
+                report.chunks += counts[1]
         report.blobs = len(blobs)
         if bad and raise_on_error:
             first = next(iter(bad.values()))
@@ -161,6 +165,26 @@ class IntegrityMixin(TrajectoryBase):
                 key=first.key,
             )
         return report
+
+    def _verify_one(self, fresh: ChunkReader, memo, s: int, blobs: set, errors: list) -> tuple[int, int] | None:
+        """Check step ``s`` (problems appended to ``errors``); (steps, chunks) checked."""
+        try:
+            d = fresh.doc(s)
+            tables = fresh.tables(s)
+            self._verify_step(fresh, d, tables)
+        except IntegrityError as e:
+            errors.append(e)
+            return None
+        chunks = 0
+        for name in d.files:
+            try:
+                fresh.file(s, name)
+            except IntegrityError as e:
+                errors.append(e)
+        for batch in _batches(s, tables):
+            chunks += len(batch)
+            errors.extend(_verify_chunks(fresh, memo, batch, blobs))
+        return 1, chunks
 
     def _verify_step(self, fresh: ChunkReader, d: StepDoc, tables: dict[str, TensorTable]) -> None:
         key = step_key(d.step)
@@ -200,20 +224,17 @@ class IntegrityMixin(TrajectoryBase):
         Raises
         ------
         CorruptManifestError
-            A step document or table block is damaged.
-        StepNotFoundError
-            A step was deleted while the inventory was taken.
+            A step document or table block is damaged.  (A step deleted while the
+            inventory is taken is left out; one rewritten meanwhile is read anew.)
         """
         reader = ChunkReader(self._io, 0, self._threads)
         manifests, manifest_bytes, blob_bytes, table_bytes = {}, {}, {}, {}
         used: dict[str, list] = {}
         for s in self.steps:
-            raw = self._io.get(step_key(s), limit=MAX_DOCUMENT_BYTES)
-            if raw is None:
-                raise StepNotFoundError("step document vanished while reading", step=s, key=step_key(s))
-            d = StepDoc.from_bytes(raw, key=step_key(s), step=s)
-            reader.keep_doc(d)
-            tables = reader.tables(s)
+            got = reader.stored_tables(s)
+            if got is None:
+                continue  # deleted while the inventory was taken
+            raw, d, tables = got
             table_bytes[s] = sum(b.length for b in d.tables)
             manifest_bytes[s] = len(raw) + table_bytes[s]
             for b in d.tables:
@@ -287,6 +308,17 @@ class IntegrityMixin(TrajectoryBase):
             "ratio": raw / stored if stored else float("nan"),
             "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
         }
+
+
+def _since(reader: ChunkReader, s: int) -> str:
+    """Whether step ``s``'s document is ``"gone"``, the ``"same"`` as ``reader`` read, or ``"changed"`` since."""
+    try:
+        stored = reader.stored_doc(s)
+    except CorruptManifestError:
+        return "same"  # damaged: reported as read
+    if stored is None:
+        return "gone"
+    return "same" if reader.cached_doc(s) == stored else "changed"
 
 
 def _covered(ranges: list) -> int:

@@ -243,7 +243,9 @@ class LogicalStore(Store):
 
     def _resolve(self, key: str) -> bytes | None:
         """The bytes of logical ``key``, or None (runs in a worker thread)."""
-        key = self._full(key)
+        return self.reader.settled(lambda: self._bytes(self._full(key)))
+
+    def _bytes(self, key: str) -> bytes | None:
         if key == "zarr.json":
             return json.dumps(_ROOT).encode()
         step, _, rest = key.partition("/")

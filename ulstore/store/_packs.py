@@ -19,7 +19,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from ..core.objects import ObjectStore, ObjectWriter
-from ..errors import CorruptBlobError
+from ..errors import CorruptBlobError, PackMissingError
 from ._layout import new_pack_id, pack_key
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def fetch(
         key = pack_key(pid)
         got = io.get_ranges(key, [(s, e) for s, e, _ in groups])
         if got is None:
-            raise CorruptBlobError("pack is missing", key=key)
+            raise PackMissingError("pack is missing", key=key)
         for (s, e, members), data in zip(groups, got):
             if len(data) != e - s:
                 raise CorruptBlobError(f"pack is shorter than its entries say (byte {s + len(data)} < {e})", key=key)

@@ -99,6 +99,9 @@ class ReadMixin(TrajectoryBase):
             Bit-exact, original dtypes (``ml_dtypes.bfloat16`` for bf16).
         """
         step = self._resolve(step_or_ref)
+        return self._reader.settled(lambda: self._read(step, names))
+
+    def _read(self, step: int, names) -> dict[str, np.ndarray]:
         kept = self._kept
         last, self._last_read = self._last_read, step
         if kept.enabled and kept.lock.acquire(blocking=False):
@@ -120,7 +123,9 @@ class ReadMixin(TrajectoryBase):
         from the chunks it overlaps (what a resharded load needs).
         """
         step = self._resolve(step_or_ref)
-        return np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
+        return self._reader.settled(
+            lambda: np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
+        )
 
     def read_boxes(self, step_or_ref, boxes) -> list[np.ndarray]:
         """:meth:`read_box` of each ``(name, offset, shape)`` of ``boxes``, together: fresh arrays, in order.
@@ -131,8 +136,12 @@ class ReadMixin(TrajectoryBase):
         tensor, so a few large requests instead of one or more per tensor).
         """
         step = self._resolve(step_or_ref)
-        requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
-        return self._reader.boxes(step, requests)
+
+        def read():
+            requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
+            return self._reader.boxes(step, requests)
+
+        return self._reader.settled(read)
 
     def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
         """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
@@ -161,7 +170,8 @@ class ReadMixin(TrajectoryBase):
 
     def read_file(self, step_or_ref, name: str) -> bytes:
         """The bytes of file ``name`` of a step, checked against its content hash."""
-        return self._reader.file(self._resolve(step_or_ref), name)
+        step = self._resolve(step_or_ref)
+        return self._reader.settled(lambda: self._reader.file(step, name))
 
     def changes(
         self, step_or_ref, names=None, *, against_parent: bool = True, read_ahead: bool = False

@@ -30,7 +30,13 @@ import threading
 import numpy as np
 
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
-from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
+from ..errors import (
+    CorruptBlobError,
+    CorruptManifestError,
+    IntegrityError,
+    StepNotFoundError,
+    TensorNotFoundError,
+)
 from ._chunkcodec import digest, zstd_decompress
 from ._decode_plan import Node
 from ._layout import pack_key, step_key
@@ -160,6 +166,16 @@ class ChunkReader(ValuesMixin):
 
         return self._once(("doc", step), load)
 
+    def stored_doc(self, step: int) -> StepDoc | None:
+        """The step document of ``step`` as stored now (read past the cache, which it does not change), or None.
+
+        What a writer checks a cached document against at its commit point: the
+        parent it coded against, the document it is about to rewrite.
+        """
+        key = step_key(step)
+        data = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
+        return None if data is None else StepDoc.from_bytes(data, key=key, step=step)
+
     def accept_doc(self, step: int, data: bytes, parent: int, parent_content: str) -> StepDoc:
         """Check a step document received out of band; cache it if it was committed on ``parent`` (whose content
         checksum is ``parent_content``).  The one cached if the same document was read already.
@@ -205,6 +221,57 @@ class ChunkReader(ValuesMixin):
             for s in steps:
                 self._docs.pop(s, None)
         self._blocks.drop(lambda key: key[0] not in steps)  # keyed (step, content, block hash)
+
+    def stored_tables(self, step: int) -> tuple[bytes, StepDoc, dict[str, TensorTable]] | None:
+        """(raw document, document, tables) of ``step`` as stored now (the cache refreshed); None if it is gone.
+
+        For scans that run beside other writers (gc, stats): a document
+        rewritten by another process between the read of the document and of
+        its tables (a repack moved them) is read again.
+        """
+        key = step_key(step)
+        for attempt in range(3):
+            raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
+            if raw is None:
+                return None
+            d = StepDoc.from_bytes(raw, key=key, step=step)
+            self.keep_doc(d)
+            try:
+                return raw, d, self.tables(step)
+            except (CorruptBlobError, CorruptManifestError):
+                if attempt == 2 or self.io.get(key, limit=MAX_DOCUMENT_BYTES) == raw:
+                    raise
+                self.forget([step])
+        return None
+
+    def cached_doc(self, step: int) -> StepDoc | None:
+        """The document of ``step`` this reader holds, if any (no read)."""
+        with self._lock:
+            return self._docs.get(step)
+
+    def forget_docs(self, steps=None) -> None:
+        """Drop cached step documents (all, or of ``steps``) and nothing else: table blocks are cached by
+        their hash, so a document read anew finds its blocks again unless they changed."""
+        with self._lock:
+            if steps is None:
+                self._docs.clear()
+            else:
+                for s in steps:
+                    self._docs.pop(s, None)
+
+    def settled(self, read):
+        """``read()``; once more, with every step document read anew, if it met damage (a missing pack...).
+
+        A document read a while ago may name a pack that another process has
+        since repacked or collected (after a delete of an ancestor, say): the
+        stored documents name where the bytes are now.  A pack still missing
+        then is damage (or the step is gone: StepNotFoundError).
+        """
+        try:
+            return read()
+        except IntegrityError:  # a missing pack, a reference to a step gone: stale documents, or damage
+            self.forget_docs()
+            return read()
 
     def clear_cache(self) -> None:
         """Drop every decoded chunk (documents and tables stay)."""

@@ -190,7 +190,7 @@ class PieceWriter:
             return
         coords = [tuple(int(x) for x in np.unravel_index(i, pp.grid)) if pp.grid else () for i in stale]
         targets = [((self.parent, st.name, pj, c), None, pp.region(c), kp, int(i)) for i, c in zip(stale, coords)]
-        self.reader.materialize(targets, kept=self.kept)
+        self.reader.settled(lambda: self.reader.materialize(targets, kept=self.kept))
 
     # -- the window -------------------------------------------------------------------
 

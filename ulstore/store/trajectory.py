@@ -18,7 +18,8 @@ Read me first
   by compare-and-swap: of two writers that read the same head, one moves it and
   the other gets ``RefMovedError`` (``_refs.py``).  Steps themselves are never
   overwritten, except by :meth:`delete` and :meth:`gc` (repacking), which
-  rewrite step documents with unchanged contents (one PUT each).
+  rewrite step documents with unchanged contents, each by compare-and-swap on
+  the bytes they read (:meth:`ObjectStore.replace_if`): never a lost update.
 
 Examples
 --------

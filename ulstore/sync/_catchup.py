@@ -256,7 +256,9 @@ class CatchUp(StateChecks):
             if self.version is None:
                 raise
             return
-        if self.version is not None and self.version >= failed:
+        if self.version is not None and (self.version >= failed or self.version == head):
+            # reached the head: whatever failed is not on the branch's history now (a rollback, a reset), and
+            # later versions follow this one as deltas: nothing to wait for
             self._stalled_at = None
         if self.version != before:
             yield self.version  # type: ignore[misc]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.torch import is_tensor
-from ..errors import InvalidInputError, StepExistsError
+from ..errors import ConflictError, InvalidInputError, RefMovedError, StepExistsError
 from ..store._base import MAIN
 from ..store._layout import check_ref_name, choose_chunks
 from . import _open
@@ -199,7 +199,9 @@ class Publisher(WorkerOwner):
         Parameters
         ----------
         version : int
-            Greater than every published version (gaps are fine, e.g. the optimizer step).
+            Greater than every published version (gaps are fine, e.g. the optimizer step).  The latest
+            version again with the same state and metadata returns its info and writes nothing: a
+            retry after a lost answer is safe.
         state : Mapping of str to array
             numpy arrays or torch tensors (CPU or CUDA), 0-d included.  Not
             modified; do not modify it during the call.
@@ -217,8 +219,17 @@ class Publisher(WorkerOwner):
         ------
         InvalidInputError
             ``version`` is not greater than the latest, or the state is unusable.
+        RefMovedError
+            Another writer published on the branch meanwhile (two trainers on one
+            branch): this version is not on it; the other writer's is.
+        ConflictError
+            Another writer is publishing this version, or an earlier publish on
+            the same head is still finishing: nothing was published.
         BucketAccessError
             A write failed; the branch still names the previous version.
+        OutcomeUnknownError
+            A write failed and reading it back failed too: publish the same
+            version and state again (idempotent).
         """
         t0 = time.perf_counter()
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
@@ -226,13 +237,30 @@ class Publisher(WorkerOwner):
         version = int(version)
         traj = self.trajectory
         head = traj.head(self.branch)
-        if head is not None and version <= head:
-            raise InvalidInputError(
-                f"version {version} is not greater than the latest published version {head}; versions must increase"
-            )
         if not isinstance(state, Mapping) or not state:
             raise InvalidInputError("state must be a non-empty mapping of tensor name to array")
         metadata = _check_metadata(metadata)
+        if head is not None and version == head:
+            return self._republish(version, state, metadata, t0)
+        if head is not None and version < head:
+            raise InvalidInputError(
+                f"version {version} is not greater than the latest published version {head}; versions must increase"
+            )
+        for attempt in range(2):
+            try:
+                return self._publish(version, head, state, metadata, unchanged, t0)
+            except ConflictError as e:
+                # an earlier publish on this head created its step but never moved the branch (killed after its
+                # commit point): discard it (the branch is fenced first, so that writer can never publish it) and
+                # publish again; discard refuses while that commit may still be running
+                if attempt or not isinstance(e.step, int) or e.step == version or isinstance(e, RefMovedError):
+                    raise
+                log.warning("%s: discarding step %d left by a publish that did not complete", self.url, e.step)
+                traj.discard(e.step, branch=self.branch)
+        raise AssertionError("unreachable")
+
+    def _publish(self, version: int, head, state: Mapping, metadata: dict, unchanged, t0: float) -> PublishInfo:
+        traj = self.trajectory
         if self._first and head is not None:
             self._since_anchor = traj.info(head).anchor_distance
         reset = head is None or (self._first and not self.resume)
@@ -258,18 +286,38 @@ class Publisher(WorkerOwner):
             w.abort()
             raise
         traj.finalize(version, [], branch=self.branch, metadata=metadata, writer=w)
-        # counted from the tables just written (cached: no read)
-        feed = traj.changes(version)
-        new = [c for c in feed if c.kind != "unchanged" or c.ref is None and reset]
-        delta_bytes = sum(c.blob[2] for c in feed if c.kind != "unchanged")
-        anchor_bytes = sum(c.snapshot[2] for c in feed if c.snapshot is not None) + (delta_bytes if reset else 0)
         self._first = False
         self._since_anchor = 0 if snapshot or reset else self._since_anchor + 1
         if self.detector is not None:
             self.detector.reset()
+        info = self._info(version, reset, snapshot, skipped, t0)
         self.stats["versions"] += 1
-        self.stats["anchors"] += int(snapshot or reset)
-        self.stats["bytes"] += delta_bytes + (anchor_bytes if not reset else 0)
+        self.stats["anchors"] += int(info.anchor)
+        self.stats["bytes"] += info.delta_bytes + (info.anchor_bytes if not reset else 0)
+        return info
+
+    def _republish(self, version: int, state: Mapping, metadata: dict, t0: float) -> PublishInfo:
+        """``version`` is the head already: a retry of a publish whose answer was lost.  Idempotent if the
+        state and metadata are what the head holds; else InvalidInputError."""
+        hosts, _ = self._to_host(state, set(), set())
+        try:
+            self.trajectory.commit(version, hosts, branch=self.branch, metadata=metadata)
+        except StepExistsError:
+            raise InvalidInputError(
+                f"version {version} is not greater than the latest published version {version}, which holds "
+                "other contents; versions must increase (publishing the same state again is a no-op)"
+            ) from None
+        feed = self.trajectory.changes(version)
+        reset = self.trajectory.info(version).parent is None
+        return self._info(version, reset, any(c.snapshot is not None for c in feed), 0, t0)
+
+    def _info(self, version: int, reset: bool, snapshot: bool, skipped: int, t0: float) -> PublishInfo:
+        """What the step of ``version`` holds (its tables are cached after a commit: no read)."""
+        traj = self.trajectory
+        feed = traj.changes(version)
+        new = [c for c in feed if c.kind != "unchanged" or c.ref is None and reset]
+        delta_bytes = sum(c.blob[2] for c in feed if c.kind != "unchanged")
+        anchor_bytes = sum(c.snapshot[2] for c in feed if c.snapshot is not None) + (delta_bytes if reset else 0)
         document = traj.step_document(version)  # cached: no read
         return PublishInfo(
             version,
@@ -285,7 +333,7 @@ class Publisher(WorkerOwner):
         )
 
     def _drop_orphan(self, version: int, head: int | None) -> None:
-        """A step ``version`` left by a publish killed before the branch moved is deleted, so it can be retried."""
+        """A step ``version`` left by a publish killed before the branch moved is discarded, so it can be retried."""
         traj = self.trajectory
         if version not in traj:  # one small GET, no LIST
             return
@@ -296,8 +344,8 @@ class Publisher(WorkerOwner):
                 f"{self.branch!r}; publish a greater version",
                 step=version,
             )
-        log.warning("%s: deleting step %d left by a publish that did not complete", self.url, version)
-        traj.delete(version)
+        log.warning("%s: discarding step %d left by a publish that did not complete", self.url, version)
+        traj.discard(version, branch=self.branch)
 
     def _to_host(self, state: Mapping, skip: set, compare: set) -> tuple[dict, int]:
         """Host arrays of ``state``; device tensors in ``skip`` reuse their last host copy."""
