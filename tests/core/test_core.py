@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -128,6 +129,50 @@ def test_a_local_write_places_its_file_again_if_its_directory_was_removed_meanwh
     with pytest.raises(FileExistsError):
         objects.create("pending/commit/7/8.json", b"again")
     assert not os.listdir(objects.local_tmp_dir())  # no staged file left behind
+
+
+class _FullDisk:
+    """A staging file whose write stores half of the data, then fails as a full disk does."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("fault", ["write", "fsync", "makedirs", "place"])
+@pytest.mark.parametrize("op", ["put", "create"])
+def test_a_local_write_that_fails_leaves_no_staged_file(tmp_path, monkeypatch, op, fault):
+    """ENOSPC (or any OSError) at any point of a local write propagates and leaves nothing in ``.tmp/``."""
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("seed", b"x")  # .tmp/ exists, and so does the root
+    if fault == "write":
+        monkeypatch.setattr(local_disk, "open", lambda path, mode: _FullDisk(open(path, mode)), raising=False)
+    elif fault == "fsync":
+        monkeypatch.setattr(local_disk.os, "fsync", _no_space)
+    elif fault == "makedirs":
+        monkeypatch.setattr(local_disk, "makedirs", lambda d, durable: _no_space())
+    else:  # the rename (put) or the link (create) into place
+        monkeypatch.setattr(os, "replace" if op == "put" else "link", _no_space)
+    with pytest.raises(OSError) as raised:
+        getattr(objects, op)("refs/main/00000000000000000001.json", b"a document" * 100)
+    assert raised.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert os.listdir(objects.local_tmp_dir()) == []
+    assert objects.get("refs/main/00000000000000000001.json") is None
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

@@ -327,7 +327,11 @@ class ObjectStore:
         with self._calling("PUT", key):
             if self.local:
                 tmp = self._local_tmp(data)
-                local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+                try:
+                    local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+                except BaseException:  # (a failed write leaves no staged file)
+                    local_disk.discard(tmp)
+                    raise
             else:
                 self.fs.pipe_file(path, data)
 
