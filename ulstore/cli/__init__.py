@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
 from ._parser import ArgumentUsageError, build_parser, wants_json
@@ -55,7 +56,9 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     ui = UI(args)
     try:
-        return args.func(args, ui) or EXIT_OK
+        with warnings.catch_warnings():  # a library warning is one of the command's: `ulstore: warning: ...`
+            warnings.showwarning = lambda message, *rest, **kw: ui.warn(str(message))
+            return args.func(args, ui) or EXIT_OK
     except KeyboardInterrupt as e:
         if args.json:
             return report_error(True, e, 130, "interrupted")

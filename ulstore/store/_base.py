@@ -128,7 +128,11 @@ class TrajectoryBase:
 
     @property
     def refs(self) -> dict[str, int]:
-        """Branches and tags: name -> step."""
+        """Branches and tags: name -> step.
+
+        A ref whose head entry is damaged is left out, with a warning naming its key (reading that ref by
+        name raises :class:`~ulstore.errors.CorruptManifestError`; :meth:`verify` reports it).
+        """
         return self._refs.names()
 
     def head(self, branch: str = MAIN) -> int | None:
