@@ -310,6 +310,34 @@ def test_objects_map_backend_failures_only_when_asked(tmp_path):
         ObjectStore.from_url("nosuchprotocol://x", access_error=AccessError)
 
 
+def test_backend_errors_never_show_a_urls_credentials(monkeypatch):
+    """#43: a backend's exception naming the path a URL's ``user:password@`` is part of is redacted, raised
+    as it is or mapped; so are the client's url and repr, and the access error's message."""
+    name = f"creds-{uuid.uuid4().hex}"
+    url = f"memory://alice:hunter2pw@{name}"
+
+    def failing(path, *args, **kwargs):
+        raise OSError(errno.EIO, "backend broke", path)
+
+    for access_error in (None, AccessError):
+        objects = ObjectStore.from_url(url, access_error=access_error)
+        assert objects.url == f"memory://***@{name}" and "hunter2pw" not in repr(objects)
+        monkeypatch.setattr(objects.fs, "cat_file", failing)
+        with pytest.raises(OSError if access_error is None else AccessError) as e:
+            objects.get("steps/1/zarr.json")
+        chain, x = [], e.value
+        while x is not None:
+            chain.append(f"{x} {x.args!r}")
+            x = x.__cause__
+        assert "***@" in chain[-1] and "backend broke" in chain[-1], chain
+        assert not any("hunter2pw" in t or "alice" in t for t in chain), chain
+        monkeypatch.undo()
+    with pytest.raises(AccessError) as e:  # a URL fsspec cannot open: named, redacted
+        ObjectStore.from_url("nosuchprotocol://alice:hunter2pw@x/y", access_error=AccessError)
+    assert "nosuchprotocol://***@x/y" in str(e.value) and "hunter2pw" not in str(e.value)
+    assert formatting.redact_url("https://TOKEN@github.com/a/b.git") == "https://***@github.com/a/b.git"
+
+
 def test_sealed_documents_refuse_any_change():
     raw = sealed.seal({"format": "f", "n": 1})
     doc = json.loads(raw)

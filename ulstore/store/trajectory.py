@@ -96,7 +96,8 @@ def open(
         root are used; or an :class:`ulstore.core.objects.ObjectStore` already
         opened (e.g. with an ``access_error``; ``storage_options`` are then
         ignored).  ``traj.url`` is ``url`` as given (a relative path stays
-        relative).
+        relative), with any ``user:password@`` shown as ``***@``, as in every
+        message.
     fs : fsspec.AbstractFileSystem, optional
         An already configured filesystem (as zarr's ``FsspecStore(fs, path=...)``):
         ``url`` is then a path on it.  Not with ``storage_options``.
@@ -207,7 +208,7 @@ def open(
 
 
 def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, ObjectStore]:
-    """(url as shown, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
+    """(url as shown: credentials redacted, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
     from fsspec.mapping import FSMap
 
     if isinstance(url, ObjectStore):
@@ -217,15 +218,16 @@ def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, 
             raise InvalidInputError("pass either a mapper or fs=, not both")
         fs, url = url.fs, url.root
     if fs is None:
-        url = os.fspath(url)
-        return url, ObjectStore.from_url(url, storage_options, durable=durable)
+        io = ObjectStore.from_url(os.fspath(url), storage_options, durable=durable)
+        return io.url, io
     if storage_options:
         raise InvalidInputError("storage_options go to the filesystem: configure fs= with them instead")
     if not hasattr(fs, "_strip_protocol") or not hasattr(fs, "cat_file"):
         raise InvalidInputError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
     url = os.fspath(url)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
+    io = ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
+    return io.url, io
 
 
 def _group(attributes: dict) -> dict:
