@@ -210,3 +210,26 @@ def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
         texts += [p.stdout, p.stderr]
     leaks = [t for t in texts if any(s in t for s in secrets + s3secrets)]
     assert not leaks, leaks
+
+
+def test_a_missing_bucket_is_named(moto_s3):
+    """#43: ``log`` on a bucket that does not exist says so (not "create one with ulstore init"), and ``init``
+    refuses with an ulstore error naming the bucket, plain and --json; so does ``ulstore.open``."""
+    import ulstore
+    from ulstore.errors import NotFoundError
+
+    url = "s3://no-such-bucket-43/run"
+    for mode in ("r", "a", "w", "w-"):
+        with pytest.raises(NotFoundError, match="bucket 'no-such-bucket-43' does not exist"):
+            ulstore.open(url, mode=mode, storage_options=moto_s3.options)
+    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3.options)}
+    for command in ("log", "init", "verify"):
+        p = run(command, url, env=env)
+        assert_one_line_error(p, "bucket 'no-such-bucket-43' does not exist", "create")
+        assert "ulstore init" not in p.stderr
+        e = json_error(run(command, url, "--json", env=env), 1)
+        assert e["type"] == "NotFoundError" and "bucket 'no-such-bucket-43' does not exist" in e["message"]
+    # a bucket that exists but holds no trajectory there: the advice to init stays, and init works
+    e = json_error(run("log", "s3://ulstore-test/empty-43", "--json", env=env), 1)
+    assert "ulstore init" in e["message"]
+    run("init", "s3://ulstore-test/empty-43", env=env, check=0)

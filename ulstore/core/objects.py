@@ -220,6 +220,24 @@ class ObjectStore:
         elif self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise fail(f"{self.root!r} is a file, not a directory", key="")
 
+    def missing_bucket(self) -> str | None:
+        """The bucket (container) of an object-store root, shown redacted, if it does not exist; else None.
+
+        None too when the root is not on an object store, or when the listing fails otherwise (denied,
+        unreachable): the caller then reports its own error.  One LIST; for messages about a root that
+        holds nothing.
+        """
+        if self.protocol not in OBJECT_STORES:
+            return None
+        container = self.root.split("/", 1)[0]
+        try:
+            self.fs.ls(container, detail=False)
+        except FileNotFoundError:
+            return redact(container, self._secrets)
+        except Exception:  # noqa: BLE001 -- not a missing bucket: the caller's own error says what failed
+            return None
+        return None
+
     # -- reads ------------------------------------------------------------------
 
     def get(self, key: str, *, limit: int | None = None) -> bytes | None:

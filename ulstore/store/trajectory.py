@@ -173,12 +173,16 @@ def open(
     raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
     if raw is None:
         if mode in ("r", "r+"):
+            _check_bucket(io, url)
             raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
         settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
         try:
             io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
         except FileExistsError:  # another process created it just now: use theirs
             raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+        except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
+            _check_bucket(io, url)
+            raise
         else:
             io.put(STEPS_META, canonical_json(_group({})))
     if raw is not None:
@@ -228,6 +232,16 @@ def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, 
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     io = ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
     return io.url, io
+
+
+def _check_bucket(io: ObjectStore, url: str) -> None:
+    """Raise NotFoundError naming the bucket if ``url`` lies in a bucket that does not exist."""
+    bucket = io.missing_bucket()
+    if bucket is not None:
+        raise NotFoundError(
+            f"bucket {bucket!r} does not exist (for {url!r}): ulstore creates no buckets; create it first, "
+            "or check the bucket name, endpoint and region (storage_options)"
+        )
 
 
 def _group(attributes: dict) -> dict:
