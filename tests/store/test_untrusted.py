@@ -25,6 +25,60 @@ def test_deeply_nested_metadata_is_invalid_input():
     assert traj.steps == []
 
 
+_CHANGED_BY_JSON = [
+    ({1: 2}, "metadata: key 1 (int)"),
+    ({"opt": {"betas": {0: 0.9}}}, "metadata['opt']['betas']: key 0 (int)"),
+    ({"shape": (1, 2)}, "metadata['shape']: a tuple"),
+    ({"runs": [1, {"ids": (2,)}]}, "metadata['runs'][1]['ids']: a tuple"),
+    ({"tags": {"a", "b"}}, "metadata['tags']: a set"),
+    ({"loss": [1.0, float("nan")]}, "metadata['loss'][1]: nan"),
+    ({"loss": np.float32("inf")}, "metadata['loss']: inf"),
+    ({"w": np.zeros(2)}, "metadata['w']: a ndarray"),
+    ({"z": np.complex64(1j)}, "metadata['z']: a complex64"),
+]
+
+
+@pytest.mark.parametrize("metadata, named", _CHANGED_BY_JSON)
+def test_metadata_that_json_would_change_is_refused_naming_its_path(metadata, named):
+    """#43: non-string keys, tuples (and sets, arrays...) would read back as something else; NaN and
+    infinities have no canonical JSON.  Refused, naming where, by commit and by Publisher.publish."""
+    from ulstore.sync import Publisher
+
+    state = {"w": np.zeros(4, np.float32)}
+    traj = ulstore.open("memory://untrusted-metadata", mode="w")
+    with pytest.raises(InvalidInputError) as e:
+        traj.commit(0, state, metadata=metadata)
+    assert named in str(e.value)
+    assert traj.steps == []
+    with Publisher("memory://untrusted-metadata-pub", resume=False) as pub:
+        with pytest.raises(InvalidInputError) as e:
+            pub.publish(0, state, metadata=metadata)
+        assert named in str(e.value)
+        assert pub.trajectory.steps == []
+
+
+def test_numpy_scalars_in_metadata_are_stored_as_python_numbers():
+    """#38: np.float32(1.5), np.int64(7)... are what a training loop has; they are stored as the numbers
+    they hold (exactly: float16/32/64 are Python floats)."""
+    from ulstore.sync import Publisher
+
+    metadata = {
+        "lr": np.float32(1.5e-4),
+        "step": np.int64(7),
+        "done": np.bool_(True),
+        "hist": [np.float16(0.25), np.uint8(3)],
+        "name": np.str_("run"),
+    }
+    want = {"lr": float(np.float32(1.5e-4)), "step": 7, "done": True, "hist": [0.25, 3], "name": "run"}
+    traj = ulstore.open("memory://untrusted-np-metadata", mode="w")
+    traj.commit(0, {"w": np.zeros(4, np.float32)}, metadata=metadata)
+    got = ulstore.open("memory://untrusted-np-metadata", mode="r").info(0).metadata
+    assert got == want and [type(got[k]) for k in want] == [float, int, bool, list, str]
+    with Publisher("memory://untrusted-np-metadata-pub", resume=False) as pub:
+        pub.publish(0, {"w": np.zeros(4, np.float32)}, metadata=metadata)
+        assert pub.trajectory.info(0).metadata == want
+
+
 @pytest.mark.parametrize(
     "kw",
     [
