@@ -174,3 +174,68 @@ def test_a_chunk_larger_than_the_bound_is_refused_at_commit():
         huge = np.broadcast_to(np.zeros(1, np.float32), (1 << 16, 1 << 15))  # 8 GiB, never allocated
         w.write("w", huge, chunks=(1 << 16, 1 << 15))
     w.abort()
+
+
+# -- parents that loop (#40) ---------------------------------------------------------------------
+
+
+def _loop_parents(traj, links: dict[int, int]) -> None:
+    """Rewrite step documents so that step -> parent as ``links`` says, each hash chain link recomputed to
+    match (``parent_content`` = the parent's content), as a crafted store would."""
+    content = {s: traj.info(s).content for s in links}
+
+    for step, parent in links.items():
+
+        def body(b, parent=parent):
+            b["parent"], b["parent_content"] = parent, content[parent]
+
+        rewrite_step(traj, step, body=body)
+
+
+@pytest.mark.timeout(60)
+def test_a_step_document_naming_itself_as_parent_is_corrupt(tmp_path):
+    """#40: readers, verify and delete refuse a step that is its own parent (checksum recomputed)."""
+    from ulstore.store._layout import step_key
+
+    root = str(tmp_path / "t")
+    traj = ulstore.open(root, mode="w")
+    for s in range(3):
+        traj.commit(s, {"w": np.full(8, s, np.float32)})
+    _loop_parents(traj, {2: 2})
+    ro = ulstore.open(root, mode="r")
+    for read in (lambda: ro.info(2), lambda: ro.read(2), lambda: ro[2]["w"][:], lambda: ro.log()):
+        with pytest.raises(CorruptManifestError, match="its own parent") as e:
+            read()
+        assert e.value.key == step_key(2)
+    report = ro.verify(raise_on_error=False)
+    assert [e["key"] for e in report.errors] == [step_key(2)], report.errors
+    rw = ulstore.open(root)
+    with pytest.raises(CorruptManifestError):
+        rw.delete(2)
+    assert rw.head() == 2 and rw.steps == [0, 1, 2]  # main never moves to a deleted step
+    assert float(rw.read(1)["w"][0]) == 1.0  # the rest reads as before
+
+
+@pytest.mark.timeout(60)
+def test_parent_links_that_loop_are_reported(tmp_path):
+    """#40: a later step may be a parent (an older checkpoint added on top of a newer one), so two crafted
+    documents can form a loop, 1 -> 2 -> 1: log() raises naming it instead of stopping silently, verify()
+    reports it (all steps, or the one asked)."""
+    from ulstore.store._layout import step_key
+
+    root = str(tmp_path / "t")
+    traj = ulstore.open(root, mode="w")
+    for s in range(3):
+        traj.commit(s, {"w": np.full(8, s, np.float32)})
+    _loop_parents(traj, {1: 2, 2: 1})
+    ro = ulstore.open(root, mode="r")
+    assert ro.info(2).parent == 1 and ro.info(1).parent == 2  # each document alone is well-formed
+    with pytest.raises(CorruptManifestError, match="loop") as e:
+        ro.log()
+    assert e.value.key in (step_key(1), step_key(2))
+    for report in (ro.verify(raise_on_error=False), ro.verify(2, raise_on_error=False)):
+        assert not report.ok
+        assert any("loop" in e["message"] and e["key"] in (step_key(1), step_key(2)) for e in report.errors), (
+            report.errors
+        )
+    assert ro.verify(0).ok  # the root is not on the loop

@@ -132,9 +132,11 @@ class IntegrityMixin(TrajectoryBase):
 
         if step is None:
             self._verify_refs(note)
+        parents: dict[int, int | None] = {}  # the parent links read: a loop of them is damage too
         for s in steps:
             try:
                 d = fresh.doc(s)
+                parents[s] = d.parent
                 tables = fresh.tables(s)
                 self._verify_step(fresh, d, tables)
             except IntegrityError as e:
@@ -150,6 +152,19 @@ class IntegrityMixin(TrajectoryBase):
                 report.chunks += len(batch)
                 for err in _verify_chunks(fresh, memo, batch, blobs):
                     note(err, s)
+        if step is not None:  # the ancestry of the step asked, back to its anchor (what reading it relies on)
+            _ancestry(fresh, steps[0], parents)
+        for loop in _parent_loops(parents):
+            s = loop[-1]
+            note(
+                CorruptManifestError(
+                    f"parent links loop: {' -> '.join(map(str, loop))} -> {loop[0]} (crafted step documents: "
+                    "a parent walk would never reach a root)",
+                    step=s,
+                    key=step_key(s),
+                ),
+                s,
+            )
         report.blobs = len(blobs)
         if bad and raise_on_error:
             first = next(iter(bad.values()))
@@ -287,6 +302,41 @@ class IntegrityMixin(TrajectoryBase):
             "ratio": raw / stored if stored else float("nan"),
             "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
         }
+
+
+def _ancestry(fresh: ChunkReader, step: int, parents: dict[int, int | None]) -> None:
+    """Add the parent links from ``step`` back to its nearest anchor (or root) to ``parents``; stops at a step
+    already in it (a loop), or one that cannot be read (reported by whoever reads it)."""
+    s: int | None = step
+    first = True  # (the step itself is in parents already, from verify's own read of it)
+    while s is not None and (first or s not in parents):
+        first = False
+        try:
+            d = fresh.doc(s)
+        except (IntegrityError, NotFoundError):
+            return
+        parents[s] = d.parent
+        if d.anchor_distance == 0:
+            return
+        s = d.parent
+
+
+def _parent_loops(parents: dict[int, int | None]) -> list[list[int]]:
+    """Every loop of the links ``parents`` (step -> parent), once each, as its steps in walk order."""
+    done: set[int] = set()
+    loops = []
+    for start in parents:
+        path: list[int] = []
+        on_path: set[int] = set()
+        s: int | None = start
+        while s is not None and s in parents and s not in done and s not in on_path:
+            path.append(s)
+            on_path.add(s)
+            s = parents[s]
+        if s is not None and s in on_path:
+            loops.append(path[path.index(s) :])
+        done.update(path)
+    return loops
 
 
 def _covered(ranges: list) -> int:

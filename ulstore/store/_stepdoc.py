@@ -209,6 +209,11 @@ class StepDoc:
             ) from e
         if step is not None and m.step != step:
             raise CorruptManifestError(f"step document is for step {m.step}", step=step, key=key)
+        if m.parent == m.step:  # a parent walk would never end (a later step may be a parent: an older checkpoint
+            # added on top of a newer one; so loops of two or more steps are found by the walks themselves)
+            raise CorruptManifestError(
+                f"step document names step {m.step} as its own parent (a parent is another step)", step=m.step, key=key
+            )
         return m
 
     @classmethod
