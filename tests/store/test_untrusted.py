@@ -239,3 +239,30 @@ def test_parent_links_that_loop_are_reported(tmp_path):
             report.errors
         )
     assert ro.verify(0).ok  # the root is not on the loop
+
+
+@pytest.mark.parametrize("step", [1 << 62, (1 << 63) - 1, 1 << 63, 1 << 64])
+def test_steps_beyond_what_a_step_document_holds_are_refused_at_commit(step):
+    """#40: a commit of a step no reader accepts (2**64) moved main before; a child raised OverflowError."""
+    from ulstore.store._stepdoc import StepDoc
+
+    MAX_STEP = 1 << 62  # (ulstore.store._layout.MAX_STEP, the one bound of checks and parser)
+    traj = ulstore.open("memory://untrusted-huge-step", mode="w")
+    traj.commit(0, {"w": np.zeros(4, np.float32)})
+    with pytest.raises(InvalidInputError, match=f"below 2\\*\\*62.*{step}"):
+        traj.commit(step, {"w": np.ones(4, np.float32)})
+    with pytest.raises(InvalidInputError, match="below 2\\*\\*62"):
+        traj.piece_writer(step)
+    assert traj.steps == [0] and traj.head() == 0
+    traj.commit(MAX_STEP - 1, {"w": np.ones(4, np.float32)})  # the largest step: committed, read back, a parent
+    traj.commit(5, {"w": np.full(4, 2, np.float32)})
+    assert traj.info(5).parent == MAX_STEP - 1 and float(traj.read(MAX_STEP - 1)["w"][0]) == 1.0
+    assert ulstore.open("memory://untrusted-huge-step", mode="r").verify().ok
+    # a document holding such a step is damage (the parser's bound is the same constant)
+    doc = json.loads(traj._io.get("steps/5/zarr.json"))
+    doc["attributes"]["ulstore"]["step"] = step
+    with pytest.raises(CorruptManifestError, match="step"):
+        StepDoc.from_bytes(json.dumps(doc).encode(), key="steps/5/zarr.json")
+    from ulstore.store._layout import MAX_STEP as bound
+
+    assert bound == MAX_STEP

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import open_sealed, seal
 from ..errors import CorruptManifestError, RefMovedError
-from ._layout import REFS_DIR, check_step
+from ._layout import MAX_STEP, REFS_DIR, check_step
 
 __all__ = ["RefState", "RefLog", "KEEP", "entry_key", "log_dir", "legacy_key"]
 
@@ -295,4 +295,4 @@ class RefLog:
 
 
 def _is_step(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_STEP

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError
 from ._chunkcodec import digest
-from ._layout import check_file_names, is_pack_id, tensor_name_problem
+from ._layout import MAX_STEP, check_file_names, is_pack_id, tensor_name_problem
 from ._table_block import MAX_BLOCK_RAW
 
 __all__ = ["FORMAT", "StepDoc", "TableRef", "FileRef", "is_hex128"]
@@ -257,8 +257,8 @@ class StepDoc:
         if not isinstance(body["metadata"], dict) or not isinstance(body["created"], str):
             raise ValueError("malformed metadata")
         return cls(
-            step=count(body["step"], "step"),
-            parent=None if parent is None else count(parent, "parent"),
+            step=count(body["step"], "step", MAX_STEP),
+            parent=None if parent is None else count(parent, "parent", MAX_STEP),
             content=content,
             parent_content=parent_content,
             anchor_distance=count(body["anchor_distance"], "anchor distance"),
