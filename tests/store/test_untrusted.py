@@ -266,3 +266,33 @@ def test_steps_beyond_what_a_step_document_holds_are_refused_at_commit(step):
     from ulstore.store._layout import MAX_STEP as bound
 
     assert bound == MAX_STEP
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("links", [{2: 2}, {1: 2, 2: 1}], ids=["own-step", "cycle"])
+def test_verify_names_the_step_document_and_tensor_of_a_crafted_reference(links):
+    """#40: verify's report named these objects ``None``: a chunk coded against its own step, a reference
+    cycle between steps (tables rewritten, hashes recomputed)."""
+    from ulstore.store._layout import step_key
+
+    url = f"memory://untrusted-refs-{len(links)}"
+    traj = ulstore.open(url, mode="w", anchor_every=0)
+    for s in range(3):
+        traj.commit(s, {"a": np.full(64, s, np.float32), "b": np.full(64, -s, np.float32)})
+
+    def point_at(ref):
+        def mutate(tables, append):
+            for p in tables["b"].pieces:
+                p.ref[:] = ref
+
+        return mutate
+
+    for step, ref in links.items():
+        rewrite_step(traj, step, point_at(ref))
+    report = ulstore.open(url, mode="r").verify(raise_on_error=False)
+    assert not report.ok
+    for e in report.errors:
+        assert e["key"] in {step_key(s) for s in links} and e["tensor"] == "b" and e["step"] in links, e
+    with pytest.raises(CorruptManifestError) as e:
+        ulstore.open(url, mode="r").read(2)
+    assert e.value.key in {step_key(s) for s in links} and e.value.tensor == "b"

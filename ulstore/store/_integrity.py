@@ -377,7 +377,10 @@ def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> l
             except IntegrityError as e:
                 errors.append(e)
             except NotFoundError as e:
-                errors.append(CorruptManifestError(f"reference is missing: {e}", step=item[0][0], tensor=item[0][1]))
+                step, tensor = item[0][0], item[0][1]
+                errors.append(
+                    CorruptManifestError(f"reference is missing: {e}", step=step, tensor=tensor, key=step_key(step))
+                )
         return errors
     packs = fresh.doc(batch[0][0][0]).packs
     snaps = []
@@ -397,5 +400,7 @@ def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> l
                 if content_digest(value) != p.content[i].tobytes():
                     raise CorruptBlobError(f"snapshot at byte {loc[1]} fails its content hash", key=key)
             except IntegrityError as e:
+                e.step = e.step if e.step is not None else node[0]  # (the blob's own checks name its pack only)
+                e.tensor = e.tensor or node[1]
                 errors.append(e)
     return errors
