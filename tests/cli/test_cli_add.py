@@ -34,6 +34,22 @@ def test_failed_add_init_leaves_no_trajectory(tmp_path):
     assert ulstore.open(tmp_path / "b", mode="r").steps == [100]
 
 
+def test_add_of_an_npz_member_that_is_not_npy_data_names_it(tmp_path):
+    """#40: a member named ``*.npy`` holding other bytes was a raw AttributeError."""
+    import zipfile
+
+    import numpy as np
+
+    path = tmp_path / "step_000300.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        with z.open("w.npy", "w") as f:
+            np.lib.format.write_array(f, np.ones(2, np.float32))
+        z.writestr("opt.npy", b"\x00" * 40)
+    p = run("add", tmp_path / "t", path, "--init")
+    assert_one_line_error(p, str(path), "member 'opt.npy' is not npy data")
+    assert "unexpected" not in p.stderr and not (tmp_path / "t").exists()
+
+
 def test_add_below_its_parent_warns_that_the_branch_moves_back(tmp_path):
     paths = write_steps(tmp_path, steps=(100, 200, 300))
     url = tmp_path / "traj"

@@ -136,3 +136,100 @@ def test_usage_errors_exit_2(tmp_path, store, argv, fragment):
     p = run(*[a.format(**names) for a in argv])
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert fragment in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr
+
+
+# -- credentials in URLs (#43) -------------------------------------------------------
+
+
+def _chain(e: BaseException) -> str:
+    """The text of ``e`` and of every exception it was raised from or during (what a traceback shows)."""
+    texts = []
+    while e is not None and len(texts) < 16:
+        texts.append(f"{type(e).__name__}: {e} {e.args!r}")
+        e = e.__cause__ or e.__context__
+    return "\n".join(texts)
+
+
+def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
+    """``http://user:secret@host/...`` and ``s3://KEY:SECRET@bucket/...``: no message, ``url``, repr, log line
+    or CLI output (plain or --json) shows the credentials; over http they still reach the server."""
+    import logging
+
+    import ulstore
+    from tests.helpers.http import AuthRangeServer
+    from ulstore.errors import InvalidInputError, NotFoundError
+    from ulstore.sync import Follower, Publisher
+
+    with Publisher(tmp_path / "bucket", anchor_every=4) as pub:
+        pub.publish(0, {"w": np.zeros(64, np.float32)})
+        pub.publish(1, {"w": np.ones(64, np.float32)})
+    server = AuthRangeServer(tmp_path, "alice", "hunter2pw")  # answers only with these credentials
+    secrets = ("alice", "hunter2pw")
+    try:
+        url, missing = server.url("bucket"), server.url("nothing")
+        shown = f"http://***@127.0.0.1:{server.port}/bucket"
+        # Python: the trajectory, a follower, their log lines and errors
+        caplog.set_level(logging.DEBUG, logger="ulstore")
+        traj = ulstore.open(url, mode="r")
+        assert traj.url == shown and shown in repr(traj) and traj._io.url == shown
+        assert float(traj.read(1)["w"][0]) == 1.0  # the credentials are still sent
+        follower = Follower(url)
+        assert follower.poll() == 1 and follower.url == shown and shown in repr(follower)
+        with pytest.raises(NotFoundError) as e:
+            ulstore.open(missing, mode="r")
+        assert "http://***@127.0.0.1" in str(e.value)
+        texts = [repr(traj), repr(follower), _chain(e.value), *(r.getMessage() for r in caplog.records)]
+        assert any(shown in r.getMessage() for r in caplog.records)  # the follower logged its events
+        # the CLI, plain and --json: success and error
+        for args in (["log", url], ["ls", url, "1"], ["log", missing], ["log", url, "7"]):
+            for extra in ([], ["--json"]):
+                p = run(*args, *extra)
+                ok = args in (["log", url], ["ls", url, "1"])
+                assert p.returncode == (0 if ok else 1), p.stderr
+                if extra or not ok:  # a JSON document names the URL, and so does each error
+                    assert "***@127.0.0.1" in p.stdout + p.stderr, (args, extra, p.stdout, p.stderr)
+                texts += [p.stdout, p.stderr]
+    finally:
+        server.close()
+    # s3fs takes no credentials from a URL (they would name the bucket): refused, and shown redacted
+    s3url = "s3://AKIAKEYID:wJalrSECRETKEY@ulstore-test/run"
+    s3secrets = ("AKIAKEYID", "wJalrSECRETKEY")
+    for make in (
+        lambda: ulstore.open(s3url, storage_options=moto_s3.options),
+        lambda: Publisher(s3url, storage_options=moto_s3.options),
+        lambda: Follower(s3url, storage_options=moto_s3.options),
+    ):
+        with pytest.raises(InvalidInputError) as e:
+            make()
+        assert "s3://***@ulstore-test/run" in str(e.value) and "storage_options" in str(e.value)
+        texts.append(_chain(e.value))
+    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3.options)}
+    for extra in ([], ["--json"]):
+        p = run("log", s3url, *extra, env=env)
+        assert p.returncode == 1 and "s3://***@ulstore-test/run" in p.stderr, p.stderr
+        texts += [p.stdout, p.stderr]
+    leaks = [t for t in texts if any(s in t for s in secrets + s3secrets)]
+    assert not leaks, leaks
+
+
+def test_a_missing_bucket_is_named(moto_s3):
+    """#43: ``log`` on a bucket that does not exist says so (not "create one with ulstore init"), and ``init``
+    refuses with an ulstore error naming the bucket, plain and --json; so does ``ulstore.open``."""
+    import ulstore
+    from ulstore.errors import NotFoundError
+
+    url = "s3://no-such-bucket-43/run"
+    for mode in ("r", "a", "w", "w-"):
+        with pytest.raises(NotFoundError, match="bucket 'no-such-bucket-43' does not exist"):
+            ulstore.open(url, mode=mode, storage_options=moto_s3.options)
+    env = {"ULSTORE_STORAGE_OPTIONS": json.dumps(moto_s3.options)}
+    for command in ("log", "init", "verify"):
+        p = run(command, url, env=env)
+        assert_one_line_error(p, "bucket 'no-such-bucket-43' does not exist", "create")
+        assert "ulstore init" not in p.stderr
+        e = json_error(run(command, url, "--json", env=env), 1)
+        assert e["type"] == "NotFoundError" and "bucket 'no-such-bucket-43' does not exist" in e["message"]
+    # a bucket that exists but holds no trajectory there: the advice to init stays, and init works
+    e = json_error(run("log", "s3://ulstore-test/empty-43", "--json", env=env), 1)
+    assert "ulstore init" in e["message"]
+    run("init", "s3://ulstore-test/empty-43", env=env, check=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -128,6 +129,50 @@ def test_a_local_write_places_its_file_again_if_its_directory_was_removed_meanwh
     with pytest.raises(FileExistsError):
         objects.create("pending/commit/7/8.json", b"again")
     assert not os.listdir(objects.local_tmp_dir())  # no staged file left behind
+
+
+class _FullDisk:
+    """A staging file whose write stores half of the data, then fails as a full disk does."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("fault", ["write", "fsync", "makedirs", "place"])
+@pytest.mark.parametrize("op", ["put", "create"])
+def test_a_local_write_that_fails_leaves_no_staged_file(tmp_path, monkeypatch, op, fault):
+    """ENOSPC (or any OSError) at any point of a local write propagates and leaves nothing in ``.tmp/``."""
+    objects = ObjectStore.from_url(str(tmp_path / "objs"))
+    objects.put("seed", b"x")  # .tmp/ exists, and so does the root
+    if fault == "write":
+        monkeypatch.setattr(local_disk, "open", lambda path, mode: _FullDisk(open(path, mode)), raising=False)
+    elif fault == "fsync":
+        monkeypatch.setattr(local_disk.os, "fsync", _no_space)
+    elif fault == "makedirs":
+        monkeypatch.setattr(local_disk, "makedirs", lambda d, durable: _no_space())
+    else:  # the rename (put) or the link (create) into place
+        monkeypatch.setattr(os, "replace" if op == "put" else "link", _no_space)
+    with pytest.raises(OSError) as raised:
+        getattr(objects, op)("refs/main/00000000000000000001.json", b"a document" * 100)
+    assert raised.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert os.listdir(objects.local_tmp_dir()) == []
+    assert objects.get("refs/main/00000000000000000001.json") is None
 
 
 @pytest.fixture(params=["local", "memory", "s3"])
@@ -263,6 +308,34 @@ def test_objects_map_backend_failures_only_when_asked(tmp_path):
         mapped.probe()
     with pytest.raises(AccessError, match="cannot open"):
         ObjectStore.from_url("nosuchprotocol://x", access_error=AccessError)
+
+
+def test_backend_errors_never_show_a_urls_credentials(monkeypatch):
+    """#43: a backend's exception naming the path a URL's ``user:password@`` is part of is redacted, raised
+    as it is or mapped; so are the client's url and repr, and the access error's message."""
+    name = f"creds-{uuid.uuid4().hex}"
+    url = f"memory://alice:hunter2pw@{name}"
+
+    def failing(path, *args, **kwargs):
+        raise OSError(errno.EIO, "backend broke", path)
+
+    for access_error in (None, AccessError):
+        objects = ObjectStore.from_url(url, access_error=access_error)
+        assert objects.url == f"memory://***@{name}" and "hunter2pw" not in repr(objects)
+        monkeypatch.setattr(objects.fs, "cat_file", failing)
+        with pytest.raises(OSError if access_error is None else AccessError) as e:
+            objects.get("steps/1/zarr.json")
+        chain, x = [], e.value
+        while x is not None:
+            chain.append(f"{x} {x.args!r}")
+            x = x.__cause__
+        assert "***@" in chain[-1] and "backend broke" in chain[-1], chain
+        assert not any("hunter2pw" in t or "alice" in t for t in chain), chain
+        monkeypatch.undo()
+    with pytest.raises(AccessError) as e:  # a URL fsspec cannot open: named, redacted
+        ObjectStore.from_url("nosuchprotocol://alice:hunter2pw@x/y", access_error=AccessError)
+    assert "nosuchprotocol://***@x/y" in str(e.value) and "hunter2pw" not in str(e.value)
+    assert formatting.redact_url("https://TOKEN@github.com/a/b.git") == "https://***@github.com/a/b.git"
 
 
 def test_sealed_documents_refuse_any_change():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zipfile
 from pathlib import Path
 
 import ml_dtypes
@@ -349,6 +350,11 @@ def bad_files(tmp_path) -> dict[str, Path]:
     write_raw_safetensors(out["dtype"], {"w": {"dtype": "F7", "shape": [2], "data_offsets": [0, 2]}}, b"\0\0")
     out["npz"] = tmp_path / "step_5.npz"
     out["npz"].write_bytes(b"PK\x03\x04 not a zip")
+    out["npz member"] = tmp_path / "step_6.npz"  # a zip whose member named *.npy holds other bytes
+    with zipfile.ZipFile(out["npz member"], "w") as z:
+        with z.open("w.npy", "w") as f:
+            np.lib.format.write_array(f, np.ones(2, np.float32))
+        z.writestr("b.npy", b"not npy data")
     return out
 
 
@@ -360,6 +366,7 @@ def bad_files(tmp_path) -> dict[str, Path]:
         ("malformed", "not valid JSON"),
         ("dtype", "unknown dtype 'F7'"),
         ("npz", "cannot read"),
+        ("npz member", "member 'b.npy' is not npy data"),
     ],
 )
 def test_bad_files_leave_nothing(tmp_path, kind, match):

@@ -5,7 +5,9 @@ The racing-writer trials (processes on local disk and moto S3) are in ``test_rac
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -120,6 +122,47 @@ def test_verify_reports_a_damaged_ref(tmp_path):
     report = ulstore.open(root, mode="r").verify(raise_on_error=False)
     assert not report.ok
     assert any(e["key"].startswith("refs/main") for e in report.errors)
+
+
+def test_a_damaged_ref_of_another_branch_is_skipped_with_a_warning(tmp_path):
+    """#43: one damaged ref entry does not break ``refs``, ``ulstore log`` or delete for the other branches;
+    reading that very ref still raises, and verify still reports it."""
+    root = str(tmp_path / "t")
+    traj, _ = _three(root)
+    traj.set_ref("broken", 1)
+    traj.set_ref("tag", 0)
+    head_entry = [f for f in _ref_files(root) if "/refs/broken/" in f][-1]
+    key = os.path.relpath(head_entry, root)
+    data = bytearray(open(head_entry, "rb").read())
+    data[len(data) // 2] ^= 0x04
+    with open(head_entry, "wb") as f:
+        f.write(data)
+    ro = ulstore.open(root, mode="r")
+    with pytest.warns(UserWarning, match=re.escape(key)):
+        assert ro.refs == {"main": 2, "tag": 0}
+    with pytest.raises(CorruptManifestError) as e:
+        ro.head("broken")
+    assert e.value.key == key
+    with pytest.raises(CorruptManifestError):
+        ro.info("broken")
+    report = ro.verify(raise_on_error=False)
+    assert [e["key"] for e in report.errors] == [key], report.errors
+    # the command line lists the steps, with the warning on stderr (and in the JSON document)
+    cli = [sys.executable, "-m", "ulstore.cli", "log", root]
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:") and key in ln], p.stderr
+    assert "main" in p.stdout and "tag" in p.stdout and "broken" not in p.stdout
+    p = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [s["step"] for s in doc["steps"]] == [2, 1, 0] and any(key in w for w in doc["warnings"])
+    # delete moves the branches it can read
+    rw = ulstore.open(root)
+    with pytest.warns(UserWarning, match=re.escape(key)):
+        rw.delete(2)
+    with pytest.warns(UserWarning, match=re.escape(key)):
+        assert rw.refs == {"main": 1, "tag": 0} and rw.steps == [0, 1]
 
 
 def test_verify_reports_a_missing_head(tmp_path):

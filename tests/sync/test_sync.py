@@ -778,6 +778,36 @@ def test_poll_to_a_version_with_a_damaged_step_document_recovers_as_a_polled_hea
     f.close()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("links", [{3: 3}, {2: 3, 3: 2}], ids=["itself", "two-step-loop"])
+def test_parent_links_that_loop_never_hang_a_follower(states, url, links):
+    """#40: crafted step documents (checksums recomputed) whose parent links loop: a new follower's poll()
+    raises instead of walking the loop forever, and one holding a version reports it and keeps its state."""
+    from tests.helpers.store import rewrite_step
+    from ulstore.errors import IntegrityError
+
+    publish_all(url, states[:4], anchor_every=10)  # 0 a snapshot, 1..3 deltas
+    held = Follower(url)
+    assert held.poll(to=1) == 1
+    traj = ulstore.open(url)
+    content = {s: traj.info(s).content for s in links.values()}
+    for step, parent in links.items():
+
+        def body(b, parent=parent):
+            b["parent"], b["parent_content"] = parent, content[parent]
+
+        rewrite_step(traj, step, body=body)
+    fresh = Follower(url)
+    with pytest.raises(IntegrityError, match="own parent|loop"):
+        fresh.poll()
+    assert fresh.version is None
+    assert held.poll() is None and held.version == 1
+    assert any(e.kind == "corrupt" and ("own parent" in e.detail or "loop" in e.detail) for e in held.events), [
+        (e.kind, e.detail) for e in held.events
+    ]
+    assert_same_bits(held.state, states[1])
+
+
 def test_zero_dim_tensors_are_published_and_followed_as_zero_dim(url):
     """A model with a BatchNorm (num_batches_tracked is a 0-d int64 buffer) bootstraps and follows."""
     torch = pytest.importorskip("torch")

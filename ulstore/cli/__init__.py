@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 
+from ..core.formatting import redact
 from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
 from ._parser import ArgumentUsageError, build_parser, wants_json
 from ._ui import UI, describe, expected, report_error, silence_stdout
@@ -51,26 +53,27 @@ def main(argv=None) -> int:
         if wants_json(argv):
             return report_error(True, None, EXIT_USAGE, e.message)
         e.parser.print_usage(sys.stderr)
-        print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+        print(redact(f"{e.parser.prog}: error: {e.message}"), file=sys.stderr)
         return EXIT_USAGE
     ui = UI(args)
     try:
-        return args.func(args, ui) or EXIT_OK
+        with warnings.catch_warnings():  # a library warning is one of the command's: `ulstore: warning: ...`
+            warnings.showwarning = lambda message, *rest, **kw: ui.warn(str(message))
+            return args.func(args, ui) or EXIT_OK
     except KeyboardInterrupt as e:
         if args.json:
             return report_error(True, e, 130, "interrupted")
         print("ulstore: interrupted", file=sys.stderr)
         return 130
     except UsageError as e:
-        return report_error(args.json, e, EXIT_USAGE)
+        return report_error(args.json, e, EXIT_USAGE, secrets=ui.secrets)
     except BrokenPipeError:  # `ulstore log X | head`
         silence_stdout()
         return EXIT_OK
     except Exception as e:  # noqa: BLE001 -- the one place that turns errors into a message
         if args.debug:
-            traceback.print_exc()
+            print(ui.redact(traceback.format_exc()), file=sys.stderr, end="")
         if args.json:
-            return report_error(True, e, EXIT_ERROR)
+            return report_error(True, e, EXIT_ERROR, secrets=ui.secrets)
         hint = "" if args.debug or expected(e) else " (unexpected; rerun with --debug for the traceback)"
-        print(f"ulstore: error: {describe(e)}{hint}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(False, e, EXIT_ERROR, describe(e) + hint, secrets=ui.secrets)

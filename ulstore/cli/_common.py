@@ -50,7 +50,9 @@ def _open_existing(args, mode: str = "r"):
 
     try:
         return _open(args, mode)
-    except NotFoundError:
+    except NotFoundError as e:
+        if e.key != "zarr.json":  # not the root document (docs/layout.md) missing: a missing bucket, say
+            raise
         raise NotFoundError(f"no trajectory at {args.url!r} (create one with `ulstore init {args.url}`)") from None
 
 

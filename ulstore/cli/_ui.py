@@ -8,15 +8,29 @@ import os
 import sys
 import threading
 
-from ..core.formatting import strip_ansi
+from ..core.formatting import credentials, redact, strip_ansi
 
-__all__ = ["PROG", "UI", "table", "describe", "expected", "silence_stdout", "error_document", "report_error"]
+__all__ = [
+    "PROG",
+    "UI",
+    "table",
+    "describe",
+    "expected",
+    "silence_stdout",
+    "error_document",
+    "report_error",
+    "secrets_of",
+]
 
 PROG = "ulstore"
 
 
 class UI:
-    """Where output goes: text or JSON on stdout, progress and notes on stderr."""
+    """Where output goes: text or JSON on stdout, progress and notes on stderr.
+
+    Everything it prints is redacted: no ``user:password@`` of a URL on the command line (or of any
+    other URL) reaches the terminal or a JSON document.
+    """
 
     def __init__(self, args):
         self.json = args.json
@@ -24,10 +38,15 @@ class UI:
         self.tty = sys.stderr.isatty()
         self._bars = 0
         self.warnings: list[str] = []
+        self.secrets = secrets_of(args)
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.secrets)
 
     def out(self, line: str = "") -> None:
         if self.json:
             return
+        line = self.redact(line)
         if self._bars:  # keep the bar on stderr intact
             from tqdm import tqdm
 
@@ -36,6 +55,7 @@ class UI:
             print(line)
 
     def note(self, line: str) -> None:
+        line = self.redact(line)
         if not self.quiet and not self.json:
             if self._bars:
                 from tqdm import tqdm
@@ -46,6 +66,7 @@ class UI:
 
     def warn(self, line: str) -> None:
         """A warning: on stderr as ``ulstore: warning: ...`` (not with --quiet), and in ``warnings`` for --json."""
+        line = self.redact(line)
         self.warnings.append(line)
         if not self.json and not self.quiet:
             text = f"{PROG}: warning: {line}"
@@ -60,7 +81,7 @@ class UI:
         if self.json:
             if self.warnings:
                 doc = {**doc, "warnings": list(self.warnings)}
-            json.dump(doc, sys.stdout, indent=2, default=_json_default)
+            json.dump(_redacted(doc, self.secrets), sys.stdout, indent=2, default=_json_default)
             sys.stdout.write("\n")
 
     @property
@@ -108,6 +129,29 @@ def _json_default(obj):
     return obj.item() if hasattr(obj, "item") else str(obj)
 
 
+def secrets_of(args) -> tuple[str, ...]:
+    """The credentials (``user:password`` of ``scheme://user:password@host``) in the command's arguments."""
+    found: list[str] = []
+    for value in vars(args).values():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str):
+                found += credentials(v)
+    return tuple(found)
+
+
+def _redacted(doc, secrets: tuple[str, ...]):
+    """``doc`` (a JSON document) with every string redacted (see :func:`ulstore.core.formatting.redact`)."""
+    if isinstance(doc, str):
+        return redact(doc, secrets)
+    if isinstance(doc, dict):
+        return {_redacted(k, secrets): _redacted(v, secrets) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_redacted(v, secrets) for v in doc]
+    if hasattr(doc, "__fspath__"):  # a path: as text, like _json_default would
+        return redact(str(doc), secrets)
+    return doc
+
+
 def expected(e: BaseException) -> bool:
     from ..errors import UlstoreError
 
@@ -153,14 +197,23 @@ def error_document(e: BaseException | None, status: int, message: str | None = N
     }
 
 
-def report_error(as_json: bool, e: BaseException | None, status: int, message: str | None = None) -> int:
-    """Print an error on stderr: ``ulstore: error: ...`` or, with ``--json``, its :func:`error_document`."""
+def report_error(
+    as_json: bool,
+    e: BaseException | None,
+    status: int,
+    message: str | None = None,
+    secrets: tuple[str, ...] = (),
+) -> int:
+    """Print an error on stderr: ``ulstore: error: ...`` or, with ``--json``, its :func:`error_document`.
+
+    Credentials (``secrets``, and the userinfo of any URL) are redacted.
+    """
     if as_json:
-        json.dump(error_document(e, status, message), sys.stderr, default=_json_default)
+        json.dump(_redacted(error_document(e, status, message), secrets), sys.stderr, default=_json_default)
         sys.stderr.write("\n")
     else:
         text = message if message is not None else (describe(e) if e is not None else "")
-        print(f"{PROG}: error: {text}", file=sys.stderr)
+        print(redact(f"{PROG}: error: {text}", secrets), file=sys.stderr)
     return status
 
 

@@ -4,6 +4,7 @@
   bucket or container that must exist (:data:`OBJECT_STORES`);
 - how to tell s3fs, whose GETs and conditional creates need their own calls
   (:func:`is_s3`);
+- which of them take no credentials from a URL (:data:`BUCKET_NAMES`);
 - the lock that serialises calls into fsspec's caching wrappers, which are
   not thread-safe (:func:`serial_lock`), and the context of one call
   (:class:`Calling`), which takes it and names a failure.
@@ -16,10 +17,14 @@ import weakref
 
 from fsspec.implementations.cached import CachingFileSystem
 
-__all__ = ["OBJECT_STORES", "is_s3", "serial_lock", "Calling"]
+from .formatting import redact
+
+__all__ = ["OBJECT_STORES", "BUCKET_NAMES", "is_s3", "serial_lock", "Calling", "redact_error"]
 
 #: Protocols whose first path component is a bucket/container that must exist.
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
+#: Object stores whose bucket names cannot hold an ``@``: a URL's ``user:password@`` is never a credential there.
+BUCKET_NAMES = {"s3", "s3a", "gs", "gcs"}
 
 _SERIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SERIAL_GUARD = threading.Lock()
@@ -51,14 +56,18 @@ class Calling:
     """``with``: one backend call, under ``lock`` (when not None); a failure other than FileExistsError is
     raised as ``error(message, key=key)`` from it when ``error`` is given, else as it is.
 
+    ``url`` is the URL as shown (credentials redacted); ``secrets`` the credentials the URL held
+    (:func:`~ulstore.core.formatting.credentials`): they are removed from the failure's message, and from
+    the backend's exception and its causes, which may name the path they are part of.
+
     A class, not a generator-based context manager: a weight-sync follower makes about six calls per
     version, and contextlib's machinery cost several times this (tens of microseconds with cold caches).
     """
 
-    __slots__ = ("lock", "error", "what", "url", "key")
+    __slots__ = ("lock", "error", "what", "url", "key", "secrets")
 
-    def __init__(self, lock, error, what: str, url: str, key: str | None) -> None:
-        self.lock, self.error, self.what, self.url, self.key = lock, error, what, url, key
+    def __init__(self, lock, error, what: str, url: str, key: str | None, secrets: tuple[str, ...] = ()) -> None:
+        self.lock, self.error, self.what, self.url, self.key, self.secrets = lock, error, what, url, key, secrets
 
     def __enter__(self) -> None:
         if self.lock is not None:
@@ -67,6 +76,33 @@ class Calling:
     def __exit__(self, kind, e, tb) -> None:
         if self.lock is not None:
             self.lock.release()
-        if e is None or self.error is None or isinstance(e, FileExistsError) or not isinstance(e, Exception):
+        if e is None or not isinstance(e, Exception):
+            return
+        if self.secrets:
+            redact_error(e, self.secrets)
+        if self.error is None or isinstance(e, FileExistsError):
             return  # (re-raised as it is)
-        raise self.error(f"{self.what} failed on {self.url!r}: {type(e).__name__}: {e}", key=self.key) from e
+        message = f"{self.what} failed on {self.url!r}: {type(e).__name__}: {e}"
+        raise self.error(redact(message, self.secrets), key=self.key) from e
+
+
+def redact_error(e: BaseException, secrets: tuple[str, ...]) -> None:
+    """Remove ``secrets`` (and any URL's userinfo) from the message of ``e`` and of its causes, in place.
+
+    A backend's exception may name the path a URL's credentials became part of (s3fs: the bucket
+    ``KEY:SECRET@bucket``); it is re-raised as it is, so its text is what the caller shows.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(seen) < 16:
+        seen.add(id(cur))
+        try:
+            cur.args = tuple(redact(a, secrets) if isinstance(a, str) else a for a in cur.args)
+            if isinstance(cur, OSError):  # its text comes from these, not from args
+                for attr in ("strerror", "filename", "filename2"):
+                    value = getattr(cur, attr, None)
+                    if isinstance(value, str):
+                        setattr(cur, attr, redact(value, secrets))
+        except (AttributeError, TypeError):  # an exception type with read-only attributes: left as it is
+            pass
+        cur = cur.__cause__ or cur.__context__

@@ -1,13 +1,15 @@
-"""Human-readable sizes and counts, for reports, the CLI, the demo and the examples."""
+"""Human-readable sizes and counts, for reports, the CLI, the demo and the examples; URLs without credentials."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["human_bytes", "binary_bytes", "plural", "strip_ansi"]
+__all__ = ["human_bytes", "binary_bytes", "plural", "strip_ansi", "redact_url", "credentials", "redact"]
 
 # CSI sequences (colours, bold: ESC [ ... letter) and the two-character escapes
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# the userinfo of a URL: after "scheme://", up to the last "@" before the host (no "/", whitespace or quote)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s'\"<>`]*)@")
 
 
 def human_bytes(n: float) -> str:
@@ -55,3 +57,43 @@ def strip_ansi(text: str) -> str:
     'do this only if you trust it.'
     """
     return _ANSI.sub("", text)
+
+
+def redact_url(url) -> str:
+    """``url`` as it may be shown: the user and password of every ``scheme://user:password@`` replaced by ``***``.
+
+    Every URL ulstore keeps for messages (``Trajectory.url``, ``ObjectStore.url``, a Publisher's or
+    Follower's ``url``, the CLI's output) goes through this.
+
+    >>> redact_url("http://user:secret@host:8080/run"), redact_url("filecache::s3://KEY:SECRET@bucket/run")
+    ('http://***@host:8080/run', 'filecache::s3://***@bucket/run')
+    >>> redact_url("s3://bucket/run-7"), redact_url("/data/runs/a@b")
+    ('s3://bucket/run-7', '/data/runs/a@b')
+    """
+    return _USERINFO.sub(lambda m: f"{m['scheme']}***@" if m["userinfo"] else m[0], str(url))
+
+
+def credentials(url) -> tuple[str, ...]:
+    """The userinfo parts (``user:password``) of ``url``, for :func:`redact` to remove wherever they appear.
+
+    >>> credentials("s3://KEY:SECRET@bucket/run"), credentials("s3://bucket/run")
+    (('KEY:SECRET',), ())
+    """
+    return tuple(m["userinfo"] for m in _USERINFO.finditer(str(url)) if m["userinfo"])
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` without credentials: each of ``secrets`` (see :func:`credentials`) before an ``@``, and the
+    userinfo of every URL in it, become ``***``.
+
+    ``secrets`` catch a backend's message about a path that holds the URL's userinfo without its scheme
+    (s3fs takes ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET@bucket``).
+
+    >>> redact('Invalid bucket name "KEY:SECRET@bucket"', ("KEY:SECRET",))
+    'Invalid bucket name "***@bucket"'
+    >>> redact("GET failed on 'http://u:pw@host/x': 404")
+    "GET failed on 'http://***@host/x': 404"
+    """
+    for secret in secrets:
+        text = text.replace(f"{secret}@", "***@")
+    return redact_url(text)

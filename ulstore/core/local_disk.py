@@ -3,7 +3,8 @@
 Writes: a file is written whole under the staging directory, fsynced when
 durable, then linked or renamed into place by the caller; every directory
 whose entries changed is fsynced too (:func:`sync_dir`, :func:`makedirs`),
-so when a write returns a power cut cannot lose it.
+so when a write returns a power cut cannot lose it.  A write that fails (a full
+disk) removes its staged file (:func:`discard`): only a killed writer leaves one.
 
 Directories are only the prefixes of object names: :func:`find_keys` lists
 objects without following a symlink, :func:`remove_empty_directories` removes
@@ -36,6 +37,7 @@ __all__ = [
     "find_keys",
     "staging_dir",
     "write_staged",
+    "discard",
     "place",
     "makedirs",
     "sync_dir",
@@ -149,14 +151,27 @@ def staging_dir(d: str, name: str) -> str:
 
 
 def write_staged(d: str, data: bytes, durable: bool) -> str:
-    """Write ``data`` to a fresh file in directory ``d`` (fsynced if ``durable``); returns its path."""
+    """Write ``data`` to a fresh file in directory ``d`` (fsynced if ``durable``); returns its path.
+
+    A write that fails (``ENOSPC``...) removes its half-written file and raises.
+    """
     tmp = os.path.join(d, uuid.uuid4().hex)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        discard(tmp)
+        raise
     return tmp
+
+
+def discard(path: str) -> None:
+    """Remove the staged file ``path`` after a failed write, if it is there (never raises: the failure does)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def find_keys(path: str, head: str) -> list[str]:

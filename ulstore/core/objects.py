@@ -52,9 +52,10 @@ import fsspec.asyn
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ..errors import OutcomeUnknownError
+from ..errors import InvalidInputError, OutcomeUnknownError
 from . import local_disk
-from .backends import OBJECT_STORES, Calling, is_s3, serial_lock
+from .backends import BUCKET_NAMES, OBJECT_STORES, Calling, is_s3, redact_error, serial_lock
+from .formatting import credentials, redact, redact_url
 from .object_writer import ObjectWriter
 
 __all__ = ["ObjectStore", "ObjectWriter", "MISSING_ERRORS", "MAX_DOCUMENT_BYTES", "TMP_DIR"]
@@ -84,7 +85,8 @@ class ObjectStore:
     root : str
         Path of the root on ``fs`` (no trailing slash, no protocol).
     url : str, optional
-        The URL the root was opened from (for messages).
+        The URL the root was opened from (for messages: :attr:`url` holds it with any
+        ``user:password@`` redacted, as every message does).
     access_error : callable, optional
         Exception type for backend failures (see the module docstring).
     durable : bool, default True
@@ -110,7 +112,9 @@ class ObjectStore:
         self.fs = fs
         self.durable = bool(durable)
         self.root = root.rstrip("/")
-        self.url = url if url is not None else self.root
+        given = url if url is not None else self.root
+        self._secrets = credentials(given)  # removed from every message that could show them
+        self.url = redact_url(given)
         self.protocol = protocol or "file"
         self.access_error = access_error
         self.local = isinstance(fs, LocalFileSystem)
@@ -136,6 +140,12 @@ class ObjectStore:
         url = os.fspath(url)
         options = dict(storage_options or {})
         protocol = fsspec.core.split_protocol(url)[0] or "file"
+        if protocol in BUCKET_NAMES and credentials(url):
+            raise InvalidInputError(
+                f"{redact_url(url)}: credentials in a {protocol}:// URL are not used (they would be read as part "
+                "of the bucket name): pass them in storage_options (s3fs: key= and secret=; on the command line "
+                "-o key=... -o secret=...) or through the backend's environment variables or config files"
+            )
         if protocol in ("file", "local"):
             options.setdefault("auto_mkdir", True)  # fsspec's local fs refuses to create parents otherwise
         elif protocol in OBJECT_STORES:
@@ -145,9 +155,12 @@ class ObjectStore:
         try:
             fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
         except Exception as e:  # unknown protocol, missing backend package, bad options
+            secrets = credentials(url)
+            redact_error(e, secrets)
             if access_error is None:
                 raise
-            raise access_error(f"cannot open {url!r}: {type(e).__name__}: {e}") from e
+            message = f"cannot open {redact_url(url)!r}: {type(e).__name__}: {redact(str(e), secrets)}"
+            raise access_error(message) from e
         return cls(fs, root, url=url, protocol=protocol, access_error=access_error, durable=durable)
 
     def path(self, key: str) -> str:
@@ -177,7 +190,7 @@ class ObjectStore:
         Calls into a filesystem that cannot be shared between threads (fsspec's
         ``filecache::`` and ``blockcache::`` wrappers) are serialised.
         """
-        return Calling(serial_lock(self.fs), self.access_error, what, self.url, key)
+        return Calling(serial_lock(self.fs), self.access_error, what, self.url, key, self._secrets)
 
     # -- probing ----------------------------------------------------------------
 
@@ -187,23 +200,46 @@ class ObjectStore:
         An empty or missing *prefix* is fine (writers create it); a missing
         *bucket*, an unreachable endpoint or denied access is not.
         """
-        fail = self.access_error or (lambda message, key=None: OSError(message))
+        error = self.access_error or (lambda message, key=None: OSError(message))
+
+        def fail(message: str, key: str) -> Exception:  # (a container may hold a URL's credentials)
+            return error(redact(message, self._secrets), key=redact(key, self._secrets))
+
         if self.protocol in OBJECT_STORES:
             container = self.root.split("/", 1)[0]
             try:
                 self.fs.ls(container, detail=False)
-            except FileNotFoundError as e:
-                raise fail(
-                    f"bucket {container!r} does not exist at {self.url!r} (create it first, "
-                    "or check the endpoint/region in storage_options)",
-                    key=container,
-                ) from e
-            except PermissionError as e:
-                raise fail(f"access to bucket {container!r} denied: check credentials", key=container) from e
             except Exception as e:
+                redact_error(e, self._secrets)
+                if isinstance(e, FileNotFoundError):
+                    raise fail(
+                        f"bucket {container!r} does not exist at {self.url!r} (create it first, "
+                        "or check the endpoint/region in storage_options)",
+                        key=container,
+                    ) from e
+                if isinstance(e, PermissionError):
+                    raise fail(f"access to bucket {container!r} denied: check credentials", key=container) from e
                 raise fail(f"listing the bucket failed on {self.url!r}: {type(e).__name__}: {e}", key=container) from e
         elif self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise fail(f"{self.root!r} is a file, not a directory", key="")
+
+    def missing_bucket(self) -> str | None:
+        """The bucket (container) of an object-store root, shown redacted, if it does not exist; else None.
+
+        None too when the root is not on an object store, or when the listing fails otherwise (denied,
+        unreachable): the caller then reports its own error.  One LIST; for messages about a root that
+        holds nothing.
+        """
+        if self.protocol not in OBJECT_STORES:
+            return None
+        container = self.root.split("/", 1)[0]
+        try:
+            self.fs.ls(container, detail=False)
+        except FileNotFoundError:
+            return redact(container, self._secrets)
+        except Exception:  # noqa: BLE001 -- not a missing bucket: the caller's own error says what failed
+            return None
+        return None
 
     # -- reads ------------------------------------------------------------------
 
@@ -489,7 +525,11 @@ class ObjectStore:
     def _put_local(self, key: str, data: bytes) -> None:
         path = self.path(key)
         tmp = self._local_tmp(data)
-        local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+        try:
+            local_disk.place(tmp, path, lambda: os.replace(tmp, path), self.durable)
+        except BaseException:  # (a failed write leaves no staged file)
+            local_disk.discard(tmp)
+            raise
 
     def _s3_swap(self, key: str, data: bytes | None, expected: bytes) -> bool:
         """S3: ``key`` -> ``data`` (None: delete) if it holds ``expected``, by ETag (``If-Match``)."""

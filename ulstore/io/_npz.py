@@ -45,7 +45,15 @@ def load_npz(path) -> Checkpoint:
             for name in archive.files:
                 if name == _NPZ_DTYPES_KEY:
                     continue
-                arr = _le_contiguous(name, archive[name])
+                arr = archive[name]
+                if not isinstance(arr, np.ndarray):  # numpy hands back the bytes of a member that is not npy data
+                    member = f"{name}.npy" if f"{name}.npy" in archive.zip.namelist() else name
+                    raise _bad(
+                        p,
+                        f"member {member!r} is not npy data (no .npy header): an .npz archive holds arrays only",
+                        kind="npz",
+                    )
+                arr = _le_contiguous(name, arr)
                 if name in special:
                     want = special.pop(name)
                     if arr.dtype != RAW_BITS[want]:

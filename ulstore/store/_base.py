@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from ..core.formatting import redact_url
 from ..core.objects import ObjectStore
 from ..errors import NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
 from ._kept import KeptStep
@@ -59,7 +60,7 @@ class TrajectoryBase:
     ):
         _register_zarr_dtypes()
         self._io = io
-        self.url = url
+        self.url = redact_url(url)  # (shown in messages: never the credentials a URL may hold)
         self.read_only = read_only
         self.anchor_every = anchor_every
         self.chunk_bytes = chunk_bytes
@@ -128,7 +129,11 @@ class TrajectoryBase:
 
     @property
     def refs(self) -> dict[str, int]:
-        """Branches and tags: name -> step."""
+        """Branches and tags: name -> step.
+
+        A ref whose head entry is damaged is left out, with a warning naming its key (reading that ref by
+        name raises :class:`~ulstore.errors.CorruptManifestError`; :meth:`verify` reports it).
+        """
         return self._refs.names()
 
     def head(self, branch: str = MAIN) -> int | None:

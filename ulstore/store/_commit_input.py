@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..core.sealed import canonical_json
+from ..core.sealed import canonical_json, plain_json
 from ..core.torch import as_numpy
 from ..errors import DtypeError, InvalidInputError
 from ._chunkcodec import codec_for
@@ -60,7 +60,7 @@ def check_metadata(metadata) -> dict:
         return {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError(f"metadata must be a mapping, got {type(metadata).__name__}")
-    metadata = dict(metadata)
+    metadata = plain_json(dict(metadata))  # NumPy scalars as numbers; what JSON would change: refused, named
     if "ulstore" in metadata:
         raise InvalidInputError("the metadata key 'ulstore' is reserved")
     try:

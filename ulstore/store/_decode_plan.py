@@ -112,10 +112,14 @@ class _Plan:
         step, name, j, coord = node
         t = self.r.tensor(step, name)
         if not 0 <= j < len(t.pieces):
-            raise CorruptManifestError(f"reference names piece {j}, which does not exist", step=step, tensor=name)
+            raise CorruptManifestError(
+                f"reference names piece {j}, which does not exist", step=step, tensor=name, key=step_key(step)
+            )
         p = t.pieces[j]
         if len(coord) != len(p.shape) or any(not 0 <= c < g for c, g in zip(coord, p.grid)):
-            raise CorruptManifestError(f"reference names chunk {coord} outside the grid", step=step, tensor=name)
+            raise CorruptManifestError(
+                f"reference names chunk {coord} outside the grid", step=step, tensor=name, key=step_key(step)
+            )
         i = p.index(coord)
         need = _Need(p.content[i].tobytes(), t, p, i, p.region_shape(coord))
         if self.kept is not None:
@@ -143,9 +147,11 @@ class _Plan:
         if ref < 0:
             return []
         if t.codec != "ulpack":
-            raise CorruptManifestError("a zstd chunk names a reference", step=step, tensor=name)
+            raise CorruptManifestError("a zstd chunk names a reference", step=step, tensor=name, key=step_key(step))
         if ref == step:
-            raise CorruptManifestError("chunk is coded against its own step", step=step, tensor=name)
+            raise CorruptManifestError(
+                "chunk is coded against its own step", step=step, tensor=name, key=step_key(step)
+            )
         try:
             rt = self.r.tensor(ref, name)
         except (StepNotFoundError, TensorNotFoundError) as e:
@@ -155,6 +161,7 @@ class _Plan:
                 f"reference step {ref} holds {name!r} as {rt.dtype}{list(rt.shape)}, not {t.dtype}{list(t.shape)}",
                 step=step,
                 tensor=name,
+                key=step_key(step),
             )
         jj = rt.find_piece(p.layout)
         if jj is not None:
@@ -189,10 +196,17 @@ class _Plan:
             self.uses[nxt] = self.uses.get(nxt, 0) + 1
             st = self.state.get(nxt)
             if st == _GRAY:
-                raise CorruptManifestError("reference cycle between steps", step=nxt[0], tensor=nxt[1])
+                raise CorruptManifestError(
+                    f"reference cycle between steps (step {cur[0]}'s chunk refers back to step {nxt[0]})",
+                    step=nxt[0],
+                    tensor=nxt[1],
+                    key=step_key(nxt[0]),
+                )
             if st is None:
                 if len(stack) >= _MAX_DEPTH or len(self.state) >= _MAX_NODES:
-                    raise CorruptManifestError("reference chain does not end", step=cur[0], tensor=cur[1])
+                    raise CorruptManifestError(
+                        "reference chain does not end", step=cur[0], tensor=cur[1], key=step_key(cur[0])
+                    )
                 self.state[nxt] = _GRAY
                 stack.append((nxt, None))
 

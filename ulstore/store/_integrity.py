@@ -131,6 +131,7 @@ class IntegrityMixin(TrajectoryBase):
 
         if step is None:
             self._verify_refs(note)
+        parents: dict[int, int | None] = {}  # the parent links read: a loop of them is damage too
         for s in steps:
             for _ in range(3):
                 errors: list[IntegrityError] = []
@@ -154,6 +155,22 @@ class IntegrityMixin(TrajectoryBase):
             if counts is not None:
                 report.steps += counts[0]
                 report.chunks += counts[1]
+            held = fresh.cached_doc(s)
+            if held is not None:
+                parents[s] = held.parent
+        if step is not None:  # the ancestry of the step asked, back to its anchor (what reading it relies on)
+            _ancestry(fresh, steps[0], parents)
+        for loop in _parent_loops(parents):
+            s = loop[-1]
+            note(
+                CorruptManifestError(
+                    f"parent links loop: {' -> '.join(map(str, loop))} -> {loop[0]} (crafted step documents: "
+                    "a parent walk would never reach a root)",
+                    step=s,
+                    key=step_key(s),
+                ),
+                s,
+            )
         report.blobs = len(blobs)
         if bad and raise_on_error:
             first = next(iter(bad.values()))
@@ -321,6 +338,41 @@ def _since(reader: ChunkReader, s: int) -> str:
     return "same" if reader.cached_doc(s) == stored else "changed"
 
 
+def _ancestry(fresh: ChunkReader, step: int, parents: dict[int, int | None]) -> None:
+    """Add the parent links from ``step`` back to its nearest anchor (or root) to ``parents``; stops at a step
+    already in it (a loop), or one that cannot be read (reported by whoever reads it)."""
+    s: int | None = step
+    first = True  # (the step itself is in parents already, from verify's own read of it)
+    while s is not None and (first or s not in parents):
+        first = False
+        try:
+            d = fresh.doc(s)
+        except (IntegrityError, NotFoundError):
+            return
+        parents[s] = d.parent
+        if d.anchor_distance == 0:
+            return
+        s = d.parent
+
+
+def _parent_loops(parents: dict[int, int | None]) -> list[list[int]]:
+    """Every loop of the links ``parents`` (step -> parent), once each, as its steps in walk order."""
+    done: set[int] = set()
+    loops = []
+    for start in parents:
+        path: list[int] = []
+        on_path: set[int] = set()
+        s: int | None = start
+        while s is not None and s in parents and s not in done and s not in on_path:
+            path.append(s)
+            on_path.add(s)
+            s = parents[s]
+        if s is not None and s in on_path:
+            loops.append(path[path.index(s) :])
+        done.update(path)
+    return loops
+
+
 def _covered(ranges: list) -> int:
     """Bytes covered by ``(offset, length)`` ranges (overlaps counted once)."""
     total, end = 0, -1
@@ -359,7 +411,10 @@ def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> l
             except IntegrityError as e:
                 errors.append(e)
             except NotFoundError as e:
-                errors.append(CorruptManifestError(f"reference is missing: {e}", step=item[0][0], tensor=item[0][1]))
+                step, tensor = item[0][0], item[0][1]
+                errors.append(
+                    CorruptManifestError(f"reference is missing: {e}", step=step, tensor=tensor, key=step_key(step))
+                )
         return errors
     packs = fresh.doc(batch[0][0][0]).packs
     snaps = []
@@ -379,5 +434,7 @@ def _verify_chunks(fresh: ChunkReader, memo: _LRU, batch: list, blobs: set) -> l
                 if content_digest(value) != p.content[i].tobytes():
                     raise CorruptBlobError(f"snapshot at byte {loc[1]} fails its content hash", key=key)
             except IntegrityError as e:
+                e.step = e.step if e.step is not None else node[0]  # (the blob's own checks name its pack only)
+                e.tensor = e.tensor or node[1]
                 errors.append(e)
     return errors

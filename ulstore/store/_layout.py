@@ -38,6 +38,7 @@ __all__ = [
     "new_pack_id",
     "is_pack_id",
     "ref_key",
+    "MAX_STEP",
     "check_step",
     "step_of",
     "check_ref_name",
@@ -54,6 +55,8 @@ STEPS_META = "steps/zarr.json"
 PACKS_DIR = "packs"
 PACK_SUFFIX = ".pack"
 REFS_DIR = "refs"
+#: Steps are below this (exclusive): what a step document may hold (``_stepdoc.py``) and a commit accepts.
+MAX_STEP = 1 << 62
 
 _REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,127}\Z")
 _PACK_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
@@ -96,13 +99,14 @@ def ref_key(name: str) -> str:
 def check_step(step) -> int:
     """Return ``step`` as an int, or raise InvalidInputError.
 
-    Steps are non-negative integers (training steps).  A name is a ref instead.
+    Steps are non-negative integers below :data:`MAX_STEP` (2**62: training steps, or a number made of a
+    run and a step).  A name is a ref instead.
     """
     if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise InvalidInputError(f"a step is a non-negative integer, got {step!r}")
+        raise InvalidInputError(f"a step is a non-negative integer below 2**62, got {step!r}")
     step = int(step)
-    if step < 0:
-        raise InvalidInputError(f"a step is a non-negative integer, got {step}")
+    if not 0 <= step < MAX_STEP:
+        raise InvalidInputError(f"a step is a non-negative integer below 2**62, got {step}")
     return step
 
 

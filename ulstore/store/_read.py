@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.objects import MAX_DOCUMENT_BYTES
-from ..errors import InvalidInputError
+from ..errors import CorruptManifestError, InvalidInputError
 from ._base import MAIN, TrajectoryBase
 from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
-from ._layout import check_step
+from ._layout import check_step, step_key
 from ._logical import LogicalStore
 
 __all__ = ["ReadMixin", "StepInfo"]
@@ -319,11 +319,25 @@ class ReadMixin(TrajectoryBase):
         return self._reader.specs(self._resolve(step_or_ref))
 
     def log(self, start=MAIN) -> list[StepInfo]:
-        """The ancestry of a step or branch head, newest first, back to its root."""
+        """The ancestry of a step or branch head, newest first, back to its root.
+
+        Raises
+        ------
+        CorruptManifestError
+            The parent links loop (crafted step documents): its ``key`` names the step whose parent closes the loop.
+        """
         step: int | None = self._resolve(start)
-        out = []
+        out: list[StepInfo] = []
         seen = set()
-        while step is not None and step not in seen:
+        while step is not None:
+            if step in seen:  # crafted parents (a later step may be a parent, so two documents can loop)
+                last = out[-1].step
+                raise CorruptManifestError(
+                    f"parent links loop: step {last}'s parent {step} is one of its descendants "
+                    f"({' -> '.join(str(i.step) for i in out[-8:])} -> {step})",
+                    step=last,
+                    key=step_key(last),
+                )
             seen.add(step)
             d = self._reader.doc(step)
             out.append(_info(d))

@@ -34,12 +34,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import warnings
 from dataclasses import dataclass
 
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import open_sealed, seal
 from ..errors import CorruptManifestError, RefMovedError
-from ._layout import REFS_DIR, check_step
+from ._layout import MAX_STEP, REFS_DIR, check_step
 
 __all__ = ["RefState", "RefLog", "KEEP", "entry_key", "log_dir", "legacy_key"]
 
@@ -115,10 +116,24 @@ class RefLog:
         raise CorruptManifestError("ref head keeps vanishing while it is read", key=log_dir(name))
 
     def names(self) -> dict[str, int]:
-        """Every existing ref: name -> step (one LIST of ``refs/`` plus one GET per ref)."""
+        """Every existing ref: name -> step (one LIST of ``refs/`` plus one GET per ref).
+
+        A ref whose head entry is damaged is left out with a warning naming its key, so that one broken
+        ref does not stop listing, logging or deleting on the others; reading that ref (:meth:`read`)
+        still raises, and :meth:`problems` reports it.
+        """
         out = {}
         for name in sorted(self._listing()):
-            state = self.read(name)
+            try:
+                state = self.read(name)
+            except CorruptManifestError as e:
+                warnings.warn(
+                    f"ref {name!r} left out of the refs: {e}; the other refs are listed (`ulstore verify` "
+                    "reports every damaged entry)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                continue
             if state.step is not None:
                 out[name] = state.step
         return out
@@ -280,4 +295,4 @@ class RefLog:
 
 
 def _is_step(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_STEP

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..core.sealed import canonical_json
 from ..errors import CorruptManifestError
 from ._chunkcodec import digest
-from ._layout import check_file_names, is_pack_id, tensor_name_problem
+from ._layout import MAX_STEP, check_file_names, is_pack_id, tensor_name_problem
 from ._table_block import MAX_BLOCK_RAW
 
 __all__ = ["FORMAT", "StepDoc", "TableRef", "FileRef", "is_hex128"]
@@ -209,6 +209,11 @@ class StepDoc:
             ) from e
         if step is not None and m.step != step:
             raise CorruptManifestError(f"step document is for step {m.step}", step=step, key=key)
+        if m.parent == m.step:  # a parent walk would never end (a later step may be a parent: an older checkpoint
+            # added on top of a newer one; so loops of two or more steps are found by the walks themselves)
+            raise CorruptManifestError(
+                f"step document names step {m.step} as its own parent (a parent is another step)", step=m.step, key=key
+            )
         return m
 
     @classmethod
@@ -252,8 +257,8 @@ class StepDoc:
         if not isinstance(body["metadata"], dict) or not isinstance(body["created"], str):
             raise ValueError("malformed metadata")
         return cls(
-            step=count(body["step"], "step"),
-            parent=None if parent is None else count(parent, "parent"),
+            step=count(body["step"], "step", MAX_STEP),
+            parent=None if parent is None else count(parent, "parent", MAX_STEP),
             content=content,
             parent_content=parent_content,
             anchor_distance=count(body["anchor_distance"], "anchor distance"),

@@ -97,7 +97,8 @@ def open(
         root are used; or an :class:`ulstore.core.objects.ObjectStore` already
         opened (e.g. with an ``access_error``; ``storage_options`` are then
         ignored).  ``traj.url`` is ``url`` as given (a relative path stays
-        relative).
+        relative), with any ``user:password@`` shown as ``***@``, as in every
+        message.
     fs : fsspec.AbstractFileSystem, optional
         An already configured filesystem (as zarr's ``FsspecStore(fs, path=...)``):
         ``url`` is then a path on it.  Not with ``storage_options``.
@@ -173,12 +174,16 @@ def open(
     raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
     if raw is None:
         if mode in ("r", "r+"):
+            _check_bucket(io, url)
             raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
         settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
         try:
             io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
         except FileExistsError:  # another process created it just now: use theirs
             raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+        except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
+            _check_bucket(io, url)
+            raise
         else:
             io.put(STEPS_META, canonical_json(_group({})))
     if raw is not None:
@@ -208,7 +213,7 @@ def open(
 
 
 def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, ObjectStore]:
-    """(url as shown, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
+    """(url as shown: credentials redacted, object client) for a URL, a path on ``fs``, or an fsspec mapper."""
     from fsspec.mapping import FSMap
 
     if isinstance(url, ObjectStore):
@@ -218,15 +223,26 @@ def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, 
             raise InvalidInputError("pass either a mapper or fs=, not both")
         fs, url = url.fs, url.root
     if fs is None:
-        url = os.fspath(url)
-        return url, ObjectStore.from_url(url, storage_options, durable=durable)
+        io = ObjectStore.from_url(os.fspath(url), storage_options, durable=durable)
+        return io.url, io
     if storage_options:
         raise InvalidInputError("storage_options go to the filesystem: configure fs= with them instead")
     if not hasattr(fs, "_strip_protocol") or not hasattr(fs, "cat_file"):
         raise InvalidInputError(f"fs must be an fsspec filesystem, got {type(fs).__name__}")
     url = os.fspath(url)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    return url, ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
+    io = ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
+    return io.url, io
+
+
+def _check_bucket(io: ObjectStore, url: str) -> None:
+    """Raise NotFoundError naming the bucket if ``url`` lies in a bucket that does not exist."""
+    bucket = io.missing_bucket()
+    if bucket is not None:
+        raise NotFoundError(
+            f"bucket {bucket!r} does not exist (for {url!r}): ulstore creates no buckets; create it first, "
+            "or check the bucket name, endpoint and region (storage_options)"
+        )
 
 
 def _group(attributes: dict) -> dict:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import IntegrityError, InvalidInputError, NotFoundError
+from ..errors import CorruptManifestError, IntegrityError, InvalidInputError, NotFoundError
 from ._checks import StateChecks
 from ._replica import ChainBroken, Fetched, Replica
 
@@ -57,13 +57,21 @@ class CatchUp(StateChecks):
         """
         self._scan_result()  # a background scan reads the state this replaces (what it found is reported)
         traj = self._trajectory()
-        path = []  # step infos from head back to the snapshot
+        path: list = []  # step infos from head back to the snapshot
         tried = []
+        seen: set[int] = set()
+        problem: BaseException | None = None  # the last, for the error if no snapshot loads
         step: int | None = head
         while step is not None:
+            if step in seen:  # crafted parents that loop: no snapshot on the way
+                problem = _loop(path[-1].step, step)
+                self._problem(step, problem)
+                break
+            seen.add(step)
             try:
                 info = traj.info(step)
             except (IntegrityError, NotFoundError) as e:
+                problem = e
                 self._problem(step, e)
                 break
             path.append(info)
@@ -76,6 +84,7 @@ class CatchUp(StateChecks):
                     fetched = Replica.fetch(traj, step, snapshot=True, names=names, strict=first)
                     self.stats.bytes_downloaded += self._replica.load(fetched)
                 except (IntegrityError, NotFoundError) as e:
+                    problem = e
                     self._problem(step, e)
                     step = info.parent
                     continue
@@ -87,15 +96,22 @@ class CatchUp(StateChecks):
                     pass
                 return
             step = info.parent
-        raise IntegrityError(f"no usable snapshot on {self.branch!r} in {self.url!r} (tried {tried})")
+        raise IntegrityError(
+            f"no usable snapshot on {self.branch!r} in {self.url!r} (tried {tried})"
+            + (f": {problem}" if problem else "")
+        )
 
     def _newest_snapshot(self, head: int) -> int | None:
         traj = self._trajectory()
+        seen: set[int] = set()
         step: int | None = head
         while step is not None:
+            seen.add(step)
             info = traj.info(step)
             if info.anchor_distance == 0:
                 return step
+            if info.parent in seen:
+                raise _loop(step, info.parent)
             step = info.parent
         return None
 
@@ -103,16 +119,20 @@ class CatchUp(StateChecks):
         """Steps ``stop_at`` (exclusive) .. ``head`` along parent links, oldest first, the chain proven."""
         traj = self._trajectory()
         infos: list = []
+        seen: set[int] = set()
         step = head
         while True:
             if len(infos) > self.max_replay:
                 raise ChainBroken(f"more than {self.max_replay} versions between {stop_at} and {head}", far=True)
             info = traj.info(step)
             infos.append(info)
+            seen.add(step)
             if info.parent == stop_at:
                 break
             if info.parent is None or info.parent < stop_at:
                 raise ChainBroken(f"version {stop_at} is not an ancestor of version {head}")
+            if info.parent in seen:
+                raise _loop(step, info.parent)
             step = info.parent
         infos.reverse()
         if infos[0].parent_content != self._replica.content:
@@ -262,3 +282,12 @@ class CatchUp(StateChecks):
             self._stalled_at = None
         if self.version != before:
             yield self.version  # type: ignore[misc]
+
+
+def _loop(step: int, parent: int) -> CorruptManifestError:
+    """The error of a parent walk that came back to ``parent`` from ``step``: crafted step documents."""
+    return CorruptManifestError(
+        f"parent links loop: step {step}'s parent {parent} was already passed on the way from the head "
+        "(crafted step documents); no version on that loop can be reached",
+        step=step,
+    )

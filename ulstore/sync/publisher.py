@@ -13,7 +13,6 @@ previous version; retrying the same version, or publishing a later one, is safe.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.sealed import plain_json
 from ..core.torch import is_tensor
 from ..errors import ConflictError, InvalidInputError, RefMovedError, StepExistsError
 from ..store._base import MAIN
@@ -410,12 +410,9 @@ def _check_int(name: str, value, low: int) -> int:
 
 
 def _check_metadata(metadata) -> dict:
+    """``metadata`` as the plain JSON followers read back (NumPy scalars as numbers), or a named error."""
     if metadata is None:
         return {}
     if not isinstance(metadata, dict):
         raise InvalidInputError("metadata must be a dict")
-    try:
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidInputError(f"metadata must be JSON-serializable: {e}") from e
-    return dict(metadata)
+    return plain_json(metadata)
