@@ -239,6 +239,10 @@ def test_parent_links_that_loop_are_reported(tmp_path):
             report.errors
         )
     assert ro.verify(0).ok  # the root is not on the loop
+    rw = ulstore.open(root, mode="r+")
+    with pytest.raises(CorruptManifestError, match="loop"):  # re-parenting would make a step its own parent
+        rw.delete(1)
+    assert rw.steps == [0, 1, 2] and rw.head() == 2 and rw.info(2).parent == 1
 
 
 @pytest.mark.parametrize("step", [1 << 62, (1 << 63) - 1, 1 << 63, 1 << 64])

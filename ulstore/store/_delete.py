@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import ConflictError, RefMovedError, StepExistsError
+from ..errors import ConflictError, CorruptManifestError, RefMovedError, StepExistsError
 from ._base import TrajectoryBase
 from ._chunkcodec import encode_chunk
 from ._layout import check_ref_name, check_step, step_key
@@ -140,6 +140,7 @@ class DeleteMixin(TrajectoryBase):
         if step not in read:
             return not self._io.exists(step_key(step))
         dead = read[step]
+        _refuse_parent_loop(step, read)
         dead_tables = reader.tables(step)
         pdoc = reader.doc(dead.parent) if dead.parent is not None else None
         stream = PackStream(self._io, self.pack_bytes)
@@ -283,3 +284,19 @@ class DeleteMixin(TrajectoryBase):
                 pack[i], off[i], length[i] = number(loc[0]), loc[1], loc[2]
             pieces.append(Piece(p.offset, p.shape, p.chunks, p.content, ref, pack, off, length, snap))
         return TensorTable(t.name, t.dtype, t.shape, t.codec, tuple(pieces))
+
+
+def _refuse_parent_loop(step: int, docs: dict[int, StepDoc]) -> None:
+    """Refuse to delete a step whose ancestors lead back to it (crafted documents): re-parenting its children to
+    its parent would make one of them its own parent, and refs would move onto the loop."""
+    seen, s = {step}, docs[step].parent
+    while s is not None and s in docs:
+        if s in seen:
+            raise CorruptManifestError(
+                f"parent links loop through step {s} (crafted step documents; verify() reports them): nothing was "
+                "deleted",
+                step=step,
+                key=step_key(step),
+            )
+        seen.add(s)
+        s = docs[s].parent
