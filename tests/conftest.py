@@ -9,6 +9,38 @@ import pytest
 from tests.helpers.moto import MotoS3
 
 
+def _slow_lane(config) -> bool:
+    """Whether this run includes the slow lane: in CI (``CI=true``, as ``.ci/run`` runs), with ``--slow``, or
+    when the command line selects by marker (``-m slow``)."""
+    ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    return ci or config.getoption("--slow") or bool(config.getoption("markexpr"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the slow lane (tests marked slow); CI=true does too")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default run leaves out the slow lane (deselected, so it is not reported as skipped), unless a test
+    was named on the command line by its node id."""
+    if _slow_lane(config):
+        return
+    named = {a for a in config.args if "::" in a}
+    keep, slow = [], []
+    for item in items:
+        (slow if item.get_closest_marker("slow") and item.nodeid not in named else keep).append(item)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not _slow_lane(config):
+        terminalreporter.write_line(
+            "the slow lane was left out: `CI=true python -m pytest -q -n 2` (or --slow) runs every test"
+        )
+
+
 @pytest.fixture(scope="session")
 def moto_s3():
     """A moto S3 server on 127.0.0.1 holding the bucket ``ulstore-test``.

@@ -453,7 +453,7 @@ def test_docs_pages_exist():
     readme = (REPO / "README.md").read_text()
     assert "pip install -e . && ulstore demo" in readme
     ci = (REPO / ".ci" / "run").read_text()
-    test_cmd = 'pip install -e ".[test]" && python -m pytest -q'
+    test_cmd = 'pip install -e ".[test]" && python -m pytest -q -n 2'
     assert test_cmd in readme
     assert test_cmd in ci  # CI runs the README's command verbatim
     assert "<!-- bench:codec -->" in readme

@@ -386,3 +386,33 @@ def test_free_running_gc_delete_commit_and_read_lose_nothing(backend, trials, tm
         f"rewrote {sum(o['collector']['rewritten'] for o in outcomes)} documents; "
         f"{sum(o['reader']['reads'] for o in outcomes)} exact reads beside them"
     )
+
+
+def test_a_failed_create_that_cannot_be_checked_says_its_outcome_is_unknown(moto_s3, monkeypatch):
+    """A PUT that fails without an answer on S3: if reading the object back shows our bytes, it landed; if that
+    read fails too, OutcomeUnknownError (retry the same call); if the object is absent, the PUT's own error."""
+    from ulstore.errors import OutcomeUnknownError
+
+    io = ObjectStore.from_url(f"s3://ulstore-test/{uuid.uuid4().hex}", moto_s3.options)
+    real_create, real_get = io._create, io.get
+
+    def landed_then_lost(key, data):
+        real_create(key, data)
+        raise OSError(errno.ECONNRESET, "connection reset by peer")
+
+    monkeypatch.setattr(io, "_create", landed_then_lost)
+    io.create("a.json", b"mine")  # the write landed: success
+    assert real_get("a.json") == b"mine"
+
+    monkeypatch.setattr(io, "get", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ETIMEDOUT, "timed out")))
+    with pytest.raises(OutcomeUnknownError, match="may or may not have happened"):
+        io.create("b.json", b"mine")
+
+    def lost(key, data):
+        raise OSError(errno.ECONNRESET, "connection reset by peer")
+
+    monkeypatch.setattr(io, "_create", lost)
+    monkeypatch.setattr(io, "get", real_get)
+    with pytest.raises(OSError, match="connection reset"):
+        io.create("c.json", b"mine")
+    assert real_get("c.json") is None
