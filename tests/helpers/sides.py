@@ -1,6 +1,7 @@
 """The other side of a forced interleaving: one whole store operation in a child process.
 
-Run as ``python -m tests.helpers.sides '<json spec>'`` (or through :func:`run_side`); the spec names the
+Run as ``python -m tests.helpers.sides '<json spec>'`` (or through :func:`run_side`), or keep one process that
+runs an operation per line it is sent (:class:`Side`: no interpreter start per operation); the spec names the
 operation and its arguments::
 
     {"op": "gc", "url": ..., "storage_options": ..., "kwargs": {"older_than": 0, "repack_below": 1.0}}
@@ -11,22 +12,23 @@ operation and its arguments::
     {"op": "verify", "url": ...}
 
 The child prints one JSON line: ``{"ok": true, "result": ...}``, or ``{"ok": false, "error": <class name>,
-"named": <a ulstore error?>, "message": ...}`` when the operation raised (an outcome, not a failure of the
-child: it exits 0).  A child that crashes otherwise exits non-zero.  ``ULSTORE_KILL_AT`` in its environment
-kills it at its Nth write (:func:`tests.helpers.interleave.kill_at_env`).
+"classes": <its class and bases>, "named": <a ulstore error?>, "message": ...}`` when the operation raised (an
+outcome, not a failure of the child: it exits 0).  A child that crashes otherwise exits non-zero.
+``ULSTORE_KILL_AT`` in its environment kills it at its Nth write (:func:`tests.helpers.interleave.kill_at_env`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from typing import Any
 
 import numpy as np
 
-__all__ = ["run_side", "save_state", "load_state", "main"]
+__all__ = ["run_side", "Side", "save_state", "load_state", "main"]
 
 
 def save_state(state: dict, directory: str | None = None) -> str:
@@ -104,19 +106,32 @@ def _do(spec: dict) -> Any:
     raise ValueError(f"unknown operation {op!r}")
 
 
-def main(argv: list[str]) -> None:
+def _answer(spec: dict) -> dict:
     from ulstore.errors import UlstoreError
 
+    try:
+        return {"ok": True, "result": _do(spec), "pid": os.getpid()}
+    except Exception as e:
+        return {
+            "ok": False,
+            "error": type(e).__name__,
+            "classes": [c.__name__ for c in type(e).__mro__],
+            "named": isinstance(e, UlstoreError),
+            "message": str(e),
+            "pid": os.getpid(),
+        }
+
+
+def main(argv: list[str]) -> None:
     from .interleave import kill_at_env
 
-    spec = json.loads(argv[0])
+    if argv == ["--serve"]:  # one operation per line of stdin, one answer per line of stdout
+        for line in sys.stdin:
+            print(json.dumps(_answer(json.loads(line)), default=str), flush=True)
+        return
     counter = kill_at_env()
-    try:
-        out = {"ok": True, "result": _do(spec)}
-    except Exception as e:
-        out = {"ok": False, "error": type(e).__name__, "named": isinstance(e, UlstoreError), "message": str(e)}
+    out = _answer(json.loads(argv[0]))
     out["writes"] = len(counter.matched) if counter is not None else None
-    out["pid"] = os.getpid()
     print(json.dumps(out, default=str))
 
 
@@ -127,6 +142,48 @@ def run_side(op: str, url: str, storage_options=None, *, env=None, timeout: floa
     body = json.dumps({"op": op, "url": url, "storage_options": storage_options, **spec})
     return run_python("import sys; from tests.helpers.sides import main; main(sys.argv[1:])", body, env=env,
                       timeout=timeout)  # fmt: skip
+
+
+class Side:
+    """A process that runs operations when told (``python -m tests.helpers.sides --serve``): the other side of
+    many interleavings without starting an interpreter for each.  Every operation opens the trajectory afresh
+    (nothing is cached between operations).  Use as a context manager, or :meth:`close` it."""
+
+    def __init__(self):
+        from .interleave import REPO
+
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.sides", "--serve"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.proc.pid
+
+    def run(self, op: str, url: str, storage_options=None, **spec) -> dict:
+        """Run one operation there and wait for its answer (as :func:`run_side`)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, "url": url, "storage_options": storage_options, **spec}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the side process exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+    def __enter__(self) -> Side:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 if __name__ == "__main__":
