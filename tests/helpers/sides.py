@@ -123,16 +123,24 @@ def _answer(spec: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from .interleave import kill_at_env
+    from .interleave import interleave, is_write, kill_at_env
 
     if argv == ["--serve"]:  # one operation per line of stdin, one answer per line of stdout
         for line in sys.stdin:
             print(json.dumps(_answer(json.loads(line)), default=str), flush=True)
         return
-    counter = kill_at_env()
-    out = _answer(json.loads(argv[0]))
-    out["writes"] = len(counter.matched) if counter is not None else None
+    killer = kill_at_env()
+    with interleave(on=is_write, record=False, times=0) as every, interleave(on=_stored, record=False, times=0) as docs:
+        out = _answer(json.loads(argv[0]))
+    # writes the kill counted; every write; every write but the bytes streamed into packs
+    out.update(writes=len(killer.matched), all_writes=len(every.matched), documents=len(docs.matched))
     print(json.dumps(out, default=str))
+
+
+def _stored(call) -> bool:
+    from .interleave import is_write
+
+    return is_write(call) and call.method != "writer.write"
 
 
 def run_side(op: str, url: str, storage_options=None, *, env=None, timeout: float = 300, **spec) -> dict:

@@ -22,7 +22,6 @@ import shutil
 import tempfile
 import uuid
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -37,62 +36,13 @@ from hypothesis.stateful import (
 )
 
 import ulstore
-from tests.helpers.bits import bits_of
 from tests.helpers.interleave import interleave, is_write
 from tests.helpers.sides import Side, run_side
+from tests.helpers.small_states import SMALL_STORE, assert_same, fresh_state, mutate
 from ulstore.errors import ConflictError, NotFoundError, RefMovedError, StepExistsError, StepNotFoundError
 
 BRANCHES = ("main", "b1", "b2", "tag")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-
-#: Settings of the store every example creates: chunks of a few rows, so every tensor has several.
-STORE = {"chunk_bytes": 128, "anchor_every": 4}
-
-
-# -- states ------------------------------------------------------------------------------------------------------
-
-
-def _random(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Values of a trained model's scale, with now and then an arbitrary bit pattern (NaN payloads, -0.0...)."""
-    a = (rng.standard_normal(shape) * 0.05).astype(np.float32).astype(dtype)
-    words = a.reshape(-1).view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
-    for i in rng.integers(0, max(words.size, 1), size=int(rng.integers(0, 3))):
-        if words.size:
-            words[i] = rng.integers(0, 1 << (8 * a.dtype.itemsize))
-    return a
-
-
-def fresh_state(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"w": _random(rng, (12, 10), np.float32), "e": _random(rng, (16, 12), BF16)}
-
-
-def mutate(state: dict, seed: int, how: str) -> dict:
-    """A child of ``state``: a few elements changed (the usual training step), many, none, or the tensors change."""
-    rng = np.random.default_rng(seed)
-    out = {k: v.copy() for k, v in state.items()}
-    if how in ("few", "many"):
-        for name, a in out.items():
-            if not a.size or (how == "few" and rng.random() < 0.3):
-                continue  # this tensor did not change
-            words = a.reshape(-1).view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
-            n = int(rng.integers(1, 4)) if how == "few" else words.size // 2
-            at = rng.choice(words.size, size=min(n, words.size), replace=False)
-            words[at] ^= rng.integers(1, 1 << 7, size=len(at)).astype(words.dtype)  # low mantissa bits
-    elif how == "add":
-        out[f"x{int(rng.integers(0, 4))}"] = _random(rng, (int(rng.integers(1, 40)),), np.float32)
-    elif how == "drop" and len(out) > 1:
-        del out[sorted(out)[int(rng.integers(0, len(out)))]]
-    elif how == "reshape":
-        out["w"] = _random(rng, (int(rng.integers(6, 16)), 10), np.float32)
-    return out
-
-
-def assert_same(got: dict, want: dict, what: str) -> None:
-    assert sorted(got) == sorted(want), (what, sorted(got), sorted(want))
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (what, k)
-        assert bits_of(got[k]).tobytes() == bits_of(want[k]).tobytes(), f"{what}: tensor {k!r} differs"
+STORE = SMALL_STORE  # the settings of every example's store: chunks of a few rows
 
 
 # -- the model ---------------------------------------------------------------------------------------------------
