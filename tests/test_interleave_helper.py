@@ -119,7 +119,7 @@ def test_a_child_is_killed_at_its_nth_write(tmp_path):
     counted = run_side("commit", url, step=1, state=path)
     assert counted["ok"] and counted["writes"] >= 4  # pack, intent, step document, ref, intent removed
     traj.delete(1)
-    env = {**os.environ, "ULSTORE_KILL_AT": "1:^steps/"}  # killed before its step document is created
+    env = {**os.environ, "ULSTORE_KILL_AT": "1:^create steps/"}  # killed before its step document is created
     proc = run_python("import sys; from tests.helpers.sides import main; main(sys.argv[1:])",
                       f'{{"op": "commit", "url": "{url}", "step": 1, "state": "{path}"}}', env=env,
                       check=False)  # fmt: skip

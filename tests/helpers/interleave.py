@@ -289,10 +289,11 @@ def interleave(
 
 
 def kill_at_env(environ=None) -> Interleaving | None:
-    """In a child process: SIGKILL this process before its Nth write, as :data:`KILL_ENV` says.
+    r"""In a child process: SIGKILL this process before its Nth write, as :data:`KILL_ENV` says.
 
     ``ULSTORE_KILL_AT=N`` counts every write (:func:`is_write`: put, create, delete, pack writes...);
-    ``N:regex`` counts the writes whose key matches ``regex``.  Unset or ``0``: no kill, but the writes are
+    ``N:regex`` counts the writes for which ``regex`` matches ``"<method> <key>"`` (``"create steps/3/zarr.json"``;
+    ``^(?!writer\.write )`` skips the bytes streamed into packs).  Unset or ``0``: no kill, but the writes are
     still counted (``.matched``), so a child can report how many its operation made.  Stays active for the
     life of the process.
     """
@@ -301,7 +302,7 @@ def kill_at_env(environ=None) -> Interleaving | None:
     rx = re.compile(pattern) if pattern else None
 
     def counted(call: Call) -> bool:
-        return is_write(call) and (rx is None or any(rx.search(k) for k in call.keys))
+        return is_write(call) and (rx is None or any(rx.search(f"{call.method} {k}") for k in call.keys or ("",)))
 
     def kill(call: Call) -> None:
         sys.stdout.flush()
