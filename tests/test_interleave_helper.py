@@ -24,9 +24,8 @@ print(json.dumps({"pid": os.getpid(), "steps": traj.steps, "refs": traj.refs}))
 """
 
 
-@pytest.fixture(params=["local", "s3"])
-def location(request, tmp_path):
-    if request.param == "local":
+def _location(where, request, tmp_path):
+    if where == "local":
         return str(tmp_path / "traj"), None
     return f"s3://ulstore-test/{uuid.uuid4().hex}", request.getfixturevalue("moto_s3").options
 
@@ -52,9 +51,9 @@ def test_every_public_method_is_hooked():
         assert not hasattr(getattr(ObjectStore, name), "__wrapped__")
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_the_other_side_runs_once_at_the_chosen_call_in_another_process(location, when):
-    url, so = location
+@pytest.mark.parametrize("where, when", [("local", "before"), ("local", "after"), ("s3", "before"), ("s3", "after")])
+def test_the_other_side_runs_once_at_the_chosen_call_in_another_process(where, when, request, tmp_path):
+    url, so = _location(where, request, tmp_path)
     traj = ulstore.open(url, mode="w", storage_options=so, threads=1)
     traj.commit(0, _state(0))
     traj.commit(1, _state(1))
