@@ -7,8 +7,11 @@ A trajectory is prepared (a chain on ``main``, a branch ``b1``, versions publish
 :class:`~ulstore.sync.Publisher`), and the trials run on it one after the other, so leftovers accumulate as they
 would.  Each trial starts a child process (``tests/helpers/sides.py``) doing one operation, killed with SIGKILL
 before its Nth write (``ULSTORE_KILL_AT``, :func:`tests.helpers.interleave.kill_at_env`: every put, create,
-delete and pack write counts), N drawn at random up to the most writes that operation made so far, plus one (so
-some trials complete; the first trial of each operation is not killed: it counts them).  Then, in this process:
+delete and pack write counts, or, in half the trials, every write but the bytes streamed into packs), N drawn at
+random up to the operation's writes plus one (so some trials complete).  On local disk the writes are counted
+first by the same operation on a copy of the store; elsewhere N goes up to the most writes the operation made
+in the trials that completed (the first one of each operation is not killed).  A gc trial deletes a step first,
+so that it has something to repack.  Then, in this process:
 
 1. reopen; ``verify()`` must find nothing damaged;
 2. every step committed before the trial reads back bit-exact; the operation's own step (a commit's, a publish's
@@ -162,6 +165,13 @@ class Trials:
             target = self.rng.choice(others if others and self.rng.random() < 0.7 else sorted(self.states))
             return {"spec": {"step": target}, "target": target}
         if op == "gc":
+            # garbage to collect, and step documents to rewrite: a step deleted first (here, not killed)
+            heads = set(refs.values())
+            others = [s for s in sorted(self.states) if s not in heads]
+            if others:
+                gone = self.rng.choice(others)
+                traj.delete(gone)
+                del self.states[gone]
             return {"spec": {"kwargs": {"older_than": 0, "repack_below": self.rng.choice([0.5, 0.9, 1.0])}}}
         head = refs.get(SYNC)
         version = self._new()
@@ -178,10 +188,16 @@ class Trials:
         report = self.report
         report.trials[op] += 1
         plan = self._plan(op, self.open())
-        # the first trial of an operation is not killed: it counts the operation's writes; then half the trials
-        # count every write, half skip the bytes streamed into packs (kills land on documents, refs, markers)
-        counting = "all" if (op, "all") not in report.writes or self.rng.random() < 0.5 else "documents"
-        most = report.writes.get((op, counting))
+        # half the trials count every write, half skip the bytes streamed into packs (kills land on documents,
+        # refs, markers); the kill is at a write drawn up to the operation's writes, plus one (it completes)
+        counting = "all" if self.rng.random() < 0.5 else "documents"
+        counts = self._dry_run(op, plan)
+        if counts is not None:  # local disk: the same operation on a copy, here, counted its writes
+            most = counts[counting]
+            for counted, n in counts.items():
+                report.writes[(op, counted)] = max(report.writes.get((op, counted), 0), n)
+        else:  # the most writes this operation made in the trials that completed (the first one is not killed)
+            most = report.writes.get((op, counting))
         kill = self.rng.randint(1, most + 1) if most is not None else 0
         spec = str(kill) if counting == "all" else f"{kill}:{_NOT_STREAMED}"
         body = json.dumps({"op": op, "url": self.url, "storage_options": self.so, **plan["spec"]})
@@ -202,6 +218,27 @@ class Trials:
         if self.verbose:
             print(f"{op} kill at {kill}: {'killed' if answer is None else 'completed'}", flush=True)
         self._check(op, kill, plan, answer)
+
+    def _dry_run(self, op: str, plan: dict) -> dict | None:
+        """On local disk: the writes the operation makes, counted on a copy of the store, in this process."""
+        if "://" in self.url:
+            return None
+        from tests.helpers.interleave import interleave, is_write
+        from tests.helpers.sides import _answer
+
+        copy = os.path.join(self.workdir, "dry-run")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(self.url, copy, symlinks=True)
+        try:
+            stored = lambda call: is_write(call) and call.method != "writer.write"  # noqa: E731
+            with interleave(on=is_write, record=False, times=0) as every:
+                with interleave(on=stored, record=False, times=0) as docs:
+                    answer = _answer({"op": op, "url": copy, "storage_options": None, **plan["spec"]})
+            if not answer["ok"]:
+                return None
+            return {"all": len(every.matched), "documents": len(docs.matched)}
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
 
     def _check(self, op: str, kill: int, plan: dict, answer) -> None:
         report = self.report

@@ -520,13 +520,17 @@ def test_store_against_the_model_more_examples(where, local_location):
     _run(LocalMachine if where == "local" else MemoryMachine, location, _examples(150), 50)
 
 
-def test_store_against_the_model_with_another_process_racing_gc_and_delete(local_location):
-    # no shrinking unless asked: a failing sequence is at most 20 rules, printed with every draw, and shrinking
-    # one takes minutes
+def _race(machine: type, location, examples: int, steps: int) -> None:
+    # no shrinking unless asked: a failing sequence is at most `steps` rules, printed with every draw, and
+    # shrinking one takes minutes
     shrink = os.environ.get("ULSTORE_STATEFUL_SHRINK") == "1"
     with Side() as side:
-        LocalConcurrentMachine.side = side
+        machine.side = side
         try:
-            _run(LocalConcurrentMachine, local_location, _examples(60), 20, shrink=shrink)
+            _run(machine, location, examples, steps, shrink=shrink)
         finally:
-            LocalConcurrentMachine.side = None
+            machine.side = None
+
+
+def test_store_against_the_model_with_another_process_racing_gc_and_delete(local_location):
+    _race(LocalConcurrentMachine, local_location, _examples(60), 20)
