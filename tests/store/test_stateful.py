@@ -534,7 +534,7 @@ def test_store_against_the_model_on_memory():
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_store_against_the_model_more_examples(where, local_location):
     location = local_location if where == "local" else memory_location
-    _run(LocalMachine if where == "local" else MemoryMachine, location, _examples(150), 50)
+    _run(LocalMachine if where == "local" else MemoryMachine, location, _examples(100), 50)
 
 
 def _race(machine: type, location, examples: int, steps: int) -> None:
