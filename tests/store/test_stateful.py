@@ -12,7 +12,8 @@ nothing) and the invariant compares the store's steps and refs with the model af
 
 ``ULSTORE_STATEFUL_EXAMPLES`` sets the number of examples (the ``slow`` variants run more by default);
 ``ULSTORE_STATEFUL_SHRINK=1`` shrinks a failing example of the concurrent machine (a few minutes);
-``ULSTORE_RACES=gc:delete,delete:gc`` races only those pairs (operation here : operation in the other process).
+``ULSTORE_RACES=gc:delete,delete:gc`` races only those pairs (operation here : operation in the other process);
+``ULSTORE_RACE_GRACE=3600`` gives the other process's gc only the grace period that has not passed.
 """
 
 from __future__ import annotations
@@ -329,6 +330,9 @@ def _races() -> list[tuple[str, str]]:
 
 
 RACES = _races()
+#: The grace periods of the other process's gc racing a delete or a gc here: ``ULSTORE_RACE_GRACE=3600`` keeps
+#: only the one that has not passed.
+GRACES = [int(g) for g in os.environ.get("ULSTORE_RACE_GRACE", "3600,0").split(",")]
 
 
 def _critical(call) -> bool:
@@ -385,7 +389,7 @@ class ConcurrentStoreMachine(StoreMachine):
             spec = {"step": other_target}
         else:
             other_target = None
-            grace = 3600 if main_op == "commit" else data.draw(st.sampled_from([3600, 0]), label="grace there")
+            grace = 3600 if main_op == "commit" else data.draw(st.sampled_from(GRACES), label="grace there")
             spec = {"kwargs": {"older_than": grace, "repack_below": repack_below}}
 
         def other_side(call):
