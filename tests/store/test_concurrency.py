@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import ulstore
-from tests.helpers.other_side import at_call, other_side
+from tests.helpers.interleave import interleave
+from tests.helpers.other_side import other_side
 from tests.helpers.store import CHUNK, assert_state_equal, states_bf16
 from ulstore.core.objects import ObjectStore
 from ulstore.errors import ConflictError, StaleParentError, StepNotFoundError
@@ -148,10 +149,11 @@ result = "deleted"
 def test_gc_defers_to_a_delete_in_flight(where):
     """A gc that starts while a delete rewrites documents removes and rewrites nothing; the data stays exact."""
     traj, states = _chain(where)
-    record = at_call(traj._io, _REWRITE, r"^steps/\d+/zarr\.json$", lambda: other_side(*where, _GC))
-    traj.delete(3)
-    assert record["ran"]["deferred"].startswith("pending/delete/3.")
-    assert record["ran"]["packs"] == record["ran"]["steps_rewritten"] == 0
+    with interleave(on=(_REWRITE, r"^steps/\d+/zarr\.json$"), run=lambda call: other_side(*where, _GC)) as il:
+        traj.delete(3)
+    (ran,) = il.results
+    assert ran["deferred"].startswith("pending/delete/3.")
+    assert ran["packs"] == ran["steps_rewritten"] == 0
     _all_exact(where, states, [0, 1, 2, 4, 5, 6])
     assert _open(where).gc(repack_below=1.0)["deferred"] is None  # once the delete is done, gc runs
     _all_exact(where, states, [0, 1, 2, 4, 5, 6])
@@ -161,9 +163,10 @@ def test_a_delete_refuses_while_a_gc_runs(where):
     traj, states = _chain(where)
     body = "ulstore.open(url, mode='r+', storage_options=options).delete(3)\nresult = 'deleted'"
     traj.delete(5)
-    record = at_call(traj._io, _REWRITE, r"^steps/\d+/zarr\.json$", lambda: other_side(*where, body))
-    assert traj.gc(repack_below=1.0)["steps_rewritten"] > 0
-    assert record["ran"]["error"] == "ConflictError" and "a gc is in flight" in record["ran"]["message"]
+    with interleave(on=(_REWRITE, r"^steps/\d+/zarr\.json$"), run=lambda call: other_side(*where, body)) as il:
+        assert traj.gc(repack_below=1.0)["steps_rewritten"] > 0
+    (ran,) = il.results
+    assert ran["error"] == "ConflictError" and "a gc is in flight" in ran["message"]
     _all_exact(where, states, [0, 1, 2, 3, 4, 6])
 
 
@@ -173,11 +176,10 @@ def test_gc_never_overwrites_a_document_a_delete_rewrote(where):
     traj, states = _chain(where)
     traj.delete(5)  # step 6 now names a pack mostly dead: gc repacks it
     gc = _open(where)
-    record = at_call(
-        gc._io, _REWRITE, r"^steps/6/zarr\.json$", lambda: other_side(*where, _DELETE_UNSEEN.format(step=4))
-    )
-    gc.gc(repack_below=1.0)
-    assert record["ran"] == "deleted"
+    other = _DELETE_UNSEEN.format(step=4)
+    with interleave(on=(_REWRITE, r"^steps/6/zarr\.json$"), run=lambda call: other_side(*where, other)) as il:
+        gc.gc(repack_below=1.0)
+    assert il.results == ["deleted"]
     assert _open(where, "r").info(6).parent == 3  # the delete's document stands, not gc's older rewrite
     _all_exact(where, states, [0, 1, 2, 3, 6])
     _open(where).gc(repack_below=1.0)  # and a later gc, past every grace, loses nothing either
@@ -202,9 +204,9 @@ _pending.Pending.listing = listing
 result = ulstore.open(url, mode="r+", storage_options=options).gc(repack_below=1.0, older_than=3600)
 """
     d = _open(where)
-    record = at_call(d._io, _REWRITE, r"^steps/\d+/zarr\.json$", lambda: other_side(*where, body))
-    d.delete(3)
-    assert record["ran"]["steps_rewritten"] > 0 and len(record["calls"]) > 1
+    with interleave(on=(_REWRITE, r"^steps/\d+/zarr\.json$"), run=lambda call: other_side(*where, body)) as il:
+        d.delete(3)
+    assert il.results[0]["steps_rewritten"] > 0
     # gc's rewrites stand: no document names a pack gc emptied (a stale PUT of the delete would name one again)
     retired = {k.rsplit("/", 1)[-1] for k in d._io.find("gc/retired")}
     ro = _open(where, "r")
@@ -218,11 +220,10 @@ def test_a_deleted_step_does_not_come_back_through_gc(where):
     traj, states = _chain(where)
     traj.delete(5)
     gc = _open(where)
-    record = at_call(
-        gc._io, _REWRITE, r"^steps/6/zarr\.json$", lambda: other_side(*where, _DELETE_UNSEEN.format(step=6))
-    )
-    gc.gc(repack_below=1.0)
-    assert record["ran"] == "deleted"
+    other = _DELETE_UNSEEN.format(step=6)
+    with interleave(on=(_REWRITE, r"^steps/6/zarr\.json$"), run=lambda call: other_side(*where, other)) as il:
+        gc.gc(repack_below=1.0)
+    assert il.results == ["deleted"]
     assert 6 not in _open(where, "r").steps
     _all_exact(where, states, [0, 1, 2, 3, 4])
 
@@ -244,10 +245,10 @@ traj.delete(1)
 traj.commit(1, states_bf16(20)[7])
 result = traj.head()
 """
-    record = at_call(a._io, "open_writer", r"^packs/", lambda: other_side(*where, body))
-    with pytest.raises(StaleParentError, match="parent step 1"):
-        a.commit(2, states[2])
-    assert record["ran"] == 1
+    with interleave(on=("open_writer", r"^packs/"), run=lambda call: other_side(*where, body)) as il:
+        with pytest.raises(StaleParentError, match="parent step 1"):
+            a.commit(2, states[2])
+    assert il.results == [1]
     assert 2 not in _open(where, "r").steps and a.head() == 1
     assert a.commit(2, states[2]) == 2  # again: the parent is read anew
     ro = _open(where, "r")
@@ -294,12 +295,14 @@ def test_verify_and_stats_skip_a_step_deleted_during_the_scan(where):
     traj, states = _chain(where)
     body = "ulstore.open(url, mode='r+', storage_options=options).delete(4)\nresult = 'deleted'"
     ro = _open(where, "r")
-    record = at_call(ro._io, "get", r"^steps/4/zarr\.json$", lambda: other_side(*where, body))
-    report = ro.verify(raise_on_error=False)
-    assert record["ran"] == "deleted" and report.ok and report.steps == 6
+    with interleave(on=("get", r"^steps/4/zarr\.json$"), run=lambda call: other_side(*where, body)) as il:
+        report = ro.verify(raise_on_error=False)
+    assert il.results == ["deleted"] and report.ok and report.steps == 6
     traj2 = _open(where, "r")
-    record = at_call(traj2._io, "get", r"^steps/5/zarr\.json$", lambda: other_side(*where, body.replace("(4)", "(5)")))
-    assert traj2.stats()["steps"] == 5 and record["ran"] == "deleted"
+    five = body.replace("(4)", "(5)")
+    with interleave(on=("get", r"^steps/5/zarr\.json$"), run=lambda call: other_side(*where, five)) as il:
+        assert traj2.stats()["steps"] == 5
+    assert il.results == ["deleted"]
     _all_exact(where, states, [0, 1, 2, 3, 6])
 
 

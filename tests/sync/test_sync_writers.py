@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 import ulstore
-from tests.helpers.other_side import at_call, other_side
+from tests.helpers.interleave import interleave
+from tests.helpers.other_side import other_side
 from tests.helpers.sync import assert_same_bits, rl_states, state_digest
 from ulstore.errors import ConflictError, InvalidInputError, RefMovedError
 from ulstore.sync import Follower, Publisher
@@ -63,11 +64,11 @@ def test_a_version_in_flight_is_no_orphan_to_another_publisher(states, where):
     pub = _publisher(where)
     for v in range(3):
         pub.publish(v, states[v])
-    record = at_call(
-        pub.trajectory._io, "create", r"^refs/main/", lambda: other_side(*where, _OTHER.format(version=3, index=9))
-    )
-    info = pub.publish(3, states[3])
-    assert record["ran"]["error"] == "ConflictError" and "committed right now" in record["ran"]["message"]
+    other = _OTHER.format(version=3, index=9)
+    with interleave(on=("create", r"^refs/main/"), run=lambda call: other_side(*where, other)) as il:
+        info = pub.publish(3, states[3])
+    (ran,) = il.results
+    assert ran["error"] == "ConflictError" and "committed right now" in ran["message"]
     assert info.version == 3 and pub.latest == 3
     f = _follower(where)
     assert f.bootstrap() == 3
@@ -85,12 +86,11 @@ def test_a_publisher_whose_lease_ran_out_loses_its_version_with_an_error(states,
         pub.publish(v, states[v])
     monkeypatch.setattr(_pending, "LEASE_SECONDS", -1.0)  # A's intents are born expired
     monkeypatch.setattr(_pending, "_HOST", "another-host")  # ... and B cannot ask whether A still runs
-    record = at_call(
-        pub.trajectory._io, "create", r"^refs/main/", lambda: other_side(*where, _OTHER.format(version=3, index=9))
-    )
-    with pytest.raises(RefMovedError, match="deleted it as an interrupted commit"):
-        pub.publish(3, states[3])
-    assert record["ran"] == 3
+    other = _OTHER.format(version=3, index=9)
+    with interleave(on=("create", r"^refs/main/"), run=lambda call: other_side(*where, other)) as il:
+        with pytest.raises(RefMovedError, match="deleted it as an interrupted commit"):
+            pub.publish(3, states[3])
+    assert il.results == [3]
     f = _follower(where)
     assert f.bootstrap() == 3
     assert_same_bits(f.state, states[9])  # B's version 3
@@ -195,15 +195,11 @@ def test_a_second_writer_that_loses_the_race_raises(states, where):
     pub = _publisher(where)
     for v in range(3):
         pub.publish(v, states[v])
-    record = at_call(
-        pub.trajectory._io,
-        "create",
-        r"^steps/3/zarr\.json$",
-        lambda: other_side(*where, _OTHER.format(version=3, index=9)),
-    )
-    with pytest.raises(ConflictError):
-        pub.publish(3, states[3])
-    assert record["ran"] == 3
+    other = _OTHER.format(version=3, index=9)
+    with interleave(on=("create", r"^steps/3/zarr\.json$"), run=lambda call: other_side(*where, other)) as il:
+        with pytest.raises(ConflictError):
+            pub.publish(3, states[3])
+    assert il.results == [3]
     f = _follower(where)
     assert f.bootstrap() == 3
     assert_same_bits(f.state, states[9])
