@@ -110,7 +110,7 @@ def test_console_script_and_version():
 def test_usage_errors_exit_2(tmp_path):
     for argv in (
         ["bogus"],
-        [],
+        ["-q"],  # options but no command (a bare `ulstore` prints the help: tests/cli/test_cli_entry.py)
         ["add", str(tmp_path)],
         ["export", "x", "notastep?", "o.safetensors", "--nope"],
         ["demo", "--steps", "0"],
