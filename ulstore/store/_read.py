@@ -6,6 +6,7 @@ zarr ``Store`` of ``_logical.py``; the change feed is ``_changes.py``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,11 +47,28 @@ class ReadMixin(TrajectoryBase):
     def __getitem__(self, step_or_ref):
         """The step as a read-only, lazy :class:`zarr.Group`.
 
-        Indexing an array fetches and decodes only the chunks it touches (and
-        their reference chains).  bfloat16/fp8 arrays have their real dtype.
+        ``traj[1200]`` is step NUMBER 1200 (not the 1200th step), ``traj["main"]``
+        the step a ref points to, and a negative int counts from the last step by
+        number: ``traj[-1]`` is ``traj[traj.steps[-1]]``, ``traj[-2]`` the one
+        before it.  Indexing an array fetches and decodes only the chunks it
+        touches (and their reference chains).  bfloat16/fp8 arrays have their
+        real dtype.
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step or ref (or fewer steps than a negative index asks for).
+        InvalidInputError
+            Not an int or a ref name (slices included: iterate ``traj.steps[a:b]``).
         """
         import zarr
 
+        if isinstance(step_or_ref, slice):
+            raise InvalidInputError(
+                "a Trajectory is indexed by one step number or ref, not a slice: use [traj[s] for s in traj.steps[a:b]]"
+            )
+        if isinstance(step_or_ref, numbers.Integral) and not isinstance(step_or_ref, bool) and step_or_ref < 0:
+            step_or_ref = self._step_at(int(step_or_ref))
         step = self._resolve(step_or_ref)
         return zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
 
