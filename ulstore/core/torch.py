@@ -98,6 +98,7 @@ def dtype_table(torch) -> dict:
         "<f2": "float16",
         "<f4": "float32",
         "<f8": "float64",
+        "<c8": "complex64",
     }
     table = {np.dtype(n): getattr(torch, t) for n, t in pairs.items() if hasattr(torch, t)}
     for dt in RAW_BITS:
