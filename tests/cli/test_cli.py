@@ -166,8 +166,9 @@ def test_add_directory_branch_parent_and_step(tmp_path, store):
 def test_log(store):
     p = run("log", store, check=0)
     lines = p.stdout.splitlines()
-    assert lines[0].split() == ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"]
-    assert [ln.split()[0] for ln in lines[1:]] == ["300", "200", "100"]
+    assert lines[0].split() == ["step", "parent", "anchor", "tensors", "raw", "stored", "created", "refs", "details"]
+    assert [ln.split()[0] for ln in lines[1:-1]] == ["300", "200", "100"]
+    assert lines[-1].startswith("3 steps: raw ")
     assert "main" in lines[1] and "step_000300.safetensors" in lines[1] and "anchor" in lines[3]
     doc = json.loads(run("log", store, 200, "--json", check=0).stdout)
     assert [s["step"] for s in doc["steps"]] == [200, 100]

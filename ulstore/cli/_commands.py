@@ -25,6 +25,8 @@ def _cmd_init(args, ui) -> int:
 
 
 def _cmd_log(args, ui) -> int:
+    from .. import io as uio
+
     traj = _open_existing(args)
     refs_by_step: dict[int, list[str]] = {}
     for name, step in sorted(traj.refs.items()):
@@ -33,6 +35,9 @@ def _cmd_log(args, ui) -> int:
         infos = traj.log(resolve(traj, args.url, args.start).step)
     else:
         infos = [traj.info(s) for s in reversed(traj.steps)]
+    with ui.activity(f"reading {plural(len(infos), 'step manifest')} for sizes"):
+        # what each step added: its new blobs, step document and table blocks (as `ulstore stats`)
+        stored = {r["step"]: r["stored_bytes"] for r in uio.storage_report(traj)["steps"]} if infos else {}
     rows, docs = [], []
     for info in infos:
         shapes = traj.tensors(info.step)
@@ -45,6 +50,7 @@ def _cmd_log(args, ui) -> int:
             "anchor_distance": info.anchor_distance,
             "tensors": len(shapes),
             "raw_bytes": raw,
+            "stored_bytes": stored.get(info.step, 0),
             "created": info.created,
             "refs": refs_by_step.get(info.step, []),
             "source": ck.get("source"),
@@ -58,17 +64,29 @@ def _cmd_log(args, ui) -> int:
                 "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}",
                 len(shapes),
                 human_bytes(raw),
+                human_bytes(doc["stored_bytes"]),
                 info.created.replace("+00:00", "Z"),
                 ",".join(doc["refs"]),
                 ck.get("source") or _short_meta(meta),
             ]
         )
-    ui.emit({"url": args.url, "steps": docs})
+    total = {
+        "steps": len(docs),
+        "raw_bytes": sum(d["raw_bytes"] for d in docs),
+        "stored_bytes": sum(d["stored_bytes"] for d in docs),
+    }
+    ui.emit({"url": args.url, "steps": docs, "total": total})
     if not rows:
         ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
         return EXIT_OK
-    for line in table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"], ">>>>><<<<"):
+    headers = ["step", "parent", "anchor", "tensors", "raw", "stored", "created", "refs", "details"]
+    for line in table(rows, headers, ">>>>>><<<"):
         ui.out(line)
+    ratio = f" ({total['raw_bytes'] / total['stored_bytes']:.1f}x)" if total["stored_bytes"] else ""
+    ui.out(
+        f"{plural(total['steps'], 'step')}: raw {human_bytes(total['raw_bytes'])}, "
+        f"stored {human_bytes(total['stored_bytes'])}{ratio}"
+    )
     return EXIT_OK
 
 

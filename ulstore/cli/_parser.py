@@ -200,9 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "log",
         "list steps, newest first",
-        "List steps, newest first: parent, anchor distance, tensors, raw size, refs\n"
-        "and the file each step was imported from.  With STEP (a step or a ref),\n"
-        "only that step's ancestry.",
+        "List steps, newest first: parent, anchor distance, tensors, raw size, stored\n"
+        "size (the bytes the step added: its new blobs, step document and table blocks,\n"
+        "as `ulstore stats` counts them), refs and the file each step was imported\n"
+        "from, then the totals of the steps listed.  With STEP (a step or a ref), only\n"
+        "that step's ancestry.",
         "  ulstore log runs/a\n  ulstore log runs/a sft --json",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
