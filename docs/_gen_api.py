@@ -28,7 +28,15 @@ SECTIONS = [
     (
         "ulstore",
         "Trajectories",
-        ["open", "Trajectory", "store.StepInfo", "store.VerifyReport", "store.Inventory", "store.HEAD"],
+        [
+            "open",
+            "Trajectory",
+            "store.StepInfo",
+            "store.TensorDiff",
+            "store.VerifyReport",
+            "store.Inventory",
+            "store.HEAD",
+        ],
         "Open a trajectory, commit checkpoints as steps, read any step back exactly.",
     ),
     (

@@ -91,7 +91,7 @@ def store(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm", "upgrade", "demo"]
+    "command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "diff", "gc", "rm", "upgrade", "demo"]
 )
 def test_help_for_every_command(command, capsys):
     argv = [command, "--help"] if command else ["--help"]

@@ -273,6 +273,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command(
+        "diff",
+        "which tensors changed between two steps, and how much",
+        "Compare step B with step A, tensor by tensor: the fraction of elements that\n"
+        "changed (different bits), the relative L2 change ||B - A|| / ||A|| (float64) and\n"
+        "the largest absolute change, most changed first.  NaN and infinite values are\n"
+        "left out of the norms and counted apart (`nonfinite`).  Only the chunks of B\n"
+        "whose content differs from A's are decoded.  --plot draws a heatmap of tensors\n"
+        "(rows, grouped by layer) against steps: each step between A and B along B's\n"
+        "ancestry compared with its parent (needs matplotlib: pip install 'ulstore[plot]').",
+        "  ulstore diff runs/rl 1200 1201\n"
+        "  ulstore diff runs/rl 1200 main --top 0 --json\n"
+        "  ulstore diff runs/rl 1200 1300 --plot moved.png --metric rel_l2",
+    )
+    p.add_argument("url", metavar="URL", help="the trajectory")
+    p.add_argument("a", metavar="A", type=_step_or_ref, help="the step (or ref) to compare against")
+    p.add_argument("b", metavar="B", type=_step_or_ref, help="the step (or ref) to compare")
+    p.add_argument(
+        "--top",
+        metavar="N",
+        type=_nonneg_int,
+        default=20,
+        help="tensors to list, most changed first (default 20; 0: all)",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="also draw a heatmap of every step from A to B to this PNG")
+    p.add_argument(
+        "--metric",
+        choices=["changed", "rel_l2"],
+        default="changed",
+        help="what --plot colours: the fraction of elements changed (default) or the relative L2 change",
+    )
+
+    p = command(
         "gc",
         "remove packs no step uses, repack mostly-dead ones",
         "Remove packs that no step names (left by `ulstore rm` or by a crashed commit),\n"
