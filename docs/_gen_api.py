@@ -28,7 +28,15 @@ SECTIONS = [
     (
         "ulstore",
         "Trajectories",
-        ["open", "Trajectory", "store.StepInfo", "store.VerifyReport", "store.Inventory", "store.HEAD"],
+        [
+            "open",
+            "Trajectory",
+            "store.StepInfo",
+            "store.TensorDiff",
+            "store.VerifyReport",
+            "store.Inventory",
+            "store.HEAD",
+        ],
         "Open a trajectory, commit checkpoints as steps, read any step back exactly.",
     ),
     (
@@ -363,6 +371,9 @@ def render_cli() -> str:
         "on stderr), 2 usage error.  URLs are local paths or fsspec URLs; remote filesystem",
         "settings come from `-o KEY=VALUE` or the `ULSTORE_STORAGE_OPTIONS` environment variable",
         "(a JSON object), e.g. `-o endpoint_url=http://127.0.0.1:9000`.",
+        "",
+        "`python -m ulstore` is the same command.  A bare `ulstore` prints the help below on stdout and",
+        "exits 0, as `pip` does.",
         "",
         "With `--json`, an error (a usage error too) is one JSON document on stderr instead of the",
         "`ulstore: error:` line, always of this shape (`step`, `tensor` and `key` are null unless",

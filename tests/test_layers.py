@@ -4,7 +4,7 @@ Every module of the package is parsed (not imported) and each of its imports,
 at module level or inside a function, is checked against the layer order.
 ``ulstore.errors`` and ``ulstore.toytrain`` (with its arithmetic, ``_toymodel``)
 are leaves that import nothing else of ulstore and every layer may use; ``ulstore/__init__.py`` is the
-facade above everything.
+facade above everything, and ``ulstore/__main__.py`` (``python -m ulstore``) sits beside it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ LAYERS = {
     "dcp": 4,
     "cli": 5,
     "": 6,
+    "__main__": 6,
 }
 #: parts of one layer that must not import each other
 SIBLINGS = {frozenset(pair) for pair in (("io", "sync"), ("io", "dcp"), ("sync", "dcp"))}

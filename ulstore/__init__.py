@@ -6,6 +6,12 @@
   codec ``ulpack``: :mod:`ulstore.codec`.
 - Checkpoint files in and out: :mod:`ulstore.io` (files: :mod:`ulstore.io.checkpoints`).
 - Weight sync for asynchronous RL: :mod:`ulstore.sync`.
+- Sharded saves through ``torch.distributed.checkpoint``: :mod:`ulstore.dcp`.
+
+The subpackages :mod:`ulstore.io`, :mod:`ulstore.sync`, :mod:`ulstore.dcp`,
+:mod:`ulstore.cli` and :mod:`ulstore.toytrain` are attributes of ``ulstore``
+that load on first use (PEP 562): ``import ulstore`` imports neither them nor
+torch, and ``ulstore.dcp.Writer`` works without ``import ulstore.dcp``.
 """
 
 import importlib as _importlib
@@ -53,11 +59,15 @@ __all__ = [
     *_errors_all,
 ]
 
-_SUBMODULES = ("io", "sync", "toytrain", "cli")
+_SUBMODULES = ("io", "sync", "dcp", "toytrain", "cli")
 
 
 def __getattr__(name):
-    # the heavier submodules load on first use: ``import ulstore`` stays light
+    # the heavier submodules load on first use: ``import ulstore`` stays light (no torch)
     if name in _SUBMODULES:
         return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'ulstore' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))

@@ -91,7 +91,7 @@ def store(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "gc", "rm", "upgrade", "demo"]
+    "command", [None, "init", "add", "log", "ls", "export", "verify", "stats", "diff", "gc", "rm", "upgrade", "demo"]
 )
 def test_help_for_every_command(command, capsys):
     argv = [command, "--help"] if command else ["--help"]
@@ -110,7 +110,7 @@ def test_console_script_and_version():
 def test_usage_errors_exit_2(tmp_path):
     for argv in (
         ["bogus"],
-        [],
+        ["-q"],  # options but no command (a bare `ulstore` prints the help: tests/cli/test_cli_entry.py)
         ["add", str(tmp_path)],
         ["export", "x", "notastep?", "o.safetensors", "--nope"],
         ["demo", "--steps", "0"],
@@ -166,8 +166,9 @@ def test_add_directory_branch_parent_and_step(tmp_path, store):
 def test_log(store):
     p = run("log", store, check=0)
     lines = p.stdout.splitlines()
-    assert lines[0].split() == ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"]
-    assert [ln.split()[0] for ln in lines[1:]] == ["300", "200", "100"]
+    assert lines[0].split() == ["step", "parent", "anchor", "tensors", "raw", "stored", "created", "refs", "details"]
+    assert [ln.split()[0] for ln in lines[1:-1]] == ["300", "200", "100"]
+    assert lines[-1].startswith("3 steps: raw ")
     assert "main" in lines[1] and "step_000300.safetensors" in lines[1] and "anchor" in lines[3]
     doc = json.loads(run("log", store, 200, "--json", check=0).stdout)
     assert [s["step"] for s in doc["steps"]] == [200, 100]

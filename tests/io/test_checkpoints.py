@@ -310,7 +310,7 @@ def test_npz_dtypes_member_mismatch(tmp_path):
 
 
 def test_npz_unsupported_dtype_and_garbage(tmp_path):
-    np.savez(tmp_path / "c.npz", a=np.zeros(2, np.complex64))
+    np.savez(tmp_path / "c.npz", a=np.zeros(2, np.complex128))  # (complex64 is C64 now)
     with pytest.raises(DtypeError, match="c.npz"):
         ckpt.load(tmp_path / "c.npz")
     (tmp_path / "g.npz").write_bytes(b"PK\x03\x04 garbage")
@@ -513,7 +513,7 @@ def test_unknown_suffix(tmp_path):
 def test_save_rejects_bad_input(tmp_path):
     p = tmp_path / "x.safetensors"
     with pytest.raises(DtypeError):
-        ckpt.save_safetensors({"c": np.zeros(2, np.complex64)}, p)
+        ckpt.save_safetensors({"c": np.zeros(2, np.complex128)}, p)  # safetensors has no C128
     with pytest.raises(DtypeError):
         ckpt.save_npz({"o": np.array([None])}, tmp_path / "x.npz")
     with pytest.raises(InvalidInputError, match="reserved"):

@@ -405,7 +405,7 @@ def test_existing_step_is_refused_before_reading(tmp_path, traj, monkeypatch):
 
 def test_unsupported_dtype_and_reserved_metadata(tmp_path, traj):
     torch = pytest.importorskip("torch")
-    torch.save({"c": torch.zeros(2, dtype=torch.complex64)}, tmp_path / "step_1.pt")
+    torch.save({"c": torch.zeros(2, dtype=torch.complex128)}, tmp_path / "step_1.pt")  # complex64 is stored
     with pytest.raises(DtypeError):
         uio.import_checkpoint(traj, tmp_path / "step_1.pt")
     ckpt.save_npz({"w": np.ones(2, np.float32)}, tmp_path / "step_2.npz")

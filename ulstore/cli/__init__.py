@@ -5,7 +5,8 @@ Conventions
     for scripts; progress bars go to stderr, only on a terminal, never with
     ``--quiet``.  Exit status: 0 success, 1 an error in the data or the
     environment (bad checkpoint, missing step, unreachable store, damaged
-    blob), 2 a usage error (unknown option, bad argument).  Errors print one
+    blob), 2 a usage error (unknown option, bad argument).  A bare ``ulstore``
+    prints the help on stdout and exits 0, as ``pip`` does.  Errors print one
     line, ``ulstore: error: ...``, on stderr; ``--debug`` shows the traceback.
     With ``--json`` an error is one JSON document on stderr instead, always of
     the shape ``{"error": {"type", "message", "exit_status", "step", "tensor",
@@ -45,6 +46,9 @@ def main(argv=None) -> int:
     """Run ``ulstore`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    if not argv:  # a bare `ulstore`: the help, as `pip` (git prints it too, but exits 1)
+        parser.print_help()
+        return EXIT_OK
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help and --version

@@ -6,7 +6,7 @@ from ..core.formatting import binary_bytes, human_bytes, plural
 from ..errors import InvalidInputError
 from ._add import _cmd_add
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing, _storage_options
-from ._plot import check_matplotlib, plot_report
+from ._plot import check_matplotlib, plot_diff, plot_report
 from ._steps import resolve
 from ._ui import report_error, table
 
@@ -25,6 +25,8 @@ def _cmd_init(args, ui) -> int:
 
 
 def _cmd_log(args, ui) -> int:
+    from .. import io as uio
+
     traj = _open_existing(args)
     refs_by_step: dict[int, list[str]] = {}
     for name, step in sorted(traj.refs.items()):
@@ -33,6 +35,9 @@ def _cmd_log(args, ui) -> int:
         infos = traj.log(resolve(traj, args.url, args.start).step)
     else:
         infos = [traj.info(s) for s in reversed(traj.steps)]
+    with ui.activity(f"reading {plural(len(infos), 'step manifest')} for sizes"):
+        # what each step added: its new blobs, step document and table blocks (as `ulstore stats`)
+        stored = {r["step"]: r["stored_bytes"] for r in uio.storage_report(traj)["steps"]} if infos else {}
     rows, docs = [], []
     for info in infos:
         shapes = traj.tensors(info.step)
@@ -45,6 +50,7 @@ def _cmd_log(args, ui) -> int:
             "anchor_distance": info.anchor_distance,
             "tensors": len(shapes),
             "raw_bytes": raw,
+            "stored_bytes": stored.get(info.step, 0),
             "created": info.created,
             "refs": refs_by_step.get(info.step, []),
             "source": ck.get("source"),
@@ -58,17 +64,29 @@ def _cmd_log(args, ui) -> int:
                 "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}",
                 len(shapes),
                 human_bytes(raw),
+                human_bytes(doc["stored_bytes"]),
                 info.created.replace("+00:00", "Z"),
                 ",".join(doc["refs"]),
                 ck.get("source") or _short_meta(meta),
             ]
         )
-    ui.emit({"url": args.url, "steps": docs})
+    total = {
+        "steps": len(docs),
+        "raw_bytes": sum(d["raw_bytes"] for d in docs),
+        "stored_bytes": sum(d["stored_bytes"] for d in docs),
+    }
+    ui.emit({"url": args.url, "steps": docs, "total": total})
     if not rows:
         ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
         return EXIT_OK
-    for line in table(rows, ["step", "parent", "anchor", "tensors", "raw", "created", "refs", "details"], ">>>>><<<<"):
+    headers = ["step", "parent", "anchor", "tensors", "raw", "stored", "created", "refs", "details"]
+    for line in table(rows, headers, ">>>>>><<<"):
         ui.out(line)
+    ratio = f" ({total['raw_bytes'] / total['stored_bytes']:.1f}x)" if total["stored_bytes"] else ""
+    ui.out(
+        f"{plural(total['steps'], 'step')}: raw {human_bytes(total['raw_bytes'])}, "
+        f"stored {human_bytes(total['stored_bytes'])}{ratio}"
+    )
     return EXIT_OK
 
 
@@ -280,6 +298,78 @@ def _cmd_stats(args, ui) -> int:
 
 def _ratio(row) -> str:
     return f"{row['ratio']:.1f}x" if row.get("ratio") else "-"
+
+
+def _cmd_diff(args, ui) -> int:
+    traj = _open_existing(args)
+    a, b = resolve(traj, args.url, args.a).step, resolve(traj, args.url, args.b).step
+    if args.plot:
+        check_matplotlib()
+        path = _ancestry_between(traj, args.url, a, b)
+    with ui.activity(f"comparing step {b} with step {a}"):
+        diffs = traj.diff(a, b)
+    docs = [_finite(d.to_dict()) for d in diffs]
+    compared = [d for d in diffs if d.status == "compared"]
+    total = {
+        "tensors": len(diffs),
+        "tensors_changed": sum(1 for d in diffs if d.changed),
+        "elements": sum(d.elements for d in compared),
+        "changed": sum(d.changed for d in compared),
+    }
+    if args.plot:
+        pairs = list(zip(path, path[1:]))
+        columns = []
+        with ui.bar(total=len(pairs), desc="comparing consecutive steps", unit="step") as bar:
+            for parent, child in pairs:
+                columns.append((child, traj.diff(parent, child)))
+                bar.update(1)
+        plot_diff(columns, args.plot, f"ulstore diff {args.url} {a}..{b}", args.metric)
+    ui.emit({"url": args.url, "a": a, "b": b, "tensors": docs, "total": total, "plot": args.plot})
+    rows = [
+        [
+            d.name,
+            d.dtype,
+            "x".join(map(str, d.shape)) or "scalar",
+            f"{100 * d.fraction_changed:.2f}%" if d.status == "compared" else d.status,
+            "-" if d.rel_l2 is None else f"{d.rel_l2:.3g}",
+            "-" if d.max_abs_change is None else f"{d.max_abs_change:.3g}",
+            d.nonfinite or "",
+        ]
+        for d in (diffs if not args.top else diffs[: args.top])
+    ]
+    for line in table(rows, ["tensor", "dtype", "shape", "changed", "rel L2", "max |change|", "nonfinite"], "<<>>>>>"):
+        ui.out(line)
+    if args.top and len(diffs) > args.top:
+        ui.out(f"... {len(diffs) - args.top} more (--top 0 lists all)")
+    share = f" ({100 * total['changed'] / total['elements']:.2f}%)" if total["elements"] else ""
+    ui.out(
+        f"step {b} against step {a}: {total['tensors_changed']} of {plural(total['tensors'], 'tensor')} changed, "
+        f"{total['changed']:,} of {total['elements']:,} elements{share}"
+    )
+    if args.plot:
+        ui.out(f"plot of {plural(len(path) - 1, 'step')} written to {args.plot}")
+    return EXIT_OK
+
+
+def _ancestry_between(traj, url: str, a: int, b: int) -> list[int]:
+    """The steps from ``a`` to ``b`` along ``b``'s parents, oldest first; an error if ``a`` is not among them."""
+    path = []
+    for info in traj.log(b):
+        path.append(info.step)
+        if info.step == a:
+            return path[::-1]
+    raise InvalidInputError(
+        f"--plot draws the steps from A to B along B's parents, and step {a} is not an ancestor of step {b} "
+        f"in {url} (`ulstore log {url} {b}` shows its ancestry)"
+    )
+
+
+def _finite(doc: dict) -> dict:
+    """JSON has no infinity: a relative change against all zeros is null in --json (``inf`` in Python)."""
+    if doc.get("rel_l2") is not None and doc["rel_l2"] == float("inf"):
+        doc["rel_l2"] = None
+        doc["rel_l2_infinite"] = True
+    return doc
 
 
 def _cmd_gc(args, ui) -> int:

@@ -200,9 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "log",
         "list steps, newest first",
-        "List steps, newest first: parent, anchor distance, tensors, raw size, refs\n"
-        "and the file each step was imported from.  With STEP (a step or a ref),\n"
-        "only that step's ancestry.",
+        "List steps, newest first: parent, anchor distance, tensors, raw size, stored\n"
+        "size (the bytes the step added: its new blobs, step document and table blocks,\n"
+        "as `ulstore stats` counts them), refs and the file each step was imported\n"
+        "from, then the totals of the steps listed.  With STEP (a step or a ref), only\n"
+        "that step's ancestry.",
         "  ulstore log runs/a\n  ulstore log runs/a sft --json",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
@@ -268,6 +270,38 @@ def build_parser() -> argparse.ArgumentParser:
         type=_nonneg_int,
         default=15,
         help="tensors to list, largest stored first (default 15; 0: all)",
+    )
+
+    p = command(
+        "diff",
+        "which tensors changed between two steps, and how much",
+        "Compare step B with step A, tensor by tensor: the fraction of elements that\n"
+        "changed (different bits), the relative L2 change ||B - A|| / ||A|| (float64) and\n"
+        "the largest absolute change, most changed first.  NaN and infinite values are\n"
+        "left out of the norms and counted apart (`nonfinite`).  Only the chunks of B\n"
+        "whose content differs from A's are decoded.  --plot draws a heatmap of tensors\n"
+        "(rows, grouped by layer) against steps: each step between A and B along B's\n"
+        "ancestry compared with its parent (needs matplotlib: pip install 'ulstore[plot]').",
+        "  ulstore diff runs/rl 1200 1201\n"
+        "  ulstore diff runs/rl 1200 main --top 0 --json\n"
+        "  ulstore diff runs/rl 1200 1300 --plot moved.png --metric rel_l2",
+    )
+    p.add_argument("url", metavar="URL", help="the trajectory")
+    p.add_argument("a", metavar="A", type=_step_or_ref, help="the step (or ref) to compare against")
+    p.add_argument("b", metavar="B", type=_step_or_ref, help="the step (or ref) to compare")
+    p.add_argument(
+        "--top",
+        metavar="N",
+        type=_nonneg_int,
+        default=20,
+        help="tensors to list, most changed first (default 20; 0: all)",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="also draw a heatmap of every step from A to B to this PNG")
+    p.add_argument(
+        "--metric",
+        choices=["changed", "rel_l2"],
+        default="changed",
+        help="what --plot colours: the fraction of elements changed (default) or the relative L2 change",
     )
 
     p = command(

@@ -49,6 +49,7 @@ SAFETENSORS_CODES: dict[str, np.dtype] = {
     "BF16": ML_DTYPES["bfloat16"],
     "F8_E4M3": ML_DTYPES["float8_e4m3fn"],
     "F8_E5M2": ML_DTYPES["float8_e5m2"],
+    "C64": np.dtype("<c8"),  # safetensors >= 0.6 (torch.complex64)
 }
 
 #: Every dtype ulstore reads and writes (little-endian forms).

@@ -2,8 +2,8 @@
 
 numpy cannot hold torch's bfloat16 and float8 natively and torch cannot read
 ``ml_dtypes`` arrays, so those travel as same-width integers and are re-viewed
-on the other side: the bits never change.  Use it to hand a slice of a
-trajectory to torch:
+on the other side: the bits never change.  :func:`ulstore.io.to_torch` is the
+user-facing door (a slice, an array, a dict of arrays or a step); underneath:
 
 >>> import pytest; torch = pytest.importorskip("torch")  # examples need PyTorch
 >>> import numpy as np, ml_dtypes
@@ -98,6 +98,7 @@ def dtype_table(torch) -> dict:
         "<f2": "float16",
         "<f4": "float32",
         "<f8": "float64",
+        "<c8": "complex64",
     }
     table = {np.dtype(n): getattr(torch, t) for n, t in pairs.items() if hasattr(torch, t)}
     for dt in RAW_BITS:

@@ -113,10 +113,38 @@ def to_numpy(traj, step) -> dict[str, np.ndarray]:
     return _read(traj, step)[2]
 
 
-def to_torch(traj, step) -> dict:
-    """A step as a torch state dict; tied names share one tensor again (needs PyTorch).
+def to_torch(traj, step=None):
+    """Hand a step, a lazy slice or arrays to torch, bit for bit (needs PyTorch).
 
-    bf16/fp8 come back as ``torch.bfloat16``/``torch.float8_*``, bit for bit.
+    ``torch.from_numpy`` cannot read the ``ml_dtypes`` arrays that bf16 and fp8
+    tensors and slices are (``traj[50]["w"][:2]``); this can: their bits travel
+    as a same-width integer view and are re-viewed as ``torch.bfloat16`` /
+    ``torch.float8_*``, never converted.
+
+    Parameters
+    ----------
+    traj : Trajectory, numpy.ndarray, zarr.Array or Mapping
+        - a Trajectory, with ``step``: the step as a torch state dict, tied
+          names sharing one tensor again (as the model's own state dict);
+        - an array (a lazy slice, a 0-d value, any numpy/``ml_dtypes`` array, or
+          a lazy ``zarr.Array`` such as ``traj[50]["w"]``, read whole): one tensor;
+        - a mapping of names to arrays (``traj.read(50)``): a dict of tensors.
+    step : int or str, optional
+        A step or a ref name; only (and always) with a Trajectory.
+
+    Returns
+    -------
+    dict or torch.Tensor
+        Tensors share memory with the arrays where they can; a read-only
+        array is copied (torch tensors are writable).
+
+    Raises
+    ------
+    InvalidInputError
+        A Trajectory without ``step``, an array with one, or anything else
+        (a list, a number).
+    DtypeError
+        A dtype torch has no equivalent for.
 
     Examples
     --------
@@ -127,9 +155,35 @@ def to_torch(traj, step) -> dict:
     0
     >>> to_torch(traj, 0)["w"].dtype
     torch.bfloat16
+    >>> piece = traj[0]["w"][:1]            # a lazy slice: an ml_dtypes.bfloat16 array
+    >>> to_torch(piece)
+    tensor([[1., 1.]], dtype=torch.bfloat16)
     """
-    ck, _, every = _read(traj, step)
-    return _ck.to_torch(every, ck.aliases)
+    from collections.abc import Mapping
+
+    if hasattr(traj, "read") and hasattr(traj, "info"):  # a Trajectory (io sees it through its methods)
+        if step is None:
+            raise InvalidInputError("to_torch(traj, step): name the step (or ref) to convert")
+        ck, _, every = _read(traj, step)
+        return _ck.to_torch(every, ck.aliases)
+    if step is not None:
+        raise InvalidInputError(f"to_torch: step={step!r} goes with a Trajectory, not with a {type(traj).__name__}")
+    if isinstance(traj, Mapping):
+        return _ck.to_torch(traj)
+    arr = _array(traj)
+    return _ck.to_torch({"tensor": arr})["tensor"]
+
+
+def _array(value) -> np.ndarray:
+    """``value`` as a numpy array: arrays, numpy scalars, and lazy arrays (``__array__`` with dtype and shape)."""
+    if isinstance(value, np.ndarray | np.generic):
+        return np.asarray(value)
+    if hasattr(value, "__array__") and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return np.asarray(value[...]) if hasattr(value, "__getitem__") else np.asarray(value)
+    raise InvalidInputError(
+        f"to_torch takes a Trajectory and a step, an array or a mapping of arrays, not a {type(value).__name__}; "
+        "wrap Python numbers and lists with np.asarray and an explicit dtype"
+    )
 
 
 def export_checkpoint(

@@ -10,9 +10,10 @@ __all__ = ["storage_report"]
 def storage_report(traj) -> dict:
     """Raw vs stored bytes of every step and every tensor.
 
-    A blob is charged to the first step (in step order) whose tables name
-    it, and to that tensor; a chunk that reuses an earlier entry costs only
-    its table entry.  Step documents and table blocks are charged to their
+    A blob is charged to the first step whose tables name it, taking each
+    step's parent before the step (then step order): the step whose commit
+    wrote it, even when a child is numbered below its parent.  A chunk that
+    reuses an earlier entry costs only its table entry.  Step documents and table blocks are charged to their
     step (``manifest_bytes``), and so are the step's files.
 
     Parameters
@@ -50,9 +51,10 @@ def storage_report(traj) -> dict:
     """
     inv = traj.inventory()
     charged: set[str] = set()
-    per_step: list[dict] = []
+    rows: dict[int, dict] = {}
     per_tensor: dict[str, dict] = {}
-    for s, m in inv.manifests.items():
+    for s in _parents_first(inv.manifests):
+        m = inv.manifests[s]
         row = {
             "step": s,
             "parent": m.parent,
@@ -91,7 +93,8 @@ def storage_report(traj) -> dict:
                 row["blob_bytes"] += inv.blob_bytes.get(b, 0)
         row["stored_bytes"] = row["blob_bytes"] + row["manifest_bytes"]
         _rates(row)
-        per_step.append(row)
+        rows[s] = row
+    per_step = [rows[s] for s in inv.manifests]  # step order
     tensors = sorted(per_tensor.values(), key=lambda r: -r["stored_bytes"])
     for r in tensors:
         _rates(r)
@@ -112,6 +115,24 @@ def storage_report(traj) -> dict:
     total["unreferenced_bytes"] = inv.unreferenced_bytes
     _rates(total)
     return {"steps": per_step, "tensors": tensors, "total": total}
+
+
+def _parents_first(manifests: dict) -> list[int]:
+    """The steps of ``manifests`` (in step order), each after its parent: the order their blobs were written."""
+    out: list[int] = []
+    done: set[int] = set()
+    for s in manifests:
+        chain: list[int] = []
+        seen: set[int] = set()
+        x = s
+        while x is not None and x in manifests and x not in done and x not in seen:  # (seen: crafted loops)
+            chain.append(x)
+            seen.add(x)
+            x = manifests[x].parent
+        for y in reversed(chain):
+            done.add(y)
+            out.append(y)
+    return out
 
 
 def _resharded(traj, step: int, parent, inv) -> int:

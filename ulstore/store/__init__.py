@@ -20,6 +20,7 @@
     _writer.py        the piece writer: hash, reuse, encode in a bounded window, append to packs
     _piece_columns.py a piece's columns as the writer fills them; PieceRecord
     _changes.py       the change feed of a step against its parent
+    _diff.py          diff: per tensor, what changed between two steps (only b's changed chunks decoded)
     _logical.py       read-only zarr Store presenting steps as plain arrays
     _reader.py        ChunkReader: step documents, tables, files, chunks, full reads; caches
     _decode_plan.py   one request: the reference walk, then fetch, decode, check (where a chunk is decoded)
@@ -38,6 +39,7 @@ imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 """
 
 from ._changes import ChangeColumns, ChunkChange, FeedLayout
+from ._diff import TensorDiff
 from ._integrity import Inventory
 from ._layout import tensor_name_problem
 from ._logical import LogicalStore
@@ -53,6 +55,7 @@ __all__ = [
     "StepInfo",
     "VerifyReport",
     "Inventory",
+    "TensorDiff",
     "HEAD",
     "PieceWriter",
     "PieceRecord",

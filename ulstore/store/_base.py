@@ -9,10 +9,11 @@ reading and moving refs.  The jobs on top of it live in their own modules:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 from ..core.formatting import redact_url
 from ..core.objects import ObjectStore
-from ..errors import NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
+from ..errors import InvalidInputError, NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
 from ._kept import KeptStep
 from ._layout import STEPS_DIR, check_ref_name, check_step, step_key, step_of
 from ._logical import LogicalStore
@@ -118,14 +119,33 @@ class TrajectoryBase:
         return steps & set(self.steps)
 
     def __contains__(self, step) -> bool:
+        """Whether ``step`` (a step number or a ref name) exists; False for anything that cannot name one."""
         try:
             self._resolve(step)
             return True
-        except NotFoundError:
+        except (NotFoundError, InvalidInputError):  # -1, "bad/ref name": no step is called that
             return False
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def __iter__(self) -> Iterator[int]:
+        """The step numbers, in order (a snapshot of :attr:`steps`: one LIST)."""
+        return iter(self.steps)
+
+    def __reversed__(self) -> Iterator[int]:
+        """The step numbers, newest (largest) first."""
+        return iter(self.steps[::-1])
+
+    def _step_at(self, index: int) -> int:
+        """The step at a negative position of :attr:`steps` (``-1``: the last by number)."""
+        steps = self.steps
+        if -index > len(steps):
+            has = f"only {len(steps)} steps" if steps else "no steps"
+            raise StepNotFoundError(
+                f"traj[{index}]: {self.url!r} has {has} (a negative index counts steps from the last by number)"
+            )
+        return steps[index]
 
     @property
     def refs(self) -> dict[str, int]:

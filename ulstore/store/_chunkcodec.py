@@ -36,6 +36,7 @@ __all__ = [
     "ZSTD",
     "HASH_NAME",
     "codec_for",
+    "check_committable",
     "digest",
     "content_digest",
     "le_bytes",
@@ -63,6 +64,26 @@ def codec_for(dtype: np.dtype) -> str:
     if dtype.kind in "biuc":
         return ZSTD
     raise DtypeError(f"ulstore stores floating-point, integer, boolean and complex tensors; got dtype {dtype}")
+
+
+def check_committable(dtype: np.dtype) -> str:
+    """:func:`codec_for` of a dtype a commit is given, refusing what no export could give back.
+
+    complex64 is stored, read and exported (torch ``complex64``, safetensors ``C64``); wider complex
+    dtypes have no safetensors code, so a step holding one could not be exported: refused with the
+    exact alternative (a float view of the real and imaginary parts).  Steps stored before keep
+    reading (only commits are checked).
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c" and dtype.itemsize > 8:
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        raise DtypeError(
+            f"{dtype.name} tensors cannot be committed: no checkpoint format ulstore exports holds them "
+            f"(safetensors has complex64 only), so the step could not be exported; commit x.view(np.{part.name}) "
+            f"(real and imaginary parts interleaved, bit-exact: .view(np.{dtype.name}) gives x back), "
+            "or x.astype(np.complex64) if its precision is enough"
+        )
+    return codec_for(dtype)
 
 
 def digest(data) -> bytes:

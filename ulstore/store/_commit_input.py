@@ -18,7 +18,7 @@ import numpy as np
 from ..core.sealed import canonical_json, plain_json
 from ..core.torch import as_numpy
 from ..errors import DtypeError, InvalidInputError
-from ._chunkcodec import codec_for
+from ._chunkcodec import check_committable
 from ._layout import check_file_names
 
 __all__ = ["HEAD", "as_array", "check_metadata", "check_files"]
@@ -49,7 +49,7 @@ def as_array(name: str, value) -> np.ndarray:
             tensor=name,
         )
     try:
-        codec_for(arr.dtype)
+        check_committable(arr.dtype)
     except DtypeError as e:
         raise DtypeError(e.message, tensor=name) from None
     return arr

@@ -6,6 +6,7 @@ zarr ``Store`` of ``_logical.py``; the change feed is ``_changes.py``.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..core.objects import MAX_DOCUMENT_BYTES
 from ..errors import CorruptManifestError, InvalidInputError
 from ._base import MAIN, TrajectoryBase
 from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
+from ._diff import TensorDiff, diff_steps
 from ._layout import check_step, step_key
 from ._logical import LogicalStore
 
@@ -46,11 +48,28 @@ class ReadMixin(TrajectoryBase):
     def __getitem__(self, step_or_ref):
         """The step as a read-only, lazy :class:`zarr.Group`.
 
-        Indexing an array fetches and decodes only the chunks it touches (and
-        their reference chains).  bfloat16/fp8 arrays have their real dtype.
+        ``traj[1200]`` is step NUMBER 1200 (not the 1200th step), ``traj["main"]``
+        the step a ref points to, and a negative int counts from the last step by
+        number: ``traj[-1]`` is ``traj[traj.steps[-1]]``, ``traj[-2]`` the one
+        before it.  Indexing an array fetches and decodes only the chunks it
+        touches (and their reference chains).  bfloat16/fp8 arrays have their
+        real dtype.
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step or ref (or fewer steps than a negative index asks for).
+        InvalidInputError
+            Not an int or a ref name (slices included: iterate ``traj.steps[a:b]``).
         """
         import zarr
 
+        if isinstance(step_or_ref, slice):
+            raise InvalidInputError(
+                "a Trajectory is indexed by one step number or ref, not a slice: use [traj[s] for s in traj.steps[a:b]]"
+            )
+        if isinstance(step_or_ref, numbers.Integral) and not isinstance(step_or_ref, bool) and step_or_ref < 0:
+            step_or_ref = self._step_at(int(step_or_ref))
         step = self._resolve(step_or_ref)
         return zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
 
@@ -317,6 +336,58 @@ class ReadMixin(TrajectoryBase):
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""
         return self._reader.specs(self._resolve(step_or_ref))
+
+    def diff(self, a, b, names=None) -> list[TensorDiff]:
+        """What changed from step ``a`` to step ``b``, per tensor, most changed first.
+
+        For each tensor: the fraction of its elements whose bit patterns
+        differ, the relative L2 change ``||b - a|| / ||a||`` (float64) and the
+        largest absolute change.  ``a`` is read whole (its norm needs every
+        value); of ``b``, only the chunks whose content hash differs from
+        ``a``'s are decoded when the tensor kept its chunk layout (consecutive
+        steps of a run: an RL step with few changed weights costs little).
+
+        Parameters
+        ----------
+        a, b : int or str
+            Steps or ref names (negative ints are not positions here).
+        names : iterable of str, optional
+            Only these tensors (default: every tensor of either step).
+
+        Returns
+        -------
+        list of TensorDiff
+            Sorted by ``fraction_changed`` (descending), then ``rel_l2``
+            (descending), then name.  Tensors in only one step, or whose shape
+            or dtype changed, come first with ``status`` ``"added"``,
+            ``"removed"`` or ``"reshaped"`` and no numbers.  NaN and infinite
+            values: positions where either step holds one are left out of the
+            norms and the largest change, counted in ``nonfinite``, and still
+            count as changed if their bits differ (see :class:`TensorDiff`).
+
+        Raises
+        ------
+        StepNotFoundError
+            No such step or ref.
+        TensorNotFoundError
+            A name in ``names`` is in neither step.
+
+        Examples
+        --------
+        >>> import numpy as np, ulstore
+        >>> traj = ulstore.open("memory://doctest-diff", mode="w")
+        >>> w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+        >>> traj.commit(0, {"w": w, "b": np.zeros(2, np.float32)})
+        0
+        >>> traj.commit(1, {"w": w + np.array([0, 0, 0, 0.5], np.float32), "b": np.zeros(2, np.float32)})
+        1
+        >>> d = traj.diff(0, 1)
+        >>> [(t.name, t.changed, t.fraction_changed, t.max_abs_change) for t in d]
+        [('w', 1, 0.25, 0.5), ('b', 0, 0.0, 0.0)]
+        >>> round(d[0].rel_l2, 6)   # 0.5 / sqrt(1 + 4 + 9 + 16)
+        0.091287
+        """
+        return diff_steps(self, self._resolve(a), self._resolve(b), names)
 
     def log(self, start=MAIN) -> list[StepInfo]:
         """The ancestry of a step or branch head, newest first, back to its root.

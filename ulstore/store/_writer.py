@@ -28,8 +28,8 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import InvalidInputError
-from ._chunkcodec import ULPACK, codec_for, content_digest, encode_chunk
+from ..errors import DtypeError, InvalidInputError
+from ._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
 from ._kept import KeptStep
 from ._layout import choose_chunks, chunk_grid
 from ._packs import Location, PackStream
@@ -103,7 +103,10 @@ class PieceWriter:
         """
         self._check_open()
         arr = array
-        dtype, codec = arr.dtype, codec_for(arr.dtype)
+        try:
+            dtype, codec = arr.dtype, check_committable(arr.dtype)
+        except DtypeError as e:
+            raise DtypeError(e.message, tensor=name) from None
         pshape = tuple(int(n) for n in arr.shape)
         shape = pshape if shape is None else tuple(int(n) for n in shape)
         offset = (0,) * len(shape) if offset is None else tuple(int(o) for o in offset)

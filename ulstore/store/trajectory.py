@@ -303,6 +303,30 @@ class Trajectory(GcMixin, DeleteMixin, IntegrityMixin, CommitMixin, ReadMixin):
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
     several threads or processes are safe: each step is created at most once,
     and a branch moves by compare-and-swap (a loser gets ``RefMovedError``).
+
+    A trajectory is also a read-only, Sequence-like view of its step numbers:
+    ``len(traj)``, ``list(traj)`` and ``for step in traj`` give the steps in
+    increasing order (as :attr:`steps`), ``reversed(traj)`` newest first, and
+    ``1200 in traj`` / ``"main" in traj`` test a step or a ref.  Indexing
+    returns a step's lazy :class:`zarr.Group`:
+
+    - ``traj[1200]``, a non-negative int, is step NUMBER 1200 (never the
+      1200th step);
+    - ``traj["main"]`` is the step a branch or tag points to;
+    - ``traj[-1]``, a negative int, counts from the last step by number:
+      ``traj[-1] == traj[traj.steps[-1]]`` (the largest step number, which is
+      not necessarily the last one committed or a branch head).
+
+    Examples
+    --------
+    >>> import numpy as np, ulstore
+    >>> traj = ulstore.open("memory://doctest-sequence", mode="w")
+    >>> for s in (0, 10, 20):
+    ...     _ = traj.commit(s, {"w": np.full(2, s, np.float32)})
+    >>> list(traj), len(traj), 10 in traj
+    ([0, 10, 20], 3, True)
+    >>> float(traj[10]["w"][0]), float(traj[-1]["w"][0]), float(traj[-3]["w"][0])
+    (10.0, 20.0, 0.0)
     """
 
     # the jobs live in their own modules; the reversed MRO (base, read, commit,
