@@ -15,7 +15,12 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 #: distribution name -> module the tests import
-MODULES = {"moto": "moto.server", "pytest-timeout": "pytest_timeout", "distributed": "distributed"}
+MODULES = {
+    "moto": "moto.server",
+    "pytest-timeout": "pytest_timeout",
+    "pytest-xdist": "xdist",
+    "distributed": "distributed",
+}
 
 
 def test_every_test_dependency_is_importable():

@@ -150,6 +150,7 @@ def _chain(e: BaseException) -> str:
     return "\n".join(texts)
 
 
+@pytest.mark.slow
 def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
     """``http://user:secret@host/...`` and ``s3://KEY:SECRET@bucket/...``: no message, ``url``, repr, log line
     or CLI output (plain or --json) shows the credentials; over http they still reach the server."""
@@ -212,6 +213,7 @@ def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
     assert not leaks, leaks
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_is_named(moto_s3):
     """#43: ``log`` on a bucket that does not exist says so (not "create one with ulstore init"), and ``init``
     refuses with an ulstore error naming the bucket, plain and --json; so does ``ulstore.open``."""

@@ -25,6 +25,8 @@ from ulstore.io import storage_report
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
+
 STEPS = 5
 OTHER = {2: 4, 4: 2}
 

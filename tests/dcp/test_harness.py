@@ -17,6 +17,7 @@ from tests.helpers.bits import bits_of
 pytest.importorskip("torch.distributed.checkpoint")
 
 
+@pytest.mark.slow
 def test_fsdp_job_saved_with_filesystemwriter_loads_exactly_at_another_world_size(tmp_path):
     storage = jobs.Storage("fs", str(tmp_path / "ckpt"))
     jobs.outcomes_ok(jobs.run_job(2, jobs.save_job, storage, range(3), str(tmp_path / "truth"), workdir=tmp_path))

@@ -117,6 +117,7 @@ def final_state(out):
     return weights, torch.load(ck / "optimizer.pt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_a_trainer_checkpoint_round_trips_and_training_resumes_bit_exactly(tmp_path, trainer_run):
     ckpt, trainer = trainer_run
     url = tmp_path / "traj"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -18,6 +18,8 @@ import ulstore
 from tests.helpers.moto import MotoS3
 from ulstore.io import to_torch
 
+pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

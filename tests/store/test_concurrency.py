@@ -25,7 +25,7 @@ from ulstore.core.objects import ObjectStore
 from ulstore.errors import ConflictError, StaleParentError, StepNotFoundError
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def where(request, tmp_path):
     """(url, storage_options) of a fresh trajectory on local disk and on moto S3."""
     if request.param == "local":

@@ -227,6 +227,7 @@ def _read_everything(url, states):
         max_size=3,
     ),
 )
+@pytest.mark.slow
 def test_crafted_steps_give_committed_data_or_a_named_error(pristine, tmp_path_factory, crafted):
     base, states = pristine
     work = tmp_path_factory.mktemp("example")

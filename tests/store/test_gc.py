@@ -28,6 +28,7 @@ def _check(url, states, steps):
         assert_state_equal(ro.read(s), states[9] if s == 50 else states[s])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("operation", ["gc", "delete"])
 def test_crash_at_every_write_loses_nothing(tmp_path, operation):
     base, states = _store(tmp_path)

@@ -71,6 +71,7 @@ def test_racing_processes_on_local_disk(tmp_path):
     assert outcome["lost_before_commit_point"] + outcome["lost_after_commit_point"] > 0  # they did race
 
 
+@pytest.mark.slow
 def test_racing_processes_on_s3(moto_s3):
     url, so = f"s3://ulstore-test/race-{uuid.uuid4().hex}", moto_s3.options
     _setup(url, so)

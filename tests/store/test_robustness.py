@@ -82,6 +82,7 @@ def test_d1_verify_checks_snapshots_too():
 # -- D2: no recursion in chain walks ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_d2_a_300_step_chain_reads_from_a_fresh_process(tmp_path):
     url = str(tmp_path / "long")
     traj = ulstore.open(url, mode="w", anchor_every=0, threads=1)

@@ -284,6 +284,7 @@ def test_arrays_and_stores_pickle(saved, name):
     assert store == traj.zarr_store() and store != traj.zarr_store(STEP)
 
 
+@pytest.mark.slow
 def test_dask_distributed_processes_over_a_steps_tensors(saved):
     da = pytest.importorskip("dask.array")
     distributed = pytest.importorskip("distributed")

@@ -8,9 +8,13 @@ import json
 import signal
 import time
 
+import pytest
+
 from tests.helpers.store import CountingIO
 from tests.helpers.sync import assert_same_bits, delta_modes, read_jsonl, rl_states, run_role, state_digest
 from ulstore.sync import Follower, Publisher
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
 
 STEPS = 32
 ANCHOR_EVERY = 8

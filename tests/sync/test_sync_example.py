@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "weight_sync_http.py"
 
 

@@ -28,7 +28,7 @@ def states():
     return rl_states(12)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def where(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "bucket"), None
