@@ -419,3 +419,14 @@ def test_a_failed_create_that_cannot_be_checked_says_its_outcome_is_unknown(moto
     with pytest.raises(OSError, match="connection reset"):
         io.create("c.json", b"mine")
     assert real_get("c.json") is None
+
+
+def test_a_create_refused_by_another_writers_larger_object_is_file_exists(tmp_path):
+    """The read-back after a refused create must not fail on the other writer's larger object (a Publisher's
+    client turns backend errors into BucketAccessError: a loser of a race got that instead of StepExistsError)."""
+    from ulstore.sync import BucketAccessError
+
+    io = ObjectStore.from_url(str(tmp_path / "o"), access_error=BucketAccessError)
+    io.create("steps/3/zarr.json", b"x" * 1000)
+    with pytest.raises(FileExistsError):
+        io.create("steps/3/zarr.json", b"a shorter document")

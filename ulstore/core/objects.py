@@ -398,26 +398,13 @@ class ObjectStore:
             self._settle(key, data, e)
 
     def _holds(self, key: str, data: bytes) -> bool:
-        """Whether the object at ``key`` is exactly ``data``."""
-        try:
-            return self.get(key, limit=len(data)) == data
-        except OSError as e:
-            if e.errno == errno.EFBIG:  # larger than data: not it
-                return False
-            raise
+        """Whether the object at ``key`` is exactly ``data`` (another writer's may be larger or smaller)."""
+        return self.get(key, limit=max(len(data), MAX_DOCUMENT_BYTES)) == data
 
     def _settle(self, key: str, data: bytes, error: OSError) -> None:
         """After a failed conditional write of ``data`` on an object store: did it land?  (Read it back.)"""
         try:
-            now = self.get(key, limit=len(data))
-        except OSError as e:
-            if e.errno != errno.EFBIG:
-                raise OutcomeUnknownError(
-                    f"writing {key!r} on {self.url!r} failed ({type(error).__name__}: {error}) and reading it back "
-                    "failed too: the write may or may not have happened; retry the same call (it is idempotent)",
-                    key=key,
-                ) from error
-            now = b""  # larger than ours: another writer's
+            now = self.get(key, limit=max(len(data), MAX_DOCUMENT_BYTES))
         except Exception:
             raise OutcomeUnknownError(
                 f"writing {key!r} on {self.url!r} failed ({type(error).__name__}: {error}) and reading it back "
