@@ -130,20 +130,31 @@ result = "done"
 _REWRITE = ("replace_if", "put")
 
 _GC = 'result = ulstore.open(url, mode="r+", storage_options=options).gc(repack_below=1.0)'
-_DELETE_UNSEEN = """
-# a delete that does not see the gc running (as on a store whose listings lag): the compare-and-swap of
-# every document is what keeps the two from overwriting each other
+
+
+def _unseeing(kind: str) -> str:
+    """A snippet that makes this child's listings of ``pending/`` miss the ``kind`` markers ("gcs", "deletes"),
+    as on a store whose listings lag: the compare-and-swap of every document then keeps the two sides from
+    overwriting each other."""
+    return f"""
 from ulstore.store import _pending
 real = _pending.Pending.listing
 def listing(self):
     out = real(self)
-    if hasattr(out, "gcs"):
-        out.gcs.clear()
+    if hasattr(out, "{kind}"):
+        getattr(out, "{kind}").clear()
     return out
 _pending.Pending.listing = listing
+"""
+
+
+_DELETE_UNSEEN = (
+    _unseeing("gcs")
+    + """
 ulstore.open(url, mode="r+", storage_options=options).delete({step})
 result = "deleted"
 """
+)
 
 
 def test_gc_defers_to_a_delete_in_flight(where):
@@ -191,18 +202,13 @@ def test_a_delete_never_overwrites_a_document_gc_rewrote(where):
     reads again and finishes on gc's documents; nothing named is removed later."""
     traj, states = _chain(where)
     traj.delete(5)
-    body = """
-from ulstore.store import _pending
-real = _pending.Pending.listing
-def listing(self):
-    out = real(self)
-    if hasattr(out, "deletes"):
-        out.deletes.clear()
-    return out
-_pending.Pending.listing = listing
-# (with a grace period, as the docs ask of a gc beside writers: the delete's new pack is not named yet)
+    # (with a grace period, as the docs ask of a gc beside writers: the delete's new pack is not named yet)
+    body = (
+        _unseeing("deletes")
+        + """
 result = ulstore.open(url, mode="r+", storage_options=options).gc(repack_below=1.0, older_than=3600)
 """
+    )
     d = _open(where)
     with interleave(on=(_REWRITE, r"^steps/\d+/zarr\.json$"), run=lambda call: other_side(*where, body)) as il:
         d.delete(3)
