@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+import ulstore
 from tests.cli.test_cli import assert_one_line_error, run, write_steps
 from ulstore import cli
 from ulstore.io import checkpoints as ckpt
@@ -61,6 +62,81 @@ def test_errors_under_json_are_json_on_stderr(tmp_path, store):
     assert json.loads(p.stdout)["ok"] is False
     e = json_error(p, 1)
     assert blob.name in e["message"] and e["key"] and blob.name in e["key"]
+    # its type is the first damaged object's error class, public (#38: it was the CLI's private `_Damaged`)
+    assert e["type"] in ulstore.errors.__all__, e["type"]
+    assert issubclass(getattr(ulstore.errors, e["type"]), ulstore.errors.IntegrityError)
+    assert e["type"] == json.loads(p.stdout)["errors"][0]["error"]
+
+
+def _public(name: str) -> bool:
+    """A type name a --json reader can look up: ulstore's error tree or a public package's export, the
+    documented "UsageError", a built-in, or a class at a public path of a third-party package."""
+    import builtins
+    import importlib
+    import inspect
+
+    if name in ulstore.errors.__all__ or name == "UsageError" or isinstance(getattr(builtins, name, None), type):
+        return True
+    for package in ("store", "io", "sync", "dcp"):
+        if name in getattr(importlib.import_module(f"ulstore.{package}"), "__all__", ()):
+            return True
+    for module in ("botocore.exceptions", "aiohttp", "fsspec.exceptions"):
+        found = getattr(importlib.import_module(module), name, None)
+        if inspect.isclass(found) and not name.startswith("_"):
+            return True
+    return False
+
+
+def _exception_classes():
+    """Every exception class any module of ulstore defines (private ones included)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    seen = []
+    for info in pkgutil.walk_packages(ulstore.__path__, "ulstore."):
+        if info.name.endswith(("__main__", ".demo")):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency's module
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__.startswith("ulstore") and cls not in seen:
+                seen.append(cls)
+    return seen
+
+
+def _bare(cls):
+    """An instance of ``cls`` without running its ``__init__`` (only its class matters here)."""
+    for base in cls.__mro__:
+        try:
+            return base.__new__(cls)
+        except TypeError:  # "LookupError.__new__(StepNotFoundError) is not safe": the next base's
+            continue
+    raise AssertionError(cls)
+
+
+def test_every_error_type_under_json_is_a_public_name():
+    """#38: ``--json`` named the private ``_Damaged``.  Whatever class an error has, the type reported is the
+    nearest public one (its own if public), so a script can look it up."""
+    from ulstore.cli._ui import error_document
+
+    classes = _exception_classes()
+    assert any(c.__name__.startswith("_") for c in classes)  # the private ones are really there
+    for cls in classes:
+        e = _bare(cls)
+        name = error_document(e, 1, "message")["error"]["type"]
+        assert _public(name), (cls, name)
+        if cls.__name__ in ulstore.errors.__all__:
+            assert name == cls.__name__
+
+    class _Private(ulstore.errors.StepNotFoundError):
+        pass
+
+    assert error_document(_Private("x"), 1)["error"]["type"] == "StepNotFoundError"
+    assert error_document(KeyError("x"), 1)["error"]["type"] == "KeyError"
+    assert error_document(None, 2, "bad option")["error"]["type"] == "UsageError"
 
 
 def test_interrupt_under_json(tmp_path, monkeypatch, capsys):
