@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Raw size (the tensors as stored in a checkpoint) against stored size (new blobs +\n"
         "manifest), per step and per tensor, in bytes and bits per weight.  A blob is\n"
         "charged to the first step that uses it.  --plot draws the per-step sizes\n"
-        "(needs matplotlib: pip install 'ulstore[plot]').",
+        "(needs matplotlib, the `plot` extra).",
         "  ulstore stats runs/a\n  ulstore stats runs/a --plot sizes.png --top 5",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
