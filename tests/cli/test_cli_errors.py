@@ -288,7 +288,7 @@ def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
     assert not leaks, leaks
 
 
-def test_a_missing_bucket_is_named(moto_s3):
+def test_a_missing_bucket_is_named(moto_s3, tmp_path):
     """#43: ``log`` on a bucket that does not exist says so (not "create one with ulstore init"), and ``init``
     refuses with an ulstore error naming the bucket, plain and --json; so does ``ulstore.open``."""
     import ulstore
@@ -305,7 +305,66 @@ def test_a_missing_bucket_is_named(moto_s3):
         assert "ulstore init" not in p.stderr
         e = json_error(run(command, url, "--json", env=env), 1)
         assert e["type"] == "NotFoundError" and "bucket 'no-such-bucket-43' does not exist" in e["message"]
+    # #38: `add` too (it said "no trajectory ... create it with `ulstore init`")
+    (checkpoint,) = write_steps(tmp_path / "ckpt", steps=(100,))
+    for extra in ([], ["--init"]):
+        p = run("add", url, checkpoint, *extra, env=env)
+        assert_one_line_error(p, "bucket 'no-such-bucket-43' does not exist", "create")
+        assert "ulstore init" not in p.stderr
     # a bucket that exists but holds no trajectory there: the advice to init stays, and init works
     e = json_error(run("log", "s3://ulstore-test/empty-43", "--json", env=env), 1)
     assert "ulstore init" in e["message"]
     run("init", "s3://ulstore-test/empty-43", env=env, check=0)
+
+
+def _no_aws_credentials(monkeypatch, home) -> dict:
+    """The environment of a machine with no AWS credentials anywhere (no env vars, no ~/.aws, no instance
+    metadata): botocore raises NoCredentialsError.  Returns it, for subprocesses."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    nowhere = str(home / "no-such-file")
+    for name, value in {
+        "HOME": str(home),
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return dict(os.environ)
+
+
+def test_no_credentials_is_an_access_error_naming_the_url_and_the_fix(moto_s3, tmp_path, monkeypatch):
+    """#38: ``NoCredentialsError`` came out raw from ``ulstore.open``, the CLI and (as "listing the bucket
+    failed") the sync layer.  Now: a StorageAccessError (an OSError) naming the URL, what is wrong and how to
+    give credentials (env vars, storage_options key/secret, anon=True for public buckets)."""
+    import botocore.exceptions
+
+    import ulstore
+    from ulstore.errors import StorageAccessError
+    from ulstore.sync import BucketAccessError, Publisher
+
+    env = _no_aws_credentials(monkeypatch, tmp_path)
+    options = {"client_kwargs": moto_s3.options["client_kwargs"]}  # the endpoint, no key or secret
+    url = "s3://ulstore-test/run-38"
+    fixes = ("AWS_ACCESS_KEY_ID", "storage_options={'key': ..., 'secret': ...}", "anon=True")
+    for mode in ("r", "a", "w", "w-"):
+        with pytest.raises(StorageAccessError) as e:
+            ulstore.open(url, mode=mode, storage_options=options)
+        text = str(e.value)
+        assert isinstance(e.value, OSError) and f"no credentials for {url!r}" in text, text
+        assert all(fix in text for fix in fixes), text
+        assert isinstance(e.value.__cause__, botocore.exceptions.NoCredentialsError)
+    with pytest.raises(BucketAccessError) as e:  # the sync layer's access error is one of these
+        Publisher(url, storage_options=options)
+    assert isinstance(e.value, StorageAccessError) and all(fix in str(e.value) for fix in fixes), str(e.value)
+
+    env["ULSTORE_STORAGE_OPTIONS"] = json.dumps(options)
+    (checkpoint,) = write_steps(tmp_path / "ckpt", steps=(100,))
+    for command in (["log", url], ["init", url], ["add", url, checkpoint, "--init"], ["verify", url]):
+        p = run(*command, env=env)
+        assert_one_line_error(p, f"no credentials for {url!r}", "-o key=... -o secret=...", "-o anon=true")
+        assert not p.stderr.startswith("ulstore: error: NoCredentialsError"), p.stderr  # not the raw error
+        e = json_error(run(*command, "--json", env=env), 1)
+        assert e["type"] == "StorageAccessError" and f"no credentials for {url!r}" in e["message"]

@@ -42,12 +42,22 @@ True
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 
+from ..core.backends import access_failure
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import canonical_json
-from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
+from ..errors import (
+    ConflictError,
+    CorruptManifestError,
+    FormatError,
+    InvalidInputError,
+    NotFoundError,
+    StorageAccessError,
+    UlstoreError,
+)
 from ._chunkcodec import HASH_NAME
 from ._commit import CommitMixin
 from ._commit_input import HEAD
@@ -152,6 +162,10 @@ def open(
         ``mode`` is "w-" and a trajectory exists.
     InvalidInputError
         Bad ``mode`` or settings, or ``url`` holds a Zarr hierarchy that is not a trajectory.
+    StorageAccessError
+        The storage cannot be used: no credentials (for S3: set AWS credentials, pass
+        ``storage_options={"key": ..., "secret": ...}``, or ``anon=True`` for a public bucket),
+        access denied, or the endpoint unreachable.  The message says which, and how to fix it.
 
     Examples
     --------
@@ -169,23 +183,26 @@ def open(
     if threads is not None:
         threads = _check_positive("threads", threads)
     url, io = _object_store(url, fs, storage_options, durable)
-    if mode == "w":
-        io.remove_tree()
-    raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-    if raw is None:
-        if mode in ("r", "r+"):
-            _check_bucket(io, url)
-            raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
-        settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
-        try:
-            io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
-        except FileExistsError:  # another process created it just now: use theirs
-            raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-        except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
-            _check_bucket(io, url)
-            raise
-        else:
-            io.put(STEPS_META, canonical_json(_group({})))
+    with _access_errors(url):  # no credentials, access denied, unreachable: a StorageAccessError saying so
+        if mode == "w":
+            io.remove_tree()
+        raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+        if raw is None:
+            if mode in ("r", "r+"):
+                _check_bucket(io, url)
+                raise NotFoundError(
+                    f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META
+                )
+            settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
+            try:
+                io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
+            except FileExistsError:  # another process created it just now: use theirs
+                raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+            except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
+                _check_bucket(io, url)
+                raise
+            else:
+                io.put(STEPS_META, canonical_json(_group({})))
     if raw is not None:
         if mode in ("w-", "x"):
             raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
@@ -233,6 +250,20 @@ def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, 
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     io = ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
     return io.url, io
+
+
+@contextlib.contextmanager
+def _access_errors(url: str):
+    """Within: a backend failure that means the storage cannot be used becomes a StorageAccessError."""
+    try:
+        yield
+    except UlstoreError:
+        raise
+    except Exception as e:
+        text = access_failure(e, url)
+        if text is None:
+            raise
+        raise StorageAccessError(text) from e
 
 
 def _check_bucket(io: ObjectStore, url: str) -> None:
