@@ -22,7 +22,17 @@ from fsspec.implementations.cached import CachingFileSystem
 
 from .formatting import redact
 
-__all__ = ["OBJECT_STORES", "BUCKET_NAMES", "is_s3", "serial_lock", "Calling", "redact_error", "access_failure"]
+__all__ = [
+    "OBJECT_STORES",
+    "BUCKET_NAMES",
+    "is_s3",
+    "is_cache",
+    "cached_url",
+    "serial_lock",
+    "Calling",
+    "redact_error",
+    "access_failure",
+]
 
 #: Protocols whose first path component is a bucket/container that must exist.
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
@@ -35,6 +45,28 @@ _SERIAL_GUARD = threading.Lock()
 
 def is_s3(fs) -> bool:
     return type(fs).__name__ == "S3FileSystem"
+
+
+def is_cache(fs) -> bool:
+    """Whether ``fs`` is one of fsspec's caching wrappers (``simplecache::``, ``filecache::``, ``blockcache::``).
+
+    They are read caches: a write through them lands in the cache (if anywhere) and reaches the
+    filesystem behind only when the file is closed, and what they list or answer about existence is
+    not the filesystem's.  ulstore reads through them and writes only to the filesystem itself.
+    """
+    return isinstance(fs, CachingFileSystem)
+
+
+def cached_url(fs, root: str) -> str | None:
+    """The URL of ``root`` on the filesystem behind caching wrapper ``fs`` (``file:///data/run``,
+    ``s3://bucket/run``), or None if it cannot be told."""
+    target = getattr(fs, "fs", None)
+    while isinstance(target, CachingFileSystem):
+        target = getattr(target, "fs", None)
+    try:
+        return target.unstrip_protocol(root) if target is not None else None
+    except Exception:  # noqa: BLE001 -- only for a message
+        return None
 
 
 def serial_lock(fs) -> threading.RLock | None:

@@ -62,6 +62,7 @@ class TrajectoryBase:
         self._io = io
         self.url = redact_url(url)  # (shown in messages: never the credentials a URL may hold)
         self.read_only = read_only
+        self._why_read_only: str | None = None  # what a write says instead of "opened with mode='r'"
         self.anchor_every = anchor_every
         self.chunk_bytes = chunk_bytes
         self.pack_bytes = pack_bytes
@@ -231,4 +232,6 @@ class TrajectoryBase:
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyError(f"{self.url!r} was opened with mode='r'; open with mode='a' to write")
+            raise ReadOnlyError(
+                self._why_read_only or f"{self.url!r} was opened with mode='r'; open with mode='a' to write"
+            )
