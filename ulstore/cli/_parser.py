@@ -313,9 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "demo",
         "train a small model on this CPU, store every step, show sizes",
-        "Train a small language model for real on the CPU (about 30 s on 2 cores), store a bf16\n"
-        "checkpoint after every step, print the size against raw safetensors and zstd,\n"
-        "read a slice of an old step back lazily, verify, and say where the data lives.\n"
+        "Train a small language model for real on the CPU, store a bf16 checkpoint after\n"
+        "every step, print the size against raw safetensors and zstd, read a slice of an\n"
+        "old step back lazily, verify, say where the data lives and how long it all took.\n"
         "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",
         "  ulstore demo\n  ulstore demo /tmp/demo --steps 20 --preset tiny",
         parents=(common,),
