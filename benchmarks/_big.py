@@ -4,7 +4,7 @@
 widened to hidden 2048 / intermediate 8192 (distinct tensors, no tiling), 20
 warm-up AdamW steps at lr 1e-3, then ``steps`` RL-like steps at lr 3e-6, one
 bf16 checkpoint after each.  Cached under ``$ULSTORE_BENCH_CACHE`` (default
-``benchmarks/.cache``) in ``store-204M-rl/``; rebuilt if the configuration or
+``~/.cache/ulstore/benchmarks``: ``_data.cache_dir``) in ``store-204M-rl/``; rebuilt if the configuration or
 toytrain changes.
 """
 
@@ -29,8 +29,9 @@ WARMUP, LR = 20, 3e-6
 
 def _cache() -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _data import _mark_ignored, _toytrain_digest, cache_dir
+    from _data import _mark_ignored, _toytrain_digest, announce_cache, cache_dir
 
+    announce_cache()
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     _mark_ignored(root)

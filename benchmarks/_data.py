@@ -6,7 +6,8 @@ toy language model of :mod:`ulstore.toytrain` (AdamW on a real next-byte loss),
 writing every checkpoint as a ``.safetensors`` file, and reading those files
 back: what a benchmark codes is exactly what a real checkpoint loader returns.
 
-Cache layout (``$ULSTORE_BENCH_CACHE``, default ``benchmarks/.cache/``)::
+Cache layout (``$ULSTORE_BENCH_CACHE``, default ``$XDG_CACHE_HOME/ulstore/benchmarks``, that is
+``~/.cache/ulstore/benchmarks``: never inside the repository; every benchmark's ``--clean`` removes it)::
 
     <cache>/<preset>/<kind>-w<warmup>/<dtype>/meta.json
     <cache>/<preset>/<kind>-w<warmup>/<dtype>/step-0000.safetensors ...
@@ -28,6 +29,7 @@ Example
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -47,6 +49,9 @@ __all__ = [
     "TrajectorySpec",
     "DTYPE_SHORT",
     "cache_dir",
+    "cache_options",
+    "clean_cache",
+    "announce_cache",
     "warmup_steps",
     "ensure_cached",
     "load_trajectory",
@@ -89,10 +94,95 @@ TRAJECTORIES = {
 }
 
 
+#: Names the cache directory (the Cache Directory Tagging convention: backup tools skip it); ``--clean``
+#: removes only a directory that carries it.
+_TAG = "CACHEDIR.TAG"
+_TAG_TEXT = "Signature: 8a477f597d28d172789f06886806bc55\n# ulstore benchmark cache: trajectories trained on demand\n"
+
+
 def cache_dir() -> Path:
-    """Root of the trajectory cache: ``$ULSTORE_BENCH_CACHE`` or ``benchmarks/.cache``."""
+    """Root of the trajectory cache: ``$ULSTORE_BENCH_CACHE``, else ``$XDG_CACHE_HOME/ulstore/benchmarks``
+    (``~/.cache/ulstore/benchmarks``): the user's cache directory, never the repository (it grows to GBs)."""
     env = os.environ.get("ULSTORE_BENCH_CACHE")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parent / ".cache"
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "ulstore" / "benchmarks"
+
+
+def _legacy_cache_dir() -> Path:
+    """Where earlier versions kept the cache: ``benchmarks/.cache`` in the repository (no longer used)."""
+    return Path(__file__).resolve().parent / ".cache"
+
+
+def _size(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+_announced = False
+
+
+def announce_cache() -> None:
+    """Say (once, on stderr) where the cache is and how to remove it; and that an old in-repository one is unused."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    _log(f"benchmark cache: {cache_dir()} (set $ULSTORE_BENCH_CACHE to move it; --clean removes it)")
+    legacy = _legacy_cache_dir()
+    if legacy.is_dir() and legacy != cache_dir():
+        _log(f"  {legacy} is an old cache, no longer used ({_size(legacy) / 1e9:.1f} GB): rm -rf {legacy}")
+
+
+def clean_cache() -> list[str]:
+    """Remove the benchmark cache; returns what was done, one line each.
+
+    Only a directory marked as this cache (``CACHEDIR.TAG``, or the old cache's ``.gitignore``) is removed:
+    ``$ULSTORE_BENCH_CACHE`` pointing at anything else is left alone, and said so.  An old cache in the
+    repository (``benchmarks/.cache``) is named with the command that removes it.
+    """
+    root = cache_dir()
+    if not root.exists():
+        said = [f"no benchmark cache at {root}"]
+    elif not _is_cache(root):
+        said = [f"left {root}: it is not marked as the benchmark cache ({_TAG}); remove it yourself"]
+    else:
+        size = _size(root)
+        shutil.rmtree(root)
+        said = [f"removed {root} ({size / 1e9:.2f} GB)"]
+    legacy = _legacy_cache_dir()
+    if legacy.is_dir() and legacy != root:
+        said.append(f"{legacy} is an old cache, no longer used ({_size(legacy) / 1e9:.1f} GB): rm -rf {legacy}")
+    return said
+
+
+def _is_cache(root: Path) -> bool:
+    if (root / _TAG).is_file():
+        return True
+    try:  # the old cache in the repository carried only this
+        return (root / ".gitignore").read_text(errors="replace").startswith("# benchmark trajectory cache")
+    except OSError:
+        return False
+
+
+class _Clean(argparse.Action):
+    """``--clean``: remove the cache and exit (before any other argument is checked, like ``--help``)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for line in clean_cache():
+            print(line)
+        parser.exit()
+
+
+def cache_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--clean`` (remove the benchmark cache and exit) to a benchmark's parser."""
+    parser.add_argument(
+        "--clean", action=_Clean, help=f"remove the benchmark cache ({cache_dir()}, $ULSTORE_BENCH_CACHE) and exit"
+    )
 
 
 def warmup_steps(kind: str, preset: str) -> int:
@@ -168,6 +258,7 @@ def ensure_cached(kind: str, dtypes, preset: str = "bench", steps: int = 5) -> N
     steps is reused).  Directories are written under a temporary name and then
     renamed, so a concurrent reader never sees a half-written trajectory.
     """
+    announce_cache()
     dtypes = [_dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
     missing = [
         d
@@ -227,13 +318,15 @@ def _train_fp32(kind, config, steps, n_warm):
 
 
 def _mark_ignored(root: Path) -> None:
-    """Keep the cache out of git without touching the repository's .gitignore."""
-    marker = root / ".gitignore"
-    if not marker.exists():
-        try:
-            marker.write_text("# benchmark trajectory cache (rebuilt on demand)\n*\n")
-        except OSError:
-            pass
+    """Mark the cache as one (``CACHEDIR.TAG``: what ``--clean`` removes) and keep it out of git, should
+    ``$ULSTORE_BENCH_CACHE`` put it in a repository."""
+    for name, text in ((_TAG, _TAG_TEXT), (".gitignore", "# benchmark trajectory cache (rebuilt on demand)\n*\n")):
+        marker = root / name
+        if not marker.exists():
+            try:
+                marker.write_text(text)
+            except OSError:
+                pass
 
 
 def load_trajectory(

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _data import load_trajectory  # noqa: E402
+from _data import cache_options, load_trajectory  # noqa: E402
 
 from ulstore.codec import _inplace  # noqa: E402
 from ulstore.codec._backend import kernels  # noqa: E402
@@ -161,6 +161,7 @@ def main(argv=None) -> None:
         action="store_true",
         help="A replays the deltas coded with exponent contexts, B as the store codes them (no contexts)",
     )
+    cache_options(p)
     args = p.parse_args(argv)
     name = kernels().__name__
     builds = {"A": load_build(args.a, name), "B": load_build(args.b, name)}

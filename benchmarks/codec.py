@@ -5,7 +5,7 @@ What it measures
 Real checkpoints come from actually training the toy language model of
 :mod:`ulstore.toytrain` (AdamW on a next-byte loss).  Every checkpoint is saved
 as a ``.safetensors`` file under the cache (``$ULSTORE_BENCH_CACHE``, default
-``benchmarks/.cache/``; trained on first use, ~10-40 s per run on the "bench"
+``~/.cache/ulstore/benchmarks``, ``--clean`` removes it; trained on first use, ~10-40 s per run on the "bench"
 preset) and read back from it.  Trajectories (``--steps`` optimizer steps, so
 ``steps + 1`` consecutive checkpoints each):
 
@@ -680,6 +680,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)")
+    _data.cache_options(p)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per trajectory (steps + 1 checkpoints)")
     p.add_argument("--only", action="append", metavar="TRAJECTORY",
                    help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}")

@@ -404,6 +404,9 @@ def main(argv=None) -> None:
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--only", default="speed,memory,s3,1t")
+    from _data import cache_options
+
+    cache_options(p)
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     t0 = time.perf_counter()

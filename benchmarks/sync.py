@@ -292,6 +292,9 @@ def main(argv=None) -> None:
         default=None,
         help="replicas of each kind; a version's time is their median (default 5; 3 above 100M parameters)",
     )
+    from _data import cache_options
+
+    cache_options(p)
     args = p.parse_args(argv)
 
     states, desc = load_states(args)

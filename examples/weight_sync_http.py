@@ -139,7 +139,7 @@ def run_trainer(url: str, steps: int, anchor_every: int, port: int) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--role", choices=["demo", "replica"], default="demo")
-    p.add_argument("--url", default=None, help="store URL (default: a temporary directory)")
+    p.add_argument("--url", default=None, help="store URL (default: a temporary directory, removed at the end)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--anchor-every", type=int, default=5)
     p.add_argument("--port", type=int, default=0)
@@ -147,7 +147,14 @@ def main(argv=None) -> int:
     if args.role == "replica":
         run_replica(args.port)
         return 0
-    url = args.url or tempfile.mkdtemp(prefix="weight-sync-") + "/store"
+    if args.url is None:  # a temporary store, removed at the end
+        with tempfile.TemporaryDirectory(prefix="weight-sync-") as scratch:
+            return demo(args, f"{scratch}/store")
+    return demo(args, args.url)
+
+
+def demo(args, url: str) -> int:
+    """The trainer here, the replica in a subprocess, until every version is checked."""
     replica = subprocess.Popen(
         [sys.executable, __file__, "--role", "replica", "--port", "0"], stdout=subprocess.PIPE, text=True
     )

@@ -19,6 +19,7 @@ Errors are grouped by what a handler would do about them::
     │   ├── RefMovedError                      a branch/tag moved since it was read: re-read, retry
     │   └── StaleParentError                   the parent was replaced since it was read: re-open, retry
     ├── OutcomeUnknownError (OSError)          a write failed and whether it landed cannot be known: retry it
+    ├── StorageAccessError (OSError)           the storage cannot be used: no credentials, access denied, unreachable
     ├── FormatError                            an older on-storage format: convert it (``ulstore upgrade``)
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
@@ -45,6 +46,7 @@ __all__ = [
     "RefMovedError",
     "StaleParentError",
     "OutcomeUnknownError",
+    "StorageAccessError",
     "FormatError",
     "ReadOnlyError",
 ]
@@ -156,6 +158,16 @@ class OutcomeUnknownError(UlstoreError, OSError):
     The write may or may not have landed.  Retrying the same call is safe: every
     write ulstore retries is idempotent (a create that finds its own bytes
     succeeds; a commit of the same content completes the step).
+    """
+
+
+class StorageAccessError(UlstoreError, OSError):
+    """The storage behind a URL cannot be used: no credentials, access denied, or the endpoint unreachable.
+
+    The message names the URL (credentials redacted), what is wrong and how to fix it (for S3: set AWS
+    credentials, pass ``storage_options={"key": ..., "secret": ...}``, or ``anon=True`` for a public
+    bucket); the backend's own exception is chained as ``__cause__``.
+    :class:`~ulstore.sync.BucketAccessError` is one.
     """
 
 

@@ -258,7 +258,9 @@ def test_stats_plot_without_matplotlib(tmp_path, store):
     (blocker / "matplotlib").mkdir(parents=True)
     (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
     p = run("stats", store, "--plot", tmp_path / "s.png", env={"PYTHONPATH": str(blocker)})
-    assert_one_line_error(p, "matplotlib", "pip install 'ulstore[plot]'")
+    from ulstore.core.install import install_command
+
+    assert_one_line_error(p, "matplotlib", install_command("plot"))  # (#38: the command for this install)
     assert not (tmp_path / "s.png").exists()
 
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+import ulstore
 from tests.cli.test_cli import assert_one_line_error, run, write_steps
 from ulstore import cli
 from ulstore.io import checkpoints as ckpt
@@ -61,6 +62,81 @@ def test_errors_under_json_are_json_on_stderr(tmp_path, store):
     assert json.loads(p.stdout)["ok"] is False
     e = json_error(p, 1)
     assert blob.name in e["message"] and e["key"] and blob.name in e["key"]
+    # its type is the first damaged object's error class, public (#38: it was the CLI's private `_Damaged`)
+    assert e["type"] in ulstore.errors.__all__, e["type"]
+    assert issubclass(getattr(ulstore.errors, e["type"]), ulstore.errors.IntegrityError)
+    assert e["type"] == json.loads(p.stdout)["errors"][0]["error"]
+
+
+def _public(name: str) -> bool:
+    """A type name a --json reader can look up: ulstore's error tree or a public package's export, the
+    documented "UsageError", a built-in, or a class at a public path of a third-party package."""
+    import builtins
+    import importlib
+    import inspect
+
+    if name in ulstore.errors.__all__ or name == "UsageError" or isinstance(getattr(builtins, name, None), type):
+        return True
+    for package in ("store", "io", "sync", "dcp"):
+        if name in getattr(importlib.import_module(f"ulstore.{package}"), "__all__", ()):
+            return True
+    for module in ("botocore.exceptions", "aiohttp", "fsspec.exceptions"):
+        found = getattr(importlib.import_module(module), name, None)
+        if inspect.isclass(found) and not name.startswith("_"):
+            return True
+    return False
+
+
+def _exception_classes():
+    """Every exception class any module of ulstore defines (private ones included)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    seen = []
+    for info in pkgutil.walk_packages(ulstore.__path__, "ulstore."):
+        if info.name.endswith(("__main__", ".demo")):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency's module
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__.startswith("ulstore") and cls not in seen:
+                seen.append(cls)
+    return seen
+
+
+def _bare(cls):
+    """An instance of ``cls`` without running its ``__init__`` (only its class matters here)."""
+    for base in cls.__mro__:
+        try:
+            return base.__new__(cls)
+        except TypeError:  # "LookupError.__new__(StepNotFoundError) is not safe": the next base's
+            continue
+    raise AssertionError(cls)
+
+
+def test_every_error_type_under_json_is_a_public_name():
+    """#38: ``--json`` named the private ``_Damaged``.  Whatever class an error has, the type reported is the
+    nearest public one (its own if public), so a script can look it up."""
+    from ulstore.cli._ui import error_document
+
+    classes = _exception_classes()
+    assert any(c.__name__.startswith("_") for c in classes)  # the private ones are really there
+    for cls in classes:
+        e = _bare(cls)
+        name = error_document(e, 1, "message")["error"]["type"]
+        assert _public(name), (cls, name)
+        if cls.__name__ in ulstore.errors.__all__:
+            assert name == cls.__name__
+
+    class _Private(ulstore.errors.StepNotFoundError):
+        pass
+
+    assert error_document(_Private("x"), 1)["error"]["type"] == "StepNotFoundError"
+    assert error_document(KeyError("x"), 1)["error"]["type"] == "KeyError"
+    assert error_document(None, 2, "bad option")["error"]["type"] == "UsageError"
 
 
 def test_interrupt_under_json(tmp_path, monkeypatch, capsys):
@@ -214,7 +290,7 @@ def test_credentials_in_a_url_are_never_shown(tmp_path, moto_s3, caplog):
 
 
 @pytest.mark.slow
-def test_a_missing_bucket_is_named(moto_s3):
+def test_a_missing_bucket_is_named(moto_s3, tmp_path):
     """#43: ``log`` on a bucket that does not exist says so (not "create one with ulstore init"), and ``init``
     refuses with an ulstore error naming the bucket, plain and --json; so does ``ulstore.open``."""
     import ulstore
@@ -231,7 +307,66 @@ def test_a_missing_bucket_is_named(moto_s3):
         assert "ulstore init" not in p.stderr
         e = json_error(run(command, url, "--json", env=env), 1)
         assert e["type"] == "NotFoundError" and "bucket 'no-such-bucket-43' does not exist" in e["message"]
+    # #38: `add` too (it said "no trajectory ... create it with `ulstore init`")
+    (checkpoint,) = write_steps(tmp_path / "ckpt", steps=(100,))
+    for extra in ([], ["--init"]):
+        p = run("add", url, checkpoint, *extra, env=env)
+        assert_one_line_error(p, "bucket 'no-such-bucket-43' does not exist", "create")
+        assert "ulstore init" not in p.stderr
     # a bucket that exists but holds no trajectory there: the advice to init stays, and init works
     e = json_error(run("log", "s3://ulstore-test/empty-43", "--json", env=env), 1)
     assert "ulstore init" in e["message"]
     run("init", "s3://ulstore-test/empty-43", env=env, check=0)
+
+
+def _no_aws_credentials(monkeypatch, home) -> dict:
+    """The environment of a machine with no AWS credentials anywhere (no env vars, no ~/.aws, no instance
+    metadata): botocore raises NoCredentialsError.  Returns it, for subprocesses."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    nowhere = str(home / "no-such-file")
+    for name, value in {
+        "HOME": str(home),
+        "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+        "AWS_CONFIG_FILE": nowhere,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return dict(os.environ)
+
+
+def test_no_credentials_is_an_access_error_naming_the_url_and_the_fix(moto_s3, tmp_path, monkeypatch):
+    """#38: ``NoCredentialsError`` came out raw from ``ulstore.open``, the CLI and (as "listing the bucket
+    failed") the sync layer.  Now: a StorageAccessError (an OSError) naming the URL, what is wrong and how to
+    give credentials (env vars, storage_options key/secret, anon=True for public buckets)."""
+    import botocore.exceptions
+
+    import ulstore
+    from ulstore.errors import StorageAccessError
+    from ulstore.sync import BucketAccessError, Publisher
+
+    env = _no_aws_credentials(monkeypatch, tmp_path)
+    options = {"client_kwargs": moto_s3.options["client_kwargs"]}  # the endpoint, no key or secret
+    url = "s3://ulstore-test/run-38"
+    fixes = ("AWS_ACCESS_KEY_ID", "storage_options={'key': ..., 'secret': ...}", "anon=True")
+    for mode in ("r", "a", "w", "w-"):
+        with pytest.raises(StorageAccessError) as e:
+            ulstore.open(url, mode=mode, storage_options=options)
+        text = str(e.value)
+        assert isinstance(e.value, OSError) and f"no credentials for {url!r}" in text, text
+        assert all(fix in text for fix in fixes), text
+        assert isinstance(e.value.__cause__, botocore.exceptions.NoCredentialsError)
+    with pytest.raises(BucketAccessError) as e:  # the sync layer's access error is one of these
+        Publisher(url, storage_options=options)
+    assert isinstance(e.value, StorageAccessError) and all(fix in str(e.value) for fix in fixes), str(e.value)
+
+    env["ULSTORE_STORAGE_OPTIONS"] = json.dumps(options)
+    (checkpoint,) = write_steps(tmp_path / "ckpt", steps=(100,))
+    for command in (["log", url], ["init", url], ["add", url, checkpoint, "--init"], ["verify", url]):
+        p = run(*command, env=env)
+        assert_one_line_error(p, f"no credentials for {url!r}", "-o key=... -o secret=...", "-o anon=true")
+        assert not p.stderr.startswith("ulstore: error: NoCredentialsError"), p.stderr  # not the raw error
+        e = json_error(run(*command, "--json", env=env), 1)
+        assert e["type"] == "StorageAccessError" and f"no credentials for {url!r}" in e["message"]

@@ -4,6 +4,7 @@ config and tokenizer files kept with the step, and a Trainer checkpoint-N/ whose
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -145,6 +146,33 @@ def test_a_trainer_checkpoint_round_trips_and_training_resumes_bit_exactly(tmp_p
         assert wa[name].tobytes() == wb[name].tobytes(), name
     assert same(oa, ob)
     assert json.loads((tmp_path / "a" / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def test_trainer_checkpoints_in_sequence_do_not_warn_but_another_model_does(tmp_path, trainer_run):
+    """checkpoint-2/, checkpoint-4/ one after the other share every name with the step before (weights and
+    optimizer state): no FewSharedNamesWarning (#38: it said "33% of parent's bytes", counting the parent's
+    optimizer state but not the new checkpoint's); through Python and the CLI.  A genuinely different model
+    still warns."""
+    _, trainer = trainer_run
+    trainer(tmp_path / "run", 4).train()
+    ck2, ck4 = tmp_path / "run" / "checkpoint-2", tmp_path / "run" / "checkpoint-4"
+    traj = ulstore.open(tmp_path / "py", mode="w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", uio.FewSharedNamesWarning)
+        assert uio.import_checkpoint(traj, ck2) == 2
+        assert uio.import_checkpoint(traj, ck4) == 4
+        # the weights alone after a checkpoint with optimizer state: all of it is delta-coded, nothing to warn
+        uio.import_checkpoint(traj, ck4 / "model.safetensors", 5)
+    assert any(n.startswith("_state/optimizer.") for n in traj.tensors(4))
+    p = run("add", tmp_path / "cli", ck2, ck4, "--init", check=0)
+    assert "warning" not in p.stderr.lower() and "stored whole" not in p.stderr, p.stderr
+    # another model (other shapes): little of it can be delta-coded, and it says so
+    torch.manual_seed(0)
+    other = transformers.BertForSequenceClassification(tiny_bert_config(len(VOCAB), hidden_size=16))
+    other.save_pretrained(tmp_path / "other")
+    with pytest.warns(uio.FewSharedNamesWarning, match="stored whole") as caught:
+        uio.import_checkpoint(traj, tmp_path / "other", 6)
+    assert caught.list[0].message.shared < 0.01 and caught.list[0].message.parent == 5
 
 
 def test_nested_torch_state_file_round_trips(tmp_path, monkeypatch):

@@ -99,3 +99,40 @@ def test_store_benchmark_smoke(cache):
     out = run_benchmark("store.py", "--preset", "tiny", "--steps", 3, "--reps", 1, "--no-s3", cache=cache)
     for needle in ("traj.commit (delta, kept parent)", "traj.read of the anchor", "kept parent off: peak", "manifest:"):
         assert needle in out, needle
+
+
+def test_the_cache_lives_in_the_user_cache_dir_and_clean_removes_it(tmp_path):
+    """#38: the benchmarks left a 5.9 GB cache in the repository (``benchmarks/.cache``).  It is under
+    ``$XDG_CACHE_HOME/ulstore/benchmarks`` (``~/.cache/...``; ``$ULSTORE_BENCH_CACHE`` overrides), each run says
+    where, and ``--clean`` removes it."""
+    env = {k: v for k, v in os.environ.items() if k != "ULSTORE_BENCH_CACHE"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path / "home"))
+    expected = tmp_path / "xdg" / "ulstore" / "benchmarks"
+    legacy = ROOT / "benchmarks" / ".cache"
+    legacy_before = legacy.exists()
+
+    def bench(*args):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "codec.py"), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    p = bench("--preset", "tiny", "--steps", 1, "--only", "rl-bf16", "--reps", 1, "--time-budget", 0, "--no-speed")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"benchmark cache: {expected}" in p.stderr and "--clean" in p.stderr, p.stderr[-2000:]
+    assert list(expected.rglob("*.safetensors")) and (expected / "CACHEDIR.TAG").is_file()
+    assert legacy.exists() == legacy_before  # nothing new in the repository
+    p = bench("--clean")
+    assert p.returncode == 0 and f"removed {expected}" in p.stdout, p.stdout + p.stderr
+    assert not expected.exists()
+    # without XDG_CACHE_HOME: ~/.cache; a directory that is not the cache is never removed
+    del env["XDG_CACHE_HOME"]
+    assert f"no benchmark cache at {tmp_path / 'home' / '.cache' / 'ulstore' / 'benchmarks'}" in bench("--clean").stdout
+    precious = tmp_path / "precious"
+    (precious / "sub").mkdir(parents=True)
+    env["ULSTORE_BENCH_CACHE"] = str(precious)
+    assert "not marked as the benchmark cache" in bench("--clean").stdout and (precious / "sub").is_dir()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 import uuid
 from pathlib import Path
@@ -24,16 +26,30 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name, *args, env=None, cwd=None):
-    p = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        # a crash in a child (e.g. a torch worker aborting) prints every thread's Python stack
-        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
-    )
-    assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    """Run an example; it must succeed and leave nothing in the temporary directory (#38: examples clean up
+    after themselves).  It runs with a temporary directory of its own (``TMPDIR``), empty before and after."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"example-{Path(name).stem}-"))
+    try:
+        p = subprocess.run(
+            [sys.executable, str(EXAMPLES / name), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=cwd,
+            # a crash in a child (e.g. a torch worker aborting) prints every thread's Python stack
+            env={**os.environ, "PYTHONFAULTHANDLER": "1", "TMPDIR": str(scratch), **(env or {})},
+        )
+        assert p.returncode == 0, f"{name} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        # (torch creates its compile cache, torchinductor_<user>, in the temporary directory on import: torch's,
+        # shared by every torch program, not the example's)
+        left = sorted(
+            str(q.relative_to(scratch))
+            for q in scratch.rglob("*")
+            if not q.relative_to(scratch).parts[0].startswith("torchinductor_")
+        )
+        assert not left, f"{name} left in the temporary directory: {left[:10]}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return p.stdout
 
 
@@ -224,3 +240,12 @@ def test_readme_python_example(tmp_path):
         assert p.returncode == 0, p.stderr
     traj = ulstore.open(tmp_path / "runs" / "my-run", mode="r")
     assert traj.steps == list(range(0, 101, 10))
+
+
+def test_weight_sync_http_with_its_default_store_leaves_nothing_behind():
+    """The documented command with no --url stores in a temporary directory: removed at the end (#38: it
+    left a ``weight-sync-*`` directory in /tmp per run)."""
+    (args, _) = documented("weight_sync_http.py")  # (no arguments), --steps 20 --url s3://my-bucket/run-1
+    assert args == []
+    out = run_example("weight_sync_http.py", *args, "--steps", 3)
+    assert "all versions exact: True" in out

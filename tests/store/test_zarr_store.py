@@ -398,3 +398,38 @@ def test_a_zarr_write_to_a_step_document_is_named(tmp_path):
     doc_path.write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}, indent=2))
     with pytest.raises(ulstore.CorruptManifestError, match="^step document is not in canonical form"):
         ulstore.open(path, mode="r").read(0)
+
+
+@pytest.mark.parametrize("cache", ["simplecache", "filecache", "blockcache"])
+def test_writing_through_a_caching_url_says_caches_are_read_only(tmp_path, cache):
+    """#38: a commit through ``simplecache::`` / ``filecache::`` was a raw FileNotFoundError (of a pending
+    marker the cache never wrote).  Now a ReadOnlyError (a PermissionError) that says caches are read-only
+    and names the URL to open for writing; reading through the cache works as before, mode "a" included."""
+    from ulstore.errors import ReadOnlyError
+
+    path = tmp_path / "t"
+    state = _state(0)
+    ulstore.open(path, mode="w").commit(0, state)
+    url = f"{cache}::{path}"
+    options = {cache: {"cache_storage": str(tmp_path / "cache")}}
+    fix = f"open the underlying URL 'file://{path}' to write"
+    for mode in ("r+", "w", "w-"):
+        with pytest.raises(ReadOnlyError, match="caches are read-only") as e:
+            ulstore.open(url, mode=mode, storage_options=options)
+        assert fix in str(e.value) and isinstance(e.value, PermissionError)
+    with pytest.raises(ReadOnlyError, match="caches are read-only"):  # nothing there: nothing to create
+        ulstore.open(f"{cache}::{tmp_path / 'new'}", storage_options=options)
+    traj = ulstore.open(url, storage_options=options)  # mode "a": reads work, writes say why they cannot
+    assert traj.read_only
+    assert_state_equal(traj.read(0), state)
+    for write in (
+        lambda: traj.commit(1, state),
+        lambda: traj.set_ref("best", 0),
+        lambda: traj.delete(0),
+        lambda: traj.gc(),
+    ):
+        with pytest.raises(ReadOnlyError, match="caches are read-only") as e:
+            write()
+        assert fix in str(e.value)
+    assert ulstore.open(path, mode="r").steps == [0]  # nothing was written
+    assert not (tmp_path / "new").exists()

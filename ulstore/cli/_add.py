@@ -37,7 +37,9 @@ def _cmd_add(args, ui) -> int:
     created = False
     try:
         traj = _open(args, "r+")
-    except NotFoundError:
+    except NotFoundError as e:
+        if e.key != "zarr.json":  # not the root document missing: a missing bucket, say (its own words)
+            raise
         if not args.init:
             raise NotFoundError(
                 f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..core.formatting import binary_bytes, human_bytes, plural
-from ..errors import InvalidInputError
+from ..errors import IntegrityError, InvalidInputError
 from ._add import _cmd_add
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing, _storage_options
 from ._plot import check_matplotlib, plot_diff, plot_report
@@ -203,7 +203,7 @@ def _cmd_verify(args, ui) -> int:
         first = report.errors[0]
         report_error(
             True,
-            _Damaged(first),
+            _damaged(first),
             EXIT_ERROR,
             f"verify found {plural(len(report.errors), 'damaged object')}: "
             + "; ".join(f"{e.get('key') or '-'}: {e['error']}" for e in report.errors),
@@ -211,12 +211,17 @@ def _cmd_verify(args, ui) -> int:
     return EXIT_ERROR
 
 
-class _Damaged(Exception):
-    """What ``verify --json`` reports on stderr: the first damaged object's step, tensor and key."""
+def _damaged(error: dict) -> IntegrityError:
+    """What ``verify --json`` reports on stderr: the first damaged object's error class (a public one, as
+    ``Trajectory.verify`` raises it), step, tensor and key."""
+    from .. import errors
 
-    def __init__(self, error: dict):
-        super().__init__(error.get("message", ""))
-        self.step, self.tensor, self.key = error.get("step"), error.get("tensor"), error.get("key")
+    cls = getattr(errors, error.get("error") or "", None)
+    if not (isinstance(cls, type) and issubclass(cls, IntegrityError) and cls.__name__ in errors.__all__):
+        cls = IntegrityError
+    e = cls(error.get("message", ""))
+    e.step, e.tensor, e.key = error.get("step"), error.get("tensor"), error.get("key")
+    return e
 
 
 def _cmd_stats(args, ui) -> int:

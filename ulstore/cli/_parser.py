@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Raw size (the tensors as stored in a checkpoint) against stored size (new blobs +\n"
         "manifest), per step and per tensor, in bytes and bits per weight.  A blob is\n"
         "charged to the first step that uses it.  --plot draws the per-step sizes\n"
-        "(needs matplotlib: pip install 'ulstore[plot]').",
+        "(needs matplotlib, the `plot` extra).",
         "  ulstore stats runs/a\n  ulstore stats runs/a --plot sizes.png --top 5",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
@@ -347,9 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "demo",
         "train a small model on this CPU, store every step, show sizes",
-        "Train a small language model for real on the CPU (about 30 s on 2 cores), store a bf16\n"
-        "checkpoint after every step, print the size against raw safetensors and zstd,\n"
-        "read a slice of an old step back lazily, verify, and say where the data lives.\n"
+        "Train a small language model for real on the CPU, store a bf16 checkpoint after\n"
+        "every step, print the size against raw safetensors and zstd, read a slice of an\n"
+        "old step back lazily, verify, say where the data lives and how long it all took.\n"
         "DIR defaults to ./ulstore-demo; an earlier demo there is replaced.",
         "  ulstore demo\n  ulstore demo /tmp/demo --steps 20 --preset tiny",
         parents=(common,),

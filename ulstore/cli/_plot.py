@@ -21,10 +21,11 @@ def has_matplotlib() -> bool:
 
 
 def check_matplotlib() -> None:
+    from ..core.install import install_command
     from ..errors import InvalidInputError
 
     if not has_matplotlib():
-        raise InvalidInputError("--plot needs matplotlib, which is not installed: pip install 'ulstore[plot]'")
+        raise InvalidInputError(f"--plot needs matplotlib, which is not installed: {install_command('plot')}")
 
 
 def plot_report(report: dict, out: str, url: str) -> None:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
-import difflib
-
+from ..core.formatting import missing_step_message as _missing_step_message
 from ..errors import StepNotFoundError
 
 __all__ = ["resolve", "missing_step_message"]
-
-#: Up to this many steps, "no such step" lists them all; beyond, the nearest ones.
-_LIST_ALL = 8
 
 
 def resolve(traj, url: str, step_or_ref):
@@ -42,21 +37,5 @@ def resolve(traj, url: str, step_or_ref):
 
 def missing_step_message(traj, url: str, wanted) -> str:
     """What to tell a user who named a step or ref that does not exist: the steps or refs that do."""
-    steps = traj.steps
-    if isinstance(wanted, str):
-        refs = sorted(traj.refs)
-        text = f"no step or ref named {wanted!r} in {url}"
-        close = difflib.get_close_matches(wanted, refs, n=1, cutoff=0.5)
-        if close:
-            text += f"; did you mean {close[0]!r}?"
-        return text + (f" (refs: {', '.join(refs)})" if refs else " (it has no refs)")
-    if not steps:
-        return f"no step {wanted}: {url} has no steps yet"
-    if len(steps) <= _LIST_ALL:
-        return f"no step {wanted} in {url}; its steps are {', '.join(map(str, steps))}"
-    i = bisect.bisect_left(steps, wanted)
-    near = steps[max(0, i - 2) : i + 2]
-    return (
-        f"no step {wanted} in {url}; the nearest are {', '.join(map(str, near))} "
-        f"({len(steps)} steps from {steps[0]} to {steps[-1]}: `ulstore log {url}` lists them)"
-    )
+    refs = traj.refs if isinstance(wanted, str) else ()
+    return _missing_step_message(url, wanted, traj.steps, refs, listing=f"`ulstore log {url}` lists them")

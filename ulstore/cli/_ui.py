@@ -175,8 +175,41 @@ def describe(e: BaseException) -> str:
     elif isinstance(e, PermissionError) and not isinstance(e, UlstoreError) and e.filename:
         text = f"{e.filename}: permission denied"
     elif not isinstance(e, UlstoreError):
-        text = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return " ".join(text.split()) or type(e).__name__  # one line
+        text = f"{public_type(e)}: {text}" if text else public_type(e)
+    return " ".join(text.split()) or public_type(e)  # one line
+
+
+def public_type(e: BaseException) -> str:
+    """The type name ``--json`` reports for ``e``: its class's, or the nearest public base class's.
+
+    Public: a class of :mod:`ulstore.errors`, one a public ulstore package exports (in its ``__all__``:
+    ``ulstore.sync.BucketAccessError``), a built-in, or another package's class reachable by its name from
+    a module path without private parts.  The CLI's usage errors are ``"UsageError"``.  A private class
+    (``_Damaged``, ``StoreReadOnlyError``) is reported as the public class it derives from.
+    """
+    from ._common import UsageError
+    from ._parser import ArgumentUsageError
+
+    if isinstance(e, (UsageError, ArgumentUsageError)):
+        return "UsageError"
+    for cls in type(e).__mro__:
+        if _is_public(cls):
+            return cls.__name__
+    return "Exception"  # (unreachable: every exception derives from a built-in)
+
+
+def _is_public(cls: type) -> bool:
+    name, module = cls.__name__, cls.__module__
+    if name.startswith("_"):
+        return False
+    if module == "builtins":
+        return True
+    parts = module.split(".")
+    public = ".".join(parts[: next((i for i, p in enumerate(parts) if p.startswith("_")), len(parts))])
+    home = sys.modules.get(public)
+    if home is None or getattr(home, name, None) is not cls:
+        return False
+    return name in getattr(home, "__all__", ()) if public.split(".")[0] == "ulstore" else True
 
 
 def error_document(e: BaseException | None, status: int, message: str | None = None) -> dict:
@@ -187,7 +220,7 @@ def error_document(e: BaseException | None, status: int, message: str | None = N
     """
     return {
         "error": {
-            "type": type(e).__name__ if e is not None else "UsageError",
+            "type": public_type(e) if e is not None else "UsageError",
             "message": message if message is not None else (describe(e) if e is not None else ""),
             "exit_status": status,
             "step": getattr(e, "step", None),

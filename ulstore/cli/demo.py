@@ -35,6 +35,7 @@ import numpy as np
 from .. import io as _io
 from .. import toytrain
 from ..core.formatting import human_bytes
+from ..core.install import install_command
 from ..errors import InvalidInputError, UlstoreError
 from ..store import open as _open
 from ._plot import has_matplotlib
@@ -293,7 +294,9 @@ def run(
     if has_matplotlib():
         echo(f"  ulstore stats {here} --plot sizes.png")
     else:
-        echo(f"  ulstore stats {here}                  (for a plot: pip install matplotlib, then add --plot sizes.png)")
+        echo(
+            f"  ulstore stats {here}                  (for a plot: {install_command('plot')}, then add --plot sizes.png)"
+        )
     echo(f'  python -c "import ulstore; print(ulstore.open({here!r})[{steps}][{name!r}][:2, :4])"')
     seconds = time.perf_counter() - t_start
     echo(f"Done in {seconds:.0f} s.")

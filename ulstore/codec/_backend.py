@@ -10,11 +10,13 @@ All give byte-identical blobs.  Backends:
 ``ULSTORE_BACKEND`` (one of those names, or ``auto``, the default: the fastest the
 CPU runs) picks one at import; :func:`set_backend` changes it later.
 """
+
 from __future__ import annotations
 
 import importlib
 import os
 import warnings
+from pathlib import Path
 from types import ModuleType
 
 from ..errors import InvalidInputError
@@ -45,9 +47,10 @@ if _cpu_has_x86_64_v3():
         pass
 
 _active: ModuleType = _reference
+_TREE = Path(__file__).resolve().parents[2]  # the source tree these modules run from (built in place)
 _NOT_BUILT = (
     "ulstore: the compiled ULPack kernels are not built (a source tree used without `pip install -e .`?), "
-    "so the NumPy reference kernels run: same bytes, over 100x slower.  Build them with `pip install -e .`, "
+    f'so the NumPy reference kernels run: same bytes, over 100x slower.  Build them with `pip install -e "{_TREE}"`, '
     "or set ULSTORE_BACKEND=numpy to choose the reference and silence this warning."
 )
 

@@ -10,7 +10,8 @@ Imports only :mod:`ulstore.codec` and :mod:`ulstore.errors`.  Modules::
     safetensors.py   the safetensors header parser; files as bytes
     dtypes.py        the one table of storable dtypes (names, safetensors codes, raw-bit carriers)
     torch.py         the public torch bridge: numpy <-> torch, zero-copy and bit-exact
-    formatting.py    human-readable sizes and counts for reports and the CLI
+    formatting.py    human-readable sizes and counts for reports and the CLI; the closest names to a missing one
+    install.py       the pip command that adds an extra to this install (editable source or index)
 """
 
 __all__: list[str] = []

@@ -7,7 +7,10 @@
 - which of them take no credentials from a URL (:data:`BUCKET_NAMES`);
 - the lock that serialises calls into fsspec's caching wrappers, which are
   not thread-safe (:func:`serial_lock`), and the context of one call
-  (:class:`Calling`), which takes it and names a failure.
+  (:class:`Calling`), which takes it and names a failure;
+- which failures mean the storage cannot be used at all (no credentials,
+  access denied, endpoint unreachable), and what to tell the user to do
+  about them (:func:`access_failure`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ from fsspec.implementations.cached import CachingFileSystem
 
 from .formatting import redact
 
-__all__ = ["OBJECT_STORES", "BUCKET_NAMES", "is_s3", "serial_lock", "Calling", "redact_error"]
+__all__ = [
+    "OBJECT_STORES",
+    "BUCKET_NAMES",
+    "is_s3",
+    "is_cache",
+    "cached_url",
+    "serial_lock",
+    "Calling",
+    "redact_error",
+    "access_failure",
+]
 
 #: Protocols whose first path component is a bucket/container that must exist.
 OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2"}
@@ -32,6 +45,28 @@ _SERIAL_GUARD = threading.Lock()
 
 def is_s3(fs) -> bool:
     return type(fs).__name__ == "S3FileSystem"
+
+
+def is_cache(fs) -> bool:
+    """Whether ``fs`` is one of fsspec's caching wrappers (``simplecache::``, ``filecache::``, ``blockcache::``).
+
+    They are read caches: a write through them lands in the cache (if anywhere) and reaches the
+    filesystem behind only when the file is closed, and what they list or answer about existence is
+    not the filesystem's.  ulstore reads through them and writes only to the filesystem itself.
+    """
+    return isinstance(fs, CachingFileSystem)
+
+
+def cached_url(fs, root: str) -> str | None:
+    """The URL of ``root`` on the filesystem behind caching wrapper ``fs`` (``file:///data/run``,
+    ``s3://bucket/run``), or None if it cannot be told."""
+    target = getattr(fs, "fs", None)
+    while isinstance(target, CachingFileSystem):
+        target = getattr(target, "fs", None)
+    try:
+        return target.unstrip_protocol(root) if target is not None else None
+    except Exception:  # noqa: BLE001 -- only for a message
+        return None
 
 
 def serial_lock(fs) -> threading.RLock | None:
@@ -82,7 +117,7 @@ class Calling:
             redact_error(e, self.secrets)
         if self.error is None or isinstance(e, FileExistsError):
             return  # (re-raised as it is)
-        message = f"{self.what} failed on {self.url!r}: {type(e).__name__}: {e}"
+        message = access_failure(e, self.url) or f"{self.what} failed on {self.url!r}: {type(e).__name__}: {e}"
         raise self.error(redact(message, self.secrets), key=self.key) from e
 
 
@@ -106,3 +141,72 @@ def redact_error(e: BaseException, secrets: tuple[str, ...]) -> None:
         except (AttributeError, TypeError):  # an exception type with read-only attributes: left as it is
             pass
         cur = cur.__cause__ or cur.__context__
+
+
+#: botocore's names for "no usable credentials" (raised before any request is sent).
+_NO_CREDENTIALS = {
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+    "NoAuthTokenError",
+    "TokenRetrievalError",
+    "UnauthorizedSSOTokenError",
+}
+#: botocore's and aiohttp's names for "the endpoint cannot be reached".
+_UNREACHABLE = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectorError",
+    "ClientConnectorDNSError",
+    "ServerTimeoutError",
+}
+_S3_CREDENTIALS = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws/credentials), or pass "
+    "storage_options={'key': ..., 'secret': ...} (CLI: -o key=... -o secret=...); for a public bucket, "
+    "anon=True (CLI: -o anon=true)"
+)
+_OTHER_CREDENTIALS = (
+    "give the filesystem its credentials: its environment variables or config files, or storage_options "
+    "(CLI: -o KEY=VALUE)"
+)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in out and len(out) < 16:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def access_failure(e: BaseException, url: str) -> str | None:
+    """What to tell the user when ``e`` means the storage at ``url`` (shown as given: redact it first)
+    cannot be used at all, or None for any other failure.
+
+    No credentials (botocore's ``NoCredentialsError``...), access denied on an object store
+    (``PermissionError``), or an endpoint that cannot be reached: the message names the URL, what is
+    wrong (the backend's words) and how to fix it.
+    """
+    protocols = {part.split("://", 1)[0] for part in str(url).split("::") if "://" in part}
+    s3 = bool(protocols & {"s3", "s3a"})
+    remote = bool(protocols & OBJECT_STORES)
+    for cause in _chain(e):
+        name = type(cause).__name__
+        what = f"{name}: {cause}" if str(cause) else name
+        if name in _NO_CREDENTIALS:
+            return f"no credentials for {url!r} ({what}): {_S3_CREDENTIALS if s3 else _OTHER_CREDENTIALS}"
+        if not remote:
+            continue
+        if isinstance(cause, PermissionError):
+            return (
+                f"access denied to {url!r} ({what}): the credentials in use may not do this; check which ones "
+                f"are used and what the bucket's policy allows ({_S3_CREDENTIALS if s3 else _OTHER_CREDENTIALS})"
+            )
+        if name in _UNREACHABLE or isinstance(cause, (ConnectionError, TimeoutError)):
+            return (
+                f"cannot reach the storage of {url!r} ({what}): check the endpoint (storage_options "
+                "endpoint_url=..., CLI: -o endpoint_url=...), the region and the network"
+            )
+    return None

@@ -1,10 +1,28 @@
-"""Human-readable sizes and counts, for reports, the CLI, the demo and the examples; URLs without credentials."""
+"""Human-readable sizes and counts, for reports, the CLI, the demo and the examples; URLs without credentials;
+what to say about a step, ref or name that does not exist (the closest that do)."""
 
 from __future__ import annotations
 
+import bisect
+import difflib
 import re
+from collections.abc import Iterable, Sequence
 
-__all__ = ["human_bytes", "binary_bytes", "plural", "strip_ansi", "redact_url", "credentials", "redact"]
+__all__ = [
+    "human_bytes",
+    "binary_bytes",
+    "plural",
+    "strip_ansi",
+    "redact_url",
+    "credentials",
+    "redact",
+    "close_matches",
+    "did_you_mean",
+    "missing_step_message",
+]
+
+#: Up to this many steps, "no such step" lists them all; beyond, the nearest ones.
+_LIST_ALL = 8
 
 # CSI sequences (colours, bold: ESC [ ... letter) and the two-character escapes
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -97,3 +115,51 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     for secret in secrets:
         text = text.replace(f"{secret}@", "***@")
     return redact_url(text)
+
+
+def close_matches(wanted: str, names: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """Up to ``n`` of ``names`` closest to ``wanted`` (a typo's likely targets), best first; ``[]`` if none is close.
+
+    >>> close_matches("layers.0.atn.weight", ["embed.weight", "layers.0.attn.weight", "layers.0.mlp.weight"])
+    ['layers.0.attn.weight', 'layers.0.mlp.weight']
+    """
+    return difflib.get_close_matches(str(wanted), list(names), n=n, cutoff=cutoff)
+
+
+def did_you_mean(wanted: str, names: Iterable[str], n: int = 3, cutoff: float = 0.6) -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the :func:`close_matches` of ``wanted``, or ``""``."""
+    close = close_matches(wanted, names, n=n, cutoff=cutoff)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    return (
+        "; did you mean " + (" or ".join([", ".join(quoted[:-1]), quoted[-1]]) if len(quoted) > 1 else quoted[0]) + "?"
+    )
+
+
+def missing_step_message(where: str, wanted, steps: Sequence[int], refs: Iterable[str] = (), listing: str = "") -> str:
+    """What to say about step or ref ``wanted`` that is not in trajectory ``where``: the steps or refs that are.
+
+    ``steps`` sorted; ``listing`` says how to list them all (a long run shows the nearest few).
+
+    >>> missing_step_message("runs/a", 150, [100, 200, 300])
+    'no step 150 in runs/a; its steps are 100, 200, 300'
+    >>> missing_step_message("runs/a", 7, list(range(0, 100, 10)), listing="`ulstore log runs/a` lists them")
+    'no step 7 in runs/a; the nearest are 0, 10, 20 (10 steps from 0 to 90: `ulstore log runs/a` lists them)'
+    >>> missing_step_message("runs/a", "mian", [100], refs=["main"])
+    "no step or ref named 'mian' in runs/a; did you mean 'main'? (refs: main)"
+    """
+    if isinstance(wanted, str):
+        refs = sorted(refs)
+        text = f"no step or ref named {wanted!r} in {where}" + did_you_mean(wanted, refs, n=1, cutoff=0.5)
+        return text + (f" (refs: {', '.join(refs)})" if refs else " (it has no refs)")
+    if not steps:
+        return f"no step {wanted}: {where} has no steps yet"
+    if len(steps) <= _LIST_ALL:
+        return f"no step {wanted} in {where}; its steps are {', '.join(map(str, steps))}"
+    i = bisect.bisect_left(steps, wanted)
+    near = steps[max(0, i - 2) : i + 2]
+    return (
+        f"no step {wanted} in {where}; the nearest are {', '.join(map(str, near))} "
+        f"({len(steps)} steps from {steps[0]} to {steps[-1]}{': ' + listing if listing else ''})"
+    )

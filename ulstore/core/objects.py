@@ -54,7 +54,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import InvalidInputError, OutcomeUnknownError
 from . import local_disk
-from .backends import BUCKET_NAMES, OBJECT_STORES, Calling, is_s3, redact_error, serial_lock
+from .backends import BUCKET_NAMES, OBJECT_STORES, Calling, access_failure, is_s3, redact_error, serial_lock
 from .formatting import credentials, redact, redact_url
 from .object_writer import ObjectWriter
 
@@ -217,8 +217,9 @@ class ObjectStore:
                         "or check the endpoint/region in storage_options)",
                         key=container,
                     ) from e
-                if isinstance(e, PermissionError):
-                    raise fail(f"access to bucket {container!r} denied: check credentials", key=container) from e
+                text = access_failure(e, self.url)  # no credentials, access denied, unreachable: and what to do
+                if text is not None:
+                    raise fail(text, key=container) from e
                 raise fail(f"listing the bucket failed on {self.url!r}: {type(e).__name__}: {e}", key=container) from e
         elif self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
             raise fail(f"{self.root!r} is a file, not a directory", key="")

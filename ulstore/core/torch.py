@@ -24,8 +24,6 @@ from ..codec._dtypes import TORCH_VIA_INT, tensor_to_numpy
 
 __all__ = ["from_tensor", "to_tensor", "as_numpy", "is_tensor", "import_torch", "dtype_table", "signed_int"]
 
-_TORCH_HINT = "pip install ulstore[torch]"
-
 
 def is_tensor(value) -> bool:
     """Whether ``value`` is a torch tensor (without importing torch)."""
@@ -35,11 +33,14 @@ def is_tensor(value) -> bool:
 def import_torch():
     """``torch``, or InvalidInputError saying how to install it."""
     from ..errors import InvalidInputError
+    from .install import install_command
 
     try:
         import torch
     except ImportError:
-        raise InvalidInputError(f"torch checkpoints need PyTorch, which is not installed: {_TORCH_HINT}") from None
+        raise InvalidInputError(
+            f"torch checkpoints need PyTorch, which is not installed: {install_command('torch')}"
+        ) from None
     return torch
 
 

@@ -16,8 +16,18 @@ Each rank codes its shards against its own shards of the parent step (kept in me
 reused ``Writer``) into its own packs; the coordinator makes the step visible last, by
 conditional create.  A step is a plain ulstore step: ``ulstore.open(url)[step]["model.w"]`` is
 the whole tensor; loading at another world size or sharding is exact.  See
-``docs/distributed.md``.  Needs torch (``pip install ulstore[torch]``).
+``docs/distributed.md``.  Needs torch (the ``torch`` extra: importing this package without it
+raises an ImportError naming the pip command for your install).
 """
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _e:
+    from ..core.install import install_command as _install_command
+
+    raise ModuleNotFoundError(
+        f"ulstore.dcp needs PyTorch, which is not installed: {_install_command('torch')}", name="torch"
+    ) from _e
 
 from ._reader import Reader
 from ._writer import Writer

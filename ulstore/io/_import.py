@@ -5,6 +5,9 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
+
+from ..core.torch import from_tensor, is_tensor
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD
 from . import checkpoints as _ck
@@ -60,9 +63,11 @@ def import_checkpoint(
     Warns
     -----
     FewSharedNamesWarning
-        The checkpoint matches less than half of its parent's bytes by tensor
-        name (and shape and dtype), so most of it cannot be delta-coded; the
-        warning suggests a ``rename_prefix`` when one would line the names up.
+        The checkpoint (weights and training state together) matches less than
+        half of its parent's bytes by tensor name (and shape and dtype), and
+        less than half of its own bytes match a parent tensor, so most of it
+        cannot be delta-coded; the warning suggests a ``rename_prefix`` when one
+        would line the names up.
 
     Examples
     --------
@@ -106,7 +111,6 @@ def import_checkpoint(
         info["renamed"] = {stored: original for original, stored in renamed.items()}  # export restores these
     if ck.index_text is not None:
         info["index"] = ck.index_text  # the shard layout and the index's own metadata, exactly
-    _warn_if_few_shared_names(traj, path, tensors, parent, branch)
     files = None
     if Path(path).is_dir():  # the rest of the directory: small files, training state (_dirstate.py)
         state, files, kept = directory_extras(path, names)
@@ -115,12 +119,20 @@ def import_checkpoint(
         if kept["not_kept"]:
             sizes = ", ".join(f"{n} ({s} bytes)" for n, s in sorted(kept["not_kept"].items()))
             warnings.warn(f"{path}: not kept (too large for a step file, and not weights): {sizes}", stacklevel=2)
+    # every tensor the step will hold, training state included, is weighed against the parent's
+    _warn_if_few_shared_names(traj, path, tensors, parent, branch)
     metadata[CHECKPOINT_KEY] = info
     return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor, files=files)
 
 
 def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None:
-    """Warn (FewSharedNamesWarning) when the tensors match under half of the parent's bytes by name."""
+    """Warn (FewSharedNamesWarning) when most of the step would be stored whole for want of matching names.
+
+    That is when the tensors match under half of the parent's bytes by name (shape and dtype) *and* under
+    half of their own bytes match a parent tensor: a step that keeps fewer tensors than its parent (weights
+    without the optimizer state) or adds some (a new head) is still delta-coded where it matters, and says
+    nothing.  ``tensors`` are all the step will hold, training state included.
+    """
     if parent is None:
         return
     if parent is HEAD:
@@ -130,9 +142,9 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
     if parent_step is None:
         return
     theirs = traj.tensors(parent_step)
-    ours = {n: (tuple(a.shape), a.dtype) for n, a in tensors.items()}
+    ours = {n: (tuple(a.shape), _np_dtype(a)) for n, a in tensors.items()}
     shared = name_overlap(theirs, ours)
-    if shared >= MIN_SHARED:
+    if shared >= MIN_SHARED or name_overlap(ours, theirs) >= MIN_SHARED:
         return
     hint = suggest_prefixes(theirs, ours)
     after = shared
@@ -154,6 +166,11 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
         text, shared=shared, parent=parent_step, suggestion=hint if after > shared else {}, suggested_shared=after
     )
     warnings.warn(warning, stacklevel=3)
+
+
+def _np_dtype(a) -> np.dtype:
+    """The numpy dtype of an array or a torch tensor (training state is loaded as torch tensors)."""
+    return from_tensor(a[:0] if a.ndim else a).dtype if is_tensor(a) else np.dtype(a.dtype)
 
 
 def _torch_key_order(path, fallback: list[str]) -> list[str]:

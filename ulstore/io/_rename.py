@@ -18,7 +18,8 @@ from ..errors import InvalidInputError
 
 __all__ = ["FewSharedNamesWarning", "MIN_SHARED", "name_overlap", "suggest_prefixes", "rename_prefixes"]
 
-#: Below this fraction of the parent's bytes matched by name, :func:`ulstore.io.import_checkpoint` warns.
+#: Below this fraction of the parent's bytes matched by name (and of the checkpoint's own),
+#: :func:`ulstore.io.import_checkpoint` warns.
 MIN_SHARED = 0.5
 #: How many leading name components a suggested prefix may span.
 _MAX_PREFIX_PARTS = 3

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from ..core.formatting import redact_url
+from ..core.formatting import missing_step_message, redact_url
 from ..core.objects import ObjectStore
 from ..errors import InvalidInputError, NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
 from ._kept import KeptStep
@@ -63,6 +63,7 @@ class TrajectoryBase:
         self._io = io
         self.url = redact_url(url)  # (shown in messages: never the credentials a URL may hold)
         self.read_only = read_only
+        self._why_read_only: str | None = None  # what a write says instead of "opened with mode='r'"
         self.anchor_every = anchor_every
         self.chunk_bytes = chunk_bytes
         self.pack_bytes = pack_bytes
@@ -121,7 +122,7 @@ class TrajectoryBase:
     def __contains__(self, step) -> bool:
         """Whether ``step`` (a step number or a ref name) exists; False for anything that cannot name one."""
         try:
-            self._resolve(step)
+            self._resolve(step, explain=False)
             return True
         except (NotFoundError, InvalidInputError):  # -1, "bad/ref name": no step is called that
             return False
@@ -225,18 +226,32 @@ class TrajectoryBase:
         """
         return self._resolve(step_or_ref)
 
-    def _resolve(self, step_or_ref) -> int:
-        """A step number, or a ref name resolved to its step; the step must exist."""
+    def _resolve(self, step_or_ref, *, explain: bool = True) -> int:
+        """A step number, or a ref name resolved to its step; the step must exist.
+
+        A missing one is a StepNotFoundError naming the steps (or refs) that exist, the
+        nearest ones in a long run; ``explain=False`` spares that listing (``in``).
+        """
         if isinstance(step_or_ref, str):
             state = self._refs.read(check_ref_name(step_or_ref))
             if state.step is None:
-                raise StepNotFoundError(f"no step or ref named {step_or_ref!r}", key=state.key)
+                text = missing_step_message(self.url, step_or_ref, (), self.refs) if explain else "no such ref"
+                raise StepNotFoundError(text, key=state.key)
             step = state.step
         else:
             step = check_step(step_or_ref)
-        self._reader.doc(step)  # raises StepNotFoundError
+        try:
+            self._reader.doc(step)
+        except StepNotFoundError as e:
+            if not explain or e.step != step or step_or_ref != step:
+                raise  # (a ref's step gone meanwhile: the store's own words)
+            err = StepNotFoundError(missing_step_message(self.url, step, self.steps, listing="`traj.steps` lists them"))
+            err.step, err.key = e.step, e.key  # (not repeated in the text)
+            raise err from None
         return step
 
     def _check_writable(self) -> None:
         if self.read_only:
-            raise ReadOnlyError(f"{self.url!r} was opened with mode='r'; open with mode='a' to write")
+            raise ReadOnlyError(
+                self._why_read_only or f"{self.url!r} was opened with mode='r'; open with mode='a' to write"
+            )

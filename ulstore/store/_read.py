@@ -18,6 +18,7 @@ from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, ch
 from ._diff import TensorDiff, diff_steps
 from ._layout import check_step, step_key
 from ._logical import LogicalStore
+from ._missing import StepGroup, explained
 
 __all__ = ["ReadMixin", "StepInfo"]
 
@@ -53,7 +54,9 @@ class ReadMixin(TrajectoryBase):
         number: ``traj[-1]`` is ``traj[traj.steps[-1]]``, ``traj[-2]`` the one
         before it.  Indexing an array fetches and decodes only the chunks it
         touches (and their reference chains).  bfloat16/fp8 arrays have their
-        real dtype.
+        real dtype.  A tensor the step does not have is a
+        :class:`~ulstore.errors.TensorNotFoundError` (a ``KeyError``) naming the
+        closest ones it has.
 
         Raises
         ------
@@ -71,7 +74,8 @@ class ReadMixin(TrajectoryBase):
         if isinstance(step_or_ref, numbers.Integral) and not isinstance(step_or_ref, bool) and step_or_ref < 0:
             step_or_ref = self._step_at(int(step_or_ref))
         step = self._resolve(step_or_ref)
-        return zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
+        group = zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
+        return StepGroup(group._async_group)
 
     def zarr_store(self, step_or_ref=None) -> LogicalStore:
         """The read-only zarr v3 store of one step (or, with no step, of every step).
@@ -118,7 +122,8 @@ class ReadMixin(TrajectoryBase):
             Bit-exact, original dtypes (``ml_dtypes.bfloat16`` for bf16).
         """
         step = self._resolve(step_or_ref)
-        return self._reader.settled(lambda: self._read(step, names))
+        with explained(self._reader, step):
+            return self._reader.settled(lambda: self._read(step, names))
 
     def _read(self, step: int, names) -> dict[str, np.ndarray]:
         kept = self._kept
@@ -142,9 +147,10 @@ class ReadMixin(TrajectoryBase):
         from the chunks it overlaps (what a resharded load needs).
         """
         step = self._resolve(step_or_ref)
-        return self._reader.settled(
-            lambda: np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
-        )
+        with explained(self._reader, step):
+            return self._reader.settled(
+                lambda: np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
+            )
 
     def read_boxes(self, step_or_ref, boxes) -> list[np.ndarray]:
         """:meth:`read_box` of each ``(name, offset, shape)`` of ``boxes``, together: fresh arrays, in order.
@@ -160,7 +166,8 @@ class ReadMixin(TrajectoryBase):
             requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
             return self._reader.boxes(step, requests)
 
-        return self._reader.settled(read)
+        with explained(self._reader, step):
+            return self._reader.settled(read)
 
     def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
         """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
@@ -181,7 +188,9 @@ class ReadMixin(TrajectoryBase):
         An unsharded tensor is one piece at offset 0; a tensor saved by several writers
         (``piece_writer``, DCP ranks) has one piece per box they wrote.  Reads no blob.
         """
-        return [p.layout for p in self._reader.tensor(self._resolve(step_or_ref), name).pieces]
+        step = self._resolve(step_or_ref)
+        with explained(self._reader, step):
+            return [p.layout for p in self._reader.tensor(step, name).pieces]
 
     def files(self, step_or_ref) -> list[str]:
         """Names of the files stored with a step (``commit(..., files=...)``), sorted."""
@@ -210,9 +219,9 @@ class ReadMixin(TrajectoryBase):
         sends no request for them: one round trip per step fewer, the same
         bytes.
         """
-        return changes_of(
-            self._reader, self._resolve(step_or_ref), names, against_parent=against_parent, read_ahead=read_ahead
-        )
+        step = self._resolve(step_or_ref)
+        with explained(self._reader, step):
+            return changes_of(self._reader, step, names, against_parent=against_parent, read_ahead=read_ahead)
 
     def change_columns(self, step_or_ref, names=None, *, read_ahead: bool = False) -> ChangeColumns | None:
         """The changed chunks of a step as columns, without an object per chunk; None when the step has no
@@ -227,7 +236,9 @@ class ReadMixin(TrajectoryBase):
         :meth:`changes`' (without ``names``: it reads all the step's blobs).
         """
         wanted = None if names is None else frozenset(names)
-        return change_columns(self._reader, self._resolve(step_or_ref), wanted, read_ahead=read_ahead)
+        step = self._resolve(step_or_ref)
+        with explained(self._reader, step):
+            return change_columns(self._reader, step, wanted, read_ahead=read_ahead)
 
     def feed_layout(self, step_or_ref) -> FeedLayout | None:
         """Every chunk of a step in change-feed order: the :class:`FeedLayout` that the :meth:`change_columns` of

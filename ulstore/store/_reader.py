@@ -29,6 +29,7 @@ import threading
 
 import numpy as np
 
+from ..core.formatting import did_you_mean
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..errors import (
     CorruptBlobError,
@@ -394,7 +395,12 @@ class ChunkReader(ValuesMixin):
         d = self.doc(step)
         f = d.files.get(name)
         if f is None:
-            raise TensorNotFoundError(f"no file named {name!r}", step=step)
+            files = sorted(d.files)
+            shown = ", ".join(files[:8]) + (", ..." if len(files) > 8 else "")
+            raise TensorNotFoundError(
+                f"no file named {name!r}{did_you_mean(name, files)} ({f'files: {shown}' if files else 'no files'})",
+                step=step,
+            )
         key = pack_key(d.packs[f.pack])
         blob = self.fetch([(d.packs[f.pack], f.offset, f.length)])[0]
         try:

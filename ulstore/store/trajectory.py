@@ -42,12 +42,24 @@ True
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 
+from ..core.backends import access_failure, cached_url, is_cache
+from ..core.formatting import redact_url
 from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
 from ..core.sealed import canonical_json
-from ..errors import ConflictError, CorruptManifestError, FormatError, InvalidInputError, NotFoundError
+from ..errors import (
+    ConflictError,
+    CorruptManifestError,
+    FormatError,
+    InvalidInputError,
+    NotFoundError,
+    ReadOnlyError,
+    StorageAccessError,
+    UlstoreError,
+)
 from ._chunkcodec import HASH_NAME
 from ._commit import CommitMixin
 from ._commit_input import HEAD
@@ -152,6 +164,14 @@ def open(
         ``mode`` is "w-" and a trajectory exists.
     InvalidInputError
         Bad ``mode`` or settings, or ``url`` holds a Zarr hierarchy that is not a trajectory.
+    ReadOnlyError
+        ``url`` reads through a cache (``simplecache::``, ``filecache::``, ``blockcache::``) and
+        ``mode`` is "r+", "w" or "w-", or "a" with nothing there to open: caches are read-only (open
+        the underlying URL to write).  With mode "a" an existing trajectory opens read-only.
+    StorageAccessError
+        The storage cannot be used: no credentials (for S3: set AWS credentials, pass
+        ``storage_options={"key": ..., "secret": ...}``, or ``anon=True`` for a public bucket),
+        access denied, or the endpoint unreachable.  The message says which, and how to fix it.
 
     Examples
     --------
@@ -169,23 +189,32 @@ def open(
     if threads is not None:
         threads = _check_positive("threads", threads)
     url, io = _object_store(url, fs, storage_options, durable)
-    if mode == "w":
-        io.remove_tree()
-    raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-    if raw is None:
-        if mode in ("r", "r+"):
-            _check_bucket(io, url)
-            raise NotFoundError(f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META)
-        settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
-        try:
-            io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
-        except FileExistsError:  # another process created it just now: use theirs
-            raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-        except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
-            _check_bucket(io, url)
-            raise
-        else:
-            io.put(STEPS_META, canonical_json(_group({})))
+    cached = _cache_refusal(io, url) if is_cache(io.fs) else None  # caches are read-only
+    if cached is not None and mode in ("r+", "w", "w-", "x"):
+        raise ReadOnlyError(f"cannot open {url!r} with mode={mode!r}: {cached}")
+    with _access_errors(url):  # no credentials, access denied, unreachable: a StorageAccessError saying so
+        if mode == "w":
+            io.remove_tree()
+        raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+        if raw is None:
+            if mode in ("r", "r+"):
+                _check_bucket(io, url)
+                raise NotFoundError(
+                    f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META
+                )
+            if cached is not None:
+                _check_bucket(io, url)
+                raise ReadOnlyError(f"no trajectory at {url!r}, and none can be created there: {cached}")
+            settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
+            try:
+                io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
+            except FileExistsError:  # another process created it just now: use theirs
+                raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+            except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
+                _check_bucket(io, url)
+                raise
+            else:
+                io.put(STEPS_META, canonical_json(_group({})))
     if raw is not None:
         if mode in ("w-", "x"):
             raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
@@ -198,10 +227,10 @@ def open(
         settings["pack_bytes"] = _check_positive("pack_bytes", pack_bytes)
     if not isinstance(keep_parent, bool):
         _check_positive("keep_parent", keep_parent, zero=True)
-    return Trajectory(
+    traj = Trajectory(
         io,
         url=url,
-        read_only=mode == "r",
+        read_only=mode == "r" or cached is not None,
         anchor_every=settings["anchor_every"],
         chunk_bytes=settings["chunk_bytes"],
         pack_bytes=settings["pack_bytes"],
@@ -209,6 +238,19 @@ def open(
         keep_parent=keep_parent,
         executor=executor,
         threads=threads,
+    )
+    if cached is not None and mode != "r":  # mode "a" through a cache: reads work, writes say why they cannot
+        traj._why_read_only = f"{url!r} was opened through a caching URL: {cached}"
+    return traj
+
+
+def _cache_refusal(io: ObjectStore, url: str) -> str:
+    """Why a trajectory cannot be written through the caching wrapper of ``io``, and how to write it."""
+    behind = cached_url(io.fs, io.root)
+    where = f"open the underlying URL {redact_url(behind)!r} to write" if behind else "open the URL behind it to write"
+    return (
+        "caches are read-only (simplecache::, filecache::, blockcache::): a write would land in the local "
+        f"cache, not in the trajectory; {where}, and read through the cache with mode='r'"
     )
 
 
@@ -233,6 +275,20 @@ def _object_store(url, fs, storage_options, durable: bool = True) -> tuple[str, 
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     io = ObjectStore(fs, fs._strip_protocol(url), url=url, protocol=protocol, durable=durable)
     return io.url, io
+
+
+@contextlib.contextmanager
+def _access_errors(url: str):
+    """Within: a backend failure that means the storage cannot be used becomes a StorageAccessError."""
+    try:
+        yield
+    except UlstoreError:
+        raise
+    except Exception as e:
+        text = access_failure(e, url)
+        if text is None:
+            raise
+        raise StorageAccessError(text) from e
 
 
 def _check_bucket(io: ObjectStore, url: str) -> None:

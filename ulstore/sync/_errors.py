@@ -10,13 +10,13 @@ when nothing has been published yet, and the
 
 from __future__ import annotations
 
-from ..errors import UlstoreError
+from ..errors import StorageAccessError
 
 __all__ = ["BucketAccessError"]
 
 
-class BucketAccessError(UlstoreError, OSError):
-    """The bucket cannot be used: unreachable, missing, or access denied.
+class BucketAccessError(StorageAccessError):
+    """The bucket cannot be used: unreachable, missing, no credentials, or access denied.
 
     Raised by :class:`~ulstore.sync.Publisher` and :class:`~ulstore.sync.Follower`
     at construction (they probe the bucket), and later if the store becomes
