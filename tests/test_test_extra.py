@@ -46,7 +46,8 @@ def test_the_test_extra_resolves_fast_on_a_fresh_venv():
     for minutes on a fresh venv (measured: 2 min 41 s to resolve with the bound, no backtracking)."""
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     reqs = {Requirement(line).name: Requirement(line) for line in extra}
-    assert not any(s.operator == "==" for r in reqs.values() for s in r.specifier), extra
+    pinned = {n for n, r in reqs.items() if any(s.operator == "==" for s in r.specifier)}
+    assert pinned <= {"ruff", "mypy"}, pinned  # (the linters: CI's verdict must not change under a release)
     assert {s.operator for s in reqs["torch"].specifier} == {">=", "<="}
     assert {s.operator for s in reqs["boto3"].specifier} == {">=", "<"}
     assert "pytest-xdist" in reqs  # the README's command runs on both cores
