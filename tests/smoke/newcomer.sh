@@ -36,7 +36,7 @@ python -m ulstore --help > /dev/null
 
 say "15: ulstore log shows a size per step and the total"
 ulstore log "$run" > "$work/log.txt"
-grep -qiE "total" "$work/log.txt" || fail "no total in ulstore log"
+grep -qE "^[0-9]+ steps?: raw .* stored " "$work/log.txt" || fail "no total in ulstore log"
 grep -qE "[0-9.]+ ?(B|kB|KB|MB|KiB|MiB)" "$work/log.txt" || fail "no sizes in ulstore log"
 
 say "16: ulstore diff between two steps"
