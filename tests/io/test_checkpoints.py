@@ -396,7 +396,7 @@ def test_torch_non_state_dict(tmp_path):
 def test_torch_missing_gives_install_hint(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
     (tmp_path / "m.pt").write_bytes(b"x")
-    with pytest.raises(InvalidInputError, match=r"pip install ulstore\[torch\]"):
+    with pytest.raises(InvalidInputError, match=r"pip install .*\[torch\]"):  # (the command for this install)
         ckpt.load(tmp_path / "m.pt")
 
 

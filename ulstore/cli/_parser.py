@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         "left out of the norms and counted apart (`nonfinite`).  Only the chunks of B\n"
         "whose content differs from A's are decoded.  --plot draws a heatmap of tensors\n"
         "(rows, grouped by layer) against steps: each step between A and B along B's\n"
-        "ancestry compared with its parent (needs matplotlib: pip install 'ulstore[plot]').",
+        "ancestry compared with its parent (needs matplotlib: the `plot` extra).",
         "  ulstore diff runs/rl 1200 1201\n"
         "  ulstore diff runs/rl 1200 main --top 0 --json\n"
         "  ulstore diff runs/rl 1200 1300 --plot moved.png --metric rel_l2",
