@@ -108,9 +108,7 @@ def test_demo_suggests_a_plot_only_with_matplotlib(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])}
     out = run("demo", "d", "--preset", "tiny", "--steps", 2, cwd=tmp_path, env=env, check=0).stdout
     line = next(ln for ln in out.splitlines() if "ulstore stats" in ln)
-    assert (
-        "--plot sizes.png" in line and "[plot]" in line and line.strip().startswith("ulstore stats d")
-    )
+    assert "--plot sizes.png" in line and "[plot]" in line and line.strip().startswith("ulstore stats d")
 
 
 def test_log_shows_the_anchor_distance_after_rm(tmp_path):
