@@ -54,14 +54,14 @@ class GcMixin(TrajectoryBase):
         dict
             ``packs`` (removed), ``bytes`` (freed), ``repacked`` (packs whose
             live blobs were moved), ``steps_rewritten``, and ``deferred``: the
-            key of a delete in flight, which made this gc remove and rewrite
-            nothing (run it again later), else None.
+            key of a delete or another gc in flight, which made this gc remove
+            and rewrite nothing (run it again later), else None.
 
         Notes
         -----
         Safe against a concurrent ``delete`` and another ``gc``: gc announces
         itself under ``pending/``; a delete that sees it refuses, and a gc that
-        sees a delete defers.  Every step document gc rewrites is a
+        sees a delete or another gc defers.  Every step document gc rewrites is a
         compare-and-swap against the version it read, so a document another
         process changed or removed meanwhile is left as it is, and the packs it
         names are kept.  Steps deleted during the scan are skipped.

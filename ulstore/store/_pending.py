@@ -33,9 +33,9 @@ token are read too.
   A commit *of* ``S`` whose step exists but whose branch has not moved yet is
   **fenced**: its branch gets a new entry (same head), so that commit's
   compare-and-swap fails and it can never move its branch to the deleted step.
-- **gc** (:meth:`Pending.collecting`): put the marker; if a delete is in flight,
-  it only reports and removes nothing (the delete is rewriting documents and
-  writing a pack it has not named yet).
+- **gc** (:meth:`Pending.collecting`): put the marker; if a delete or another gc
+  is in flight, it only reports and removes nothing (the other is rewriting
+  documents and writing a pack it has not named yet).
 - An intent left by a commit killed *after* its commit point (its step exists,
   its branch did not move) is how the next commit on that branch notices the
   interrupted one (D12) instead of silently taking the older head as parent.
@@ -458,13 +458,15 @@ class Pending:
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[tuple[str, str | None]]:
-        """Hold a gc marker for the body; yields (its key, the key of a live delete in flight or None)."""
+        """Hold a gc marker for the body; yields (its key, the key of a live delete or other gc in flight, or
+        None): a gc defers to both (another gc may be writing a pack this one would take for garbage)."""
         key = f"{PENDING_DIR}/gc/{_token()}.json"
         _ACTIVE.add(key)
         self.io.put(key, _marker())
         try:
             seen = self.listing()
-            yield key, next((m.key for _, m in seen.deletes if m.live()), None)
+            busy = [m.key for _, m in seen.deletes if m.live()] + [m.key for m in seen.gcs if m.key != key and m.live()]
+            yield key, busy[0] if busy else None
         finally:
             _ACTIVE.discard(key)
             self._remove(key)
