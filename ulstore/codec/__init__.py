@@ -42,11 +42,13 @@ Modules, top to bottom (each imports only those below it)::
     _scratch.py     per-thread reusable buffers
 """
 from ._analysis import inspect_blob, model_entropy_bits
-from ._api import HEADER_BOUND, decode, encode
+from ._api import HEADER_BOUND, decode, decode_into, encode
 from ._backend import available_backends, backend, set_backend
 from ._batch import decode_many, encode_many
 from ._changes import Changes, content_sum, decode_changes
+from ._dtypes import TORCH_VIA_INT, format_of, tensor_to_numpy
 from ._format import header_bound
+from ._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 from ._numcodecs import ULPack
 
 __all__ = [
@@ -65,4 +67,15 @@ __all__ = [
     "backend",
     "set_backend",
     "available_backends",
+    # the door for the layers above (store, sync): exact bit views, decoding into a buffer, in-place apply
+    "format_of",
+    "tensor_to_numpy",
+    "TORCH_VIA_INT",
+    "decode_into",
+    "is_sparse_blob",
+    "apply_sparse",
+    "Applied",
+    "target_meta",
+    "reserve_buffers",
+    "undo",
 ]

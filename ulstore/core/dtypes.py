@@ -12,7 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ..codec._dtypes import format_of
+from ..codec import format_of
 from ..errors import DtypeError
 
 __all__ = ["ML_DTYPES", "RAW_BITS", "SAFETENSORS_CODES", "STORABLE", "dtype_name", "dtype_from_name", "numpy_dtype"]

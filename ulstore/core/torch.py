@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codec._dtypes import TORCH_VIA_INT, tensor_to_numpy
+from ..codec import TORCH_VIA_INT, tensor_to_numpy
 
 __all__ = ["from_tensor", "to_tensor", "as_numpy", "is_tensor", "import_torch", "dtype_table", "signed_int"]
 

@@ -38,10 +38,12 @@ Objects go through :class:`ulstore.core.objects.ObjectStore`.  The store
 imports :mod:`ulstore.codec` and :mod:`ulstore.core`, never io, sync or the CLI.
 """
 
+from ._base import MAIN
 from ._changes import ChangeColumns, ChunkChange, FeedLayout
+from ._chunkcodec import codec_for, content_digest, decode_chunk
 from ._diff import TensorDiff
 from ._integrity import Inventory
-from ._layout import tensor_name_problem
+from ._layout import check_ref_name, choose_chunks, tensor_name_problem
 from ._logical import LogicalStore
 from ._piece_columns import PieceRecord
 from ._upgrade import upgrade
@@ -64,4 +66,11 @@ __all__ = [
     "FeedLayout",
     "tensor_name_problem",
     "LogicalStore",
+    # the door for the layers above (sync, dcp, io): the default branch, names, chunking, one chunk's codec
+    "MAIN",
+    "check_ref_name",
+    "choose_chunks",
+    "codec_for",
+    "content_digest",
+    "decode_chunk",
 ]

@@ -26,9 +26,7 @@ import numpy as np
 from numcodecs import zstd as _zstd
 
 from .. import codec as _ulpack
-from ..codec._api import decode_into
-from ..codec._dtypes import format_of
-from ..codec._inplace import is_sparse_blob
+from ..codec import decode_into, format_of, is_sparse_blob
 from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [

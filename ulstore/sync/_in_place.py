@@ -1,7 +1,7 @@
 """The replica's in-place path: a version's SPARSE deltas written into the state by one compiled job.
 
 :class:`InPlace` is half of :class:`~ulstore.sync._replica.Replica`: which
-delta chunks :func:`~ulstore.codec._inplace.apply_sparse` can write where
+delta chunks :func:`~ulstore.codec.apply_sparse` can write where
 they are (contiguous in the state, ULPack, their word sum kept), their slots
 (the chunk's words in the state, made once per bindings), and the version
 applied from its :class:`~ulstore.store.ChangeColumns` with no object per
@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..codec._inplace import apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
-from ..store import FeedLayout
-from ..store._chunkcodec import codec_for
+from ..codec import apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
+from ..store import FeedLayout, codec_for
 from ._arrays import Binding, Spec, geometry, words
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ decides what to do (re-bootstrap, wait, report).  Every version is applied all
 or nothing: (1) fetch and decode every changed chunk that is not a contiguous
 SPARSE delta, checking each one (ULPack checksums; whole chunks also against
 the store's BLAKE3 content hash); (2) apply the SPARSE deltas in place with
-:func:`~ulstore.codec._inplace.apply_sparse` (each chunk written once it
+:func:`~ulstore.codec.apply_sparse` (each chunk written once it
 verifies, every write undone if any chunk fails); (3) write the rest.
 """
 
@@ -17,11 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import Changes, content_sum, decode_changes
-from ..codec._inplace import Applied
+from ..codec import Applied, Changes, content_sum, decode_changes
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
-from ..store import ChangeColumns, FeedLayout, StepInfo
-from ..store._chunkcodec import codec_for, content_digest, decode_chunk
+from ..store import ChangeColumns, FeedLayout, StepInfo, codec_for, content_digest, decode_chunk
 from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of
 from ._in_place import InPlace
 

@@ -31,8 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 
 from ..errors import IntegrityError, InvalidInputError, NotFoundError
-from ..store._base import MAIN
-from ..store._layout import check_ref_name
+from ..store import MAIN, check_ref_name
 from . import _open
 from ._catchup import CatchUp
 from ._errors import BucketAccessError

@@ -23,8 +23,7 @@ import numpy as np
 from ..core.sealed import plain_json
 from ..core.torch import is_tensor
 from ..errors import ConflictError, InvalidInputError, RefMovedError, StepExistsError
-from ..store._base import MAIN
-from ..store._layout import check_ref_name, choose_chunks
+from ..store import MAIN, check_ref_name, choose_chunks
 from . import _open
 from ._arrays import host_array, words
 from ._workers import WorkerOwner, Workers
