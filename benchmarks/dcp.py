@@ -19,7 +19,7 @@ Usage::
 
     python benchmarks/dcp.py [--preset small] [--steps 5] [--worlds 2,4] [--dtype float32]
 
-The jobs live in ``tests/helpers/dcp.py`` (the same code the tests run).  On a 2-core
+The jobs live in ``benchmarks/_fsdp.py``.  On a 2-core
 machine 4 ranks oversubscribe the cores; the figures are what this machine does, not a
 scaling claim.
 """
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.helpers import dcp as jobs  # noqa: E402
+from benchmarks import _fsdp as jobs  # noqa: E402
 from ulstore import toytrain  # noqa: E402
 
 
@@ -69,9 +69,9 @@ def run(world: int, kind: str, config, steps: int, dtype: str, work: Path) -> di
     storage = jobs.Storage(kind, str(url))
     kw = {"config": config, "dtype": dtype}
     t0 = time.perf_counter()
-    saved = jobs.outcomes_ok(jobs.run_job(world, jobs.save_job, storage, range(steps), None, workdir=work, kwargs=kw))
+    saved = jobs.run_job(world, jobs.save_job, storage, steps, workdir=work, kwargs=kw)
     t1 = time.perf_counter()
-    loaded = jobs.outcomes_ok(jobs.run_job(world, jobs.load_job, storage, range(steps), None, workdir=work, kwargs=kw))
+    loaded = jobs.run_job(world, jobs.load_job, storage, steps, workdir=work, kwargs=kw)
     t2 = time.perf_counter()
     save = [max(r[s] for r in saved) for s in range(steps)]
     load = [max(r[s] for r in loaded) for s in range(steps)]
