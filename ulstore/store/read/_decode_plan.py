@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
-from ._chunkcodec import content_digest, decode_chunk
-from ._layout import pack_key, step_key
-from ._packs import Location
+from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
+from ..format._chunkcodec import content_digest, decode_chunk
+from ..format._layout import pack_key, step_key
+from ..format._packs import Location
 
 if TYPE_CHECKING:
-    from ._reader import ChunkReader
+    from ._chunk_reader import ChunkReader
 
 __all__ = ["Node", "_Plan", "_paste"]
 

@@ -29,23 +29,23 @@ import threading
 
 import numpy as np
 
-from ..core.formatting import did_you_mean
-from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
-from ..errors import (
+from ...core.formatting import did_you_mean
+from ...core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ...errors import (
     CorruptBlobError,
     CorruptManifestError,
     IntegrityError,
     StepNotFoundError,
     TensorNotFoundError,
 )
-from ._chunkcodec import digest, zstd_decompress
+from ..format._chunk_tables import TensorTable
+from ..format._chunkcodec import digest, zstd_decompress
+from ..format._layout import pack_key, step_key
+from ..format._packs import Location, fetch, own_blob_range
+from ..format._stepdoc import StepDoc
+from ..format._table_block import Block, TableError, parse_block
 from ._decode_plan import Node
-from ._layout import pack_key, step_key
 from ._lru import _LRU
-from ._packs import Location, fetch, own_blob_range
-from ._stepdoc import StepDoc
-from ._table_block import Block, TableError, parse_block
-from ._tables import TensorTable
 from ._values import ValuesMixin
 
 __all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]

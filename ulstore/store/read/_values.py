@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ..errors import TensorNotFoundError
+from ...errors import TensorNotFoundError
+from ..format._chunk_tables import TensorTable
 from ._decode_plan import _paste, _Plan
 from ._kept import KeptStep
-from ._tables import TensorTable
 
 if TYPE_CHECKING:
-    from ._reader import ChunkReader
+    from ._chunk_reader import ChunkReader
 
 __all__ = ["ValuesMixin", "BATCH_BYTES", "batched"]
 
