@@ -19,7 +19,7 @@ from ulstore.errors import CorruptBlobError, CorruptManifestError, InvalidInputE
 from ulstore.store.commit import _piece_writer
 from ulstore.store.format._layout import pack_key
 from ulstore.store.read import _decode_plan
-from ulstore.store.read._chunk_reader import _MAX_AHEAD_PACKS
+from ulstore.store.read._table_reader import _MAX_AHEAD_PACKS
 
 
 def _mem():
@@ -799,9 +799,9 @@ def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
 
 def test_step_documents_cached_are_bounded_and_read_again_checked(monkeypatch):
     from ulstore.errors import CorruptManifestError
-    from ulstore.store.read import _chunk_reader
+    from ulstore.store.read import _table_reader
 
-    monkeypatch.setattr(_chunk_reader, "_MAX_DOCS", 3)
+    monkeypatch.setattr(_table_reader, "_MAX_DOCS", 3)
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
     for i in range(6):

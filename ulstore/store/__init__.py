@@ -26,9 +26,9 @@
 
     read/               the read path
       _step_reader.py   reading: lazy zarr groups, whole tensors, boxes, files, info, log
-      _chunk_reader.py  ChunkReader: step documents, tables, files, chunks, full reads; caches
-      _values.py        values of a step: chunks, boxes, whole tensors through decode plans
+      _chunk_reader.py  ChunkReader: chunks, boxes, whole tensors of any step, through decode plans
       _decode_plan.py   one request: the reference walk, then fetch, decode, check (where a chunk is decoded)
+      _table_reader.py  TableReader: step documents, table blocks, files, bytes; their caches
       _lru.py           the byte-bounded LRU of the reader's caches
       _kept.py          the kept step (one materialised step, overwritten in place)
       _logical.py       read-only zarr Store presenting steps as plain arrays

@@ -12,10 +12,9 @@ from ..format._chunk_tables import TensorTable, content_checksum
 from ..format._chunkcodec import content_digest, decode_chunk
 from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ..format._stepdoc import StepDoc
-from ..read._chunk_reader import ChunkReader
+from ..read._chunk_reader import ChunkReader, batched
 from ..read._decode_plan import _Plan
 from ..read._lru import _LRU
-from ..read._values import batched
 
 __all__ = ["IntegrityMixin", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
 

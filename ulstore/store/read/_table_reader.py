@@ -1,0 +1,401 @@
+"""Step documents, table blocks, files and bytes of any step, with their caches: what decoding stands on.
+
+:class:`TableReader` reads and checks what the store keeps about a step (its
+document, its table blocks, its files) and fetches blobs in coalesced range
+reads; :class:`~._chunk_reader.ChunkReader` adds the decoding.
+
+Caches (all bounded): step documents (by count); parsed table blocks; and the
+decoded-chunk LRU (keyed by content hash) that decode plans read and fill.
+
+Thread rules: every public method is thread-safe.  A thread waits on another
+only for a step document or table block being loaded (leaves), never inside
+a reference walk, so waits cannot form a cycle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures as cf
+import threading
+
+import numpy as np
+
+from ...core.formatting import did_you_mean
+from ...core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ...errors import (
+    CorruptBlobError,
+    CorruptManifestError,
+    IntegrityError,
+    StepNotFoundError,
+    TensorNotFoundError,
+)
+from ..format._chunk_tables import TensorTable
+from ..format._chunkcodec import digest, zstd_decompress
+from ..format._layout import pack_key, step_key
+from ..format._packs import Location, fetch, own_blob_range
+from ..format._stepdoc import StepDoc
+from ..format._table_block import Block, TableError, parse_block
+from ._lru import _LRU
+
+__all__ = ["TableReader", "DEFAULT_CACHE_BYTES"]
+
+DEFAULT_CACHE_BYTES = 128 << 20
+_TABLE_CACHE_BYTES = 256 << 20
+#: Step documents kept (oldest read first out): a follower reads one per version, for days
+_MAX_DOCS = 1 << 14
+
+
+def _charge(length: int) -> int:
+    """What a parsed table block of ``length`` stored bytes is charged in the cache: its columns and tables
+    (a chunk's entry is about 20 stored bytes), and what its headers derive for the change feed."""
+    return length * 16 + 1024
+
+
+class _Flight:
+    """A load under way in :meth:`TableReader._once`: ``done`` is held until its value or error is set.
+
+    (A follower loads a step document and a table block per version: a cf.Future with its Condition
+    cost several times this lock, most of it with the caches as cold as after an apply.)
+    """
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value = None
+        self.error: BaseException | None = None
+
+    def result(self):
+        with self.done:  # taken once the owner released it: value or error is set
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+#: Packs whose bytes read ahead a reader keeps until they are fetched.
+_MAX_AHEAD_PACKS = 2
+
+
+class TableReader:
+    """Read step documents, table blocks, files and bytes of a trajectory (the decoding: :class:`ChunkReader`).
+
+    Parameters
+    ----------
+    io : ObjectStore
+    cache_bytes : int
+        Budget of the decoded-chunk LRU (lazy slices); 0 disables it.
+    threads : int
+        Threads of full reads.
+    """
+
+    def __init__(self, io: ObjectStore, cache_bytes: int = DEFAULT_CACHE_BYTES, threads: int = 4):
+        self.io = io
+        self.cache_bytes = int(cache_bytes)
+        self.threads = max(1, int(threads))
+        self._lock = threading.Lock()
+        self._docs: dict[int, StepDoc] = {}
+        self._blocks = _LRU(_TABLE_CACHE_BYTES)
+        self._chunks = _LRU(self.cache_bytes)
+        self._inflight: dict = {}
+        # steps' own blobs, read with their table blocks for a caller that fetches them next (blocks(own_blobs=)):
+        # pack id -> view of its first bytes, dropped by the first fetch that reads from it (a follower that
+        # catches up reads a step ahead while it applies one: two at most, the older dropped beyond that)
+        self._ahead: dict[str, memoryview] = {}
+
+    def __getstate__(self) -> dict:
+        # where to read and how, not the caches (locks, decoded chunks): a process that
+        # unpickles a reader (a dask worker) starts with empty caches of the same budgets
+        return {"io": self.io, "cache_bytes": self.cache_bytes, "threads": self.threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["io"], state["cache_bytes"], state["threads"])  # type: ignore[misc]
+
+    # -- single flight ------------------------------------------------------------
+
+    def _once(self, key, compute):
+        """Run ``compute()`` once for concurrent callers asking for ``key`` (leaves only: no nested waits)."""
+        with self._lock:
+            flight = self._inflight.get(key)
+            owner = flight is None
+            if owner:
+                flight = self._inflight[key] = _Flight()
+        if not owner:
+            return flight.result()
+        try:
+            value = flight.value = compute()
+            return value
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            with self._lock:
+                del self._inflight[key]
+            flight.done.release()
+
+    # -- step documents and tables --------------------------------------------------
+
+    def doc(self, step: int) -> StepDoc:
+        """The step document of ``step`` (StepNotFoundError, CorruptManifestError)."""
+        d = self._docs.get(step)
+        if d is not None:
+            return d
+
+        def load():
+            d = self._docs.get(step)
+            if d is not None:
+                return d
+            key = step_key(step)
+            data = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
+            if data is None:
+                raise StepNotFoundError("no such step", step=step, key=key)
+            d = StepDoc.from_bytes(data, key=key, step=step)
+            self.keep_doc(d)
+            return d
+
+        return self._once(("doc", step), load)
+
+    def stored_doc(self, step: int) -> StepDoc | None:
+        """The step document of ``step`` as stored now (read past the cache, which it does not change), or None.
+
+        What a writer checks a cached document against at its commit point: the
+        parent it coded against, the document it is about to rewrite.
+        """
+        key = step_key(step)
+        data = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
+        return None if data is None else StepDoc.from_bytes(data, key=key, step=step)
+
+    def accept_doc(self, step: int, data: bytes, parent: int, parent_content: str) -> StepDoc:
+        """Check a step document received out of band; cache it if it was committed on ``parent`` (whose content
+        checksum is ``parent_content``).  The one cached if the same document was read already.
+
+        Raises CorruptManifestError (nothing cached) if it fails its checks or differs from the document of
+        ``step`` read already.
+        """
+        key = step_key(step)
+        d = StepDoc.from_bytes(data, key=key, step=step)
+        if d.parent != parent or d.parent_content != parent_content:
+            return d  # sound, but not linked to what the caller holds: not kept
+
+        def keep() -> StepDoc:
+            with self._lock:
+                held = self._docs.get(step)
+            if held is None:
+                self.keep_doc(d)
+                return d
+            return held
+
+        # as a load of the step's document: one that is under way (another thread's read) is waited for
+        held = self._once(("doc", step), keep)
+        if held is not d and held.to_bytes() != data:
+            raise CorruptManifestError("differs from the step document already read", step=step, key=key)
+        return held
+
+    def keep_doc(self, d: StepDoc) -> None:
+        """Cache a checked step document (the oldest cached goes beyond ``_MAX_DOCS``: read again if needed)."""
+        with self._lock:
+            self._docs[d.step] = d
+            while len(self._docs) > _MAX_DOCS:
+                del self._docs[next(iter(self._docs))]
+
+    def forget(self, steps=None) -> None:
+        """Drop cached step documents and tables (all, or of ``steps``): after they were rewritten."""
+        if steps is None:
+            with self._lock:
+                self._docs.clear()
+            self._blocks.clear()
+            return
+        steps = set(steps)
+        with self._lock:
+            for s in steps:
+                self._docs.pop(s, None)
+        self._blocks.drop(lambda key: key[0] not in steps)  # keyed (step, content, block hash)
+
+    def stored_tables(self, step: int) -> tuple[bytes, StepDoc, dict[str, TensorTable]] | None:
+        """(raw document, document, tables) of ``step`` as stored now (the cache refreshed); None if it is gone.
+
+        For scans that run beside other writers (gc, stats): a document
+        rewritten by another process between the read of the document and of
+        its tables (a repack moved them) is read again.
+        """
+        key = step_key(step)
+        for attempt in range(3):
+            raw = self.io.get(key, limit=MAX_DOCUMENT_BYTES)
+            if raw is None:
+                return None
+            d = StepDoc.from_bytes(raw, key=key, step=step)
+            self.keep_doc(d)
+            try:
+                return raw, d, self.tables(step)
+            except (CorruptBlobError, CorruptManifestError):
+                if attempt == 2 or self.io.get(key, limit=MAX_DOCUMENT_BYTES) == raw:
+                    raise
+                self.forget([step])
+        return None
+
+    def cached_doc(self, step: int) -> StepDoc | None:
+        """The document of ``step`` this reader holds, if any (no read)."""
+        with self._lock:
+            return self._docs.get(step)
+
+    def forget_docs(self, steps=None) -> None:
+        """Drop cached step documents (all, or of ``steps``) and nothing else: table blocks are cached by
+        their hash, so a document read anew finds its blocks again unless they changed."""
+        with self._lock:
+            if steps is None:
+                self._docs.clear()
+            else:
+                for s in steps:
+                    self._docs.pop(s, None)
+
+    def settled(self, read):
+        """``read()``; once more, with every step document read anew, if it met damage (a missing pack...).
+
+        A document read a while ago may name a pack that another process has
+        since repacked or collected (after a delete of an ancestor, say): the
+        stored documents name where the bytes are now.  A pack still missing
+        then is damage (or the step is gone: StepNotFoundError).
+        """
+        try:
+            return read()
+        except IntegrityError:  # a missing pack, a reference to a step gone: stale documents, or damage
+            self.forget_docs()
+            return read()
+
+    def clear_cache(self) -> None:
+        """Drop every decoded chunk (documents and tables stay)."""
+        self._chunks.clear()
+
+    def remember(self, doc: StepDoc, tables: list[TensorTable]) -> None:
+        """Cache a step document and its tables that this process just wrote."""
+        self.keep_doc(doc)
+        names = [t.name for t in tables]
+        for ref in doc.tables:
+            lo = bisect.bisect_left(names, ref.first)
+            hi = bisect.bisect_right(names, ref.last)
+            self._blocks.put((doc.step, doc.content, ref.hash), Block.from_tables(tables[lo:hi]), _charge(ref.length))
+
+    def _block(self, step: int, bi: int) -> Block:
+        d = self.doc(step)
+        cache_key = (step, d.content, d.tables[bi].hash)
+        hit = self._blocks.get(cache_key)
+        if hit is not None:
+            return hit
+
+        def load():
+            ref = d.tables[bi]
+            data = self.fetch([(d.packs[ref.pack], ref.offset, ref.length)])[0]
+            block = self._parse_block(step, d, bi, data)
+            self._blocks.put(cache_key, block, _charge(ref.length))
+            return block
+
+        return self._once(("block", cache_key), load)
+
+    @staticmethod
+    def _parse_block(step: int, d: StepDoc, bi: int, data) -> Block:
+        ref = d.tables[bi]
+        key = pack_key(d.packs[ref.pack])
+        if digest(data).hex() != ref.hash:
+            raise CorruptManifestError(f"table block at byte {ref.offset} fails its hash", step=step, key=key)
+        try:
+            block = parse_block(data, n_packs=len(d.packs))
+        except TableError as e:
+            raise CorruptManifestError(f"table block at byte {ref.offset} is malformed: {e}", step=step, key=key) from e
+        names = list(block.specs())
+        if not names or names[0] != ref.first or names[-1] != ref.last:
+            raise CorruptManifestError("table block holds other tensors than its directory says", step=step, key=key)
+        return block
+
+    def tensor(self, step: int, name: str) -> TensorTable:
+        """The table of tensor ``name`` at ``step``: one step document and one table block."""
+        bi = self.doc(step).table_for(name)
+        t = self._block(step, bi).tables().get(name) if bi is not None else None
+        if t is None:
+            raise TensorNotFoundError("no such tensor", step=step, tensor=name)
+        return t
+
+    def blocks(self, step: int, *, own_blobs: bool = False) -> list[Block]:
+        """The table blocks of ``step``, in name order (the missing ones fetched together).
+
+        ``own_blobs``: when every byte the step's commit wrote before its table
+        blocks is a blob of one of its changes (no snapshot, no file: see
+        :func:`~ulstore.store._packs.own_blob_range`), read those bytes in the
+        same request as the blocks and keep them for the next :meth:`fetch`.
+        For a caller that fetches the blobs of the step's changes next (a
+        weight-sync follower): one request per step fewer, the same bytes.
+        """
+        d = self.doc(step)
+        # one cache look-up per block (a follower asks for a step's blocks three times per version)
+        got = [self._blocks.get((step, d.content, ref.hash)) for ref in d.tables]
+        missing = [bi for bi, block in enumerate(got) if block is None]
+        head = own_blob_range(d) if own_blobs and missing else None
+        if len(missing) > 1 or head is not None:  # one coalesced fetch instead of one GET per block
+            locations = [(d.packs[d.tables[bi].pack], d.tables[bi].offset, d.tables[bi].length) for bi in missing]
+            datas = self.fetch(locations + ([head] if head is not None else []))
+            if head is not None:
+                with self._lock:
+                    self._ahead[head[0]] = datas[-1]
+                    while len(self._ahead) > _MAX_AHEAD_PACKS:
+                        del self._ahead[next(iter(self._ahead))]
+            for bi, data in zip(missing, datas):
+                block = self._parse_block(step, d, bi, data)  # (returned from the cache below, as before)
+                self._blocks.put((step, d.content, d.tables[bi].hash), block, _charge(d.tables[bi].length))
+        return [block if block is not None else self._block(step, bi) for bi, block in enumerate(got)]
+
+    def tables(self, step: int) -> dict[str, TensorTable]:
+        """Every tensor table of ``step``, in name order (blocks fetched together)."""
+        out: dict[str, TensorTable] = {}
+        for block in self.blocks(step):
+            out.update(block.tables())
+        return out
+
+    def specs(self, step: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """name -> (shape, dtype) of every tensor of ``step``, in name order (a new dict)."""
+        out: dict = {}
+        for block in self.blocks(step):
+            out.update(block.specs())
+        return out
+
+    # -- bytes ------------------------------------------------------------------------
+
+    def fetch(self, locations: list[Location], pool: cf.Executor | None = None) -> list[memoryview]:
+        """Bytes at (pack, offset, length) locations, with coalesced range reads (and from the bytes
+        :meth:`blocks` read ahead, if any: this call drops them)."""
+        if not self._ahead:
+            return fetch(self.io, locations, pool=pool)
+        with self._lock:
+            heads = {p: self._ahead.pop(p) for p in {loc[0] for loc in locations} if p in self._ahead}
+        out: list = [None] * len(locations)
+        rest = []
+        for i, (p, off, n) in enumerate(locations):
+            head = heads.get(p)
+            if head is not None and off + n <= len(head):  # (locations are non-negative: checked with the tables)
+                out[i] = head[off : off + n]
+            else:
+                rest.append(i)
+        if rest:
+            for i, view in zip(rest, fetch(self.io, [locations[i] for i in rest], pool=pool)):
+                out[i] = view
+        return out
+
+    def file(self, step: int, name: str) -> bytes:
+        """The content of file ``name`` of ``step``, checked against its hash."""
+        d = self.doc(step)
+        f = d.files.get(name)
+        if f is None:
+            files = sorted(d.files)
+            shown = ", ".join(files[:8]) + (", ..." if len(files) > 8 else "")
+            raise TensorNotFoundError(
+                f"no file named {name!r}{did_you_mean(name, files)} ({f'files: {shown}' if files else 'no files'})",
+                step=step,
+            )
+        key = pack_key(d.packs[f.pack])
+        blob = self.fetch([(d.packs[f.pack], f.offset, f.length)])[0]
+        try:
+            data = zstd_decompress(blob, f.size, what="file blob")
+        except Exception as e:
+            raise CorruptBlobError(f"file {name!r} does not decode: {e}", step=step, key=key) from e
+        if digest(data).hex() != f.hash:
+            raise CorruptBlobError(f"file {name!r} fails its content hash", step=step, key=key)
+        return data
