@@ -68,7 +68,7 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
     ``contexts``: the SPARSE deltas coded with exponent contexts (the store codes them without)."""
     states = load_trajectory("rl", "bfloat16", preset, steps=steps)
     if contexts:
-        from ulstore.store import _chunkcodec
+        from ulstore.store.format import _chunkcodec
 
         real_encode = _chunkcodec._ulpack.encode
         _chunkcodec._ulpack.encode = lambda *a, **kw: real_encode(*a, **{**kw, "econd": True})

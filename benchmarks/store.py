@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 import ml_dtypes  # noqa: E402
 
 import ulstore  # noqa: E402
-from ulstore.store._chunkcodec import content_digest  # noqa: E402
+from ulstore.store.format._chunkcodec import content_digest  # noqa: E402
 
 _CHILD = r"""
 import json, sys, time, tracemalloc
@@ -326,11 +326,11 @@ def s3(states, args) -> None:
 
 def manifest_1t() -> None:
     """A 1T-parameter bf16 step (Kimi-K2-like: 61 layers, 384 experts), 4 MiB chunks, RL delta 1.5% of raw."""
-    from ulstore.store._finalize import _blocks
-    from ulstore.store._layout import choose_chunks, chunk_grid, new_pack_id
-    from ulstore.store._stepdoc import StepDoc, TableRef
-    from ulstore.store._table_block import encode_block
-    from ulstore.store._tables import Piece, TensorTable, content_checksum
+    from ulstore.store.commit._finalize import _blocks
+    from ulstore.store.format._chunk_tables import Piece, TensorTable, content_checksum
+    from ulstore.store.format._layout import choose_chunks, chunk_grid, new_pack_id
+    from ulstore.store.format._stepdoc import StepDoc, TableRef
+    from ulstore.store.format._table_block import encode_block
 
     rng = np.random.default_rng(0)
     bf16 = np.dtype(ml_dtypes.bfloat16)

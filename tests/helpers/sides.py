@@ -58,7 +58,7 @@ def load_state(path: str) -> dict:
 
 
 def _parent(spec: dict):
-    from ulstore.store._commit_input import HEAD
+    from ulstore.store.commit._commit_input import HEAD
 
     p = spec.get("parent", "HEAD")
     return HEAD if p == "HEAD" else p

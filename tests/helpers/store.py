@@ -129,13 +129,13 @@ def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False)
     """
     import dataclasses
 
-    from ulstore.store._chunkcodec import digest
-    from ulstore.store._layout import step_key
-    from ulstore.store._packs import PackStream
-    from ulstore.store._reader import ChunkReader
-    from ulstore.store._stepdoc import TableRef
-    from ulstore.store._table_block import encode_block
-    from ulstore.store._tables import Piece, content_checksum
+    from ulstore.store.format._chunk_tables import Piece, content_checksum
+    from ulstore.store.format._chunkcodec import digest
+    from ulstore.store.format._layout import step_key
+    from ulstore.store.format._packs import PackStream
+    from ulstore.store.format._stepdoc import TableRef
+    from ulstore.store.format._table_block import encode_block
+    from ulstore.store.read._chunk_reader import ChunkReader
 
     io = traj._io
     reader = ChunkReader(io, 0, 1)

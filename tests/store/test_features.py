@@ -16,9 +16,10 @@ from tests.helpers.bits import bits_of as bits
 from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, states_bf16
 from ulstore.core.objects import MAX_DOCUMENT_BYTES
 from ulstore.errors import CorruptBlobError, CorruptManifestError, InvalidInputError, TensorNotFoundError
-from ulstore.store import _decode_plan, _writer
-from ulstore.store._layout import pack_key
-from ulstore.store._reader import _MAX_AHEAD_PACKS
+from ulstore.store.commit import _piece_writer
+from ulstore.store.format._layout import pack_key
+from ulstore.store.read import _decode_plan
+from ulstore.store.read._table_reader import _MAX_AHEAD_PACKS
 
 
 def _mem():
@@ -417,7 +418,8 @@ def test_change_feed_of_steps_with_their_parents_layout_and_after_a_layout_chang
     """A step whose table block has its parent's exact header bytes gets its feed from whole columns and
     what was derived once for those headers; any other step (a tensor rechunked, added, or snapshots
     declared in one step only) from the tables, piece by piece.  Both give the feed the tables say."""
-    from ulstore.store import _changes, _table_block
+    from ulstore.store.format import _table_block
+    from ulstore.store.read import _change_feed
 
     states = states_bf16(20)
     name = "model.layers.0.mlp.up_proj.weight"
@@ -445,9 +447,9 @@ def test_change_feed_of_steps_with_their_parents_layout_and_after_a_layout_chang
 
     _table_block._HEADS.clear()
     fast = []
-    real = _changes._same_layout_changes
-    monkeypatch.setattr(_changes, "_same_layout_changes", lambda *a: fast.append(a[1]) or real(*a))
-    slow = _Count(monkeypatch, _changes, "_piece_changes")
+    real = _change_feed._same_layout_changes
+    monkeypatch.setattr(_change_feed, "_same_layout_changes", lambda *a: fast.append(a[1]) or real(*a))
+    slow = _Count(monkeypatch, _change_feed, "_piece_changes")
     ro = ulstore.open(traj.url, mode="r")  # a reader that wrote nothing (a writer knows its tables only)
 
     def layout(step):  # what a block's header bytes say (with one block per step, as here)
@@ -521,7 +523,7 @@ def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch
     """Columns for a step with its parent's layout (its tables in one block or in several), None for a root
     step or after a layout change; row by row what changes() says of the chunks that are not unchanged, the
     same blobs fetched, and one FeedLayout object for the steps of one layout (feed_layout() gives it too)."""
-    from ulstore.store import _finalize
+    from ulstore.store.commit import _finalize
 
     if block_bytes is not None:
         monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", block_bytes)
@@ -560,7 +562,7 @@ def test_change_columns_say_what_the_feed_says_of_the_changed_chunks(monkeypatch
 def test_change_columns_of_some_tensors_are_the_rows_of_those_tensors(monkeypatch):
     """``change_columns(step, names)``: the rows of the whole columns whose tensor is named (blocks split or
     not), in the same layout; their blobs fetched alone; a name the step lacks is TensorNotFoundError."""
-    from ulstore.store import _finalize
+    from ulstore.store.commit import _finalize
 
     monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", 512)
     states = states_bf16(3)
@@ -591,7 +593,8 @@ def test_a_step_of_many_table_blocks_parses_their_headers_once_for_all_steps(mon
     """A follower parses every table block of a step per version: with more blocks than a short list of recent
     headers would hold (a 1T-parameter step has hundreds), each block's headers are still found by their first
     bytes and parsed once; with a budget too small to keep them, they are parsed again, to the same tables."""
-    from ulstore.store import _finalize, _table_block
+    from ulstore.store.commit import _finalize
+    from ulstore.store.format import _table_block
 
     monkeypatch.setattr(_finalize, "TABLE_BLOCK_BYTES", 256)
     states = states_bf16(6)
@@ -651,7 +654,7 @@ def test_a_failed_commit_leaves_the_kept_parent_sound():
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, threads=2)
     traj.commit(0, states[0])
-    real = _writer.encode_chunk
+    real = _piece_writer.encode_chunk
     calls = {"n": 0}
 
     def fail_late(*a):
@@ -660,12 +663,12 @@ def test_a_failed_commit_leaves_the_kept_parent_sound():
             raise RuntimeError("boom")
         return real(*a)
 
-    _writer.encode_chunk = fail_late
+    _piece_writer.encode_chunk = fail_late
     try:
         with pytest.raises(RuntimeError):
             traj.commit(1, states[1])  # half the kept step now holds step 1's values
     finally:
-        _writer.encode_chunk = real
+        _piece_writer.encode_chunk = real
     traj.commit(1, states[2])  # so this is coded against what step 0 really holds, not the kept values
     ro = ulstore.open(traj.url, mode="r")
     assert_state_equal(ro.read(0), states[0])
@@ -767,7 +770,7 @@ def test_add_of_a_sharded_checkpoint_streams_it(tmp_path):
 
 
 def test_the_kept_step_copies_nothing_for_a_chunk_it_already_holds():
-    from ulstore.store._kept import KeptPiece
+    from ulstore.store.read._kept import KeptPiece
 
     kp = KeptPiece(((0,), (4,), (4,)), np.dtype(np.float32), 1)
     a, b = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
@@ -780,7 +783,8 @@ def test_the_kept_step_copies_nothing_for_a_chunk_it_already_holds():
 
 
 def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
-    from ulstore.store import _commit, _kept
+    from ulstore.store.commit import _commit
+    from ulstore.store.read import _kept
 
     _kept.release_free_memory()  # glibc: malloc_trim; elsewhere a no-op; never raises
     calls = []
@@ -795,9 +799,9 @@ def test_a_commit_that_grows_the_kept_step_returns_free_memory(monkeypatch):
 
 def test_step_documents_cached_are_bounded_and_read_again_checked(monkeypatch):
     from ulstore.errors import CorruptManifestError
-    from ulstore.store import _reader
+    from ulstore.store.read import _table_reader
 
-    monkeypatch.setattr(_reader, "_MAX_DOCS", 3)
+    monkeypatch.setattr(_table_reader, "_MAX_DOCS", 3)
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK)
     for i in range(6):

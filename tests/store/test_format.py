@@ -11,12 +11,12 @@ import pytest
 
 from ulstore.core.objects import ObjectStore
 from ulstore.errors import CorruptBlobError, CorruptManifestError
-from ulstore.store._chunkcodec import decode_chunk, encode_chunk, zstd_compress, zstd_decompress
-from ulstore.store._layout import is_pack_id, new_pack_id, pack_key
-from ulstore.store._packs import PackStream, coalesce, fetch
-from ulstore.store._stepdoc import FileRef, StepDoc, TableRef
-from ulstore.store._table_block import TableError, decode_block, encode_block
-from ulstore.store._tables import Piece, TensorTable, content_checksum, pieces_problem
+from ulstore.store.format._chunk_tables import Piece, TensorTable, content_checksum, pieces_problem
+from ulstore.store.format._chunkcodec import decode_chunk, encode_chunk, zstd_compress, zstd_decompress
+from ulstore.store.format._layout import is_pack_id, new_pack_id, pack_key
+from ulstore.store.format._packs import PackStream, coalesce, fetch
+from ulstore.store.format._stepdoc import FileRef, StepDoc, TableRef
+from ulstore.store.format._table_block import TableError, decode_block, encode_block
 
 
 def _piece(offset, shape, chunks, rng, n_packs=3, snapshots=False) -> Piece:
@@ -179,7 +179,7 @@ def test_step_document_checksum_is_checked_whatever_the_document_holds():
     import json
 
     from ulstore.core.sealed import canonical_json
-    from ulstore.store._stepdoc import _checksum
+    from ulstore.store.format._stepdoc import _checksum
 
     d = _doc(metadata={"ulstore_checksum": "f" * 32, "note": '"},"node_type":"group","zarr_format":3}'})
     assert StepDoc.from_bytes(d.to_bytes(), key="k", step=12) == d
@@ -227,8 +227,8 @@ def test_pack_ids_are_checked_before_any_key_is_built():
 
 def test_names_read_from_storage_match_whole_not_up_to_a_trailing_newline():
     """``$`` also matches before a final newline: every name checked from storage is matched to its very end."""
-    from ulstore.store._layout import check_ref_name, step_of
-    from ulstore.store._stepdoc import is_hex128
+    from ulstore.store.format._layout import check_ref_name, step_of
+    from ulstore.store.format._stepdoc import is_hex128
 
     assert check_ref_name("main") == "main" and step_of("12") == 12 and is_hex128("0" * 32)
     with pytest.raises(ValueError):
@@ -283,7 +283,7 @@ def test_decode_checks_declared_sizes_before_allocating():
 
 
 def test_table_block_parse_reuses_checked_headers_and_sorts_pieces():
-    from ulstore.store import _table_block
+    from ulstore.store.format import _table_block
 
     rng = np.random.default_rng(7)
     a, b = _piece((4, 0), (4, 5), (2, 5), rng), _piece((0, 0), (4, 5), (3, 5), rng, snapshots=True)
@@ -305,7 +305,7 @@ def test_table_block_parse_reuses_checked_headers_and_sorts_pieces():
 def test_a_parsed_table_block_builds_its_tables_once_and_derives_the_layout_once_per_headers():
     import threading
 
-    from ulstore.store._table_block import parse_block
+    from ulstore.store.format._table_block import parse_block
 
     rng = np.random.default_rng(10)
     tables = _tables(rng)
@@ -335,8 +335,8 @@ def test_a_parsed_table_block_builds_its_tables_once_and_derives_the_layout_once
 
 
 def test_table_block_rejects_snapshots_in_a_piece_that_declares_none():
-    from ulstore.store import _table_block
-    from ulstore.store._tables import _u64s
+    from ulstore.store.format import _table_block
+    from ulstore.store.format._chunk_tables import _u64s
 
     rng = np.random.default_rng(8)
     raw = encode_block(_tables(rng))
@@ -352,21 +352,24 @@ def test_table_block_rejects_snapshots_in_a_piece_that_declares_none():
 
 
 def test_chunk_boxes_match_the_pieces_geometry_and_stay_bounded(monkeypatch):
-    from ulstore.store import _tables
+    from ulstore.store.format import _chunk_tables
 
     rng = np.random.default_rng(9)
     for layout in [((0, 0), (10, 6), (3, 6)), ((4, 2), (5, 7), (2, 3)), ((), (), ()), ((0, 0), (0, 3), (1, 3))]:
         p = _piece(*layout, rng)
-        boxes = _tables.chunk_boxes(*layout)
+        boxes = _chunk_tables.chunk_boxes(*layout)
         assert [c for c, _, _ in boxes] == p.coords()
         assert [(lo, hi) for _, lo, hi in boxes] == [p.box(c) for c in p.coords()]
-        assert _tables.chunk_boxes(*layout) is boxes  # cached
-    monkeypatch.setattr(_tables, "_BOXES_MAX", 20)
+        assert _chunk_tables.chunk_boxes(*layout) is boxes  # cached
+    monkeypatch.setattr(_chunk_tables, "_BOXES_MAX", 20)
     for k in range(30):
-        _tables.chunk_boxes((0,), (k + 8,), (2,))
-        assert _tables._boxes_held <= 20 and sum(len(v) for v in _tables._BOXES.values()) == _tables._boxes_held
-    assert len(_tables.chunk_boxes((0,), (100,), (2,))) == 50  # larger than the whole cache: computed, not kept
-    assert ((0,), (100,), (2,)) not in _tables._BOXES
+        _chunk_tables.chunk_boxes((0,), (k + 8,), (2,))
+        assert (
+            _chunk_tables._boxes_held <= 20
+            and sum(len(v) for v in _chunk_tables._BOXES.values()) == _chunk_tables._boxes_held
+        )
+    assert len(_chunk_tables.chunk_boxes((0,), (100,), (2,))) == 50  # larger than the whole cache: computed, not kept
+    assert ((0,), (100,), (2,)) not in _chunk_tables._BOXES
 
 
 def test_sparse_deltas_are_coded_without_exponent_contexts_and_everything_else_with():

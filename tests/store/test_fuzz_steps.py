@@ -291,7 +291,7 @@ def test_the_fuzz_edits_do_reach_the_reader(pristine, tmp_path):
 
 def test_a_chunk_longer_than_its_piece_is_clamped_on_write_and_refused_on_read(tmp_path):
     """Found by the fuzz test: a crafted chunk shape of 2**31 made the zarr view pad a chunk to 512 GiB."""
-    from ulstore.store._tables import pieces_problem
+    from ulstore.store.format._chunk_tables import pieces_problem
 
     traj = ulstore.open(str(tmp_path / "t"), mode="w")
     w = traj.piece_writer(0)

@@ -93,7 +93,7 @@ def test_repack_keeps_every_live_blob_and_drops_the_rest(tmp_path):
 def test_deleting_the_parent_of_a_snapshot_step_makes_its_snapshots_its_entries(tmp_path, monkeypatch):
     """A step that carries snapshots (commit(snapshot=True)) loses its parent: each of its chunks coded against
     the parent takes its snapshot as its entry, with nothing decoded or encoded; every step reads exactly."""
-    from ulstore.store import _delete
+    from ulstore.store.maintenance import _delete
 
     states = states_bf16(20)
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=0)
@@ -128,7 +128,7 @@ def test_deleting_the_parent_of_a_snapshot_step_makes_its_snapshots_its_entries(
 def test_a_delete_reads_again_only_the_tables_it_rewrote(tmp_path, monkeypatch):
     """Each delete checks every step for dependants: from the cached tables, not from storage again (a
     delete used to drop every cached table, so deleting n of N steps read n * N table blocks)."""
-    from ulstore.store._reader import ChunkReader
+    from ulstore.store.read._chunk_reader import ChunkReader
 
     states = states_bf16(20)
     traj = ulstore.open(str(tmp_path / "t"), mode="w", chunk_bytes=4 * CHUNK, anchor_every=0)

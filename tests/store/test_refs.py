@@ -30,7 +30,7 @@ from ulstore.errors import (
     StepNotFoundError,
     UlstoreError,
 )
-from ulstore.store._layout import step_key
+from ulstore.store.format._layout import step_key
 
 
 def _mem():

@@ -22,8 +22,8 @@ import pytest
 import ulstore
 from tests.helpers.store import CHUNK, assert_state_equal, entries, flip_at, rewrite_step, states_bf16
 from ulstore.errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError
-from ulstore.store._chunkcodec import zstd_compress
-from ulstore.store._layout import pack_key, step_key
+from ulstore.store.format._chunkcodec import zstd_compress
+from ulstore.store.format._layout import pack_key, step_key
 
 
 def _mem():

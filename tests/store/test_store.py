@@ -41,8 +41,8 @@ from ulstore.errors import (
     StepExistsError,
     StepNotFoundError,
 )
-from ulstore.store._layout import pack_key, step_key
-from ulstore.store._stepdoc import StepDoc
+from ulstore.store.format._layout import pack_key, step_key
+from ulstore.store.format._stepdoc import StepDoc
 
 
 def _mem():

@@ -12,7 +12,7 @@ import pytest
 import ulstore
 from tests.helpers.store import rewrite_step
 from ulstore.errors import CorruptManifestError, InvalidInputError, UlstoreError
-from ulstore.store._layout import ROOT_META
+from ulstore.store.format._layout import ROOT_META
 
 
 def test_deeply_nested_metadata_is_invalid_input():
@@ -142,7 +142,7 @@ def test_odd_entries_under_steps_are_not_steps(tmp_path, name):
 )
 def test_negative_or_huge_shapes_in_a_table_are_corrupt(tmp_path, monkeypatch, shape, chunks):
     """Format 2: a crafted table block (its hash in the step document recomputed) with a bad shape or chunk grid."""
-    from ulstore.store import _table_block
+    from ulstore.store.format import _table_block
 
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w")
@@ -195,7 +195,7 @@ def _loop_parents(traj, links: dict[int, int]) -> None:
 @pytest.mark.timeout(60)
 def test_a_step_document_naming_itself_as_parent_is_corrupt(tmp_path):
     """#40: readers, verify and delete refuse a step that is its own parent (checksum recomputed)."""
-    from ulstore.store._layout import step_key
+    from ulstore.store.format._layout import step_key
 
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w")
@@ -221,7 +221,7 @@ def test_parent_links_that_loop_are_reported(tmp_path):
     """#40: a later step may be a parent (an older checkpoint added on top of a newer one), so two crafted
     documents can form a loop, 1 -> 2 -> 1: log() raises naming it instead of stopping silently, verify()
     reports it (all steps, or the one asked)."""
-    from ulstore.store._layout import step_key
+    from ulstore.store.format._layout import step_key
 
     root = str(tmp_path / "t")
     traj = ulstore.open(root, mode="w")
@@ -248,9 +248,9 @@ def test_parent_links_that_loop_are_reported(tmp_path):
 @pytest.mark.parametrize("step", [1 << 62, (1 << 63) - 1, 1 << 63, 1 << 64])
 def test_steps_beyond_what_a_step_document_holds_are_refused_at_commit(step):
     """#40: a commit of a step no reader accepts (2**64) moved main before; a child raised OverflowError."""
-    from ulstore.store._stepdoc import StepDoc
+    from ulstore.store.format._stepdoc import StepDoc
 
-    MAX_STEP = 1 << 62  # (ulstore.store._layout.MAX_STEP, the one bound of checks and parser)
+    MAX_STEP = 1 << 62  # (ulstore.store.format._layout.MAX_STEP, the one bound of checks and parser)
     traj = ulstore.open("memory://untrusted-huge-step", mode="w")
     traj.commit(0, {"w": np.zeros(4, np.float32)})
     with pytest.raises(InvalidInputError, match=f"below 2\\*\\*62.*{step}"):
@@ -267,7 +267,7 @@ def test_steps_beyond_what_a_step_document_holds_are_refused_at_commit(step):
     doc["attributes"]["ulstore"]["step"] = step
     with pytest.raises(CorruptManifestError, match="step"):
         StepDoc.from_bytes(json.dumps(doc).encode(), key="steps/5/zarr.json")
-    from ulstore.store._layout import MAX_STEP as bound
+    from ulstore.store.format._layout import MAX_STEP as bound
 
     assert bound == MAX_STEP
 
@@ -277,7 +277,7 @@ def test_steps_beyond_what_a_step_document_holds_are_refused_at_commit(step):
 def test_verify_names_the_step_document_and_tensor_of_a_crafted_reference(links):
     """#40: verify's report named these objects ``None``: a chunk coded against its own step, a reference
     cycle between steps (tables rewritten, hashes recomputed)."""
-    from ulstore.store._layout import step_key
+    from ulstore.store.format._layout import step_key
 
     url = f"memory://untrusted-refs-{len(links)}"
     traj = ulstore.open(url, mode="w", anchor_every=0)

@@ -86,7 +86,7 @@ def test_negative_or_huge_shapes_in_a_format1_manifest_are_corrupt(tmp_path, sha
 
     from ulstore.core.sealed import canonical_json, digest128
     from ulstore.errors import CorruptManifestError
-    from ulstore.store._layout import step_key
+    from ulstore.store.format._layout import step_key
 
     src = tmp_path / "old"
     shutil.copytree(FIXTURE, src)

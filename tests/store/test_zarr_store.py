@@ -15,7 +15,7 @@ from zarr.testing.store import StoreTests
 
 import ulstore
 from ulstore.errors import ReadOnlyError
-from ulstore.store._logical import LogicalStore
+from ulstore.store.read._logical import LogicalStore
 
 from ..helpers.store import assert_state_equal
 

@@ -930,7 +930,7 @@ def test_s3_publish_follow(states, moto_s3):
 
 
 def test_prune_keeps_what_followers_need(states, url, monkeypatch):
-    from ulstore.store import _delete
+    from ulstore.store.maintenance import _delete
 
     publish_all(url, states[:6], anchor_every=4)
     stale = Follower(url)

@@ -257,7 +257,7 @@ def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_int
 ):
     """The first version after a snapshot load finds its output buffers faulted in (1/RESERVE_EVERY of each float
     dtype's elements) and applies into them when it fits; a version that needs more grows them."""
-    from ulstore.store._chunkcodec import codec_for
+    from ulstore.store.format._chunkcodec import codec_for
     from ulstore.sync import _in_place
 
     monkeypatch.setattr(_in_place, "RESERVE_EVERY", every)

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from ..core.formatting import missing_step_message, redact_url
 from ..core.objects import ObjectStore
 from ..errors import InvalidInputError, NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
-from ._kept import KeptStep
-from ._layout import STEPS_DIR, check_ref_name, check_step, step_key, step_of
-from ._logical import LogicalStore
-from ._packs import DEFAULT_PACK_BYTES
 from ._pending import Pending
-from ._reader import DEFAULT_CACHE_BYTES, ChunkReader
-from ._refs import RefLog
-from ._zarr_dtypes import register as _register_zarr_dtypes
+from .format._layout import STEPS_DIR, check_ref_name, check_step, step_key, step_of
+from .format._packs import DEFAULT_PACK_BYTES
+from .format._refs import RefLog
+from .read._chunk_reader import DEFAULT_CACHE_BYTES, ChunkReader
+from .read._kept import KeptStep
+from .read._logical import LogicalStore
+from .read._zarr_dtypes import register as _register_zarr_dtypes
 
 __all__ = ["TrajectoryBase", "MAIN", "ANY"]
 

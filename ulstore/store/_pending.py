@@ -69,7 +69,7 @@ from ..errors import (
     StaleParentError,
     StepNotFoundError,
 )
-from ._refs import RefLog, RefState
+from .format._refs import RefLog, RefState
 
 __all__ = ["Pending", "Intent", "PENDING_DIR", "LEASE_SECONDS"]
 

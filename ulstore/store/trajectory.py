@@ -60,18 +60,18 @@ from ..errors import (
     StorageAccessError,
     UlstoreError,
 )
-from ._chunkcodec import HASH_NAME
-from ._commit import CommitMixin
-from ._commit_input import HEAD
-from ._delete import DeleteMixin
-from ._gc import GcMixin
-from ._integrity import IntegrityMixin, VerifyReport
-from ._layout import ROOT_META, STEPS_META
-from ._packs import DEFAULT_PACK_BYTES
-from ._read import ReadMixin, StepInfo
-from ._reader import DEFAULT_CACHE_BYTES
-from ._stepdoc import FORMAT
-from ._tables import MAX_CHUNK_BYTES
+from .commit._commit import CommitMixin
+from .commit._commit_input import HEAD
+from .format._chunk_tables import MAX_CHUNK_BYTES
+from .format._chunkcodec import HASH_NAME
+from .format._layout import ROOT_META, STEPS_META
+from .format._packs import DEFAULT_PACK_BYTES
+from .format._stepdoc import FORMAT
+from .maintenance._delete import DeleteMixin
+from .maintenance._gc import GcMixin
+from .maintenance._integrity import IntegrityMixin, VerifyReport
+from .read._chunk_reader import DEFAULT_CACHE_BYTES
+from .read._step_reader import ReadMixin, StepInfo
 
 __all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "HEAD", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_BYTES"]
 

@@ -51,11 +51,11 @@ import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.dtype.common import HasEndianness
 
-from ..errors import InvalidInputError, NotFoundError, ReadOnlyError
-from ._layout import chunk_grid
-from ._reader import ChunkReader
-from ._stepdoc import StepDoc
-from ._tables import TensorTable
+from ...errors import InvalidInputError, NotFoundError, ReadOnlyError
+from ..format._chunk_tables import TensorTable
+from ..format._layout import chunk_grid
+from ..format._stepdoc import StepDoc
+from ._chunk_reader import ChunkReader
 from ._zarr_dtypes import zarr_dtype
 
 __all__ = ["LogicalStore", "array_metadata", "dimension_names"]
@@ -337,7 +337,7 @@ class LogicalStore(Store):
     def _steps(self) -> builtins.list[str]:
         if self.step is not None:
             return [str(self.step)] if self._doc(str(self.step)) is not None else []
-        from ._layout import STEPS_DIR
+        from ..format._layout import STEPS_DIR
 
         keys = self.reader.io.find(STEPS_DIR)
         return sorted(

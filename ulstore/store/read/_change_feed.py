@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TensorNotFoundError
-from ._packs import Location
-from ._reader import ChunkReader
-from ._tables import Piece, TensorTable
+from ...errors import TensorNotFoundError
+from ..format._chunk_tables import Piece, TensorTable
+from ..format._packs import Location
+from ._chunk_reader import ChunkReader
 
 __all__ = ["ChunkChange", "ChangeColumns", "FeedLayout", "changes_of", "change_columns", "KINDS"]
 

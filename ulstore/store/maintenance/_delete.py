@@ -14,14 +14,14 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import ConflictError, CorruptManifestError, RefMovedError, StepExistsError
-from ._base import TrajectoryBase
-from ._chunkcodec import encode_chunk
-from ._layout import check_ref_name, check_step, step_key
-from ._packs import PackStream
+from ...errors import ConflictError, CorruptManifestError, RefMovedError, StepExistsError
+from .._base import TrajectoryBase
+from ..format._chunk_tables import Piece, TensorTable
+from ..format._chunkcodec import encode_chunk
+from ..format._layout import check_ref_name, check_step, step_key
+from ..format._packs import PackStream
+from ..format._stepdoc import StepDoc
 from ._relocate import relocated_doc
-from ._stepdoc import StepDoc
-from ._tables import Piece, TensorTable
 
 __all__ = ["DeleteMixin"]
 

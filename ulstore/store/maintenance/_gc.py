@@ -14,13 +14,13 @@ import datetime as _dt
 import os
 import time
 
-from ..errors import InvalidInputError
-from ._base import TrajectoryBase
-from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
-from ._packs import Location, PackStream
-from ._pending import PENDING_DIR
+from ...errors import InvalidInputError
+from .._base import TrajectoryBase
+from .._pending import PENDING_DIR
+from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
+from ..format._packs import Location, PackStream
+from ..format._stepdoc import StepDoc
 from ._relocate import relocated_doc
-from ._stepdoc import StepDoc
 
 __all__ = ["GcMixin"]
 

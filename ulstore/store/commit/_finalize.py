@@ -14,17 +14,17 @@ import math
 
 import numpy as np
 
-from ..core.dtypes import numpy_dtype
-from ..errors import InvalidInputError, StepExistsError
-from ._base import TrajectoryBase
-from ._chunkcodec import digest, zstd_compress
-from ._layout import check_tensor_names, step_key
-from ._packs import PackStream
+from ...core.dtypes import numpy_dtype
+from ...errors import InvalidInputError, StepExistsError
+from .._base import TrajectoryBase
+from ..format._chunk_tables import TensorTable, content_checksum, pieces_problem
+from ..format._chunkcodec import digest, zstd_compress
+from ..format._layout import check_tensor_names, step_key
+from ..format._packs import PackStream
+from ..format._refs import RefState
+from ..format._stepdoc import FileRef, StepDoc, TableRef
+from ..format._table_block import encode_block
 from ._piece_columns import PieceRecord
-from ._refs import RefState
-from ._stepdoc import FileRef, StepDoc, TableRef
-from ._table_block import encode_block
-from ._tables import TensorTable, content_checksum, pieces_problem
 
 __all__ = ["FinalizerMixin", "TABLE_BLOCK_BYTES"]
 

@@ -28,15 +28,15 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import DtypeError, InvalidInputError
-from ._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
-from ._kept import KeptStep
-from ._layout import choose_chunks, chunk_grid
-from ._packs import Location, PackStream
+from ...errors import DtypeError, InvalidInputError
+from ..format._chunk_tables import MAX_CHUNK_BYTES, TensorTable, chunk_nbytes
+from ..format._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
+from ..format._layout import choose_chunks, chunk_grid
+from ..format._packs import Location, PackStream
+from ..format._refs import RefState
+from ..read._chunk_reader import ChunkReader
+from ..read._kept import KeptStep
 from ._piece_columns import PieceRecord, _PieceState
-from ._reader import ChunkReader
-from ._refs import RefState
-from ._tables import MAX_CHUNK_BYTES, TensorTable, chunk_nbytes
 
 __all__ = ["PieceRecord", "PieceWriter"]
 

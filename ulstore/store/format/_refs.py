@@ -37,9 +37,9 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
-from ..core.sealed import open_sealed, seal
-from ..errors import CorruptManifestError, RefMovedError
+from ...core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ...core.sealed import open_sealed, seal
+from ...errors import CorruptManifestError, RefMovedError
 from ._layout import MAX_STEP, REFS_DIR, check_step
 
 __all__ = ["RefState", "RefLog", "KEEP", "entry_key", "log_dir", "legacy_key"]

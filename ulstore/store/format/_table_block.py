@@ -28,11 +28,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..codec._backend import kernels
-from ..core.dtypes import numpy_dtype
+from ...codec._backend import kernels
+from ...core.dtypes import numpy_dtype
+from ._chunk_tables import MAX_CHUNK_BYTES, Piece, TensorTable, _u64s, chunk_boxes, chunk_nbytes, pieces_problem
 from ._chunkcodec import ULPACK, ZSTD, codec_for, zstd_compress, zstd_decompress
 from ._layout import chunk_grid, tensor_name_problem
-from ._tables import MAX_CHUNK_BYTES, Piece, TensorTable, _u64s, chunk_boxes, chunk_nbytes, pieces_problem
 
 __all__ = ["TableError", "Block", "encode_block", "decode_block", "parse_block", "MAX_BLOCK_RAW"]
 

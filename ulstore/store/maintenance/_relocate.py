@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._chunkcodec import digest
-from ._packs import PackStream
-from ._stepdoc import FileRef, StepDoc, TableRef
-from ._table_block import encode_block
-from ._tables import Piece, TensorTable
+from ..format._chunk_tables import Piece, TensorTable
+from ..format._chunkcodec import digest
+from ..format._packs import PackStream
+from ..format._stepdoc import FileRef, StepDoc, TableRef
+from ..format._table_block import encode_block
 
 __all__ = ["relocated_doc"]
 

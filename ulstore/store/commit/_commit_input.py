@@ -15,11 +15,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..core.sealed import canonical_json, plain_json
-from ..core.torch import as_numpy
-from ..errors import DtypeError, InvalidInputError
-from ._chunkcodec import check_committable
-from ._layout import check_file_names
+from ...core.sealed import canonical_json, plain_json
+from ...core.torch import as_numpy
+from ...errors import DtypeError, InvalidInputError
+from ..format._chunkcodec import check_committable
+from ..format._layout import check_file_names
 
 __all__ = ["HEAD", "as_array", "check_metadata", "check_files"]
 

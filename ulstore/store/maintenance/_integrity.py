@@ -6,16 +6,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
-from ._base import TrajectoryBase
-from ._chunkcodec import content_digest, decode_chunk
-from ._decode_plan import _Plan
-from ._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
-from ._lru import _LRU
-from ._reader import ChunkReader
-from ._stepdoc import StepDoc
-from ._tables import TensorTable, content_checksum
-from ._values import batched
+from ...errors import CorruptBlobError, CorruptManifestError, IntegrityError, NotFoundError, StepNotFoundError
+from .._base import TrajectoryBase
+from ..format._chunk_tables import TensorTable, content_checksum
+from ..format._chunkcodec import content_digest, decode_chunk
+from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
+from ..format._stepdoc import StepDoc
+from ..read._chunk_reader import ChunkReader, batched
+from ..read._decode_plan import _Plan
+from ..read._lru import _LRU
 
 __all__ = ["IntegrityMixin", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
 

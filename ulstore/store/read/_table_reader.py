@@ -1,20 +1,11 @@
-"""Decoding chunks of any step: step documents, table blocks, reference chains, caches.
+"""Step documents, table blocks, files and bytes of any step, with their caches: what decoding stands on.
 
-A chunk's blob is decoded against its reference: the values of the step its
-entry names over the same box (the co-located chunk when that step has the
-same piece layout, else a box assembled from that step's chunks), which are
-decoded the same way, down to an intra blob or a snapshot.
+:class:`TableReader` reads and checks what the store keeps about a step (its
+document, its table blocks, its files) and fetches blobs in coalesced range
+reads; :class:`~._chunk_reader.ChunkReader` adds the decoding.
 
-:class:`ChunkReader` never recurses: a request is planned first, then
-fetched and decoded (``_decode_plan.py``: the reference walk, with cycle
-detection and hard bounds, and the decoding deps-first, each intermediate
-chunk once).  Every decoded chunk is checked against its content hash.
-This module reads documents, tables and bytes; ``_values.py`` (the
-:class:`ValuesMixin` half) decodes chunks, boxes and tensors.
-
-Caches (all bounded): step documents (by count); parsed table blocks; decoded chunks in
-an LRU keyed by content hash (the zarr view's lazy slices); and the
-trajectory's kept step (``_kept.py``), which full reads use and refresh.
+Caches (all bounded): step documents (by count); parsed table blocks; and the
+decoded-chunk LRU (keyed by content hash) that decode plans read and fill.
 
 Thread rules: every public method is thread-safe.  A thread waits on another
 only for a step document or table block being loaded (leaves), never inside
@@ -29,26 +20,24 @@ import threading
 
 import numpy as np
 
-from ..core.formatting import did_you_mean
-from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
-from ..errors import (
+from ...core.formatting import did_you_mean
+from ...core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ...errors import (
     CorruptBlobError,
     CorruptManifestError,
     IntegrityError,
     StepNotFoundError,
     TensorNotFoundError,
 )
-from ._chunkcodec import digest, zstd_decompress
-from ._decode_plan import Node
-from ._layout import pack_key, step_key
+from ..format._chunk_tables import TensorTable
+from ..format._chunkcodec import digest, zstd_decompress
+from ..format._layout import pack_key, step_key
+from ..format._packs import Location, fetch, own_blob_range
+from ..format._stepdoc import StepDoc
+from ..format._table_block import Block, TableError, parse_block
 from ._lru import _LRU
-from ._packs import Location, fetch, own_blob_range
-from ._stepdoc import StepDoc
-from ._table_block import Block, TableError, parse_block
-from ._tables import TensorTable
-from ._values import ValuesMixin
 
-__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
+__all__ = ["TableReader", "DEFAULT_CACHE_BYTES"]
 
 DEFAULT_CACHE_BYTES = 128 << 20
 _TABLE_CACHE_BYTES = 256 << 20
@@ -63,7 +52,7 @@ def _charge(length: int) -> int:
 
 
 class _Flight:
-    """A load under way in :meth:`ChunkReader._once`: ``done`` is held until its value or error is set.
+    """A load under way in :meth:`TableReader._once`: ``done`` is held until its value or error is set.
 
     (A follower loads a step document and a table block per version: a cf.Future with its Condition
     cost several times this lock, most of it with the caches as cold as after an apply.)
@@ -89,8 +78,8 @@ class _Flight:
 _MAX_AHEAD_PACKS = 2
 
 
-class ChunkReader(ValuesMixin):
-    """Read step documents, tables and decoded chunks of a trajectory.
+class TableReader:
+    """Read step documents, table blocks, files and bytes of a trajectory (the decoding: :class:`ChunkReader`).
 
     Parameters
     ----------
@@ -410,5 +399,3 @@ class ChunkReader(ValuesMixin):
         if digest(data).hex() != f.hash:
             raise CorruptBlobError(f"file {name!r} fails its content hash", step=step, key=key)
         return data
-
-    # -- chunks -----------------------------------------------------------------------

@@ -20,18 +20,18 @@ from __future__ import annotations
 import concurrent.futures as cf
 from collections.abc import Mapping
 
-from ..errors import InvalidInputError
-from ._base import MAIN
-from ._chunkcodec import digest
+from ...errors import InvalidInputError
+from .._base import MAIN
+from ..format._chunk_tables import content_checksum
+from ..format._chunkcodec import digest
+from ..format._layout import check_ref_name, check_step, check_tensor_names, step_key
+from ..format._packs import PackStream
+from ..format._refs import RefState
+from ..read._kept import release_free_memory
 from ._commit_input import HEAD, as_array, check_files, check_metadata
 from ._commit_plan import CommitPlanMixin
 from ._finalize import FinalizerMixin
-from ._kept import release_free_memory
-from ._layout import check_ref_name, check_step, check_tensor_names, step_key
-from ._packs import PackStream
-from ._refs import RefState
-from ._tables import content_checksum
-from ._writer import PieceWriter
+from ._piece_writer import PieceWriter
 
 __all__ = ["CommitMixin"]
 

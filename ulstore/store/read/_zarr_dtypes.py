@@ -65,7 +65,7 @@ import ml_dtypes
 import numpy as np
 from zarr.core.dtype.npy.float import BaseFloat
 
-from ..core.dtypes import ML_DTYPES
+from ...core.dtypes import ML_DTYPES
 
 __all__ = ["ZARR_NAMES", "Bfloat16", "Float8E5M2", "Float8E4M3FN", "zarr_dtype", "register"]
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConflictError, InvalidInputError, NotFoundError, StepExistsError
-from ._base import TrajectoryBase
-from ._chunkcodec import ULPACK, codec_for, content_digest, digest
+from ...errors import ConflictError, InvalidInputError, NotFoundError, StepExistsError
+from .._base import TrajectoryBase
+from ..format._chunk_tables import Piece, TensorTable, content_checksum
+from ..format._chunkcodec import ULPACK, codec_for, content_digest, digest
+from ..format._layout import step_key
+from ..format._refs import RefState
+from ..format._stepdoc import StepDoc
 from ._commit_input import HEAD
-from ._layout import step_key
-from ._refs import RefState
-from ._stepdoc import StepDoc
-from ._tables import Piece, TensorTable, content_checksum
 
 __all__ = ["CommitPlanMixin"]
 

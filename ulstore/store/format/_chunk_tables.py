@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-from ..core.sealed import canonical_json
+from ...core.sealed import canonical_json
 from ._layout import chunk_grid
 
 __all__ = [

@@ -25,9 +25,9 @@ import numcodecs
 import numpy as np
 from numcodecs import zstd as _zstd
 
-from .. import codec as _ulpack
-from ..codec import decode_into, format_of, is_sparse_blob
-from ..errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
+from ... import codec as _ulpack
+from ...codec import decode_into, format_of, is_sparse_blob
+from ...errors import CorruptBlobError, DtypeError, IntegrityError, UlstoreError
 
 __all__ = [
     "ULPACK",

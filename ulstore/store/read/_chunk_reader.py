@@ -1,8 +1,18 @@
-"""Values of a step: decoded chunks, boxes and whole tensors, through decode plans (``_decode_plan.py``).
+"""Decoding chunks of any step: chunks, boxes and whole tensors, through decode plans.
 
-The half of :class:`~._reader.ChunkReader` that decodes: a request is cut
-into batches of about ``BATCH_BYTES`` raw bytes, each one plan (one
-coalesced fetch of its blobs) run on the reader's threads.
+A chunk's blob is decoded against its reference: the values of the step its
+entry names over the same box (the co-located chunk when that step has the
+same piece layout, else a box assembled from that step's chunks), which are
+decoded the same way, down to an intra blob or a snapshot.
+
+:class:`ChunkReader` never recurses: a request is planned first, then
+fetched and decoded (``_decode_plan.py``: the reference walk, with cycle
+detection and hard bounds, and the decoding deps-first, each intermediate
+chunk once).  Every decoded chunk is checked against its content hash.  A
+request is cut into batches of about ``BATCH_BYTES`` raw bytes, each one plan
+(one coalesced fetch of its blobs) run on the reader's threads.  What the plans
+stand on (documents, tables, bytes, caches) is :class:`~._table_reader.TableReader`;
+the trajectory's kept step (``_kept.py``) is what full reads use and refresh.
 """
 
 from __future__ import annotations
@@ -10,19 +20,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ..errors import TensorNotFoundError
-from ._decode_plan import _paste, _Plan
+from ...errors import TensorNotFoundError
+from ._decode_plan import Node, _paste, _Plan
 from ._kept import KeptStep
-from ._tables import TensorTable
+from ._table_reader import DEFAULT_CACHE_BYTES, TableReader
 
-if TYPE_CHECKING:
-    from ._reader import ChunkReader
-
-__all__ = ["ValuesMixin", "BATCH_BYTES", "batched"]
+__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node", "BATCH_BYTES", "batched"]
 
 BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a read
 
@@ -41,19 +47,17 @@ def batched(items: Iterable[tuple]) -> Iterator[list]:
         yield cur
 
 
-class ValuesMixin:
-    """The decoding half of :class:`~._reader.ChunkReader`."""
+class ChunkReader(TableReader):
+    """Read step documents, tables and decoded chunks of a trajectory.
 
-    threads: int
-
-    if TYPE_CHECKING:
-
-        def tensor(self, step: int, name: str) -> TensorTable: ...
-
-        def tables(self, step: int) -> dict[str, TensorTable]: ...
-
-    def _as_reader(self) -> ChunkReader:
-        return cast("ChunkReader", self)  # (every ValuesMixin is a ChunkReader)
+    Parameters
+    ----------
+    io : ObjectStore
+    cache_bytes : int
+        Budget of the decoded-chunk LRU (lazy slices); 0 disables it.
+    threads : int
+        Threads of full reads.
+    """
 
     def chunk(self, step: int, name: str, coord: tuple[int, ...], piece: int = 0, *, cache: bool = True) -> np.ndarray:
         """Decoded chunk ``coord`` of piece ``piece`` of ``name`` at ``step``: exact, shared (do not modify).
@@ -77,7 +81,7 @@ class ValuesMixin:
         if len(coord) != len(p.shape) or any(not 0 <= i < g for i, g in zip(coord, p.grid)):
             raise IndexError(f"chunk {coord} is outside the chunk grid {p.grid} of {name!r}")
         node = (step, name, piece, coord)
-        plan = _Plan(self._as_reader(), lru=True, fill_lru=cache)
+        plan = _Plan(self, lru=True, fill_lru=cache)
         plan.add(node)
         plan.run()
         return plan.values[node]
@@ -104,7 +108,7 @@ class ValuesMixin:
                 parts.append((((step, name, j, c), out, lo, clo, chi), size))
 
         def run(batch):
-            plan = _Plan(self._as_reader(), lru=True, fill_lru=cache)
+            plan = _Plan(self, lru=True, fill_lru=cache)
             for node, *_ in batch:
                 plan.add(node)
             plan.run()
@@ -169,7 +173,7 @@ class ValuesMixin:
         )
 
         def run(batch):
-            plan = _Plan(self._as_reader(), kept=kept, lru=lru)
+            plan = _Plan(self, kept=kept, lru=lru)
             for node, dest, region, kp, _ in batch:
                 plan.add(node, root=True)
                 if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array

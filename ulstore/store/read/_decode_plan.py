@@ -7,7 +7,7 @@ size, so a crafted reference cycle raises :class:`CorruptManifestError`
 instead of hanging.  :meth:`_Plan.run` then fetches every blob the plan
 needs in coalesced range reads, decodes deps first, checks each decoded
 chunk against its content hash, and frees intermediate chunks as soon as
-nothing else needs them.  :class:`~._reader.ChunkReader` makes the plans.
+nothing else needs them.  :class:`~._chunk_reader.ChunkReader` makes the plans.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
-from ._chunkcodec import content_digest, decode_chunk
-from ._layout import pack_key, step_key
-from ._packs import Location
+from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
+from ..format._chunkcodec import content_digest, decode_chunk
+from ..format._layout import pack_key, step_key
+from ..format._packs import Location
 
 if TYPE_CHECKING:
-    from ._reader import ChunkReader
+    from ._table_reader import TableReader
 
 __all__ = ["Node", "_Plan", "_paste"]
 
@@ -77,7 +77,7 @@ class _Plan:
     instead of walking the chain).
     """
 
-    def __init__(self, reader: ChunkReader, *, kept=None, lru=False, fill_lru=True, memo=None, prefer_snapshot=True):
+    def __init__(self, reader: TableReader, *, kept=None, lru=False, fill_lru=True, memo=None, prefer_snapshot=True):
         self.r = reader
         self.kept = kept
         self.lru = lru and reader.cache_bytes > 0

@@ -25,8 +25,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..core.sealed import canonical_json
-from ..errors import CorruptManifestError
+from ...core.sealed import canonical_json
+from ...errors import CorruptManifestError
 from ._chunkcodec import digest
 from ._layout import MAX_STEP, check_file_names, is_pack_id, tensor_name_problem
 from ._table_block import MAX_BLOCK_RAW

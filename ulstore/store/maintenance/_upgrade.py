@@ -18,13 +18,13 @@ import os
 
 import numpy as np
 
-from ..core.dtypes import numpy_dtype
-from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
-from ..core.sealed import canonical_json
-from ..errors import ConflictError, CorruptBlobError, CorruptManifestError, InvalidInputError, NotFoundError
-from ._chunkcodec import decode_chunk, le_bytes
-from ._layout import ROOT_META, STEPS_DIR, chunk_grid, step_key
-from ._tables import MAX_CHUNK_BYTES, chunk_nbytes
+from ...core.dtypes import numpy_dtype
+from ...core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ...core.sealed import canonical_json
+from ...errors import ConflictError, CorruptBlobError, CorruptManifestError, InvalidInputError, NotFoundError
+from ..format._chunk_tables import MAX_CHUNK_BYTES, chunk_nbytes
+from ..format._chunkcodec import decode_chunk, le_bytes
+from ..format._layout import ROOT_META, STEPS_DIR, chunk_grid, step_key
 
 __all__ = ["upgrade", "LegacyTrajectory"]
 
@@ -217,7 +217,7 @@ def upgrade(src, dest, *, storage_options: dict | None = None, dest_storage_opti
     IntegrityError
         A manifest or blob of ``src`` is damaged (nothing is committed past it).
     """
-    from .trajectory import open as _open
+    from ..trajectory import open as _open
 
     legacy = LegacyTrajectory(ObjectStore.from_url(os.fspath(src), storage_options))
     options = dest_storage_options if dest_storage_options is not None else storage_options

@@ -25,7 +25,7 @@ import numbers
 import re
 import uuid
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 __all__ = [
     "ROOT_META",

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._kept import KeptPiece
-from ._layout import chunk_grid
-from ._packs import Location
-from ._tables import Piece, TensorTable
+from ..format._chunk_tables import Piece, TensorTable
+from ..format._layout import chunk_grid
+from ..format._packs import Location
+from ..read._kept import KeptPiece
 
 __all__ = ["PieceRecord", "_PieceState"]
 

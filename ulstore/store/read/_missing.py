@@ -13,8 +13,8 @@ from typing import cast
 
 import zarr
 
-from ..core.formatting import did_you_mean, plural
-from ..errors import TensorNotFoundError
+from ...core.formatting import did_you_mean, plural
+from ...errors import TensorNotFoundError
 from ._logical import LogicalStore
 
 __all__ = ["tensor_not_found", "explained", "StepGroup"]

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.objects import MAX_DOCUMENT_BYTES
-from ..errors import CorruptManifestError, InvalidInputError
-from ._base import MAIN, TrajectoryBase
-from ._changes import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
+from ...core.objects import MAX_DOCUMENT_BYTES
+from ...errors import CorruptManifestError, InvalidInputError
+from .._base import MAIN, TrajectoryBase
+from ..format._layout import check_step, step_key
+from ._change_feed import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
 from ._diff import TensorDiff, diff_steps
-from ._layout import check_step, step_key
 from ._logical import LogicalStore
 from ._missing import StepGroup, explained
 

@@ -120,7 +120,7 @@ def diff_steps(traj, a: int, b: int, names=None) -> list[TensorDiff]:
     specs_a, specs_b = reader.specs(a), reader.specs(b)
     if names is not None:
         wanted = list(dict.fromkeys(names))
-        from ..errors import TensorNotFoundError
+        from ...errors import TensorNotFoundError
 
         missing = [n for n in wanted if n not in specs_a and n not in specs_b]
         if missing:

@@ -18,8 +18,8 @@ import concurrent.futures as cf
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ..core.objects import ObjectStore, ObjectWriter
-from ..errors import CorruptBlobError, PackMissingError
+from ...core.objects import ObjectStore, ObjectWriter
+from ...errors import CorruptBlobError, PackMissingError
 from ._layout import new_pack_id, pack_key
 
 if TYPE_CHECKING:
