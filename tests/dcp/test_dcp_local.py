@@ -110,13 +110,13 @@ def test_steps_saved_and_loaded_through_dcp_are_plain_ulstore_steps(tmp_path):
 def test_a_rank_reads_its_boxes_together_in_bounded_groups(tmp_path, monkeypatch, group_bytes):
     """A load plan's tensor boxes are read with read_boxes (coalesced range reads), all of them in one call, or
     one call per group of about GROUP_BYTES (here 1 byte: a box each); the load is exact either way."""
-    from ulstore.dcp import _reader
+    from ulstore.dcp import _storage_reader
     from ulstore.store import Trajectory
 
     url = str(tmp_path / "t")
     _save(_state(1), udcp.Writer(url), 1)
     if group_bytes is not None:
-        monkeypatch.setattr(_reader, "GROUP_BYTES", group_bytes)
+        monkeypatch.setattr(_storage_reader, "GROUP_BYTES", group_bytes)
     calls = []
     real = Trajectory.read_boxes
     monkeypatch.setattr(

@@ -5,7 +5,9 @@ integer view of the bits, so NaN payloads, signed zeros and subnormals count.
 Torch tensors are viewed with torch's own integer views, not through
 ulstore's bridge, so the code under test is not its own oracle.
 
-``tests/codec/conftest.py`` also hands these out as fixtures.
+Bit identity is asserted one way: :func:`assert_bits_equal` (dtype, shape, raw
+bytes; numpy arrays and torch tensors alike), which names the first element that
+differs.  ``tests/codec/conftest.py`` also hands these out as fixtures.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "awkward_bits",
     "awkward_floats",
     "random_floats",
+    "assert_bits_equal",
     "assert_bit_identical",
     "words_view",
 ]
@@ -143,8 +146,84 @@ def random_floats(dtype, shape, seed: int = 0) -> np.ndarray:
     return np.frombuffer(rng.bytes(n * dt.itemsize), dtype=dt).reshape(shape).copy()
 
 
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _dtype_name(x) -> str:
+    """``x``'s dtype as one spelling for numpy and torch (``float32``, ``bfloat16``, ``float8_e4m3fn``, ``>f4``)."""
+    if _is_torch(x):
+        return str(x.dtype).removeprefix("torch.")
+    dt = np.asarray(x).dtype
+    if dt.hasobject:
+        raise TypeError(f"bits of an object array mean nothing (dtype {dt})")
+    native = dt.isnative or dt.itemsize == 1 or dt.byteorder == "|"
+    return dt.name if native and dt.fields is None else dt.str  # a byte-swapped dtype stays distinct
+
+
+def _element_bytes(x) -> np.ndarray:
+    """The raw bytes of ``x`` in C order, one row of ``itemsize`` bytes per element (shape ``(size, itemsize)``)."""
+    if _is_torch(x):
+        import torch
+
+        t = x.detach().cpu().contiguous().reshape(-1)
+        size, itemsize = t.numel(), t.element_size()
+        flat = t.view(torch.uint8).numpy()  # torch's own byte view: no trip through ulstore's bridge
+    else:
+        a = np.asarray(x)
+        size, itemsize = a.size, a.dtype.itemsize
+        flat = np.ascontiguousarray(a.reshape(-1)).view(np.uint8)
+    return flat.reshape(size, itemsize)
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(x.shape) if _is_torch(x) else np.shape(x)
+
+
+def assert_bits_equal(actual, expected, what: str = "") -> None:
+    """``actual`` has ``expected``'s dtype, shape and bytes, element for element: bit identity.
+
+    Either side may be a numpy array (any layout) or a torch tensor (any device); a numpy
+    array and a tensor match when their dtypes have the same name (``bfloat16``) and bytes.
+    Floats are never compared as floats: NaN payloads and signed zeros count.  On a
+    difference the message names ``what``, the count of differing elements and the first
+    one (index, got and wanted bytes as a little-endian hex word, and the values).
+    """
+    where = f"{what}: " if what else ""
+    got_dtype, want_dtype = _dtype_name(actual), _dtype_name(expected)
+    if got_dtype != want_dtype:
+        raise AssertionError(f"{where}dtype {got_dtype}, expected {want_dtype}")
+    got_shape, want_shape = _shape(actual), _shape(expected)
+    if got_shape != want_shape:
+        raise AssertionError(f"{where}shape {got_shape}, expected {want_shape}")
+    got, want = _element_bytes(actual), _element_bytes(expected)
+    differ = np.flatnonzero((got != want).any(axis=1))
+    if differ.size:
+        i = int(differ[0])
+        index = tuple(int(j) for j in np.unravel_index(i, want_shape)) if want_shape else ()
+        raise AssertionError(
+            f"{where}{differ.size} of {want.shape[0]} elements differ; the first at {index}: "
+            f"got {_hex(got[i])} ({_value(actual, index)}), expected {_hex(want[i])} ({_value(expected, index)})"
+        )
+
+
+def _hex(row: np.ndarray) -> str:
+    return "0x" + row[::-1].tobytes().hex()  # little-endian bytes, most significant first
+
+
+def _value(x, index: tuple[int, ...]) -> str:
+    try:
+        return repr(x[index].item()) if _is_torch(x) else repr(np.asarray(x)[index])
+    except Exception as e:  # noqa: BLE001 -- a value that has no repr still has bytes, shown beside
+        return f"<{type(e).__name__}>"
+
+
 def assert_bit_identical(out, expected, *, dtype=None) -> None:
-    """``out`` is a fresh-looking native C-contiguous ndarray with ``expected``'s dtype, shape and bits."""
+    """``out`` is a native C-contiguous ndarray with ``expected``'s dtype, shape and bits (:func:`assert_bits_equal`).
+
+    ``expected`` may be byte-swapped (its bits are compared in native order) or, with ``dtype``, of
+    another dtype of the same width (its bits are read as ``dtype``).
+    """
     exp = np.asarray(expected)
     want_dtype = np.dtype(dtype) if dtype is not None else exp.dtype.newbyteorder("=")
     assert isinstance(out, np.ndarray), type(out)
@@ -153,11 +232,4 @@ def assert_bit_identical(out, expected, *, dtype=None) -> None:
     assert out.dtype.byteorder in ("=", "|", "<"), out.dtype.byteorder
     assert out.shape == exp.shape, (out.shape, exp.shape)
     assert out.flags.c_contiguous
-    got, want = bits_of(out), bits_of(exp)
-    if not np.array_equal(got, want):
-        bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
-        i = int(bad[0])
-        raise AssertionError(
-            f"{len(bad)} of {want.size} elements differ; first at flat index {i}: "
-            f"got {int(got.reshape(-1)[i]):#x}, want {int(want.reshape(-1)[i]):#x}"
-        )
+    assert_bits_equal(out, bits_of(exp).view(want_dtype))  # expected's bits, in native order, as the wanted dtype

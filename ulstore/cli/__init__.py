@@ -35,7 +35,7 @@ import traceback
 import warnings
 
 from ..core.formatting import redact
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
+from ._opening import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
 from ._parser import ArgumentUsageError, build_parser, wants_json
 from ._ui import UI, describe, expected, report_error, silence_stdout
 

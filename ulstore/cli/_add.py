@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 
 from ..core.formatting import human_bytes
-from ._common import EXIT_OK, UsageError, _nbytes, _open, _storage_options
+from ._opening import EXIT_OK, UsageError, _nbytes, _open, _storage_options
 from ._steps import resolve
 
 __all__ = ["_cmd_add"]

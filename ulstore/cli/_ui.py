@@ -187,7 +187,7 @@ def public_type(e: BaseException) -> str:
     a module path without private parts.  The CLI's usage errors are ``"UsageError"``.  A private class
     (``_Damaged``, ``StoreReadOnlyError``) is reported as the public class it derives from.
     """
-    from ._common import UsageError
+    from ._opening import UsageError
     from ._parser import ArgumentUsageError
 
     if isinstance(e, (UsageError, ArgumentUsageError)):

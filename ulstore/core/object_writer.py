@@ -5,6 +5,10 @@ Local disk writes to ``.tmp/`` and renames the file into place at close
 parts of ``block_size`` bytes (the object appears at close); ``memory://``
 keeps the bytes and stores them at close.  Backend failures are mapped the
 way the object client maps them (:meth:`ObjectStore._calling`).
+
+The writer names what it needs of its client (:class:`WriteTarget`) rather
+than the client's class: the object client opens writers, so the writer must
+not depend back on it.
 """
 
 from __future__ import annotations
@@ -14,12 +18,28 @@ import contextlib
 import io
 import os
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .objects import ObjectStore
+from . import local_disk
+from .backends import Calling
 
-__all__ = ["ObjectWriter"]
+__all__ = ["ObjectWriter", "WriteTarget"]
+
+
+class WriteTarget(Protocol):
+    """What a writer uses of the object client that opens it (``ObjectStore`` is one)."""
+
+    fs: Any
+    url: str
+    local: bool
+    memory: bool
+    durable: bool
+
+    def path(self, key: str) -> str: ...
+
+    def local_tmp_dir(self) -> str: ...
+
+    def _calling(self, what: str, key: str | None) -> Calling: ...
 
 
 class ObjectWriter:
@@ -30,7 +50,7 @@ class ObjectWriter:
     S3 and other object stores, the whole object on ``memory://``.
     """
 
-    def __init__(self, store: ObjectStore, key: str, block_size: int):
+    def __init__(self, store: WriteTarget, key: str, block_size: int):
         self.store = store
         self.key = key
         self._n = 0
@@ -72,13 +92,13 @@ class ObjectWriter:
                         self._f.flush()
                         os.fsync(self._f.fileno())
                     self._f.close()
-                    st._makedirs(os.path.dirname(path))
+                    local_disk.makedirs(os.path.dirname(path), st.durable)
                     os.replace(self._tmp, path)
                 except BaseException:
                     self._f.close()
                     self._unlink_tmp()
                     raise
-                st._sync_dir(os.path.dirname(path))
+                local_disk.sync_dir(os.path.dirname(path), st.durable)
             elif st.memory:
                 st.fs.pipe_file(st.path(self.key), self._f.getvalue())
                 self._f = io.BytesIO()

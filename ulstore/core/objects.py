@@ -607,14 +607,6 @@ class ObjectStore:
     def _local_tmp(self, data: bytes) -> str:
         return local_disk.write_staged(self.local_tmp_dir(), data, self.durable)
 
-    def _makedirs(self, d: str) -> None:
-        """``os.makedirs(d)``; durable: fsync the parent of every directory it created."""
-        local_disk.makedirs(d, self.durable)
-
-    def _sync_dir(self, d: str) -> None:
-        """Durable: fsync directory ``d`` so the entries just linked into it survive a power cut."""
-        local_disk.sync_dir(d, self.durable)
-
 
 def _precondition_failed(e: BaseException) -> bool:
     """Whether an s3fs error is HTTP 412 (a conditional write's condition did not hold)."""

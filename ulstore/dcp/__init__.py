@@ -29,7 +29,7 @@ except ImportError as _e:
         f"ulstore.dcp needs PyTorch, which is not installed: {_install_command('torch')}", name="torch"
     ) from _e
 
-from ._reader import Reader
-from ._writer import Writer
+from ._storage_reader import Reader
+from ._storage_writer import Writer
 
 __all__ = ["Writer", "Reader"]

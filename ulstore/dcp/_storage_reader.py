@@ -29,7 +29,7 @@ from torch.futures import Future
 from ..core.torch import dtype_table, to_tensor
 from ..errors import ConflictError, InvalidInputError
 from ..store import Trajectory
-from ._common import METADATA_FILE, TrajectoryEndpoint, decode_metadata, step_of
+from ._checkpoint_step import METADATA_FILE, TrajectoryEndpoint, decode_metadata, step_of
 
 __all__ = ["Reader"]
 

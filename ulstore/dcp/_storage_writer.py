@@ -34,7 +34,7 @@ from torch.futures import Future
 from ..core.torch import from_tensor
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD, PieceRecord, Trajectory, tensor_name_problem
-from ._common import METADATA_FILE, TrajectoryEndpoint, encode_metadata, object_file, step_of
+from ._checkpoint_step import METADATA_FILE, TrajectoryEndpoint, encode_metadata, object_file, step_of
 
 __all__ = ["Writer"]
 
