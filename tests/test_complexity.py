@@ -44,12 +44,6 @@ ALLOWED = {
     "ulstore/store/_tables.py pieces_problem",
     "ulstore/store/_writer.py PieceWriter.write",
     "ulstore/store/trajectory.py open",
-    "ulstore/sync/_catchup.py CatchUp._advance",
-    "ulstore/sync/_in_place.py InPlace._apply_columns",
-    "ulstore/sync/_replica.py Replica._rebind",
-    "ulstore/sync/_replica.py Replica._write",
-    "ulstore/sync/_replica.py Replica.apply",
-    "ulstore/sync/_replica.py Replica.fetch",
 }
 
 

@@ -220,7 +220,6 @@ CIRCLES_ALLOWED: list[list[str]] = [
     ["ulstore.core.object_writer", "ulstore.core.objects"],
     ["ulstore.store._decode_plan", "ulstore.store._reader", "ulstore.store._values"],
     ["ulstore.cli._commands", "ulstore.cli._parser", "ulstore.cli._ui"],
-    ["ulstore.sync._in_place", "ulstore.sync._replica"],
 ]
 
 
