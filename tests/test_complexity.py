@@ -21,7 +21,6 @@ TREES = ("ulstore", "benchmarks", "examples")
 ALLOWED = {
     "benchmarks/codec.py speed_pass",
     "benchmarks/codec.py speed_table",
-    "benchmarks/sync.py main",
     "examples/finetune_branch.py main",
     "ulstore/cli/_add.py _cmd_add",
     "ulstore/cli/_commands.py _cmd_diff",
