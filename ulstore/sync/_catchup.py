@@ -143,41 +143,33 @@ class CatchUp(StateChecks):
                 raise ChainBroken(f"version {b.step} was not coded against version {a.step} as stored")
         return [i.step for i in infos]
 
-    def _advance(self, one_by_one: bool, to: int | None = None) -> Iterator[int]:
-        """Generator behind poll/follow: yields each version reached (the branch head's, or ``to``)."""
+    def _advance(self, to: int | None = None) -> Iterator[int]:
+        """What poll/follow run to reach the branch head (or ``to``): an iterator that applies the versions as it is
+        advanced and yields each one reached.  Decided here, run by the caller: while a version is applied, the
+        call stack is the caller's loop, the replay (:meth:`_replay_iter`) and :meth:`Replica.apply`."""
         self._check_open()
         start = self.version
         if to is not None and start is not None and to <= start:  # a stale announcement
-            return
+            return iter(())
         head = self._target(to)
         if head is None or head == start:
-            return
+            return iter(())
         if start is None:
-            yield from self._first(head)
-            return
+            return self._first(head)
         if self._stalled_at is not None:
-            yield from self._unstall(head)
-            return
+            return self._unstall(head)
         try:
             chain = self._chain(head, start)
         except ChainBroken as e:
             if e.far:  # far behind: a snapshot is cheaper than the replay
-                yield from self._recover(head, start + 1, "bootstrap")
-            else:  # the history held is no longer the branch's (reset, deleted steps)
-                self._event("reset", head, str(e))
-                yield from self._recover(head, start + 1, "rebootstrap")
-            return
+                return self._recover(head, start + 1, "bootstrap")
+            # the history held is no longer the branch's (reset, deleted steps)
+            self._event("reset", head, str(e))
+            return self._recover(head, start + 1, "rebootstrap")
         except (IntegrityError, NotFoundError) as e:
             self._problem(head, e)
-            yield from self._recover(head, start + 1, "rebootstrap")
-            return
-        if one_by_one:
-            yield from self._replay_iter(chain, head)
-        else:
-            for _ in self._replay_iter(chain, head):
-                pass
-            if self.version != start:
-                yield self.version  # type: ignore[misc]
+            return self._recover(head, start + 1, "rebootstrap")
+        return self._replay_iter(chain, head)
 
     def _target(self, to: int | None) -> int | None:
         """The version to reach: ``to``, else the branch head (None: nothing published, or a damaged ref,
