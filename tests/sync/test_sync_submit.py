@@ -250,3 +250,19 @@ def test_a_process_killed_mid_upload_loses_no_acknowledged_version(tmp_path):
     with Publisher(url, anchor_every=4) as pub:  # a leftover of the version killed mid-commit is discarded
         assert pub.submit(head + 1, version_state(head + 1, n=1 << 18)).result().kind == "delta"
     assert_same_bits(ulstore.open(url, mode="r").read(head + 1), version_state(head + 1, n=1 << 18))
+
+
+def test_on_commit_cannot_wait_for_itself(tmp_path):
+    """on_commit runs on the committing thread: a submit or wait there would wait for itself; refused, logged."""
+    errors = []
+
+    def tell(info):
+        try:
+            pub.wait()
+        except InvalidInputError as e:
+            errors.append(str(e))
+
+    pub = Publisher(str(tmp_path / "b"), on_commit=tell)
+    pub.submit(0, version_state(0)).result(30)
+    pub.close()
+    assert errors == ["wait or close cannot be called from on_commit (the thread that commits versions)"]

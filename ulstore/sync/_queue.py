@@ -13,6 +13,7 @@ import concurrent.futures as cf
 import threading
 from collections.abc import Callable
 
+from ..errors import InvalidInputError
 from ._errors import PublishError
 
 __all__ = ["CommitQueue"]
@@ -28,6 +29,7 @@ class CommitQueue:
         self._in_flight = 0
         self._failed: tuple[int, BaseException] | None = None  # the first failure no caller was told of yet
         self._refused: list[int] = []  # versions refused behind it
+        self._thread: int | None = None  # the committing thread's ident, once it ran
 
     @property
     def in_flight(self) -> int:
@@ -37,6 +39,7 @@ class CommitQueue:
     def reserve(self) -> None:
         """Take room for one more version, waiting while ``limit`` are in flight; a failure not yet reported is
         raised first (PublishError), and then no room is taken."""
+        self._not_from_a_commit("submit or publish")
         with self._cond:
             self._report()
             while self._in_flight >= self.limit:
@@ -58,6 +61,7 @@ class CommitQueue:
 
     def wait(self) -> None:
         """Block until every version put is committed or refused; raise the first failure not yet reported."""
+        self._not_from_a_commit("wait or close")
         with self._cond:
             while self._in_flight:
                 self._cond.wait()
@@ -74,7 +78,12 @@ class CommitQueue:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
+    def _not_from_a_commit(self, what: str) -> None:
+        if threading.get_ident() == self._thread:  # (it would wait for itself)
+            raise InvalidInputError(f"{what} cannot be called from on_commit (the thread that commits versions)")
+
     def _run(self, version: int, commit: Callable[[], object]):
+        self._thread = threading.get_ident()
         with self._cond:
             failed = self._failed
             if failed is not None:
