@@ -277,7 +277,7 @@ def seconds(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.1f} s" if s < 600 else f"{s / 60:.0f} min"
 
 
-def main(argv=None) -> None:
+def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench", "204M"])
     p.add_argument("--steps", type=int, default=10)
@@ -295,123 +295,101 @@ def main(argv=None) -> None:
     from _data import cache_options
 
     cache_options(p)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    states, desc = load_states(args)
-    n_params = sum(v.size for v in states[0].values())
-    threads = args.threads or os.cpu_count() or 1
-    args.replicas = max(1, args.replicas or (5 if n_params < 100e6 else 3))
-    print(
-        f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
-        f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
-        f"{threads} thread(s), {os.cpu_count()} CPU(s)\n"
-    )
 
-    store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
-    dense_store = tempfile.mkdtemp(prefix="ulstore-sync-bench-dense-")
-    trl_bucket = tempfile.mkdtemp(prefix="ulstore-sync-bench-trl-")  # where the TRL trainer puts its files
-    for path in (store, dense_store, trl_bucket):  # scratch, removed however the run ends (an error, Ctrl-C)
-        atexit.register(shutil.rmtree, path, ignore_errors=True)
-    pub = Publisher(store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas only after it
-    dense_pub = Publisher(dense_store, anchor_every=0, threads=threads, sparse=False)
-    info0 = pub.publish(0, states[0])
-    dense_pub.publish(0, states[0])
-    # ``--replicas`` replicas of every kind; a version's time for a kind is the median of its replicas, so one
-    # replica caught by a scheduling hiccup of this shared machine does not decide the version for its kind
-    # "stage": a replica of pipeline stage 0 of 2 (the model's first tensors, half its parameters): Follower(tensors=)
-    counts = np.cumsum([v.size for v in states[0].values()])
-    stage = list(states[0])[: int(np.searchsorted(counts, n_params / 2)) + 1]
-    kinds = {
-        "apply": {},
-        "trusted": {"trust_state": True},
-        "polled": {"trust_state": True},
-        "stage": {"trust_state": True, "tensors": stage},
-    }
-    fleet = {k: [Follower(store, threads=threads, **kw) for _ in range(args.replicas)] for k, kw in kinds.items()}
-    follower, polled = fleet["apply"][0], fleet["polled"][0]
-    dense_follower = Follower(dense_store, threads=threads, trust_state=True)
-    dense_follower.bootstrap()
-    writes = Counter(pub.trajectory._io, reads=False)
-    t1 = time.perf_counter()
-    follower.bootstrap()
-    boot = time.perf_counter() - t1
-    # the replicas' states are made in turns too, replica i of every kind (TRL's below included) before replica
-    # i + 1: a slow stretch of this VM's memory then holds one replica of each kind, as a pause of its CPUs meets
-    # one of each.  (Made kind by kind, every replica of one kind shared it: its whole job ran 5-10x slower for one
-    # version, on-CPU, with no page fault or context switch, while the other kinds' replicas ran as ever.)
-    # the baselines are replicas too: each keeps its own state and applies every version in place, so its
-    # memory is as cold (or warm) as the followers' when a version arrives
-    trl_states: list[dict] = []
-    trl_torch_states: list = []
-    for i in range(args.replicas):
-        for group in fleet.values():
-            if group[i] is not follower:
-                group[i].bootstrap()
-        trl_states.append({k: v.copy() for k, v in states[0].items()})
-        trl_torch_states.append(torch_state(states[0]))
-    trl_torch_states = [t for t in trl_torch_states if t is not None]
-    reads = Counter(polled.trajectory._io, reads=True)  # what a follower that reads the branch head downloads
-    told_reads = Counter(fleet["trusted"][0].trajectory._io, reads=True)  # and one told the version and document
-    dense_reads = Counter(dense_follower.trajectory._io, reads=True)
-    print(
-        f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
-        f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(boot)}\n"
-    )
+class Bench:
+    """The buckets, publishers and replicas of one run (every replica keeps its own state across versions)."""
 
-    floor_state = {k: v.copy() for k, v in states[0].items()}
-    # the states made last (TRL's, the floor's) would otherwise meet the first version in a warm cache (at 204M
-    # parameters, in a 300 MB L3)
-    np.ones(1 << 29, np.uint8)  # 512 MB written
+    def __init__(self, args, states: list[dict], threads: int) -> None:
+        self.args, self.states, self.threads = args, states, threads
+        n_params = self.n_params = sum(v.size for v in states[0].values())
+        self.store = tempfile.mkdtemp(prefix="ulstore-sync-bench-")
+        self.dense_store = tempfile.mkdtemp(prefix="ulstore-sync-bench-dense-")
+        self.trl_bucket = tempfile.mkdtemp(prefix="ulstore-sync-bench-trl-")  # where the TRL trainer puts its files
+        for path in self.buckets:  # scratch, removed however the run ends (an error, Ctrl-C)
+            atexit.register(shutil.rmtree, path, ignore_errors=True)
+        self.pub = Publisher(self.store, anchor_every=0, threads=threads)  # one anchor (version 0): deltas after it
+        self.dense_pub = Publisher(self.dense_store, anchor_every=0, threads=threads, sparse=False)
+        self.info0 = self.pub.publish(0, states[0])
+        self.dense_pub.publish(0, states[0])
+        # ``--replicas`` replicas of every kind; a version's time for a kind is the median of its replicas, so one
+        # replica caught by a scheduling hiccup of this shared machine does not decide the version for its kind
+        # "stage": a replica of pipeline stage 0 of 2 (the model's first tensors, half its parameters)
+        counts = np.cumsum([v.size for v in states[0].values()])
+        self.stage = list(states[0])[: int(np.searchsorted(counts, n_params / 2)) + 1]
+        self.kinds = {
+            "apply": {},
+            "trusted": {"trust_state": True},
+            "polled": {"trust_state": True},
+            "stage": {"trust_state": True, "tensors": self.stage},
+        }
+        self.fleet = {
+            k: [Follower(self.store, threads=threads, **kw) for _ in range(args.replicas)]
+            for k, kw in self.kinds.items()
+        }
+        self.dense_follower = Follower(self.dense_store, threads=threads, trust_state=True)
+        self.dense_follower.bootstrap()
+        self.writes = Counter(self.pub.trajectory._io, reads=False)
+        t1 = time.perf_counter()
+        self.fleet["apply"][0].bootstrap()
+        self.boot = time.perf_counter() - t1
+        self._make_replicas()
+        self.reads = Counter(self.fleet["polled"][0].trajectory._io, reads=True)  # a follower reading the head
+        self.told_reads = Counter(self.fleet["trusted"][0].trajectory._io, reads=True)  # one told version + document
+        self.dense_reads = Counter(self.dense_follower.trajectory._io, reads=True)
+        self.floor_state = {k: v.copy() for k, v in states[0].items()}
+        # the states made last (TRL's, the floor's) would otherwise meet the first version in a warm cache (at 204M
+        # parameters, in a 300 MB L3)
+        np.ones(1 << 29, np.uint8)  # 512 MB written
 
-    head = (
-        f"{'ver':>3} {'changed':>8} {'objs':>4} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
-        f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
-        f"{'trusted':>9} {'polled':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}"
-    )
-    print(head)
-    print("-" * len(head))
-    rows = []
-    for v in range(1, len(states)):
-        prev, cur = states[v - 1], states[v]
-        writes.take()
-        info = pub.publish(v, cur)
-        objects = writes.left()
-        puts, _ = writes.take()
-        dense_pub.publish(v, cur)
-        assert dense_follower.poll() == v
-        dense_follower.wait_scan()  # its background check must not share the cores with the timed replicas
-        _, dense = dense_reads.take()
+    @property
+    def buckets(self) -> tuple[str, str, str]:
+        return self.store, self.dense_store, self.trl_bucket
+
+    def _make_replicas(self) -> None:
+        # the replicas' states are made in turns too, replica i of every kind (TRL's below included) before replica
+        # i + 1: a slow stretch of this VM's memory then holds one replica of each kind, as a pause of its CPUs meets
+        # one of each.  (Made kind by kind, every replica of one kind shared it: its whole job ran 5-10x slower for
+        # one version, on-CPU, with no page fault or context switch, while the other kinds' replicas ran as ever.)
+        # the baselines are replicas too: each keeps its own state and applies every version in place, so its
+        # memory is as cold (or warm) as the followers' when a version arrives
+        first = self.fleet["apply"][0]
+        self.trl_states: list[dict] = []
+        trl_torch: list = []
+        for i in range(self.args.replicas):
+            for group in self.fleet.values():
+                if group[i] is not first:
+                    group[i].bootstrap()
+            self.trl_states.append({k: v.copy() for k, v in self.states[0].items()})
+            trl_torch.append(torch_state(self.states[0]))
+        self.trl_torch_states = [t for t in trl_torch if t is not None]
+
+    def version(self, v: int) -> dict:
+        """Publish version ``v`` every way, apply it on every replica, check them all: the table's row."""
+        prev, cur = self.states[v - 1], self.states[v]
+        self.writes.take()
+        info = self.pub.publish(v, cur)
+        objects = self.writes.left()
+        puts, _ = self.writes.take()
+        self.dense_pub.publish(v, cur)
+        assert self.dense_follower.poll() == v
+        self.dense_follower.wait_scan()  # its background check must not share the cores with the timed replicas
+        _, dense = self.dense_reads.take()
         ch = changes(prev, cur)
         i32, gap = trl_file(cur, ch, gap=False), trl_file(cur, ch, gap=True)
-        i32_path = os.path.join(trl_bucket, f"{v}.safetensors")
+        i32_path = os.path.join(self.trl_bucket, f"{v}.safetensors")
         with open(i32_path, "wb") as out:  # the TRL trainer's upload; its replicas read it back, as ours do
             out.write(i32)
-        # every replica, ours and TRL's, takes its turn at going first (the later ones find the version warm);
-        # the kinds alternate, so that a pause of this machine's longer than one apply costs a replica of each
-        timed, checked = {k: [] for k in (*kinds, "trl", "trl_torch")}, []
-        groups = (*fleet.items(), ("trl", trl_states), ("trl_torch", trl_torch_states))
-        staged, whole = fleet["stage"][0].stats.bytes_downloaded, fleet["trusted"][0].stats.bytes_downloaded
-        order = [(k, g[i]) for i in range(args.replicas) for k, g in groups if g]
-        for kind, replica in order[v % len(order) :] + order[: v % len(order)]:
-            if kind.startswith("trl"):
-                timed[kind].append((trl_apply if kind == "trl" else trl_torch_apply)(replica, i32_path))
-                continue
-            gc.collect()  # untimed: see the module docstring
-            t1 = time.perf_counter()
-            assert (replica.poll() if kind == "polled" else replica.poll(to=v, document=info.document)) == v
-            timed[kind].append(time.perf_counter() - t1)
-            replica.wait_scan()  # the default mode's check of the state, in the background after the apply
-            if kind == "apply":
-                checked.append(time.perf_counter() - t1)
-        median = {k: statistics.median(t) for k, t in timed.items() if t}
-        gets, ulp = reads.take()
-        told_gets, _ = told_reads.take()
-        traj = pub.trajectory
-        deltas = [c for c in traj.changes(v) if c.kind != "unchanged"]
-        packs = b"".join(traj.fetch_blobs(deltas))
+        staged, whole = (self.fleet[k][0].stats.bytes_downloaded for k in ("stage", "trusted"))
+        median, checked = self._time_replicas(v, info, i32_path)
+        gets, ulp = self.reads.take()
+        told_gets, _ = self.told_reads.take()
+        traj = self.pub.trajectory
+        packs = b"".join(traj.fetch_blobs([c for c in traj.changes(v) if c.kind != "unchanged"]))
         r = dict(
             v=v,
-            changed=sum(i.size for i in ch.values()) / n_params,
+            changed=sum(i.size for i in ch.values()) / self.n_params,
             objs=objects,
             puts=puts,
             ulp=ulp,
@@ -429,76 +407,119 @@ def main(argv=None) -> None:
             trusted=median["trusted"],
             polled=median["polled"],
             stage=median["stage"],
-            stage_bytes=fleet["stage"][0].stats.bytes_downloaded - staged,  # (blob bytes, as whole_bytes)
-            whole_bytes=fleet["trusted"][0].stats.bytes_downloaded - whole,
-            floor=floor_apply(floor_state, cur, ch),
+            stage_bytes=self.fleet["stage"][0].stats.bytes_downloaded - staged,  # (blob bytes, as whole_bytes)
+            whole_bytes=self.fleet["trusted"][0].stats.bytes_downloaded - whole,
+            floor=floor_apply(self.floor_state, cur, ch),
             trl_apply=median["trl"],
             trl_torch=median.get("trl_torch"),
             trl_warm=trl_apply({k: v.copy() for k, v in prev.items()}, i32_path),  # on a state just copied: warm
         )
-        replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() if k != "stage" for i, f in enumerate(group)]
-        for i, f in enumerate(fleet["stage"]):  # exactly the stage's tensors
-            assert list(f.state) == stage
-            same_bits(f.state, {k: cur[k] for k in stage}, f"stage {i}")
-        replicas += [(f"TRL {i}", state) for i, state in enumerate(trl_states)]
-        replicas += [(f"TRL torch {i}", state) for i, state in enumerate(trl_torch_states)]
-        for name, state in (*replicas, ("floor", floor_state)):
-            if state is not None:
-                same_bits(state, cur, name)
+        self._check(cur)
         r["dl"] = r["ulp"] / GB
         # TRL's apply: the faster of numpy fancy assignment and its own torch index_copy_
         r["trl_best"] = min(r["trl_apply"], r["trl_torch"] if r["trl_torch"] is not None else r["trl_apply"])
-        rows.append(r)
-        print(
-            f"{v:>3} {r['changed']:>8.2%} {r['objs']:>4} {human(r['ulp']):>9} {human(r['dense']):>9} {human(r['i32']):>9} "
-            f"{human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} {human(r['z_gap']):>9} "
-            f"{r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
-            f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['polled']):>9} {seconds(r['floor']):>9} "
-            f"{seconds(r['dl']):>9} {seconds(r['trl_best']):>9}"
-        )
-    dense_pub.close()
-    dense_follower.close()
-    for f in (f for group in fleet.values() for f in group):
-        f.close()
-    pub.close()
-    for path in (store, dense_store, trl_bucket):  # the buckets are scratch: 2 x (anchor + deltas) of the model
-        shutil.rmtree(path, ignore_errors=True)
+        return r
 
-    def mean(key):
-        return statistics.mean(r[key] for r in rows)
+    def _time_replicas(self, v: int, info, i32_path: str) -> tuple[dict, list]:
+        """Every replica applies version ``v``: the median seconds per kind, and the default mode's applied-and-
+        checked times."""
+        # every replica, ours and TRL's, takes its turn at going first (the later ones find the version warm);
+        # the kinds alternate, so that a pause of this machine's longer than one apply costs a replica of each
+        timed, checked = {k: [] for k in (*self.kinds, "trl", "trl_torch")}, []
+        groups = (*self.fleet.items(), ("trl", self.trl_states), ("trl_torch", self.trl_torch_states))
+        order = [(k, g[i]) for i in range(self.args.replicas) for k, g in groups if g]
+        for kind, replica in order[v % len(order) :] + order[: v % len(order)]:
+            if kind.startswith("trl"):
+                timed[kind].append((trl_apply if kind == "trl" else trl_torch_apply)(replica, i32_path))
+                continue
+            gc.collect()  # untimed: see the module docstring
+            t1 = time.perf_counter()
+            assert (replica.poll() if kind == "polled" else replica.poll(to=v, document=info.document)) == v
+            timed[kind].append(time.perf_counter() - t1)
+            replica.wait_scan()  # the default mode's check of the state, in the background after the apply
+            if kind == "apply":
+                checked.append(time.perf_counter() - t1)
+        return {k: statistics.median(t) for k, t in timed.items() if t}, checked
 
+    def _check(self, cur: dict) -> None:
+        """Every replica holds exactly ``cur`` (a stage replica exactly its tensors)."""
+        fleet = self.fleet
+        replicas = [(f"{k} {i}", f.state) for k, group in fleet.items() if k != "stage" for i, f in enumerate(group)]
+        for i, f in enumerate(fleet["stage"]):  # exactly the stage's tensors
+            assert list(f.state) == self.stage
+            same_bits(f.state, {k: cur[k] for k in self.stage}, f"stage {i}")
+        replicas += [(f"TRL {i}", state) for i, state in enumerate(self.trl_states)]
+        replicas += [(f"TRL torch {i}", state) for i, state in enumerate(self.trl_torch_states)]
+        for name, state in (*replicas, ("floor", self.floor_state)):
+            if state is not None:
+                same_bits(state, cur, name)
+
+    def close(self) -> None:
+        self.dense_pub.close()
+        self.dense_follower.close()
+        for f in (f for group in self.fleet.values() for f in group):
+            f.close()
+        self.pub.close()
+        for path in self.buckets:  # the buckets are scratch: 2 x (anchor + deltas) of the model
+            shutil.rmtree(path, ignore_errors=True)
+
+
+HEAD = (
+    f"{'ver':>3} {'changed':>8} {'objs':>4} {'ULPack':>9} {'dense':>9} {'TRL i32':>9} {'TRL gap':>9} {'zstd ULP':>9} "
+    f"{'zstd i32':>9} {'zstd gap':>9} {'/i32':>6} {'/gap':>6} {'publish':>9} {'apply':>9} "
+    f"{'trusted':>9} {'polled':>9} {'floor':>9} {'dl@1GB/s':>9} {'TRL apply':>9}"
+)
+
+
+def print_row(r: dict) -> None:
     print(
-        f"\ntargets (every version; a replica kind's time for a version: the median of its {args.replicas} replicas):"
+        f"{r['v']:>3} {r['changed']:>8.2%} {r['objs']:>4} {human(r['ulp']):>9} {human(r['dense']):>9} "
+        f"{human(r['i32']):>9} {human(r['gap']):>9} {human(r['z_ulp']):>9} {human(r['z_i32']):>9} "
+        f"{human(r['z_gap']):>9} {r['ulp'] / r['i32']:>6.3f} {r['ulp'] / r['gap']:>6.3f} {seconds(r['publish']):>9} "
+        f"{seconds(r['apply']):>9} {seconds(r['trusted']):>9} {seconds(r['polled']):>9} {seconds(r['floor']):>9} "
+        f"{seconds(r['dl']):>9} {seconds(r['trl_best']):>9}"
     )
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in rows)
+
+
+def span(rows: list[dict], key: str) -> str:
+    got = sorted({r[key] for r in rows})
+    return str(got[0]) if len(got) == 1 else f"{got[0]}-{got[-1]}"
+
+
+def print_size_targets(rows: list[dict], replicas: int) -> None:
+    print(f"\ntargets (every version; a replica kind's time for a version: the median of its {replicas} replicas):")
     for label, key in (("ULPack (sparse, the default)", "ulp"), ("ULPack dense", "dense")):
         size_i32 = all(r[key] <= r["i32"] / 4 for r in rows)
         size_gap = all(r[key] <= r["gap"] / 2 for r in rows)
         print(
             f"  {label}: <= 1/4 of TRL int32 {'HOLDS' if size_i32 else 'FAILS'} "
-            f"(worst {max(r[key] / r['i32'] for r in rows):.3f}, mean {mean(key) / mean('i32'):.3f}); "
+            f"(worst {max(r[key] / r['i32'] for r in rows):.3f}, mean {mean(rows, key) / mean(rows, 'i32'):.3f}); "
             f"<= 1/2 of TRL gap-coded {'HOLDS' if size_gap else 'FAILS'} "
-            f"(worst {max(r[key] / r['gap'] for r in rows):.3f}, mean {mean(key) / mean('gap'):.3f})"
+            f"(worst {max(r[key] / r['gap'] for r in rows):.3f}, mean {mean(rows, key) / mean(rows, 'gap'):.3f})"
         )
     print(
-        f"  (vs zstd-19 of each file: /int32 {mean('ulp') / mean('z_i32'):.3f}, /gap {mean('ulp') / mean('z_gap'):.3f}; "
-        f"zstd-19 of the ULPack packs gains {1 - mean('z_ulp') / mean('ulp'):.1%})"
+        f"  (vs zstd-19 of each file: /int32 {mean(rows, 'ulp') / mean(rows, 'z_i32'):.3f}, "
+        f"/gap {mean(rows, 'ulp') / mean(rows, 'z_gap'):.3f}; "
+        f"zstd-19 of the ULPack packs gains {1 - mean(rows, 'z_ulp') / mean(rows, 'ulp'):.1%})"
     )
     print(
         f"  objects per delta version <= 3: {'HOLDS' if all(r['objs'] <= 3 for r in rows) else 'FAILS'} "
         f"(max {max(r['objs'] for r in rows)}: pack, step document, ref log entry; "
         f"{max(r['puts'] for r in rows)} writes with the store's transient commit intent)"
     )
-
-    def span(key):
-        got = sorted({r[key] for r in rows})
-        return str(got[0]) if len(got) == 1 else f"{got[0]}-{got[-1]}"
-
     print(
-        f"  GET requests per version: told the version and its step document, {span('told_gets')} (one range of the"
-        f" step's pack: its blobs and table block); reading the branch head, {span('gets')} (the head's ref and the"
-        " step document too); TRL int32: 1 file.  The times here leave out each request's latency (on S3 tens of ms to"
-        " the first byte): one request per version each, a told follower and TRL's pay it alike"
+        f"  GET requests per version: told the version and its step document, {span(rows, 'told_gets')} (one range "
+        f"of the step's pack: its blobs and table block); reading the branch head, {span(rows, 'gets')} (the head's "
+        "ref and the step document too); TRL int32: 1 file.  The times here leave out each request's latency (on S3 "
+        "tens of ms to the first byte): one request per version each, a told follower and TRL's pay it alike"
     )
+
+
+def print_time_targets(rows: list[dict]) -> None:
     trl_total = [r["i32"] / GB + r["trl_best"] for r in rows]
     for label, key in (("trusted", "trusted"), ("default", "apply"), ("trusted, reading the branch head", "polled")):
         ours = [r["dl"] + r[key] for r in rows]
@@ -508,63 +529,74 @@ def main(argv=None) -> None:
             f"(mean {seconds(statistics.mean(ours))} vs {seconds(statistics.mean(trl_total))}, "
             f"median {seconds(statistics.median(ours))} vs {seconds(statistics.median(trl_total))}; "
             f"{sum(a <= b for a, b in zip(ours, trl_total))}/{len(rows)} versions; "
-            f"scatter floor {seconds(mean('floor'))}, TRL int32 apply alone {seconds(mean('trl_best'))}; "
-            f"ULPack apply = {mean(key) / mean('floor'):.1f}x the scatter floor)"
+            f"scatter floor {seconds(mean(rows, 'floor'))}, TRL int32 apply alone {seconds(mean(rows, 'trl_best'))}; "
+            f"ULPack apply = {mean(rows, key) / mean(rows, 'floor'):.1f}x the scatter floor)"
         )
+
+
+def print_notes(rows: list[dict], bench: Bench) -> None:
+    first = bench.states[0]
+    stage, n_params = bench.stage, bench.n_params
     print(
         f"     a replica of pipeline stage 0 of 2 (Follower(tensors=...): the model's first {len(stage)} of "
-        f"{len(states[0])} tensors, {sum(states[0][k].size for k in stage) / n_params:.0%} of its parameters), "
-        f"trusted: downloads {mean('stage_bytes') / mean('whole_bytes'):.2f} of a whole replica's blob bytes, applies in "
-        f"{seconds(mean('stage'))} ({mean('stage') / mean('trusted'):.2f} of a whole trusted replica's)"
+        f"{len(first)} tensors, {sum(first[k].size for k in stage) / n_params:.0%} of its parameters), "
+        f"trusted: downloads {mean(rows, 'stage_bytes') / mean(rows, 'whole_bytes'):.2f} of a whole replica's blob "
+        f"bytes, applies in {seconds(mean(rows, 'stage'))} ({mean(rows, 'stage') / mean(rows, 'trusted'):.2f} of a "
+        "whole trusted replica's)"
     )
     print(
         f"     default mode's check: it re-sums 1/16 of the state in the background once a version is written (the "
-        f"next version waits for it); applied and checked {seconds(mean('checked'))} per version, against "
-        f"{seconds(mean('apply'))} applied"
+        f"next version waits for it); applied and checked {seconds(mean(rows, 'checked'))} per version, against "
+        f"{seconds(mean(rows, 'apply'))} applied"
     )
     print(
-        f"     threads: ULPack applies on the follower's {threads} decode thread(s); TRL's apply and the floor are "
-        "measured on one thread (numpy fancy assignment / one compiled loop)"
+        f"     threads: ULPack applies on the follower's {bench.threads} decode thread(s); TRL's apply and the floor "
+        "are measured on one thread (numpy fancy assignment / one compiled loop)"
     )
     print(
         "     memory: every replica (followers, TRL, floor) keeps its own state and applies each version in place; "
-        f"TRL's numpy apply on a state copied just before (cache-warm) takes {seconds(mean('trl_warm'))}"
+        f"TRL's numpy apply on a state copied just before (cache-warm) takes {seconds(mean(rows, 'trl_warm'))}"
     )
     if all(r["trl_torch"] is not None for r in rows):
         import torch
 
         print(
             f"     TRL's own scatter, torch index_copy_ on {torch.get_num_threads()} intra-op thread(s): "
-            f"{seconds(mean('trl_torch'))} per version against numpy's {seconds(mean('trl_apply'))}; the targets "
-            "above use the faster of the two"
+            f"{seconds(mean(rows, 'trl_torch'))} per version against numpy's {seconds(mean(rows, 'trl_apply'))}; "
+            "the targets above use the faster of the two"
         )
-    changed_mean = mean("changed") * n_params
+
+
+def print_why(rows: list[dict], n_params: int) -> None:
+    changed_mean = mean(rows, "changed") * n_params
+    ulp, floor, i32 = mean(rows, "ulp"), mean(rows, "floor"), mean(rows, "i32")
     print(
-        f"     why: ULPack codes a change in {8 * mean('ulp') / changed_mean:.1f} bits, {mean('ulp') / changed_mean:.2f} ns "
-        f"of download at 1 GB/s; writing it in place alone takes {mean('floor') / changed_mean * 1e9:.1f} ns here "
-        f"(TRL int32: {mean('i32') / changed_mean:.1f} ns of download, "
-        f"{mean('trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)"
+        f"     why: ULPack codes a change in {8 * ulp / changed_mean:.1f} bits, {ulp / changed_mean:.2f} ns "
+        f"of download at 1 GB/s; writing it in place alone takes {floor / changed_mean * 1e9:.1f} ns here "
+        f"(TRL int32: {i32 / changed_mean:.1f} ns of download, "
+        f"{mean(rows, 'trl_apply') / changed_mean * 1e9:.1f} ns of numpy apply)"
     )
-    full_dl = 2 * n_params / GB
     print(
-        f"     context: full bf16 weights at 1 GB/s: {seconds(full_dl)}; download+apply at 1 GB/s: "
-        f"ULPack {seconds(mean('dl') + mean('trusted'))} trusted, {seconds(mean('dl') + mean('apply'))} default; "
-        f"TRL int32 {seconds(mean('i32') / GB + mean('trl_best'))}"
+        f"     context: full bf16 weights at 1 GB/s: {seconds(2 * n_params / GB)}; download+apply at 1 GB/s: "
+        f"ULPack {seconds(mean(rows, 'dl') + mean(rows, 'trusted'))} trusted, "
+        f"{seconds(mean(rows, 'dl') + mean(rows, 'apply'))} default; "
+        f"TRL int32 {seconds(i32 / GB + mean(rows, 'trl_best'))}"
     )
-    gain = mean("i32") - mean("ulp")
-    extra = mean("trusted") - mean("trl_best")
+    gain = i32 - ulp
+    extra = mean(rows, "trusted") - mean(rows, "trl_best")
     if extra > 0:
         print(
             f"     ULPack's download+apply (trusted) beats TRL int32's below {gain / extra / 1e6:.0f} MB/s of link "
             "bandwidth per replica (cross-region links, NAT'd replicas, shared egress), loses above it"
         )
 
-    # -- extrapolation ------------------------------------------------------------
-    per_param = {k: mean(k) / n_params for k in ("ulp", "i32", "gap", "z_i32", "z_gap")}
-    apply_rate = n_params / mean("trusted")  # params/s on `threads` threads, this machine
-    publish_rate = n_params / mean("publish")
+
+def print_extrapolation(rows: list[dict], n_params: int, threads: int) -> None:
+    per_param = {k: mean(rows, k) / n_params for k in ("ulp", "i32", "gap", "z_i32", "z_gap")}
+    apply_rate = n_params / mean(rows, "trusted")  # params/s on `threads` threads, this machine
+    publish_rate = n_params / mean(rows, "publish")
     print(
-        f"\nextrapolation on paper (same change density, {mean('changed'):.2%} of elements per step; "
+        f"\nextrapolation on paper (same change density, {mean(rows, 'changed'):.2%} of elements per step; "
         f"bytes scale with parameters; apply/publish at this machine's measured "
         f"{apply_rate / 1e6:.0f}M / {publish_rate / 1e6:.0f}M params/s on {threads} thread(s), scaling with cores):"
     )
@@ -583,6 +615,37 @@ def main(argv=None) -> None:
         "  (a 1T model is sharded: each inference host applies only its shard's chunks, so per-host "
         "apply time divides by the number of hosts; ULPack chunks are independent)"
     )
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    states, desc = load_states(args)
+    n_params = sum(v.size for v in states[0].values())
+    threads = args.threads or os.cpu_count() or 1
+    args.replicas = max(1, args.replicas or (5 if n_params < 100e6 else 3))
+    print(
+        f"ulstore.sync benchmark: {desc}; {n_params / 1e6:.2f}M bf16 params "
+        f"({human(2 * n_params)} per full copy), {len(states) - 1} RL steps (lr 3e-6), "
+        f"{threads} thread(s), {os.cpu_count()} CPU(s)\n"
+    )
+    bench = Bench(args, states, threads)
+    info0 = bench.info0
+    print(
+        f"anchor (version 0): {human(info0.anchor_bytes)} (intra ULPack, {info0.anchor_bytes / (2 * n_params):.1%} "
+        f"of bf16), publish {seconds(info0.seconds)}, bootstrap {seconds(bench.boot)}\n"
+    )
+    print(HEAD)
+    print("-" * len(HEAD))
+    rows = []
+    for v in range(1, len(states)):
+        rows.append(bench.version(v))
+        print_row(rows[-1])
+    bench.close()
+    print_size_targets(rows, args.replicas)
+    print_time_targets(rows)
+    print_notes(rows, bench)
+    print_why(rows, n_params)
+    print_extrapolation(rows, n_params, threads)
 
 
 if __name__ == "__main__":

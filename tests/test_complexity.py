@@ -21,7 +21,6 @@ TREES = ("ulstore", "benchmarks", "examples")
 ALLOWED = {
     "benchmarks/codec.py speed_pass",
     "benchmarks/codec.py speed_table",
-    "benchmarks/sync.py main",
     "examples/finetune_branch.py main",
     "ulstore/cli/_add.py _cmd_add",
     "ulstore/cli/_commands.py _cmd_diff",
@@ -44,12 +43,6 @@ ALLOWED = {
     "ulstore/store/format/_chunk_tables.py pieces_problem",
     "ulstore/store/commit/_piece_writer.py PieceWriter.write",
     "ulstore/store/trajectory.py open",
-    "ulstore/sync/_catchup.py CatchUp._advance",
-    "ulstore/sync/_in_place.py InPlace._apply_columns",
-    "ulstore/sync/_replica.py Replica._rebind",
-    "ulstore/sync/_replica.py Replica._write",
-    "ulstore/sync/_replica.py Replica.apply",
-    "ulstore/sync/_replica.py Replica.fetch",
 }
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "run_role",
     "read_jsonl",
     "flat_bits",
+    "columns_taken",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: where `python -m tests.helpers.sync_roles` runs
@@ -90,3 +91,25 @@ def read_jsonl(path) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def columns_taken(monkeypatch) -> list[bool]:
+    """A list that gets, per version a replica applies with change columns, whether it went the columns way
+    (True: planned from the columns, written in place) or was declined and took the feed (False)."""
+    from ulstore.sync._replica import Replica
+
+    taken: list[bool] = []
+    record, feed = Replica._record_columns, Replica._apply_feed
+
+    def recorded(self, f, *args):
+        taken.append(True)
+        return record(self, f, *args)
+
+    def fed(self, f):
+        if f.columns is not None:
+            taken.append(False)
+        return feed(self, f)
+
+    monkeypatch.setattr(Replica, "_record_columns", recorded)
+    monkeypatch.setattr(Replica, "_apply_feed", fed)
+    return taken

@@ -17,7 +17,7 @@ import pytest
 
 import ulstore
 from tests.helpers.store import CountingIO
-from tests.helpers.sync import assert_same_bits, delta_modes, rl_states, state_digest
+from tests.helpers.sync import assert_same_bits, columns_taken, delta_modes, rl_states, state_digest
 from ulstore.core.objects import MAX_DOCUMENT_BYTES
 from ulstore.errors import InvalidInputError, NotFoundError
 from ulstore.sync import (
@@ -26,7 +26,6 @@ from ulstore.sync import (
     Follower,
     Publisher,
     _in_place,
-    _replica,
 )
 from ulstore.sync._arrays import Binding
 
@@ -1063,12 +1062,12 @@ def follower_a_version_behind(states, url, way: str, anchor_every: int):
 
 
 @pytest.mark.parametrize("way", ["feed", "columns"])
-def test_device_copies_get_exactly_the_changes_written(states, url, way):
+def test_device_copies_get_exactly_the_changes_written(states, url, way, monkeypatch):
     """A state on a device gets, per chunk written in place, the changed positions and words of the mirror:
     replayed on the last version's bits they make this version's."""
     f, target = follower_a_version_behind(states, url, way, anchor_every=0)
     device = {n: np.asarray(v).reshape(-1).view(np.uint16).copy() for n, v in states[target - 1].items()}
-    taken, real = [], _replica.Replica._apply_columns
+    taken = columns_taken(monkeypatch)
     orig = Binding.push
 
     def push(self, start, positions, values):  # what a CUDA copy's index_copy_ is given
@@ -1078,11 +1077,10 @@ def test_device_copies_get_exactly_the_changes_written(states, url, way):
     for b in bindings:
         b.device = "a device"
     Binding.push = push
-    _replica.Replica._apply_columns = lambda self, fe: taken.append(real(self, fe)) or taken[-1]
     try:
         assert f.poll() == target
     finally:
-        Binding.push, _replica.Replica._apply_columns = orig, real
+        Binding.push = orig
         for b in bindings:
             b.device = None
     assert taken == [way == "columns"]

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from tests.helpers.blobs import reseal
-from tests.helpers.sync import assert_same_bits, rl_states
+from tests.helpers.sync import assert_same_bits, columns_taken, rl_states
 from ulstore.errors import IntegrityError
 from ulstore.sync import Publisher
+from ulstore.sync._fetch import fetch
 from ulstore.sync._open import objects, trajectory
 from ulstore.sync._replica import Replica
 
@@ -42,9 +43,9 @@ def store(tmp_path, states):
 
 def replica_at(traj, version, pool, threads=2):
     rep = Replica(None, pool=pool, threads=threads)
-    rep.load(Replica.fetch(traj, 0, snapshot=True))
+    rep.load(fetch(traj, 0, snapshot=True))
     for v in range(1, version + 1):
-        rep.apply(Replica.fetch(traj, v))
+        rep.apply(fetch(traj, v))
     return rep
 
 
@@ -57,7 +58,7 @@ def test_in_place_apply_matches_every_version(store, states, threads):
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(store, 0, pool, threads)
         for v in range(1, len(states)):
-            f = Replica.fetch(store, v)
+            f = fetch(store, v)
             assert any(c.kind == "delta" for c in f.changes)
             rep.apply(f)
             assert rep.version == v
@@ -71,7 +72,7 @@ def test_a_loaded_step_has_its_slots_ready_for_the_first_version(store, states, 
         made = []
         slot = Replica._slot
         monkeypatch.setattr(Replica, "_slot", lambda self, *a: made.append(a) or slot(self, *a))
-        f = Replica.fetch(store, 1)
+        f = fetch(store, 1)
         assert len(rep._in_place(list(zip([c for c in f.changes if c.kind != "unchanged"], f.blobs)))) == 1
         rep.apply(f)
         assert made == []  # every slot the version needed was made when step 0 was loaded
@@ -82,16 +83,14 @@ def test_a_version_in_its_parents_layout_is_applied_from_columns_exactly_as_from
     """Every changed chunk is a SPARSE delta the replica writes in place: from the first version after a load on,
     it goes through the change columns (no object per chunk), and leaves the very state and bookkeeping (content
     hashes, word sums) that the feed of ChunkChange objects leaves."""
-    taken = []
-    real = Replica._apply_columns
-    monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
+    taken = columns_taken(monkeypatch)
     with cf.ThreadPoolExecutor(2) as pool:
         cols, feed = replica_at(store, 0, pool), replica_at(store, 0, pool)
         for v in range(1, len(states)):
-            f = Replica.fetch(store, v)
+            f = fetch(store, v)
             assert f.columns is not None
             cols.apply(f)
-            feed.apply(dataclasses.replace(Replica.fetch(store, v), columns=None))
+            feed.apply(dataclasses.replace(fetch(store, v), columns=None))
             for rep in (cols, feed):
                 assert rep.version == v
                 assert_same_bits(rep.state, states[v])
@@ -109,15 +108,13 @@ def test_a_version_the_columns_do_not_take_goes_the_general_way(tmp_path, states
     for v in range(4):  # as a publisher commits (SPARSE deltas), step 2 an anchor: every changed chunk intra
         traj.commit(v, states[v], sparse=True, anchor=True if v == 2 else None)
     traj = ulstore.open(traj.url, mode="r")  # (a writer's own steps have no parsed table blocks)
-    taken = []
-    real = Replica._apply_columns
-    monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
+    taken = columns_taken(monkeypatch)
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(traj, 3, pool)
         assert_same_bits(rep.state, states[3])
         assert not rep.verify()
     assert taken == [True, False, True]  # v2: intra chunks
-    assert set(Replica.fetch(traj, 2).columns.ref.tolist()) == {-1}
+    assert set(fetch(traj, 2).columns.ref.tolist()) == {-1}
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -125,7 +122,7 @@ def test_a_version_the_columns_do_not_take_goes_the_general_way(tmp_path, states
 def test_a_bad_chunk_anywhere_leaves_the_state_untouched(store, states, where, how):
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(store, 1, pool)
-        f = Replica.fetch(store, 2)
+        f = fetch(store, 2)
         changed = [i for i, c in enumerate(c for c in f.changes if c.kind != "unchanged")]
         deltas = [i for i, c in zip(changed, [c for c in f.changes if c.kind != "unchanged"]) if c.kind == "delta"]
         assert len(deltas) >= 3
@@ -155,7 +152,7 @@ def test_a_bad_chunk_anywhere_leaves_the_state_untouched(store, states, where, h
 def test_a_state_that_diverged_at_a_changed_element_is_left_as_it_is(store, states):
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(store, 1, pool)
-        f = Replica.fetch(store, 2)
+        f = fetch(store, 2)
         c = [c for c in f.changes if c.kind == "delta"][-1]
         name = c.tensor
         flat = rep.flat(name).view(np.uint16)
@@ -176,7 +173,7 @@ def test_a_feed_that_does_not_fit_the_held_tensors_is_refused_before_any_write(s
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(store, 1, pool)
         before = snapshot(rep)
-        f = Replica.fetch(store, 2)
+        f = fetch(store, 2)
         delta = next(c for c in f.changes if c.kind == "delta")
         held = next(c for c in f.changes if c.kind == "unchanged" and c.tensor != delta.tensor)
 
@@ -211,7 +208,7 @@ def test_specs_are_shared_between_versions_and_bounded():
 
 
 def test_fetched_blobs_are_read_only_views_of_the_same_bytes(store):
-    f = Replica.fetch(store, 2)
+    f = fetch(store, 2)
     changed = [c for c in f.changes if c.kind != "unchanged"]
     copies = store.fetch_blobs(changed)
     assert all(isinstance(b, bytes) for b in copies)  # the public call still copies
@@ -276,7 +273,7 @@ def test_a_bootstrap_reserves_the_apply_buffers_and_the_first_version_writes_int
         for dtype, n in elements.items():
             pos, new, old = reserved[dtype] = rep._buffers[dtype][dtype.itemsize]
             assert len(pos) == len(new) == len(old) == min(n // every, _in_place.RESERVE_MOST) and pos.dtype == np.int64
-        rep.apply(Replica.fetch(store, 1))
+        rep.apply(fetch(store, 1))
         assert_same_bits(rep.state, states[1])
         assert not rep.verify()
         for dtype, (pos, _, _) in reserved.items():
@@ -307,7 +304,7 @@ def test_a_helper_cancelled_by_the_pools_shutdown_neither_hangs_the_apply_nor_fa
     with cf.ThreadPoolExecutor(2) as pool, _ShutDownPool(2) as shut:
         rep = replica_at(store, 1, pool)
         rep.pool = shut
-        f = Replica.fetch(store, 2)
+        f = fetch(store, 2)
         assert sum(c.kind == "delta" for c in f.changes) >= 2  # applied by this thread and at least one helper
         out: list = []
 
@@ -339,7 +336,7 @@ def test_chunk_sizes_follow_a_version_chunked_otherwise(tmp_path, states):
     with cf.ThreadPoolExecutor(2) as pool:
         rep = replica_at(traj, 1, pool)
         before = rep.chunk_bytes()
-        rep.apply(Replica.fetch(traj, 2))
+        rep.apply(fetch(traj, 2))
         after = rep.chunk_bytes()
     traj.close()
     total = sum(a.nbytes for a in states[2].values())

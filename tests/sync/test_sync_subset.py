@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers.sync import assert_same_bits, rl_states
+from tests.helpers.sync import assert_same_bits, columns_taken, rl_states
 from ulstore.errors import InvalidInputError
 from ulstore.sync import Follower, Publisher
-from ulstore.sync._replica import Replica
 
 CHUNK = 1 << 12
 
@@ -33,9 +32,7 @@ def halves(states) -> tuple[list, list]:
 
 
 def test_a_follower_of_some_tensors_holds_exactly_them_at_every_version(states, tmp_path, monkeypatch):
-    taken = []
-    real = Replica._apply_columns
-    monkeypatch.setattr(Replica, "_apply_columns", lambda self, f: taken.append(real(self, f)) or taken[-1])
+    taken = columns_taken(monkeypatch)
     url = str(tmp_path / "s")
     first, second = halves(states)
     pub = Publisher(url, anchor_every=0, chunk_elems=CHUNK)

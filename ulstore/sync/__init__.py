@@ -39,7 +39,7 @@ Examples
 (1, 7.0)
 """
 
-from ._errors import BucketAccessError
+from ._errors import BucketAccessError, PublishError
 from .detector import ChangeDetector
 from .follower import Follower, FollowerStats, SyncEvent
 from .publisher import DEFAULT_ANCHOR_EVERY, DEFAULT_CHUNK_ELEMS, Publisher, PublishInfo
@@ -53,6 +53,7 @@ __all__ = [
     "FollowerStats",
     "ChangeDetector",
     "BucketAccessError",
+    "PublishError",
     "import_trl",
     "export_trl",
     "gap_encode",

@@ -42,6 +42,17 @@ def host_array(name: str, value) -> np.ndarray:
     return arr if arr.flags.c_contiguous else arr.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
 
 
+def host_copy(name: str, value) -> np.ndarray:
+    """A host array with ``value``'s bits that the caller cannot change: one contiguous copy (a word copy, at
+    memory speed; no other conversion), or the host copy a device tensor gets anyway."""
+    arr = host_array(name, value)
+    if is_tensor(value) and value.device.type != "cpu":
+        return arr
+    if np.may_share_memory(arr, as_numpy(value)):
+        arr = arr.copy()
+    return arr
+
+
 def words(arr: np.ndarray) -> np.ndarray:
     """The flat unsigned-integer view of ``arr``'s bits (for exact comparison and hashing)."""
     return arr.reshape(-1).view(f"<u{arr.dtype.itemsize}")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import CorruptManifestError, IntegrityError, InvalidInputError, NotFoundError
 from ._checks import StateChecks
-from ._replica import ChainBroken, Fetched, Replica
+from ._fetch import Fetched, fetch
+from ._replica import ChainBroken
 
 __all__ = ["CatchUp"]
 
@@ -81,7 +82,7 @@ class CatchUp(StateChecks):
                     # a first bootstrap refuses a name the snapshot lacks (the caller's mistake); a later one drops it,
                     # as the versions applied since did
                     names, first = self._replica.names, not self.stats.bootstraps
-                    fetched = Replica.fetch(traj, step, snapshot=True, names=names, strict=first)
+                    fetched = fetch(traj, step, snapshot=True, names=names, strict=first)
                     self.stats.bytes_downloaded += self._replica.load(fetched)
                 except (IntegrityError, NotFoundError) as e:
                     problem = e
@@ -142,59 +143,64 @@ class CatchUp(StateChecks):
                 raise ChainBroken(f"version {b.step} was not coded against version {a.step} as stored")
         return [i.step for i in infos]
 
-    def _advance(self, one_by_one: bool, to: int | None = None) -> Iterator[int]:
-        """Generator behind poll/follow: yields each version reached (the branch head's, or ``to``)."""
+    def _advance(self, to: int | None = None) -> Iterator[int]:
+        """What poll/follow run to reach the branch head (or ``to``): an iterator that applies the versions as it is
+        advanced and yields each one reached.  Decided here, run by the caller: while a version is applied, the
+        call stack is the caller's loop, the replay (:meth:`_replay_iter`) and :meth:`Replica.apply`."""
         self._check_open()
         start = self.version
         if to is not None and start is not None and to <= start:  # a stale announcement
-            return
-        try:
-            head = self._head() if to is None else to
-        except IntegrityError as e:  # a damaged ref: nothing is applied
-            self._problem(None, e)
-            return
-        if head is None:
-            return
+            return iter(())
+        head = self._target(to)
+        if head is None or head == start:
+            return iter(())
         if start is None:
-            try:
-                self._bootstrap(head, "rebootstrap" if self._stalled_at is not None else "bootstrap")
-            except IntegrityError as e:
-                if self._stalled_at is None:
-                    raise
-                self._event("stalled", None, f"no snapshot could be loaded: {e}", e)
-                return
-            yield self.version  # type: ignore[misc]
-            return
-        if head == start:
-            return
+            return self._first(head)
         if self._stalled_at is not None:
-            try:
-                snap = self._newest_snapshot(head)
-            except (IntegrityError, NotFoundError):
-                return
-            if snap is not None and snap >= self._stalled_at:  # a snapshot past the bad version: try again
-                yield from self._recover(head, self._stalled_at, "rebootstrap")
-            return
+            return self._unstall(head)
         try:
             chain = self._chain(head, start)
         except ChainBroken as e:
             if e.far:  # far behind: a snapshot is cheaper than the replay
-                yield from self._recover(head, start + 1, "bootstrap")
-            else:  # the history held is no longer the branch's (reset, deleted steps)
-                self._event("reset", head, str(e))
-                yield from self._recover(head, start + 1, "rebootstrap")
-            return
+                return self._recover(head, start + 1, "bootstrap")
+            # the history held is no longer the branch's (reset, deleted steps)
+            self._event("reset", head, str(e))
+            return self._recover(head, start + 1, "rebootstrap")
         except (IntegrityError, NotFoundError) as e:
             self._problem(head, e)
-            yield from self._recover(head, start + 1, "rebootstrap")
+            return self._recover(head, start + 1, "rebootstrap")
+        return self._replay_iter(chain, head)
+
+    def _target(self, to: int | None) -> int | None:
+        """The version to reach: ``to``, else the branch head (None: nothing published, or a damaged ref,
+        reported; nothing is applied)."""
+        if to is not None:
+            return to
+        try:
+            return self._head()
+        except IntegrityError as e:
+            self._problem(None, e)
+            return None
+
+    def _first(self, head: int) -> Iterator[int]:
+        """Nothing held (never loaded, or invalidated): bootstrap; yields the version reached."""
+        try:
+            self._bootstrap(head, "rebootstrap" if self._stalled_at is not None else "bootstrap")
+        except IntegrityError as e:
+            if self._stalled_at is None:
+                raise
+            self._event("stalled", None, f"no snapshot could be loaded: {e}", e)
             return
-        if one_by_one:
-            yield from self._replay_iter(chain, head)
-        else:
-            for _ in self._replay_iter(chain, head):
-                pass
-            if self.version != start:
-                yield self.version  # type: ignore[misc]
+        yield self.version  # type: ignore[misc]
+
+    def _unstall(self, head: int) -> Iterator[int]:
+        """Stalled on a version that could not be applied: try again once a snapshot after it is published."""
+        try:
+            snap = self._newest_snapshot(head)
+        except (IntegrityError, NotFoundError):
+            return
+        if snap is not None and snap >= self._stalled_at:  # type: ignore[operator]  # a snapshot past the bad version
+            yield from self._recover(head, self._stalled_at, "rebootstrap")  # type: ignore[arg-type]
 
     def _replay_iter(self, steps: list[int], head: int | None) -> Iterator[int]:
         """Apply steps in order, fetching the next ones' blobs while applying.
@@ -205,13 +211,13 @@ class CatchUp(StateChecks):
         """
         traj = self._trajectory()
 
-        def fetch(s):
-            return self._workers.prefetch.submit(Replica.fetch, traj, s, names=self._replica.names)
+        def prefetch(s):
+            return self._workers.prefetch.submit(fetch, traj, s, names=self._replica.names)
 
         # one version (a poll that keeps up): nothing to overlap, so fetch it on this thread instead of
         # handing it to the prefetcher and waiting
         threaded = len(steps) > 1
-        futures = [fetch(s) for s in steps[:2]] if threaded else []
+        futures = [prefetch(s) for s in steps[:2]] if threaded else []
         at = self.version  # the version this replay left the state at
         for i, s in enumerate(steps):
             self._check_open()  # follow(): the generator may be resumed after close()
@@ -222,7 +228,7 @@ class CatchUp(StateChecks):
                     f.cancel()
                 return
             if threaded and i + 2 < len(steps):
-                futures.append(fetch(steps[i + 2]))
+                futures.append(prefetch(steps[i + 2]))
             try:
                 held = self.version
                 # default mode: the re-sum of part of the state that the last version applied started
@@ -230,9 +236,7 @@ class CatchUp(StateChecks):
                 # and tensors the caller replaced in the state dict are no longer the memory written
                 if not self._scan_result() or not self._bound():
                     raise ChainBroken(f"the state held diverged from version {held}")
-                fetched: Fetched = (
-                    futures[i].result() if threaded else Replica.fetch(traj, s, names=self._replica.names)
-                )
+                fetched: Fetched = futures[i].result() if threaded else fetch(traj, s, names=self._replica.names)
                 self.stats.bytes_downloaded += self._replica.apply(fetched)
                 self._start_scan()
             except (IntegrityError, NotFoundError, ChainBroken) as e:

@@ -18,7 +18,7 @@ from ..store import FeedLayout, codec_for
 from ._arrays import Binding, Spec, geometry, words
 
 if TYPE_CHECKING:
-    from ._replica import Fetched
+    from ._fetch import Fetched
 
 __all__ = ["InPlace", "RESERVE_EVERY", "RESERVE_MOST"]
 
@@ -60,41 +60,35 @@ class InPlace:
         for dtype, n in sizes.items():
             reserve_buffers(dtype, min(n // RESERVE_EVERY, RESERVE_MOST), self._buffers.setdefault(dtype, {}))
 
-    def _apply_columns(self, f: Fetched) -> bool:
-        """Apply a version from its change columns when every changed chunk is a delta against the step held
-        that :meth:`_in_place` would take (the usual step): the same checks and writes without an object per
-        chunk.  False, nothing done, for any other version: :meth:`apply` then takes the general path
-        (whole chunks, a precise error for a bad blob)."""
+    def _column_groups(self, f: Fetched) -> tuple[list, dict] | None:
+        """The usual step planned from its change columns: ``(picked, groups)``, ``picked`` the held step's
+        ``(key, slot)`` of each changed chunk and ``groups`` what :meth:`_apply_in_place` takes, when every
+        changed chunk is a SPARSE delta against the step held that :meth:`_in_place` would take.  None for any
+        other version: :meth:`apply` then takes the feed (whole chunks, a precise error for a bad blob)."""
         cols = f.columns
         if cols is None or cols.layout is not self._layout or f.specs is not self._applied_specs:
-            return False
+            return None
         if (cols.ref != self.version).any():  # intra chunks, or a delta against another step (ChainBroken)
-            return False
+            return None
         rows = self._layout_rows(cols.layout)
         picked = [rows[i] for i in cols.changed.tolist()]
         sums, blobs = self._sums, f.blobs
         kept = [None if r is None else sums.get(r[0]) for r in picked]
         if None in kept or not all(map(is_sparse_blob, blobs)):
-            return False
-        groups = {}
-        dtypes = self._rows_dtypes  # in chunk order, as _in_place: one order of writes
-        if len(dtypes) > 1:
-            dtypes = dict.fromkeys(r[1][4] for r in picked)
-        for dtype in dtypes:
-            at = range(len(picked)) if len(dtypes) == 1 else [k for k, r in enumerate(picked) if r[1][4] == dtype]
-            groups[dtype] = (
-                list(at),
-                [picked[k][1][2] for k in at],
-                blobs if len(dtypes) == 1 else [blobs[k] for k in at],
-                kept if len(dtypes) == 1 else [kept[k] for k in at],
-                [picked[k][1][6] for k in at],
-            )
-        applied = self._apply_in_place(groups)
-        if applied is None:
-            return False
+            return None
+        if len(self._rows_dtypes) == 1:  # (the usual model: one dtype, no regrouping)
+            dtype = next(iter(self._rows_dtypes))
+            return picked, {
+                dtype: (range(len(picked)), [r[1][2] for r in picked], blobs, kept, [r[1][6] for r in picked])
+            }
+        return picked, _by_dtype(picked, blobs, kept)
+
+    def _record_columns(self, f: Fetched, picked: list, applied: dict) -> None:
+        """The usual step is written (:meth:`_column_groups`): push device copies, record the chunks held."""
         self.version = None  # the state is in flux until the bookkeeping is done
+        cols = f.columns
         try:
-            hexes, contents, bindings = cols.content.tobytes().hex(), self._contents, self._bindings
+            hexes, contents, bindings, sums = cols.content.tobytes().hex(), self._contents, self._bindings, self._sums
             for k, (key, slot) in enumerate(picked):
                 a = applied[k]
                 b = bindings[key[0]]
@@ -107,7 +101,6 @@ class InPlace:
             raise
         info = f.info
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
-        return True
 
     def _layout_rows(self, layout: FeedLayout) -> list:
         """Per row of ``layout``, the held step's: ``(key, slot)`` of a chunk that :func:`apply_sparse` may write
@@ -204,3 +197,19 @@ class InPlace:
             written += zip(arrays, out)
             done.update(zip(indices, out))
         return done
+
+
+def _by_dtype(picked: list, blobs: list, kept: list) -> dict:
+    """:meth:`InPlace._column_groups`'s groups of a model of several dtypes, in chunk order (one order of writes)."""
+    groups = {}
+    for dtype in dict.fromkeys(r[1][4] for r in picked):
+        at = [k for k, r in enumerate(picked) if r[1][4] == dtype]
+        slots = [picked[k][1] for k in at]
+        groups[dtype] = (
+            at,
+            [s[2] for s in slots],
+            [blobs[k] for k in at],
+            [kept[k] for k in at],
+            [s[6] for s in slots],
+        )
+    return groups

@@ -12,18 +12,17 @@ verifies, every write undone if any chunk fails); (3) write the rest.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..codec import Applied, Changes, content_sum, decode_changes
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
-from ..store import ChangeColumns, FeedLayout, StepInfo, codec_for, content_digest, decode_chunk
-from ._arrays import Binding, Spec, allocate, bind, geometry, specs_of
+from ..store import codec_for, content_digest, decode_chunk
+from ._arrays import Binding, Spec, allocate, bind, geometry
+from ._fetch import Fetched
 from ._in_place import InPlace
 
-__all__ = ["Replica", "ChainBroken", "Fetched"]
+__all__ = ["Replica", "ChainBroken"]
 
 Key = tuple  # (tensor name, piece index, chunk coordinate)
 
@@ -34,36 +33,6 @@ class ChainBroken(UlstoreError):
     def __init__(self, message: str, *, far: bool = False):
         super().__init__(message)
         self.far = far
-
-
-@dataclass
-class Fetched:
-    """Phase 0 of applying a step (no state needed, so it can be prefetched): its feed and blobs.
-
-    ``columns``: the step's :class:`~ulstore.store.ChangeColumns`, where it has
-    its parent's chunk layout.  ``feed``: the whole change feed, or (with
-    columns) a function that reads it from the cached tables, called on the
-    first use of :attr:`changes` if ever.  ``layout``: a snapshot's
-    :class:`~ulstore.store.FeedLayout`, which the columns of its children carry.
-    """
-
-    info: StepInfo
-    specs: dict
-    feed: list | Callable[[], list]
-    blobs: list
-    snapshot: bool
-    columns: ChangeColumns | None = None
-    layout: FeedLayout | None = None
-
-    @property
-    def changes(self) -> list:
-        if callable(self.feed):
-            self.feed = self.feed()
-        return self.feed
-
-    @property
-    def nbytes(self) -> int:
-        return sum(map(len, self.blobs))
 
 
 class Replica(InPlace):
@@ -116,54 +85,6 @@ class Replica(InPlace):
     def _map(self, fn, items):
         return list(self.pool.map(fn, items)) if self.pool is not None and len(items) > 1 else [fn(x) for x in items]
 
-    # -- phase 0: what to fetch ---------------------------------------------------------
-
-    @staticmethod
-    def fetch(
-        traj, step: int, *, snapshot: bool = False, names: frozenset | None = None, strict: bool = False
-    ) -> Fetched:
-        """The change feed of ``step`` and the blobs a holder of its parent (or, ``snapshot``, nobody) needs.
-
-        ``names``: of these tensors only (a replica of part of a model).  ``strict`` (a first bootstrap):
-        the step must have them all (InvalidInputError); otherwise one it lacks is dropped, as a removed
-        tensor is dropped, but not all of them (InvalidInputError).
-        """
-        info = traj.info(step)
-        if names is not None:
-            tensors = traj.tensors(step)
-            if not names <= tensors.keys():
-                missing = sorted(names - tensors.keys())
-                more = f" (nor {len(missing) - 1} more of the tensors followed)" if len(missing) > 1 else ""
-                if strict:
-                    raise InvalidInputError(f"step {step} has no tensor {missing[0]!r}{more}")
-                names = frozenset(n for n in names if n in tensors)
-                if not names:
-                    raise InvalidInputError(f"step {step} has none of the tensors followed ({missing[0]!r}{more})")
-        # (the step's own blobs read with its tables where they are all changes: fetch_blobs then sends no request;
-        # a replica of part of a model reads only its own)
-        ahead = names is None
-        columns = None if snapshot else traj.change_columns(step, names, read_ahead=ahead)
-        specs = specs_of(traj.tensors(step) if names is None else tensors, names)
-        if columns is not None:  # the usual step: no object per chunk (apply() makes the feed if it needs it)
-            blobs = traj.fetch_blobs(columns, copy=False)
-            return Fetched(info, specs, lambda: traj.changes(step, names), blobs, False, columns)
-        feed = traj.changes(step, names, against_parent=not snapshot, read_ahead=ahead and not snapshot)
-        if snapshot:
-            plain = [c for c in feed if c.snapshot is None]
-            for c in plain:
-                if c.ref is not None:
-                    raise CorruptManifestError(
-                        f"step {step} has anchor distance 0 but chunk {c.coord} has no full copy",
-                        step=step,
-                        tensor=c.tensor,
-                    )
-            snaps = [c for c in feed if c.snapshot is not None]
-            blobs = traj.fetch_blobs(plain, copy=False) + traj.fetch_blobs(snaps, snapshot=True, copy=False)
-            return Fetched(info, specs, plain + snaps, blobs, True, layout=traj.feed_layout(step))
-        changed = [c for c in feed if c.kind != "unchanged"]
-        # views, not copies: every blob is decoded and checked, never kept
-        return Fetched(info, specs, feed, traj.fetch_blobs(changed, copy=False), False)
-
     # -- phase 1 + 2 --------------------------------------------------------------------
 
     def load(self, f: Fetched) -> int:
@@ -182,27 +103,20 @@ class Replica(InPlace):
         info = f.info
         if self.version is None or info.parent != self.version or info.parent_content != self.content:
             raise ChainBroken(f"step {info.step} does not follow step {self.version}")
-        if f.columns is not None and self._apply_columns(f):
-            return f.nbytes
+        # the usual step (every changed chunk a SPARSE delta against the step held, in its layout): planned from
+        # the change columns, written by one compiled job, with no object per chunk
+        planned = self._column_groups(f) if f.columns is not None else None
+        applied = None if planned is None else self._apply_in_place(planned[1])
+        if applied is None:
+            return self._apply_feed(f)
+        self._record_columns(f, planned[0], applied)  # type: ignore[index]
+        return f.nbytes
+
+    def _apply_feed(self, f: Fetched) -> int:
+        """:meth:`apply` from the change feed: any mix of chunks (whole, deltas; tensors added or reshaped)."""
         changed = [c for c in f.changes if c.kind != "unchanged"]
-        # tensors whose name, shape or dtype the held step does not have: only whole chunks may write them
-        # (none if f.specs is the very dict the held step was applied with: _specs returns it again)
         same = f.specs is self._applied_specs
-        respecced = set() if same else {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
-        for c in changed:
-            if c.kind == "delta" and c.ref != self.version:
-                raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
-            if c.kind == "delta" and (c.tensor in respecced or c.tensor not in f.specs):
-                raise CorruptManifestError("a delta of a tensor the held step does not hold", tensor=c.tensor)
-        if respecced:
-            for c in f.changes:
-                if c.kind in ("unchanged", "delta") and c.tensor in respecced:
-                    raise CorruptManifestError("a new or reshaped tensor is not sent whole", tensor=c.tensor)
-
-        def run(cb):
-            c, blob = cb
-            return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
-
+        respecced = self._check_deltas(f, changed)
         respec = not same and (bool(respecced) or f.specs.keys() != self.specs.keys())
         items = list(zip(changed, f.blobs))
         groups = {} if respec else self._in_place(items)
@@ -210,6 +124,7 @@ class Replica(InPlace):
         decoded: list = [None] * len(items)
         skip = set(fast)
         rest = [i for i in range(len(items)) if i not in skip]
+        run = self._decoder(f)
         for i, item in zip(rest, self._map(run, [items[i] for i in rest])):  # verified, nothing written yet
             decoded[i] = item
         if fast:
@@ -227,6 +142,34 @@ class Replica(InPlace):
             raise
         self._write(f, decoded, fresh=False)
         return f.nbytes
+
+    def _check_deltas(self, f: Fetched, changed: list) -> set:
+        """The tensors whose name, shape or dtype the held step does not have (only whole chunks may write them;
+        none if ``f.specs`` is the very dict the held step was applied with); raises if a delta writes one, or
+        is coded against another step."""
+        same = f.specs is self._applied_specs
+        respecced = set() if same else {n for n, spec in f.specs.items() if self.specs.get(n) != spec}
+        for c in changed:
+            if c.kind != "delta":
+                continue
+            if c.ref != self.version:
+                raise ChainBroken(f"chunk {c.coord} of {c.tensor!r} is coded against step {c.ref}, not {self.version}")
+            if c.tensor in respecced or c.tensor not in f.specs:
+                raise CorruptManifestError("a delta of a tensor the held step does not hold", tensor=c.tensor)
+        if respecced:
+            for c in f.changes:
+                if c.kind in ("unchanged", "delta") and c.tensor in respecced:
+                    raise CorruptManifestError("a new or reshaped tensor is not sent whole", tensor=c.tensor)
+        return respecced
+
+    def _decoder(self, f: Fetched):
+        """Decode and check one ``(change, blob)`` of ``f`` (nothing written): Changes of a delta, else the chunk."""
+
+        def run(cb):
+            c, blob = cb
+            return self._delta(f, c, blob) if c.kind == "delta" else self._whole(f, c, blob)
+
+        return run
 
     def _kept_sum(self, c) -> int | None:
         """The word sum kept for the held values of chunk ``c``'s box (None: none kept, or the key held another
@@ -274,13 +217,7 @@ class Replica(InPlace):
     def _rebind(self, specs: dict[str, Spec], *, fresh: bool) -> None:
         """Point bindings at ``specs`` (allocating or checking the caller's tensors)."""
         if not self.owned:
-            missing = [n for n in specs if n not in self.state]
-            extra = [n for n in self.state if n not in specs]
-            if missing or extra:
-                raise InvalidInputError(
-                    f"the state dict does not match the published tensors: missing {missing[:5]}"
-                    f"{'...' if len(missing) > 5 else ''}, not published {extra[:5]}{'...' if len(extra) > 5 else ''}"
-                )
+            self._check_names(specs)
         bindings: dict[str, Binding] = {}
         fresh_specs = []
         for name, spec in specs.items():
@@ -304,39 +241,23 @@ class Replica(InPlace):
         self._slots, self._sizes = {}, None
         self._layout, self._rows = None, None
 
+    def _check_names(self, specs: dict[str, Spec]) -> None:
+        """The caller's state dict holds exactly the published tensors (InvalidInputError names the others)."""
+        missing = [n for n in specs if n not in self.state]
+        extra = [n for n in self.state if n not in specs]
+        if missing or extra:
+            raise InvalidInputError(
+                f"the state dict does not match the published tensors: missing {_few(missing)}, "
+                f"not published {_few(extra)}"
+            )
+
     def _write(self, f: Fetched, decoded: list, *, fresh: bool) -> None:
         """Every chunk verified (SPARSE deltas already in the mirror): write the rest, then record the step held."""
         self.version = None  # the state is in flux until every chunk is written
         changed = f.changes if f.snapshot else [c for c in f.changes if c.kind != "unchanged"]
         try:
             for c, item in zip(changed, decoded):
-                spec = self.specs[c.tensor]
-                b = self._bindings[c.tensor]
-                key = (c.tensor, c.piece, c.coord)
-                if isinstance(item, Applied):  # already in the mirror (apply_sparse)
-                    if b.device is not None:
-                        b.push(self._slots[key][5], item.positions, item.words)
-                    self._sums[key] = item.content_sum
-                    continue
-                first, stop, box = geometry(spec.shape, c.start, c.stop)
-                if isinstance(item, Changes):
-                    if stop is not None:
-                        b.apply(first, stop, item)
-                    else:
-                        region = tuple(slice(a, z) for a, z in zip(c.start, c.stop))
-                        tmp = np.ascontiguousarray(b.mirror.reshape(spec.shape)[region])
-                        item.apply_to(tmp)
-                        b.write_box(spec.shape, region, tmp)
-                    self._sums[key] = item.content_sum
-                else:
-                    if stop is not None:
-                        b.write(first, item.reshape(-1))
-                    else:
-                        b.write_box(spec.shape, tuple(slice(a, z) for a, z in zip(c.start, c.stop)), item)
-                    if codec_for(spec.dtype) == "ulpack":
-                        self._sums[key] = content_sum(item)
-                    else:
-                        self._sums.pop(key, None)
+                self._write_chunk(c, item)
             # exactly the step's chunks: a tensor chunked differently leaves none of its old chunks behind
             contents = {(c.tensor, c.piece, c.coord): (c.content, c.start, c.stop) for c in f.changes}
             held, none = self._contents, (None, None, None)
@@ -351,6 +272,36 @@ class Replica(InPlace):
         self.version, self.content, self.metadata = info.step, info.content, dict(info.metadata)
         self._applied_specs = f.specs  # self.specs is equal to it (a copy)
         self._layout, self._rows = (f.columns.layout if f.columns is not None else f.layout), None
+
+    def _write_chunk(self, c, item) -> None:
+        """Write one verified chunk ``c`` (Applied: already in the mirror; Changes; or the whole chunk)."""
+        spec = self.specs[c.tensor]
+        b = self._bindings[c.tensor]
+        key = (c.tensor, c.piece, c.coord)
+        if isinstance(item, Applied):  # already in the mirror (apply_sparse)
+            if b.device is not None:
+                b.push(self._slots[key][5], item.positions, item.words)
+            self._sums[key] = item.content_sum
+            return
+        first, stop, _ = geometry(spec.shape, c.start, c.stop)
+        region = None if stop is not None else tuple(slice(a, z) for a, z in zip(c.start, c.stop))
+        if isinstance(item, Changes):
+            if region is None:
+                b.apply(first, stop, item)
+            else:
+                tmp = np.ascontiguousarray(b.mirror.reshape(spec.shape)[region])
+                item.apply_to(tmp)
+                b.write_box(spec.shape, region, tmp)
+            self._sums[key] = item.content_sum
+            return
+        if region is None:
+            b.write(first, item.reshape(-1))
+        else:
+            b.write_box(spec.shape, region, item)
+        if codec_for(spec.dtype) == "ulpack":
+            self._sums[key] = content_sum(item)
+        else:
+            self._sums.pop(key, None)
 
     # -- checking -----------------------------------------------------------------------
 
@@ -412,3 +363,8 @@ class Replica(InPlace):
         self._sums.clear()
         self._contents.clear()
         self._sizes = None
+
+
+def _few(names: list) -> str:
+    """At most five of ``names``, for an error message."""
+    return f"{names[:5]}{'...' if len(names) > 5 else ''}"

@@ -324,7 +324,7 @@ class Follower(CatchUp, WorkerOwner):
         """
         before = self.version
         try:
-            for _ in self._advance(one_by_one=False, to=self._announced(to, document)):
+            for _ in self._advance(self._announced(to, document)):
                 pass
         finally:
             self._handed = None
@@ -385,7 +385,7 @@ class Follower(CatchUp, WorkerOwner):
         while True:
             advanced = False
             try:
-                for v in self._advance(one_by_one=True):
+                for v in self._advance():
                     advanced = True
                     yield v
                     if until is not None and v >= until:

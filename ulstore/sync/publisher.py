@@ -9,13 +9,21 @@ The store writes one pack (blobs + tables), then the step document by
 conditional create, then moves the branch: three objects per delta version.
 A publish that fails or is killed at any point leaves the branch on the
 previous version; retrying the same version, or publishing a later one, is safe.
+
+``submit(version, state)`` is the trainer's non-blocking call: it copies the
+state to host memory (one contiguous buffer per tensor, at memory speed, no
+encoding) and returns a future; one background thread encodes and commits the
+versions in the order submitted (:class:`~ulstore.sync._queue.CommitQueue`).
+``publish`` is ``submit(...).result()`` without the copy.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +33,8 @@ from ..core.torch import is_tensor
 from ..errors import ConflictError, InvalidInputError, RefMovedError, StepExistsError
 from ..store import MAIN, check_ref_name, choose_chunks
 from . import _open
-from ._arrays import host_array, words
+from ._arrays import host_array, host_copy, words
+from ._queue import CommitQueue
 from ._workers import WorkerOwner, Workers
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
@@ -59,7 +68,8 @@ class PublishInfo:
     delta_bytes, anchor_bytes : int
         Blob bytes written for the delta and for the snapshot.
     seconds : float
-        Wall time of the call.
+        Wall time of :meth:`Publisher.publish`; of a :meth:`Publisher.submit`, the
+        time its commit took in the background (encode and upload).
     document : bytes
         The version's step document as stored (a few hundred bytes of ASCII
         JSON).  A control plane that sends it with the version lets followers
@@ -116,6 +126,16 @@ class Publisher(WorkerOwner):
         most 1/8 change or it has at most 4096 elements (ULPack's SPARSE mode):
         followers then apply it in place, in time proportional to the changes.  False: dense deltas, about a quarter
         smaller on RL steps, that followers decode element by element.
+    max_in_flight : int, default 2
+        Versions :meth:`submit` lets be in flight (copied, not yet committed):
+        a further submit waits for room.  Each holds a host copy of the state;
+        the copies are reused from version to version (warm memory, so the
+        copy runs at memory speed), so the publisher keeps up to this many.
+    on_commit : callable, optional
+        Called with the :class:`PublishInfo` of each version once it is
+        committed (on the background thread, before its future resolves;
+        keep it short, e.g. tell the inference engines).  An exception it
+        raises is logged, not raised: the version is committed.
 
     Raises
     ------
@@ -157,6 +177,8 @@ class Publisher(WorkerOwner):
         detector=None,
         resume: bool = True,
         sparse: bool = True,
+        max_in_flight: int = 2,
+        on_commit: Callable[[PublishInfo], object] | None = None,
     ):
         self.anchor_every = _check_int("anchor_every", anchor_every, 0)
         self.chunk_elems = _check_int("chunk_elems", chunk_elems, 1)
@@ -167,6 +189,14 @@ class Publisher(WorkerOwner):
         self.detector = detector
         self.resume = bool(resume)
         self.sparse = bool(sparse)
+        if on_commit is not None and not callable(on_commit):
+            raise InvalidInputError(f"on_commit must be callable, got {on_commit!r:.100}")
+        self.on_commit = on_commit
+        self._queue = CommitQueue(_check_int("max_in_flight", max_in_flight, 1), "ulstore-publish-commit")
+        self._submitting = threading.Lock()  # one submit or publish at a time: the order of versions is the calls'
+        self._last: int | None = None  # the last version submitted (a smaller one is refused at once)
+        self._spare: list[dict] = []  # host copies of committed versions, reused by the next submits
+        self._closed = False
         io = _open.objects(url, storage_options)
         self.url = io.url
         #: The trajectory the versions are steps of (read it like any other).
@@ -186,9 +216,44 @@ class Publisher(WorkerOwner):
         """The newest version readers can see (the branch head; None before the first publish)."""
         return self.trajectory.head(self.branch)
 
+    @property
+    def in_flight(self) -> int:
+        """Versions submitted and not yet committed (at most ``max_in_flight``)."""
+        return self._queue.in_flight
+
+    def wait(self) -> None:
+        """Block until every version submitted is committed.
+
+        Raises
+        ------
+        PublishError
+            A version failed in the background (and was not reported by an
+            earlier call): it names the version, the later ones that were not
+            committed, and chains the original error.  Reported once.
+        """
+        self._queue.wait()
+
     def close(self) -> None:
-        super().close()
-        self.trajectory.close()
+        """Wait for the versions in flight (raising as :meth:`wait` does), then stop the publisher's threads."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.wait()
+        finally:
+            self._queue.close()
+            self._spare.clear()
+            super().close()
+            self.trajectory.close()
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()
+            return
+        try:  # an error is on its way out already: a background failure too would only hide it
+            self.close()
+        except Exception as e:
+            log.error("%s: %s", self.url, e)
 
     # -- publishing -------------------------------------------------------------------
 
@@ -231,14 +296,123 @@ class Publisher(WorkerOwner):
             version and state again (idempotent).
         """
         t0 = time.perf_counter()
+        version, metadata = self._check_call(version, state, metadata)
+        with self._submitting:
+            self._queue.reserve()
+            self._last = version
+            future = self._queue.put(version, lambda: self._commit(version, state, metadata, unchanged, t0))
+            try:
+                return future.result()
+            except BaseException:
+                self._queue.forget()  # this call reports it
+                self._last = None
+                raise
+
+    def submit(self, version, state: Mapping, *, metadata: dict | None = None) -> cf.Future:
+        """Publish ``state`` as ``version`` in the background: copy it to host memory and return.
+
+        The copy is one contiguous buffer per tensor (numpy arrays and torch
+        tensors by their bits; device tensors copied to host), made at memory
+        speed into buffers reused from earlier versions; nothing is encoded.
+        The caller may change its tensors as soon as this returns.  One
+        background thread then encodes and commits the versions in the order
+        submitted, as :meth:`publish` does.
+
+        Returns
+        -------
+        concurrent.futures.Future of PublishInfo
+            Resolved once the version is committed (on the branch, durable):
+            "acknowledged".  A process killed after that loses no acknowledged
+            version; one killed before leaves the branch on an earlier version
+            (a later publisher on the bucket discards what it left).  Its
+            exception, if the commit failed, is the one :meth:`publish` would
+            raise; ``add_done_callback`` or ``on_commit`` tell a control plane.
+
+        Raises
+        ------
+        PublishError
+            A version submitted earlier failed in the background (see
+            :meth:`wait`); this version was not submitted.  Later calls go on
+            from the branch as it is (the version before the failed one).
+        InvalidInputError
+            ``version`` is smaller than the last one submitted, or the state or
+            metadata are unusable (checked before anything is copied).
+
+        Notes
+        -----
+        Blocks while ``max_in_flight`` versions are in flight.  Errors of the
+        commit itself (the bucket, a version not greater than the branch head)
+        fail the future and are raised again by the next call.
+        """
+        version, metadata = self._check_call(version, state, metadata)
+        with self._submitting:
+            if self._last is not None and version < self._last:
+                raise InvalidInputError(
+                    f"version {version} is smaller than version {self._last}, submitted before; versions must increase"
+                )
+            self._queue.reserve()
+            try:
+                hosts = self._snapshot(state)
+            except BaseException:
+                self._queue.release()
+                raise
+            if self.detector is not None:  # the copy holds every tensor: changes from here on count for the next
+                self.detector.reset()
+            self._last = version
+            return self._queue.put(version, lambda: self._commit_copy(version, hosts, metadata))
+
+    def _check_call(self, version, state, metadata) -> tuple[int, dict]:
+        """The arguments of submit/publish checked (InvalidInputError): the version as an int, the metadata as JSON."""
+        if self._closed:
+            raise InvalidInputError(f"the publisher of {self.url!r} is closed")
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
             raise InvalidInputError(f"version must be an int >= 0, got {version!r}")
-        version = int(version)
-        traj = self.trajectory
-        head = traj.head(self.branch)
         if not isinstance(state, Mapping) or not state:
             raise InvalidInputError("state must be a non-empty mapping of tensor name to array")
-        metadata = _check_metadata(metadata)
+        return int(version), _check_metadata(metadata)
+
+    def _snapshot(self, state: Mapping) -> dict:
+        """Host copies of ``state``'s tensors, into the spare buffers of a committed version where they fit."""
+        spare = self._spare.pop() if self._spare else {}
+        out = {}
+        for name, value in state.items():
+            buf = spare.get(name)
+            src = None if buf is None or _on_device(value) else host_array(name, value)
+            if src is not None and src.shape == buf.shape and src.dtype == buf.dtype:
+                np.copyto(buf, src)
+                out[name] = buf
+            else:
+                out[name] = host_copy(name, value)
+        return out
+
+    def _commit_copy(self, version: int, hosts: dict, metadata: dict) -> PublishInfo:
+        """The background commit of a submitted version; its host copy then serves the next submit."""
+        try:
+            return self._commit(version, hosts, metadata, None, time.perf_counter(), copied=True)
+        finally:
+            self._spare.append(hosts)
+
+    def _commit(
+        self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool = False
+    ) -> PublishInfo:
+        """Commit ``version`` (on the queue's thread, after every version before it); ``on_commit`` is told.
+        ``copied``: ``state`` is a submit's host copy (no device tensor to skip; the detector was read by submit)."""
+        if copied:
+            self._host.clear()  # device copies kept by a publish are older than this version: none may stand for it
+        info = self._commit_now(version, state, metadata, unchanged, t0, copied)
+        if self.on_commit is not None:
+            try:
+                self.on_commit(info)
+            except Exception:
+                log.exception("%s: on_commit raised for version %d (the version is committed)", self.url, version)
+        return info
+
+    def _commit_now(
+        self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool
+    ) -> PublishInfo:
+        """What :meth:`publish` does, on the queue's thread."""
+        traj = self.trajectory
+        head = traj.head(self.branch)
         if head is not None and version == head:
             return self._republish(version, state, metadata, t0)
         if head is not None and version < head:
@@ -247,7 +421,7 @@ class Publisher(WorkerOwner):
             )
         for attempt in range(2):
             try:
-                return self._publish(version, head, state, metadata, unchanged, t0)
+                return self._publish(version, head, state, metadata, unchanged, t0, copied)
             except ConflictError as e:
                 # an earlier publish on this head created its step but never moved the branch (killed after its
                 # commit point): discard it (the branch is fenced first, so that writer can never publish it) and
@@ -258,16 +432,15 @@ class Publisher(WorkerOwner):
                 traj.discard(e.step, branch=self.branch)
         raise AssertionError("unreachable")
 
-    def _publish(self, version: int, head, state: Mapping, metadata: dict, unchanged, t0: float) -> PublishInfo:
+    def _publish(
+        self, version: int, head, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool
+    ) -> PublishInfo:
         traj = self.trajectory
         if self._first and head is not None:
             self._since_anchor = traj.info(head).anchor_distance
         reset = head is None or (self._first and not self.resume)
         snapshot = not reset and self.anchor_every > 0 and self._since_anchor + 1 >= self.anchor_every
-        known = set(unchanged or ())
-        if self.detector is not None:
-            known |= self.detector.unchanged()
-        hosts, skipped = self._to_host(state, set() if snapshot or reset else known, known if snapshot else set())
+        hosts, skipped = self._hosts(state, unchanged, whole=snapshot or reset, compare=snapshot)
         self._drop_orphan(version, head)
         w = traj.piece_writer(
             version,
@@ -287,7 +460,7 @@ class Publisher(WorkerOwner):
         traj.finalize(version, [], branch=self.branch, metadata=metadata, writer=w)
         self._first = False
         self._since_anchor = 0 if snapshot or reset else self._since_anchor + 1
-        if self.detector is not None:
+        if self.detector is not None and not copied:  # (submit resets it when it copies)
             self.detector.reset()
         info = self._info(version, reset, snapshot, skipped, t0)
         self.stats["versions"] += 1
@@ -346,11 +519,19 @@ class Publisher(WorkerOwner):
         log.warning("%s: discarding step %d left by a publish that did not complete", self.url, version)
         traj.discard(version, branch=self.branch)
 
+    def _hosts(self, state: Mapping, unchanged, *, whole: bool, compare: bool) -> tuple[dict, int]:
+        """Host arrays of ``state`` for a commit; device tensors known unchanged (``unchanged``, the detector) reuse
+        their last host copy unless the step is ``whole`` (snapshot or reset); ``compare`` counts detector misses."""
+        known = set(unchanged or ())
+        if self.detector is not None:
+            known |= self.detector.unchanged()
+        return self._to_host(state, set() if whole else known, known if compare else set())
+
     def _to_host(self, state: Mapping, skip: set, compare: set) -> tuple[dict, int]:
         """Host arrays of ``state``; device tensors in ``skip`` reuse their last host copy."""
         out, skipped = {}, 0
         for name, value in state.items():
-            device = is_tensor(value) and value.device.type != "cpu"
+            device = _on_device(value)
             if device and name in skip and name in self._host:
                 out[name] = self._host[name]
                 skipped += 1
@@ -374,7 +555,7 @@ class Publisher(WorkerOwner):
         Kept: that snapshot and every version after it (a follower bootstraps
         from any kept snapshot).  A follower that was replaying a deleted
         version finds it missing and re-bootstraps (reported as ``missing``).
-        Call it from the publishing process between publishes.
+        Call it from the publishing process; it first waits for the versions in flight (:meth:`wait`).
 
         Returns
         -------
@@ -383,6 +564,7 @@ class Publisher(WorkerOwner):
         """
         if isinstance(keep_anchors, bool) or not isinstance(keep_anchors, int) or keep_anchors < 1:
             raise InvalidInputError(f"keep_anchors must be an int >= 1, got {keep_anchors!r}")
+        self._queue.wait()
         traj = self.trajectory
         head = traj.head(self.branch)
         if head is None:
@@ -400,6 +582,10 @@ class Publisher(WorkerOwner):
             traj.delete(s)
         removed = traj.gc()
         return {"objects": len(old) + int(removed.get("packs", 0)), "cutoff": cutoff}
+
+
+def _on_device(value) -> bool:
+    return is_tensor(value) and value.device.type != "cpu"
 
 
 def _check_int(name: str, value, low: int) -> int:
