@@ -266,3 +266,21 @@ def test_on_commit_cannot_wait_for_itself(tmp_path):
     pub.submit(0, version_state(0)).result(30)
     pub.close()
     assert errors == ["wait or close cannot be called from on_commit (the thread that commits versions)"]
+
+
+def test_a_submit_without_copy_takes_the_callers_arrays(tmp_path, monkeypatch):
+    """copy=False: nothing copied (the commit reads the caller's arrays, which it must leave alone until the
+    future resolves), and they are never reused as the buffers of a later copy."""
+    gate = Gate(monkeypatch)
+    url = str(tmp_path / "b")
+    pub = Publisher(url, anchor_every=0)
+    owned = version_state(0)
+    future = pub.submit(0, owned, copy=False)
+    owned["w"][:5] = 1  # (a caller breaking the contract: the commit sees it, as no copy was made)
+    gate.release()
+    future.result(30)
+    assert_same_bits(read_back(url, 0), owned)
+    assert pub._spare == []
+    pub.submit(1, version_state(1)).result(30)
+    assert pub._spare and all(a is not owned[k] for k, a in pub._spare[0].items())
+    pub.close()

@@ -308,7 +308,7 @@ class Publisher(WorkerOwner):
                 self._last = None
                 raise
 
-    def submit(self, version, state: Mapping, *, metadata: dict | None = None) -> cf.Future:
+    def submit(self, version, state: Mapping, *, metadata: dict | None = None, copy: bool = True) -> cf.Future:
         """Publish ``state`` as ``version`` in the background: copy it to host memory and return.
 
         The copy is one contiguous buffer per tensor (numpy arrays and torch
@@ -317,6 +317,11 @@ class Publisher(WorkerOwner):
         The caller may change its tensors as soon as this returns.  One
         background thread then encodes and commits the versions in the order
         submitted, as :meth:`publish` does.
+
+        ``copy=False`` takes ownership instead: no copy (device tensors are
+        still copied to host), and the caller must leave the tensors alone
+        until the future resolves, e.g. the bf16 tensors a trainer casts
+        from its fp32 master weights every step, fresh each time.
 
         Returns
         -------
@@ -352,14 +357,14 @@ class Publisher(WorkerOwner):
                 )
             self._queue.reserve()
             try:
-                hosts = self._snapshot(state)
+                hosts = self._snapshot(state) if copy else {name: host_array(name, v) for name, v in state.items()}
             except BaseException:
                 self._queue.release()
                 raise
             if self.detector is not None:  # the copy holds every tensor: changes from here on count for the next
                 self.detector.reset()
             self._last = version
-            return self._queue.put(version, lambda: self._commit_copy(version, hosts, metadata))
+            return self._queue.put(version, lambda: self._commit_copy(version, hosts, metadata, reuse=bool(copy)))
 
     def _check_call(self, version, state, metadata) -> tuple[int, dict]:
         """The arguments of submit/publish checked (InvalidInputError): the version as an int, the metadata as JSON."""
@@ -379,18 +384,20 @@ class Publisher(WorkerOwner):
             buf = spare.get(name)
             src = None if buf is None or _on_device(value) else host_array(name, value)
             if src is not None and src.shape == buf.shape and src.dtype == buf.dtype:
-                np.copyto(buf, src)
+                np.copyto(words(buf), words(src))  # (as words: a plain memory copy, whatever the dtype)
                 out[name] = buf
             else:
                 out[name] = host_copy(name, value)
         return out
 
-    def _commit_copy(self, version: int, hosts: dict, metadata: dict) -> PublishInfo:
-        """The background commit of a submitted version; its host copy then serves the next submit."""
+    def _commit_copy(self, version: int, hosts: dict, metadata: dict, reuse: bool) -> PublishInfo:
+        """The background commit of a submitted version; its host copy (``reuse``: not the caller's own arrays)
+        then serves the next submit."""
         try:
             return self._commit(version, hosts, metadata, None, time.perf_counter(), copied=True)
         finally:
-            self._spare.append(hosts)
+            if reuse:
+                self._spare.append(hosts)
 
     def _commit(
         self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool = False
