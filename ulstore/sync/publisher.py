@@ -260,7 +260,12 @@ class Publisher(WorkerOwner):
     # -- publishing -------------------------------------------------------------------
 
     def publish(self, version, state: Mapping, *, metadata: dict | None = None, unchanged=None) -> PublishInfo:
-        """Publish ``state`` as ``version`` (a new step of the trajectory on :attr:`branch`).
+        """Publish ``state`` as ``version`` (a new step of the trajectory on :attr:`branch`), and wait for it.
+
+        The blocking form of :meth:`submit`, with no copy: the version is
+        committed after every version submitted before it, and the call
+        returns once it is.  A failure of an earlier submitted version is
+        raised first (PublishError), and this version is then not published.
 
         Parameters
         ----------
@@ -296,6 +301,8 @@ class Publisher(WorkerOwner):
         OutcomeUnknownError
             A write failed and reading it back failed too: publish the same
             version and state again (idempotent).
+        PublishError
+            A version submitted earlier failed in the background (see :meth:`wait`).
         """
         t0 = time.perf_counter()
         version, metadata = self._check_call(version, state, metadata)
