@@ -40,6 +40,13 @@ version to this one, in four formats, and what each costs in time:
   (``Follower(tensors=...)``, the model's first tensors up to half its
   parameters), its bytes and apply time against a whole replica's.
 
+Last, the trainer's side (with torch): how long :meth:`Publisher.submit`
+blocks the trainer (its host copy; the commit runs in the background, and is
+waited for, untimed, before the next submit; and with ``copy=False``, taking
+the tensors as they are) against
+``safetensors.torch.save_file`` of the same state (torch bf16 tensors) to a
+local file, each the fastest of a few versions.
+
 Every kind of replica (default, trusted, polled, TRL's numpy apply and its
 torch ``index_copy_``) runs ``--replicas`` times (5 by default, 3 above 100M
 parameters to bound memory), each keeping its own state; a version's time
@@ -617,6 +624,46 @@ def print_extrapolation(rows: list[dict], n_params: int, threads: int) -> None:
     )
 
 
+def print_trainer_side(states: list[dict], threads: int, rounds: int = 5) -> None:
+    """The trainer's blocking time: Publisher.submit (a host copy) against safetensors.torch.save_file."""
+    try:
+        import torch  # noqa: F401
+        from safetensors.torch import save_file
+    except ImportError:
+        print("\ntrainer side: needs torch and safetensors (skipped)")
+        return
+    from ulstore.core.torch import to_tensor
+
+    tensors = [{k: to_tensor(v) for k, v in s.items()} for s in states]
+    nbytes = sum(v.nbytes for v in states[0].values())
+    scratch = tempfile.mkdtemp(prefix="ulstore-sync-bench-submit-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    submit, owned, save = [], [], []
+    with Publisher(os.path.join(scratch, "bucket"), anchor_every=0, threads=threads, max_in_flight=2) as pub:
+        for i in range(max(rounds, 2)):
+            state = tensors[i % len(tensors)]
+            for times, copy in ((submit, True), (owned, False)):
+                gc.collect()
+                t0 = time.perf_counter()
+                pub.submit(2 * i + (not copy), state, copy=copy)
+                times.append(time.perf_counter() - t0)
+                pub.wait()  # untimed: the background commit, so that the next submit finds room
+            path = os.path.join(scratch, "step.safetensors")
+            gc.collect()
+            t0 = time.perf_counter()
+            save_file(state, path)
+            save.append(time.perf_counter() - t0)
+            os.remove(path)
+    shutil.rmtree(scratch, ignore_errors=True)
+    best, saved = min(submit), min(save)
+    print(
+        f"\ntrainer side ({human(nbytes)} of bf16 torch tensors, fastest of {len(submit)}): submit() blocks "
+        f"{seconds(best)} ({nbytes / best / 1e6:.0f} MB/s; the first, into fresh buffers, {seconds(submit[0])}) "
+        f"against safetensors.torch.save_file {seconds(saved)} ({nbytes / saved / 1e6:.0f} MB/s): "
+        f"{best / saved:.2f}x; submit(copy=False), taking the tensors (a fresh bf16 cast), {seconds(min(owned))}"
+    )
+
+
 def main(argv=None) -> None:
     args = parse(argv)
     states, desc = load_states(args)
@@ -646,6 +693,7 @@ def main(argv=None) -> None:
     print_notes(rows, bench)
     print_why(rows, n_params)
     print_extrapolation(rows, n_params, threads)
+    print_trainer_side(states, threads)
 
 
 if __name__ == "__main__":

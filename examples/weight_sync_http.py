@@ -2,9 +2,12 @@
 
 A trainer trains a small model for real (ulstore.toytrain, bf16, RL-like lr 3e-6
 after a short warm-up) and publishes its weights after every optimizer step to
-a store (a local directory here; an ``s3://`` URL works the same).  An
-inference replica runs as a separate process with an HTTP server on localhost.
-After each publish the trainer POSTs one small JSON message::
+a store (a local directory here; an ``s3://`` URL works the same) without
+waiting for it: ``Publisher.submit`` copies the weights and returns, and the
+version is encoded and committed in the background while the next step trains.
+An inference replica runs as a separate process with an HTTP server on
+localhost.  Once a version is committed (its future resolved) the trainer POSTs
+one small JSON message::
 
     {"url": "<store URL>", "version": 7, "document": "<version 7's step document>"}
 
@@ -33,6 +36,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -118,22 +122,35 @@ def post(port: int, path: str, message: dict) -> dict:
 def run_trainer(url: str, steps: int, anchor_every: int, port: int) -> bool:
     config = toytrain.ToyConfig.preset("tiny", hidden_size=128, intermediate_size=384)
     print(f"trainer: {config.num_params:,} bf16 params, publishing every step to {url}")
-    all_exact = True
+    results = []
+    pending = None  # the version submitted last: (future, digest of its weights, loss, seconds the trainer waited)
     with Publisher(url, anchor_every=anchor_every) as pub:
         for step, state, loss in toytrain.train(config, steps, lr=3e-6, warmup_steps=40):
-            info = pub.publish(step, state, metadata={"model_version": step, "loss": loss})
-            # the whole control plane
-            answer = post(port, "/update", {"url": url, "version": step, "document": info.document.decode()})
-            exact = answer["version"] == step and answer["sha256"] == digest(state)
-            all_exact &= exact
-            what = info.kind + (" + anchor" if info.anchor else "")
-            print(
-                f"  step {step:3d}  loss {loss:.3f}  {what:<15} {info.delta_bytes:>7,} B delta  "
-                f"publish {info.seconds * 1e3:5.1f} ms  replica at {answer['version']}: "
-                f"{'exact' if exact else 'DIFFERENT'}"
-            )
-    print(f"all versions exact: {all_exact}")
-    return all_exact
+            t0 = time.perf_counter()
+            future = pub.submit(step, state, metadata={"model_version": step, "loss": loss})  # a copy, then back
+            blocked = time.perf_counter() - t0
+            if pending is not None:  # the previous version, committed by now (or soon): tell the replica
+                results.append(announce(port, url, *pending))
+            pending = (future, digest(state), loss, blocked)
+        results.append(announce(port, url, *pending))
+    print(f"all versions exact: {all(results)}")
+    return all(results)
+
+
+def announce(port: int, url: str, future, want: str, loss: float, blocked: float) -> bool:
+    """Once the version of ``future`` is committed, the whole control plane: one POST; True if the replica's
+    weights are the trainer's."""
+    info = future.result()  # acknowledged: on the branch, durable
+    step = info.version
+    answer = post(port, "/update", {"url": url, "version": step, "document": info.document.decode()})
+    exact = answer["version"] == step and answer["sha256"] == want
+    what = info.kind + (" + anchor" if info.anchor else "")
+    print(
+        f"  step {step:3d}  loss {loss:.3f}  {what:<15} {info.delta_bytes:>7,} B delta  "
+        f"trainer blocked {blocked * 1e3:4.1f} ms, commit {info.seconds * 1e3:5.1f} ms  "
+        f"replica at {answer['version']}: {'exact' if exact else 'DIFFERENT'}"
+    )
+    return exact
 
 
 def main(argv=None) -> int:

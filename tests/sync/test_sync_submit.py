@@ -266,3 +266,39 @@ def test_on_commit_cannot_wait_for_itself(tmp_path):
     pub.submit(0, version_state(0)).result(30)
     pub.close()
     assert errors == ["wait or close cannot be called from on_commit (the thread that commits versions)"]
+
+
+def test_a_submit_without_copy_takes_the_callers_arrays(tmp_path, monkeypatch):
+    """copy=False: nothing copied (the commit reads the caller's arrays, which it must leave alone until the
+    future resolves), and they are never reused as the buffers of a later copy."""
+    gate = Gate(monkeypatch)
+    url = str(tmp_path / "b")
+    pub = Publisher(url, anchor_every=0)
+    owned = version_state(0)
+    future = pub.submit(0, owned, copy=False)
+    owned["w"][:5] = 1  # (a caller breaking the contract: the commit sees it, as no copy was made)
+    gate.release()
+    future.result(30)
+    assert_same_bits(read_back(url, 0), owned)
+    assert pub._spare == []
+    pub.submit(1, version_state(1)).result(30)
+    assert pub._spare and all(a is not owned[k] for k, a in pub._spare[0].items())
+    pub.close()
+
+
+def test_the_copy_split_over_threads_covers_every_byte_once(tmp_path, monkeypatch):
+    """Byte ranges cut across tensors of every word size (parts of 1000 bytes here): each element copied, no other
+    memory touched."""
+    import ulstore.sync.publisher as publisher
+
+    monkeypatch.setattr(publisher, "COPY_PART_BYTES", 1000)
+    rng = np.random.default_rng(1)
+    sizes = [1, 7, 1000, 3, 50_001, 0, 2049]
+    words_of = [np.uint8, np.uint16, np.uint32, np.uint64]
+    src = [rng.integers(0, 255, n * 8, dtype=np.uint8).view(words_of[i % 4])[:n] for i, n in enumerate(sizes)]
+    dst = [np.zeros(n + 2, a.dtype) for n, a in zip(sizes, src)]  # a guard word each side
+    with Publisher(str(tmp_path / "b"), threads=4) as pub:
+        assert pub._workers.threads == 4
+        pub._copy([(d[1:-1], s) for d, s in zip(dst, src)])
+    for d, s in zip(dst, src):
+        assert np.array_equal(d[1:-1], s) and d[0] == 0 and d[-1] == 0

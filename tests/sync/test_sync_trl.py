@@ -6,6 +6,7 @@ every step (replayed with numpy), and readable the way TRL's vLLM-side loader re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -311,3 +312,81 @@ def test_malformed_trl_buckets_are_clear_errors(trajectory, tmp_path):
         f.write(st_save({"w.indices": np.array([4], np.int32), "w.values": np.ones(1, BF16)}))
     with pytest.raises(InvalidInputError, match="out of range"):
         import_trl(str(src), str(tmp_path / "s2"))
+
+
+# -- the checked layout of the TRL branch: changed_params + checksum_sha256 ----------------
+
+
+class ChecksumMismatch(Exception):
+    pass
+
+
+def branch_checksum(state: dict) -> str:
+    """The branch's checksum, written here from its definition: SHA-256 of each tensor's raw bytes, sorted names."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(np.ascontiguousarray(state[name]).tobytes())
+    return h.hexdigest()
+
+
+def branch_load(root, start: int, until: int) -> tuple[dict, list]:
+    """A replica as the branch's loader works: the anchor of ``start``, checked, then every delta after it up to
+    ``until``, each applied to the parameters its ``changed_params`` lists (``flat[indices] = values``) and the whole
+    state checked against its ``checksum_sha256``.  Returns the state and the names each delta listed."""
+    tensors, meta = _read_numpy(f"{root}/anchors/step_{start:06d}.safetensors")
+    state = {k: np.array(v) for k, v in tensors.items()}
+    assert json.loads(meta["changed_params"]) == sorted(state)
+    if branch_checksum(state) != meta["checksum_sha256"]:
+        raise ChecksumMismatch(start)
+    listed = []
+    for step in range(start + 1, until + 1):
+        tensors, meta = _read_numpy(f"{root}/deltas/step_{step:06d}.safetensors")
+        names = json.loads(meta["changed_params"])
+        for name in names:
+            if name + ".indices" in tensors:  # the branch's own layout
+                idx, vals = tensors[name + ".indices"].astype(np.int64), tensors[name + ".values"]
+            else:  # its later .idx/.val layout, indices as "encoding" says
+                idx, vals = tensors[name + ".idx"].astype(np.int64), tensors[name + ".val"]
+                if meta.get("encoding") == "gap_delta":
+                    idx = np.cumsum(idx + 1) - 1
+            state[name].reshape(-1)[idx] = vals
+        if branch_checksum(state) != meta["checksum_sha256"]:
+            raise ChecksumMismatch(step)
+        listed.append(names)
+    return state, listed
+
+
+@pytest.mark.parametrize("fmt", ["indices", "raw", "gap_delta"])
+def test_exports_carry_changed_params_and_checksum_as_the_trl_branch_reads_them(trajectory, tmp_path, fmt):
+    store = str(tmp_path / "store")
+    import ulstore
+
+    traj = ulstore.open(store, mode="w", anchor_every=4)
+    for v, state in enumerate(trajectory):
+        traj.commit(v, state)
+    dest = tmp_path / "out"
+    export_trl(store, str(dest), index_format=fmt)
+    # a replica in step from the first anchor, and a late one from the anchor of step 4
+    for start in (0, 4):
+        state, listed = branch_load(dest, start, STEPS)
+        assert_same_bits(state, trajectory[STEPS])
+        for names, step in zip(listed, range(start + 1, STEPS + 1)):
+            changed = [
+                k
+                for k in sorted(trajectory[step])
+                if (flat_bits(trajectory[step][k]) != flat_bits(trajectory[step - 1][k])).any()
+            ]
+            assert names == changed
+    for step in range(STEPS + 1):  # every file's checksum is that of the exact state of its step
+        key = f"deltas/step_{step:06d}.safetensors" if step else "anchors/step_000000.safetensors"
+        assert _st(dest / key)[1]["checksum_sha256"] == branch_checksum(trajectory[step])
+    # the check can fail: one value of one delta changed, and the loader refuses that step
+    path = dest / "deltas/step_000006.safetensors"
+    raw = bytearray(open(path, "rb").read())
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    values = next(v for k, v in header.items() if k.endswith((".val", ".values")))
+    raw[8 + n + values["data_offsets"][0]] ^= 0x01  # (a low mantissa bit of one value)
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(ChecksumMismatch, match="6"):
+        branch_load(dest, 4, STEPS)

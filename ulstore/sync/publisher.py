@@ -35,7 +35,7 @@ from ..store import MAIN, check_ref_name, choose_chunks
 from . import _open
 from ._arrays import host_array, host_copy, words
 from ._queue import CommitQueue
-from ._workers import WorkerOwner, Workers
+from ._workers import WorkerOwner, Workers, default_threads
 
 __all__ = ["Publisher", "PublishInfo", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_ELEMS", "DEFAULT_PACK_BYTES"]
 
@@ -45,6 +45,8 @@ log = logging.getLogger("ulstore.sync")
 DEFAULT_ANCHOR_EVERY = 10
 #: Elements per chunk at most: the unit of change detection, parallel coding and in-place writes.
 DEFAULT_CHUNK_ELEMS = 1 << 20
+#: A submit's copy is split over threads in parts of at least this many bytes.
+COPY_PART_BYTES = 8 << 20
 #: Largest pack object; snapshots of big models span several (S3 caps one PUT at 5 GB).
 DEFAULT_PACK_BYTES = 256 << 20
 
@@ -201,7 +203,7 @@ class Publisher(WorkerOwner):
         self.url = io.url
         #: The trajectory the versions are steps of (read it like any other).
         self.trajectory = _open.trajectory(io, "a", pack_bytes=self.pack_bytes, threads=threads)
-        self._workers = Workers(1, "ulstore-publish")
+        self._workers = Workers(min(4, default_threads(threads)), "ulstore-publish")  # (compute: submit's copies)
         self._first = True
         self._since_anchor = 0
         self._host: dict[str, np.ndarray] = {}  # last host copy of each device tensor (detector skips)
@@ -258,7 +260,12 @@ class Publisher(WorkerOwner):
     # -- publishing -------------------------------------------------------------------
 
     def publish(self, version, state: Mapping, *, metadata: dict | None = None, unchanged=None) -> PublishInfo:
-        """Publish ``state`` as ``version`` (a new step of the trajectory on :attr:`branch`).
+        """Publish ``state`` as ``version`` (a new step of the trajectory on :attr:`branch`), and wait for it.
+
+        The blocking form of :meth:`submit`, with no copy: the version is
+        committed after every version submitted before it, and the call
+        returns once it is.  A failure of an earlier submitted version is
+        raised first (PublishError), and this version is then not published.
 
         Parameters
         ----------
@@ -294,6 +301,8 @@ class Publisher(WorkerOwner):
         OutcomeUnknownError
             A write failed and reading it back failed too: publish the same
             version and state again (idempotent).
+        PublishError
+            A version submitted earlier failed in the background (see :meth:`wait`).
         """
         t0 = time.perf_counter()
         version, metadata = self._check_call(version, state, metadata)
@@ -308,7 +317,7 @@ class Publisher(WorkerOwner):
                 self._last = None
                 raise
 
-    def submit(self, version, state: Mapping, *, metadata: dict | None = None) -> cf.Future:
+    def submit(self, version, state: Mapping, *, metadata: dict | None = None, copy: bool = True) -> cf.Future:
         """Publish ``state`` as ``version`` in the background: copy it to host memory and return.
 
         The copy is one contiguous buffer per tensor (numpy arrays and torch
@@ -317,6 +326,11 @@ class Publisher(WorkerOwner):
         The caller may change its tensors as soon as this returns.  One
         background thread then encodes and commits the versions in the order
         submitted, as :meth:`publish` does.
+
+        ``copy=False`` takes ownership instead: no copy (device tensors are
+        still copied to host), and the caller must leave the tensors alone
+        until the future resolves, e.g. the bf16 tensors a trainer casts
+        from its fp32 master weights every step, fresh each time.
 
         Returns
         -------
@@ -352,14 +366,14 @@ class Publisher(WorkerOwner):
                 )
             self._queue.reserve()
             try:
-                hosts = self._snapshot(state)
+                hosts = self._snapshot(state) if copy else {name: host_array(name, v) for name, v in state.items()}
             except BaseException:
                 self._queue.release()
                 raise
             if self.detector is not None:  # the copy holds every tensor: changes from here on count for the next
                 self.detector.reset()
             self._last = version
-            return self._queue.put(version, lambda: self._commit_copy(version, hosts, metadata))
+            return self._queue.put(version, lambda: self._commit_copy(version, hosts, metadata, reuse=bool(copy)))
 
     def _check_call(self, version, state, metadata) -> tuple[int, dict]:
         """The arguments of submit/publish checked (InvalidInputError): the version as an int, the metadata as JSON."""
@@ -374,23 +388,51 @@ class Publisher(WorkerOwner):
     def _snapshot(self, state: Mapping) -> dict:
         """Host copies of ``state``'s tensors, into the spare buffers of a committed version where they fit."""
         spare = self._spare.pop() if self._spare else {}
-        out = {}
+        out, copies = {}, []
         for name, value in state.items():
             buf = spare.get(name)
             src = None if buf is None or _on_device(value) else host_array(name, value)
             if src is not None and src.shape == buf.shape and src.dtype == buf.dtype:
-                np.copyto(buf, src)
+                copies.append((words(buf), words(src)))  # (as words: a plain memory copy, whatever the dtype)
                 out[name] = buf
             else:
                 out[name] = host_copy(name, value)
+        self._copy(copies)
         return out
 
-    def _commit_copy(self, version: int, hosts: dict, metadata: dict) -> PublishInfo:
-        """The background commit of a submitted version; its host copy then serves the next submit."""
+    def _copy(self, copies: list) -> None:
+        """``np.copyto(dst, src)`` for each flat pair, in byte ranges of about equal size on this thread and the
+        copy pool's (one core does not saturate the memory bus; numpy releases the GIL while copying)."""
+        total = sum(d.nbytes for d, _ in copies)
+        parts = max(1, min(self._workers.threads + 1, total // COPY_PART_BYTES))
+        if parts == 1:
+            for dst, src in copies:
+                np.copyto(dst, src)
+            return
+        ranges: list[list] = [[] for _ in range(parts)]
+        size, at = -(-total // parts), 0  # bytes per part; bytes assigned so far
+        for dst, src in copies:
+            n, step = dst.size, dst.itemsize
+            start = 0
+            while start < n:
+                part = min(at // size, parts - 1)
+                stop = n if part == parts - 1 else min(n, start + -(-((part + 1) * size - at) // step))
+                ranges[part].append((dst[start:stop], src[start:stop]))
+                at += (stop - start) * step
+                start = stop
+        helpers = [self._workers.compute.submit(_copy_all, r) for r in ranges[1:]]
+        _copy_all(ranges[0])
+        for f in helpers:
+            f.result()
+
+    def _commit_copy(self, version: int, hosts: dict, metadata: dict, reuse: bool) -> PublishInfo:
+        """The background commit of a submitted version; its host copy (``reuse``: not the caller's own arrays)
+        then serves the next submit."""
         try:
             return self._commit(version, hosts, metadata, None, time.perf_counter(), copied=True)
         finally:
-            self._spare.append(hosts)
+            if reuse:
+                self._spare.append(hosts)
 
     def _commit(
         self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool = False
@@ -582,6 +624,11 @@ class Publisher(WorkerOwner):
             traj.delete(s)
         removed = traj.gc()
         return {"objects": len(old) + int(removed.get("packs", 0)), "cutoff": cutoff}
+
+
+def _copy_all(pairs: list) -> None:
+    for dst, src in pairs:
+        np.copyto(dst, src)
 
 
 def _on_device(value) -> bool:

@@ -17,7 +17,20 @@ The TRL layout (our reading of the format; see ``docs/sync.md``)::
 (all strings): ``format="sparse_weight_patch"``, ``version="1"``,
 ``model_version``, ``num_changed_params``, ``total_changed_elements``,
 ``total_elements``, ``sparsity``; later files add ``sparse`` (``"True"`` for
-deltas) and ``encoding``.  A delta holds the changes since the previous step
+deltas) and ``encoding``, and the branch that checks what a replica rebuilt
+adds (read from its ``PatchMetadata`` and checksum helper):
+
+- ``changed_params``: a JSON list of the names of the parameters the file
+  holds changes of (a delta: those with at least one changed element; an
+  anchor: every parameter), in sorted order.  The branch's loader walks this
+  list, not the tensor names, to find ``<name>.indices`` / ``<name>.values``.
+- ``checksum_sha256``: the hex SHA-256 of the *whole* state once the file is
+  applied (not of the file): the raw bytes of every parameter (C order, little
+  endian, no name, shape or dtype), parameters in sorted name order.  A
+  replica recomputes it after applying a delta, so it catches any wrong
+  result (a missed or repeated delta, a wrong base, a bad scatter), which a
+  checksum of the file alone cannot.  Also ``prev_model_version`` and
+  ``anchor_step`` (the anchor the chain of deltas starts from).  A delta holds the changes since the previous step
 present in the bucket.  Anchors written by early versions may omit parameters
 that did not change; on import those keep their previous value.
 
@@ -31,6 +44,8 @@ else as ``uint32``: the tensor's dtype is the width.  Decoding is
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 
@@ -43,7 +58,7 @@ from . import _open
 from ._arrays import words
 from .publisher import DEFAULT_ANCHOR_EVERY, Publisher
 
-__all__ = ["import_trl", "export_trl", "gap_encode", "gap_decode", "read_trl_file", "INDEX_FORMATS"]
+__all__ = ["import_trl", "export_trl", "gap_encode", "gap_decode", "read_trl_file", "state_checksum", "INDEX_FORMATS"]
 
 log = logging.getLogger("ulstore.sync")
 
@@ -73,6 +88,15 @@ def gap_encode(positions) -> np.ndarray:
     if gaps.size and gaps.max() > 0xFFFFFFFF:
         raise InvalidInputError("a gap exceeds uint32")
     return gaps.astype(np.uint16 if not gaps.size or gaps.max() <= 0xFFFF else np.uint32)
+
+
+def state_checksum(state: dict) -> str:
+    """The ``checksum_sha256`` of a TRL file: hex SHA-256 of every tensor's raw little-endian C-order bytes, in
+    sorted name order, nothing else (the TRL branch's convention: names, shapes and dtypes are not hashed)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(memoryview(words(np.ascontiguousarray(state[name]))))
+    return h.hexdigest()
 
 
 def gap_decode(gaps) -> np.ndarray:
@@ -263,7 +287,10 @@ def export_trl(
     (the elements that differ from the previous exported version; none for the
     first), and each version carrying a snapshot, plus the first exported
     version, gets ``anchors/step_<v>.safetensors`` with *every* parameter.
-    ``<v>`` is the version number.
+    ``<v>`` is the version number.  Every file's header carries
+    ``changed_params`` and ``checksum_sha256`` as the TRL branch defines them
+    (see the module docstring): a loader written to that convention applies
+    the parameters listed, then checks the SHA-256 of its whole state.
 
     Parameters
     ----------
@@ -289,34 +316,23 @@ def export_trl(
         i for i in reversed(traj.log(branch)) if (start is None or i.step >= start) and (stop is None or i.step <= stop)
     ]
     report: dict = {"versions": [], "anchors": [], "bytes": 0}
-    previous = previous_mv = None  # the state and model_version of the last version written
-    first = chain[0].step if chain else None
+    previous = previous_mv = anchor = None  # the state, model_version and anchor of the last version written
     for info in chain:
         v = info.step
         state = traj.read(v)  # fresh C-contiguous arrays (0-d stay 0-d)
+        _check_int32(state)
         mv = _int_or(info.metadata.get("model_version"), v)
         total = int(sum(a.size for a in state.values()))
-        for name, arr in state.items():
-            if arr.size > _INT32_MAX + 1:
-                raise InvalidInputError(
-                    "TRL indices are int32: tensors above 2**31 elements cannot be exported", tensor=name
-                )
+        checksum = state_checksum(state)
         if previous is None or info.anchor_distance == 0:
-            meta = _meta(mv, previous_mv, first, len(state), total, total, sparse=False)
+            anchor = v
+            meta = _meta(mv, previous_mv, anchor, sorted(state), total, total, checksum, sparse=False)
             report["bytes"] += _put(dest, f"anchors/step_{v:06d}.safetensors", state, meta)
             report["anchors"].append(v)
         if previous is not None:
-            tensors, n_params, n_changed = _delta_tensors(previous, state, index_format)
-            meta = _meta(
-                mv,
-                previous_mv,
-                first,
-                n_params,
-                n_changed,
-                total,
-                sparse=True,
-                encoding=None if index_format == "indices" else index_format,
-            )
+            tensors, names, n_changed = _delta_tensors(previous, state, index_format)
+            encoding = None if index_format == "indices" else index_format
+            meta = _meta(mv, previous_mv, anchor, names, n_changed, total, checksum, sparse=True, encoding=encoding)
             report["bytes"] += _put(dest, f"deltas/step_{v:06d}.safetensors", tensors, meta)
         report["versions"].append(v)
         previous, previous_mv = state, mv
@@ -324,9 +340,19 @@ def export_trl(
     return report
 
 
-def _delta_tensors(before: dict, after: dict, index_format: str):
+def _check_int32(state: dict) -> None:
+    for name, arr in state.items():
+        if arr.size > _INT32_MAX + 1:
+            raise InvalidInputError(
+                "TRL indices are int32: tensors above 2**31 elements cannot be exported", tensor=name
+            )
+
+
+def _delta_tensors(before: dict, after: dict, index_format: str) -> tuple[dict, list, int]:
+    """A delta file's tensors, the names of the parameters it changes (sorted) and how many elements."""
     tensors = {}
-    n_params = n_changed = 0
+    names: list[str] = []
+    n_changed = 0
     for name in sorted(after):
         cur = after[name].reshape(-1)
         old = before.get(name)
@@ -336,7 +362,7 @@ def _delta_tensors(before: dict, after: dict, index_format: str):
             pos = np.flatnonzero(words(cur) != words(old.reshape(-1)))
         if not pos.size:
             continue
-        n_params += 1
+        names.append(name)
         n_changed += pos.size
         values = cur[pos]
         if index_format == "indices":
@@ -345,10 +371,11 @@ def _delta_tensors(before: dict, after: dict, index_format: str):
             tensors[name + ".idx"], tensors[name + ".val"] = pos.astype(np.int32), values
         else:
             tensors[name + ".idx"], tensors[name + ".val"] = gap_encode(pos), values
-    return tensors, n_params, n_changed
+    return tensors, names, n_changed
 
 
-def _meta(model_version, previous_mv, anchor_step, n_params, n_changed, total, *, sparse, encoding=None) -> dict:
+def _meta(model_version, previous_mv, anchor_step, names, n_changed, total, checksum, *, sparse, encoding=None) -> dict:
+    n_params = len(names)
     meta = {
         "format": FORMAT_NAME,
         "version": "1",
@@ -360,6 +387,8 @@ def _meta(model_version, previous_mv, anchor_step, n_params, n_changed, total, *
         "total_changed_elements": str(n_changed),
         "total_elements": str(total),
         "sparsity": repr(1.0 - n_changed / total if total else 0.0),
+        "changed_params": json.dumps(names),
+        "checksum_sha256": checksum,
     }
     if encoding is not None:
         meta["encoding"] = encoding
