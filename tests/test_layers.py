@@ -218,7 +218,6 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 CIRCLES_ALLOWED: list[list[str]] = [
     ["ulstore.codec._reference", "ulstore.codec._reference_apply"],
     ["ulstore.store._decode_plan", "ulstore.store._reader", "ulstore.store._values"],
-    ["ulstore.cli._commands", "ulstore.cli._parser", "ulstore.cli._ui"],
     ["ulstore.sync._in_place", "ulstore.sync._replica"],
 ]
 
