@@ -50,31 +50,53 @@ def main(argv=None) -> int:
     cfg = toytrain.ToyConfig.preset(args.preset)
 
     traj = ulstore.open(args.out, mode="w")
-    for step, state, loss in toytrain.train(cfg, args.base_steps, lr=1e-3):
+    base = train_base(traj, cfg, args.base_steps)
+    finetuned = {
+        branch: finetune(traj, cfg, branch, lr, 1000 * (i + 1), base, args)
+        for i, (branch, lr) in enumerate(FINETUNES.items())
+    }
+    exact, cheaper = compare(traj, base, finetuned)
+    print(f"\nancestry of ft-a: {[info.step for info in traj.log('ft-a')][:4]} ... back to step 0")
+    print("heads exact:", bool(exact))
+    print("branches cheaper than stored alone:", bool(cheaper))
+    if not cheaper:
+        print(
+            "  (an anchor fell inside a branch: the chain's anchor cadence continues from the base, so the branch "
+            "pays for an anchor as the standalone run does; branch off an anchor to save it, see the docstring)"
+        )
+    return 0 if exact and cheaper else 1
+
+
+def train_base(traj, cfg, steps: int) -> int:
+    """Train and commit the base model on ``main``; returns its last step."""
+    for step, state, loss in toytrain.train(cfg, steps, lr=1e-3):
         traj.commit(step, state, metadata={"loss": round(loss, 4), "phase": "base"})
     base = traj.head()
     print(f"base: steps 0-{base} on main, loss {loss:.3f}")
+    return base
 
-    finetuned = {}
-    for i, (branch, lr) in enumerate(FINETUNES.items()):
-        # toytrain replays the base run as warm-up, so its step 0 is the base's last step, bit for bit
-        run = toytrain.train(cfg, args.ft_steps, lr=lr, warmup_steps=args.base_steps)
-        for k, state, loss in run:
-            if k == 0:
-                assert all(
-                    np.array_equal(state[n].view(np.uint16), v.view(np.uint16)) for n, v in traj.read(base).items()
-                )
-                continue
-            step = 1000 * (i + 1) + k  # any numbering works; steps are unique across branches
-            # --- the integration: the first step of a branch names the base as its parent; ----
-            # --- the next ones default to the branch's head -----------------------------------
-            parent = base if k == 1 else ulstore.store.HEAD
-            traj.commit(step, state, parent=parent, branch=branch, metadata={"loss": round(loss, 4), "lr": lr})
-            finetuned.setdefault(branch, []).append(state)
-        print(
-            f"{branch}: {args.ft_steps} steps at lr {lr:g} from step {base}, head {traj.head(branch)}, loss {loss:.3f}"
-        )
 
+def finetune(traj, cfg, branch: str, lr: float, first_step: int, base: int, args) -> list[dict]:
+    """Fine-tune from the base on ``branch`` (steps ``first_step + 1, ...``); returns the states committed."""
+    states = []
+    # toytrain replays the base run as warm-up, so its step 0 is the base's last step, bit for bit
+    run = toytrain.train(cfg, args.ft_steps, lr=lr, warmup_steps=args.base_steps)
+    for k, state, loss in run:
+        if k == 0:
+            assert same_bits(state, traj.read(base))
+            continue
+        step = first_step + k  # any numbering works; steps are unique across branches
+        # --- the integration: the first step of a branch names the base as its parent; ----
+        # --- the next ones default to the branch's head -----------------------------------
+        parent = base if k == 1 else ulstore.store.HEAD
+        traj.commit(step, state, parent=parent, branch=branch, metadata={"loss": round(loss, 4), "lr": lr})
+        states.append(state)
+    print(f"{branch}: {args.ft_steps} steps at lr {lr:g} from step {base}, head {traj.head(branch)}, loss {loss:.3f}")
+    return states
+
+
+def compare(traj, base: int, finetuned: dict[str, list[dict]]) -> tuple[bool, bool]:
+    """Print what each branch costs, stored as a branch and on its own; returns (heads exact, branches cheaper)."""
     report = {r["step"]: r for r in storage_report(traj)["steps"]}
     print(f"\nrefs: {traj.refs}")
     print(
@@ -94,18 +116,13 @@ def main(argv=None) -> int:
         alone_bytes = alone.stats()["stored_bytes"]
         print(f"{branch:8}{len(steps):>6}{len(anchors):>8}{human_bytes(as_branch):>20}{human_bytes(alone_bytes):>20}")
         cheaper &= as_branch < alone_bytes
-        # each branch head reads back exactly
-        head = traj.read(branch)
-        exact &= all(np.array_equal(head[n].view(np.uint16), v.view(np.uint16)) for n, v in states[-1].items())
-    print(f"\nancestry of ft-a: {[info.step for info in traj.log('ft-a')][:4]} ... back to step 0")
-    print("heads exact:", bool(exact))
-    print("branches cheaper than stored alone:", bool(cheaper))
-    if not cheaper:
-        print(
-            "  (an anchor fell inside a branch: the chain's anchor cadence continues from the base, so the branch "
-            "pays for an anchor as the standalone run does; branch off an anchor to save it, see the docstring)"
-        )
-    return 0 if exact and cheaper else 1
+        exact &= same_bits(traj.read(branch), states[-1])  # each branch head reads back exactly
+    return exact, cheaper
+
+
+def same_bits(got: dict, want: dict) -> bool:
+    """``got`` holds every tensor of ``want`` with its bits (bf16 compared as 16-bit words: NaNs count)."""
+    return all(np.array_equal(got[n].view(np.uint16), v.view(np.uint16)) for n, v in want.items())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.helpers.bits import awkward_floats, bits_of
+from tests.helpers.bits import assert_bits_equal, awkward_floats
 from ulstore.core import dtypes, formatting, local_disk, safetensors, sealed
 from ulstore.core.objects import ObjectStore
 from ulstore.errors import DtypeError, InvalidInputError
@@ -357,7 +357,7 @@ def test_safetensors_roundtrip_and_strict_header():
     back, meta = safetensors.loads(raw, ValueError)
     assert meta == {"step": "7"}
     for k in tensors:
-        assert back[k].dtype == tensors[k].dtype and np.array_equal(bits_of(back[k]), bits_of(tensors[k]))
+        assert_bits_equal(back[k], tensors[k], k)
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + n])
     header["w"]["extra"] = 1
@@ -393,11 +393,12 @@ def test_torch_bridge_is_bit_exact(name):
 
     x = awkward_floats(np.dtype(getattr(ml_dtypes, name, None) or name))
     t = to_tensor(x)
-    assert str(t.dtype) == f"torch.{name}" and np.array_equal(bits_of(t), bits_of(x))
-    back = from_tensor(t)
-    assert back.dtype == x.dtype and np.array_equal(bits_of(back), bits_of(x))
+    assert str(t.dtype) == f"torch.{name}"
+    assert_bits_equal(t, x, "to_tensor")
+    assert_bits_equal(from_tensor(t), x, "from_tensor")
     zero_d = to_tensor(x[0].reshape(()))
-    assert tuple(zero_d.shape) == () and np.array_equal(bits_of(as_numpy(zero_d)), bits_of(x[0].reshape(())))
+    assert tuple(zero_d.shape) == ()
+    assert_bits_equal(as_numpy(zero_d), x[0].reshape(()), "a 0-d tensor")
     assert as_numpy([1.0]) is None and as_numpy(x) is x
 
 

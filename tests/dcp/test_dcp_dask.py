@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import warnings
 
-import numpy as np
 import pytest
 
 import ulstore
 from tests.helpers import dcp as jobs
-from tests.helpers.bits import bits_of
-from ulstore.core.torch import from_tensor
+from tests.helpers.bits import assert_bits_equal
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -77,7 +75,7 @@ def test_a_dcp_save_encodes_its_chunks_on_dask_worker_processes(saved):
     for s in range(3):
         got = traj.read(s)
         for name in ("w", "h"):
-            assert np.array_equal(bits_of(got[name]), bits_of(_state(s)[name])), (s, name)
+            assert_bits_equal(got[name], _state(s)[name], f"step {s}: {name}")
 
 
 def test_worker_processes_load_a_step_through_a_pickled_reader(client, saved):
@@ -91,12 +89,11 @@ def test_worker_processes_load_a_step_through_a_pickled_reader(client, saved):
         pids.add(pid)
         assert sorted(state) == sorted(want) and (state["epoch"], state["tag"]) == (2, "step-2")
         for name in ("w", "h"):
-            assert state[name].dtype == from_tensor(want[name]).dtype
-            assert np.array_equal(bits_of(state[name]), bits_of(want[name])), name
+            assert_bits_equal(state[name], want[name], name)
     bands = [client.submit(jobs.box_on_worker, reader, "w", (r, 5), (16, 30), pure=False) for r in range(0, 64, 16)]
     for r, (pid, box) in zip(range(0, 64, 16), client.gather(bands)):
         pids.add(pid)
-        assert np.array_equal(bits_of(box), bits_of(want["w"][r : r + 16, 5:35]))
+        assert_bits_equal(box, want["w"][r : r + 16, 5:35], f"box at row {r}")
     assert os.getpid() not in pids and pids <= set(_worker_pids(client))
 
 

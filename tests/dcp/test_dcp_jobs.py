@@ -19,7 +19,7 @@ import pytest
 
 import ulstore
 from tests.helpers import dcp as jobs
-from tests.helpers.bits import bits_of
+from tests.helpers.bits import assert_bits_equal, bits_of
 from ulstore.core.torch import from_tensor
 from ulstore.io import storage_report
 
@@ -105,7 +105,7 @@ def test_every_step_reads_exactly_through_ulstore_open_in_one_plain_process(run)
         tensors = _tensors(want)
         assert sorted(got) == sorted(tensors)
         for name, w in tensors.items():
-            assert got[name].shape == tuple(w.shape) and np.array_equal(bits_of(got[name]), bits_of(w)), name
+            assert_bits_equal(got[name], w, name)
         # non-tensor leaves: the torch.save bytes DCP wrote, loadable without unpickling code
         leaves = {k: v for k, v in want.items() if not isinstance(v, torch.Tensor)}
         for name, w in leaves.items():
@@ -114,10 +114,10 @@ def test_every_step_reads_exactly_through_ulstore_open_in_one_plain_process(run)
     # a lazy slice across the shard boundaries (rows 38|76|114 at 4 ranks, 75 at 2)
     w = run.truth(STEPS - 1)["model.model.in_proj.weight"]
     lazy = traj[STEPS - 1]["model.model.in_proj.weight"]
-    assert np.array_equal(bits_of(lazy[30:80, 3:9]), bits_of(w[30:80, 3:9]))
+    assert_bits_equal(lazy[30:80, 3:9], w[30:80, 3:9], "rows 30:80 across the shard boundaries")
     cols = traj[STEPS - 1]["tp.cols"]  # column-sharded bf16
     assert cols.dtype.name == "bfloat16"
-    assert np.array_equal(bits_of(cols[:, 2:9]), bits_of(run.truth(STEPS - 1)["tp.cols"][:, 2:9]))
+    assert_bits_equal(cols[:, 2:9], run.truth(STEPS - 1)["tp.cols"][:, 2:9], "tp.cols")
 
 
 def test_export_gives_full_tensors(run, tmp_path):
@@ -132,7 +132,7 @@ def test_export_gives_full_tensors(run, tmp_path):
     want = {k: v for k, v in _tensors(run.truth(STEPS - 1)).items() if v.numel()}
     assert set(want) <= set(got)
     for name, w in want.items():
-        assert np.array_equal(bits_of(got[name]), bits_of(w)), name
+        assert_bits_equal(got[name], w, name)
 
 
 def test_later_steps_are_deltas_as_small_as_unsharded_commits(run, tmp_path):
@@ -185,7 +185,7 @@ def test_a_rank_killed_mid_save_leaves_no_step_and_a_job_restarted_on_more_ranks
     for s, want in truths.items():
         got = traj.read(s)
         for name, w in _tensors(want).items():
-            assert np.array_equal(bits_of(got[name]), bits_of(w)), (s, name)
+            assert_bits_equal(got[name], w, f"step {s}: {name}")
     # step 3 is coded against step 2 although no piece of it has step 2's layout
     name = "model.model.in_proj.weight"
     layouts = {s: {p.layout[:2] for p in traj._reader.tensor(s, name).pieces} for s in (2, 3)}

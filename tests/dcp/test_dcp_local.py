@@ -19,7 +19,7 @@ import pytest
 
 import ulstore
 from tests.helpers import dcp as jobs
-from tests.helpers.bits import bits_of
+from tests.helpers.bits import assert_bits_equal
 from ulstore.errors import InvalidInputError, StepExistsError
 
 torch = pytest.importorskip("torch")
@@ -97,7 +97,7 @@ def test_steps_saved_and_loaded_through_dcp_are_plain_ulstore_steps(tmp_path):
         got = traj.read(s)
         for name, want in _flat(_state(s)).items():
             if isinstance(want, torch.Tensor):
-                assert np.array_equal(bits_of(got[name]), bits_of(want)), name
+                assert_bits_equal(got[name], want, name)
     # non-tensor leaves are step files holding DCP's torch.save bytes; dcp/metadata.json is unchanged
     assert "dcp/objects/trainer.tag" in traj.files(2)
     assert torch.load(io.BytesIO(traj.read_file(2, "dcp/objects/trainer.tag")), weights_only=True) == "run-α/2"
@@ -131,7 +131,7 @@ def test_a_step_committed_without_dcp_loads_through_dcp(tmp_path):
     w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     traj.commit(7, {"layer.w": w})
     state = _load({"layer": {"w": torch.zeros(3, 4)}}, udcp.Reader(str(tmp_path / "t"), step=7))
-    assert np.array_equal(state["layer"]["w"].numpy(), w)
+    assert_bits_equal(state["layer"]["w"], w)
 
 
 def test_bad_names_and_existing_steps_are_refused_before_anything_is_written(tmp_path):
@@ -219,4 +219,4 @@ def test_one_chunk_per_tensor_in_the_metadata_whatever_the_pieces(tmp_path):
     chunks = md.state_dict_metadata["w"].chunks
     assert len(chunks) == 1 and list(chunks[0].sizes) == [5, 4] and md.planner_data is None
     state = _load({"w": torch.zeros(5, 4)}, udcp.Reader(url, step=0))
-    assert np.array_equal(state["w"].numpy(), w)
+    assert_bits_equal(state["w"], w)

@@ -492,15 +492,14 @@ def assert_same_state(got: dict, want: dict) -> None:
     """Same names; tensors of the same dtype and shape with the same bits; other leaves equal, type for type."""
     import torch
 
-    from .bits import bits_of
+    from .bits import assert_bits_equal
 
     assert sorted(got) == sorted(want), (sorted(set(got) ^ set(want)))[:10]
     for name, w in want.items():
         g = got[name]
         if isinstance(w, torch.Tensor):
             assert isinstance(g, torch.Tensor), name
-            assert (g.dtype, tuple(g.shape)) == (w.dtype, tuple(w.shape)), name
-            assert np.array_equal(bits_of(g), bits_of(w)), f"{name}: bits differ"
+            assert_bits_equal(g, w, name)
         else:
             assert _same_leaf(g, w), f"{name}: {g!r} != {w!r}"
 

@@ -8,7 +8,7 @@ import hashlib
 import ml_dtypes
 import numpy as np
 
-from .bits import bits_of
+from .bits import assert_bits_equal, bits_of
 
 __all__ = ["fresh_state", "mutate", "assert_same", "digest", "BF16", "SMALL_STORE"]
 
@@ -57,8 +57,7 @@ def mutate(state: dict, seed: int, how: str) -> dict:
 def assert_same(got: dict, want: dict, what: str) -> None:
     assert sorted(got) == sorted(want), (what, sorted(got), sorted(want))
     for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (what, k)
-        assert bits_of(got[k]).tobytes() == bits_of(want[k]).tobytes(), f"{what}: tensor {k!r} differs"
+        assert_bits_equal(got[k], want[k], f"{what}: tensor {k!r}")
 
 
 def digest(state: dict) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ulstore import toytrain
 
-from .bits import bits_of
+from .bits import assert_bits_equal
 
 __all__ = [
     "states_bf16",
@@ -48,10 +48,7 @@ def states_fp32(steps: int = 20):
 def assert_state_equal(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     for k in want:
-        w = np.asarray(want[k])
-        assert got[k].dtype == w.dtype, (k, got[k].dtype, w.dtype)
-        assert got[k].shape == w.shape, k
-        np.testing.assert_array_equal(bits_of(got[k]), bits_of(w), err_msg=k)
+        assert_bits_equal(got[k], np.asarray(want[k]), k)
 
 
 class CountingIO:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors import numpy as st_numpy
 
+from tests.helpers.bits import assert_bits_equal
 from ulstore.errors import DtypeError, InvalidInputError, NotFoundError
 from ulstore.io import _safetensors as _st_files
 from ulstore.io import checkpoints as ckpt
@@ -48,13 +49,35 @@ def all_dtypes_tensors():
     }
 
 
-def assert_exact(got: dict, want: dict):
-    assert list(got) == list(want) or set(got) == set(want)
+def assert_exact(got: dict, want: dict, *, in_order: bool = True):
+    """``got`` holds exactly ``want``'s tensors, bit for bit, and in ``want``'s order.
+
+    ``in_order=False`` where a file's writer chose the order: the safetensors writers lay
+    tensors out by alignment, then name (the caller checks that order against the file).
+    """
+    if in_order:
+        assert list(got) == list(want), f"tensor names or their order differ: {list(got)} != {list(want)}"
+    else:
+        assert sorted(got) == sorted(want), f"tensor names differ: {sorted(got)} != {sorted(want)}"
     for name, w in want.items():
-        g = got[name]
-        assert g.dtype == w.dtype, name
-        assert g.shape == w.shape, name
-        assert g.tobytes() == w.tobytes(), name
+        assert_bits_equal(got[name], w, name)
+
+
+def test_assert_exact_fails_on_another_order_or_other_bits():
+    a, b = np.zeros(2, np.float32), np.arange(3, dtype="<i2")
+    assert_exact({"a": a, "b": b}, {"a": a, "b": b})
+    with pytest.raises(AssertionError, match="order differ"):
+        assert_exact({"b": b, "a": a}, {"a": a, "b": b})
+    assert_exact({"b": b, "a": a}, {"a": a, "b": b}, in_order=False)
+    with pytest.raises(AssertionError, match="names differ"):
+        assert_exact({"a": a}, {"a": a, "b": b}, in_order=False)
+    with pytest.raises(AssertionError, match=r"^a: 2 of 2 elements differ"):
+        assert_exact({"a": -a, "b": b}, {"a": a, "b": b})  # -0.0 is not 0.0
+
+
+def header_names(path) -> list[str]:
+    """The tensor names of a safetensors file, in the order its header lists them."""
+    return [name for name in header_of(path) if name != "__metadata__"]
 
 
 def data_region(path):
@@ -101,7 +124,8 @@ def test_safetensors_all_dtypes_one_file_with_metadata(tmp_path):
     st_numpy.save_file(original, str(src), metadata=meta)
     ck = ckpt.load(src)
     assert ck.metadata == meta and ck.aliases == {}
-    assert_exact(ck.tensors, original)
+    assert_exact(ck.tensors, original, in_order=False)
+    assert list(ck.tensors) == header_names(src)  # the file's order
     out = tmp_path / "out.safetensors"
     ckpt.save_safetensors(ck.tensors, out, ck.metadata)
     assert data_region(out) == data_region(src)
@@ -109,7 +133,8 @@ def test_safetensors_all_dtypes_one_file_with_metadata(tmp_path):
     assert header_of(out) == header_of(src)
     again = ckpt.load(out)
     assert again.metadata == meta
-    assert_exact(again.tensors, original)
+    assert_exact(again.tensors, original, in_order=False)
+    assert list(again.tensors) == header_names(out) == header_names(src)
 
 
 def test_safetensors_written_by_torch_bf16(tmp_path):
@@ -121,9 +146,8 @@ def test_safetensors_written_by_torch_bf16(tmp_path):
     src = tmp_path / "t.safetensors"
     save_file({"w": t, "f8": f8}, str(src), metadata={"format": "pt"})
     ck = ckpt.load(src)
-    assert ck.tensors["w"].tobytes() == t.view(torch.int16).numpy().tobytes()
-    assert ck.tensors["f8"].tobytes() == f8.view(torch.uint8).numpy().tobytes()
-    np.testing.assert_array_equal(ck.tensors["w"].astype(np.float32), t.float().numpy())
+    assert_bits_equal(ck.tensors["w"], t, "w")
+    assert_bits_equal(ck.tensors["f8"], f8, "f8")
     out = tmp_path / "o.safetensors"
     ckpt.save_safetensors(ck.tensors, out, ck.metadata)
     assert data_region(out) == data_region(src)
@@ -142,7 +166,8 @@ def test_safetensors_foreign_tensor_order(tmp_path):
     assert_exact(ck.tensors, {"a": a, "b": b})
     out = tmp_path / "o.safetensors"
     ckpt.save_safetensors(ck.tensors, out)
-    assert_exact(ckpt.load(out).tensors, {"a": a, "b": b})
+    assert_exact(ckpt.load(out).tensors, {"a": a, "b": b}, in_order=False)
+    assert header_names(out) == ["b", "a"]  # rewritten in the library's order: 8-byte aligned first
 
 
 def test_empty_checkpoint(tmp_path):
@@ -164,8 +189,7 @@ def test_big_endian_and_noncontiguous_input(tmp_path):
     for path in (tmp_path / "x.safetensors", tmp_path / "x.npz"):
         got = ckpt.load(path).tensors
         for name, w in wants.items():
-            assert got[name].dtype == w.dtype.newbyteorder("<")
-            assert got[name].tobytes() == np.ascontiguousarray(w).tobytes()
+            assert_bits_equal(got[name], w.astype(w.dtype.newbyteorder("<")), f"{path.name}: {name}")
 
 
 # ------------------------------------------------------------------ sharding
@@ -195,7 +219,7 @@ def test_sharded_roundtrip(tmp_path):
     # Re-sharding a loaded set does not trip over its stale total_size.
     ckpt.save_safetensors(ck.tensors, tmp_path / "again", ck.metadata, max_shard_size="1KiB")
     assert_exact(ckpt.load(tmp_path / "again").tensors, original)
-    assert_exact(ckpt.load(single).tensors, ckpt.load(d).tensors)
+    assert_exact(ckpt.load(single).tensors, ckpt.load(d).tensors, in_order=False)  # (one file: its writer's order)
 
 
 def test_shard_size_greedy_and_oversize(tmp_path):
@@ -352,18 +376,17 @@ def test_torch_native_state_dict(tmp_path):
     ck = ckpt.load(p)
     assert ck.aliases == {"lm_head.weight": "embed_tokens.weight"}  # tied; empties never tied
     assert list(ck.tensors) == ["embed_tokens.weight", "norm", "step", "empty", "empty2", "half_view"]
-    assert ck.tensors["embed_tokens.weight"].tobytes() == emb.view(torch.int16).numpy().tobytes()
-    np.testing.assert_array_equal(ck.tensors["norm"], sd["norm"].numpy())
+    assert_bits_equal(ck.tensors["embed_tokens.weight"], emb, "embed_tokens.weight")
+    assert_bits_equal(ck.tensors["norm"], sd["norm"], "norm")
     assert ck.tensors["norm"].flags.c_contiguous and ck.tensors["step"].shape == ()
-    np.testing.assert_array_equal(ck.tensors["half_view"], np.arange(5.0, 10.0, dtype=np.float32))
+    assert_bits_equal(ck.tensors["half_view"], np.arange(5.0, 10.0, dtype=np.float32), "half_view")
 
     out = tmp_path / "out.pt"
     ckpt.save_torch(ck.tensors, out, aliases=ck.aliases)
     back = torch.load(out, weights_only=True)
     assert back["lm_head.weight"].data_ptr() == back["embed_tokens.weight"].data_ptr()  # sharing restored
     for name, t in sd.items():
-        assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
-        assert torch.equal(back[name].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), name
+        assert_bits_equal(back[name], t, name)
     assert ckpt.load(out).aliases == ck.aliases
 
 

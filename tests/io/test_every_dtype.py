@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from ulstore.errors import DtypeError
 from ulstore.io import checkpoints as ckpt
 from ulstore.io import export_checkpoint, import_checkpoint, to_torch
@@ -34,7 +35,6 @@ COMMITTABLE = [
     ml_dtypes.float8_e5m2,
     np.complex64,
 ]
-_VIA_INT = {2: torch.int16, 1: torch.uint8}  # torch dtypes numpy has no name for: read their bits
 
 
 def _random_bits(dtype, shape, seed) -> np.ndarray:
@@ -47,12 +47,6 @@ def _random_bits(dtype, shape, seed) -> np.ndarray:
     return raw.view(dt).reshape(shape)
 
 
-def _torch_bytes(t) -> bytes:
-    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
-        t = t.view(_VIA_INT[t.element_size()])
-    return t.contiguous().numpy().tobytes()
-
-
 @pytest.mark.parametrize("dtype", COMMITTABLE, ids=lambda d: np.dtype(d).name)
 def test_every_committable_dtype_round_trips_bit_exact(tmp_path, dtype):
     a = _random_bits(dtype, (5, 7), 0)
@@ -63,21 +57,20 @@ def test_every_committable_dtype_round_trips_bit_exact(tmp_path, dtype):
     traj.commit(2, {"x": b})
     for step, want in ((1, a), (2, b)):
         got = traj.read(step)["x"]  # read
-        assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
-        assert traj[step]["x"][1:3].tobytes() == want[1:3].tobytes()  # a lazy slice
-        t = to_torch(traj, step)["x"]  # to_torch of the step
-        assert tuple(t.shape) == want.shape and _torch_bytes(t) == want.tobytes()
-        assert _torch_bytes(to_torch(traj[step]["x"][2:])) == want[2:].tobytes()  # to_torch of a slice
+        assert_bits_equal(got, want, f"read {step}")
+        assert_bits_equal(traj[step]["x"][1:3], want[1:3], f"lazy slice of {step}")
+        assert_bits_equal(to_torch(traj, step)["x"], want, f"to_torch of {step}")
+        assert_bits_equal(to_torch(traj[step]["x"][2:]), want[2:], f"to_torch of a slice of {step}")
         out = tmp_path / f"step_{step}.safetensors"
         export_checkpoint(traj, step, out)  # export
-        assert ckpt.load(out).tensors["x"].tobytes() == want.tobytes()
+        assert_bits_equal(ckpt.load(out).tensors["x"], want, f"export of {step}")
         back = ulstore.open(tmp_path / "back", mode="a")
         import_checkpoint(back, out)  # import
-        assert back.read(step)["x"].tobytes() == want.tobytes()
+        assert_bits_equal(back.read(step)["x"], want, f"import of {step}")
     # torch's own loader reads the export (complex64 is the safetensors dtype C64)
     from safetensors.torch import load_file
 
-    assert _torch_bytes(load_file(tmp_path / "step_2.safetensors")["x"]) == b.tobytes()
+    assert_bits_equal(load_file(tmp_path / "step_2.safetensors")["x"], b, "safetensors.torch.load_file")
 
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.clongdouble], ids=lambda d: np.dtype(d).name)
@@ -97,4 +90,4 @@ def test_the_suggested_alternative_is_exact(tmp_path):
     z = (np.arange(6) + 1j * np.arange(6)[::-1]).astype(np.complex128).reshape(2, 3)
     traj = ulstore.open(tmp_path / "t", mode="w")
     traj.commit(0, {"z": z.view(np.float64)})
-    assert np.array_equal(traj.read(0)["z"].view(np.complex128), z)
+    assert_bits_equal(traj.read(0)["z"].view(np.complex128), z)

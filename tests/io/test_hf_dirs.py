@@ -10,6 +10,7 @@ import pytest
 
 import ulstore
 from tests.cli.test_cli import run
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.hf import tiny_bert_config
 from tests.io.test_training_state import same
 from ulstore import io as uio
@@ -57,7 +58,8 @@ def test_a_model_directory_round_trips_with_config_and_tokenizer(tmp_path, model
         assert (out / name).read_bytes() == (model_dir / name).read_bytes(), name
     ids, want = logits(model_dir)
     got_ids, got = logits(out)
-    assert torch.equal(ids, got_ids) and torch.equal(got, want)  # same token ids, same logits bit for bit
+    assert_bits_equal(got_ids, ids, "token ids")
+    assert_bits_equal(got, want, "logits")
     # a second step with the same config and tokenizer stores no file bytes again
     torch.manual_seed(1)
     nudged = transformers.BertForSequenceClassification.from_pretrained(model_dir)
@@ -143,7 +145,7 @@ def test_a_trainer_checkpoint_round_trips_and_training_resumes_bit_exactly(tmp_p
     (wa, oa), (wb, ob) = final_state(tmp_path / "a"), final_state(tmp_path / "b")
     assert list(wa) == list(wb)
     for name in wa:
-        assert wa[name].tobytes() == wb[name].tobytes(), name
+        assert_bits_equal(wb[name], wa[name], name)
     assert same(oa, ob)
     assert json.loads((tmp_path / "a" / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
 import pytest
 
 import ulstore
 from tests.cli.test_cli import run
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.hf import tiny_bert_config
 from ulstore import io as uio
 from ulstore.io import checkpoints as ckpt
@@ -80,7 +80,7 @@ def test_renamed_tensors_warn_and_rename_prefix_restores_the_savings(tmp_path, b
     back = ckpt.load(out)
     assert list(back.tensors) == list(tuned_file.tensors) and back.metadata == tuned_file.metadata
     for name, arr in tuned_file.tensors.items():
-        assert back.tensors[name].dtype == arr.dtype and back.tensors[name].tobytes() == arr.tobytes(), name
+        assert_bits_equal(back.tensors[name], arr, name)
     assert (out / "model.safetensors").read_bytes() == (tuned / "model.safetensors").read_bytes()
     # the exported weights load into the model class they came from, same logits
     model = transformers.BertForSequenceClassification.from_pretrained(tuned).eval()
@@ -90,7 +90,7 @@ def test_renamed_tensors_warn_and_rename_prefix_restores_the_savings(tmp_path, b
     again.load_state_dict(sd)
     ids = torch.arange(32).reshape(2, 16)
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
+        assert_bits_equal(again(input_ids=ids).logits, model(input_ids=ids).logits, "logits")
 
 
 def test_rename_prefix_on_the_command_line(tmp_path, bert_dirs):
@@ -128,7 +128,7 @@ def test_sharded_export_reproduces_the_layout_and_index_bytes(tmp_path, bert_dir
         want, got = ckpt.load_safetensors(src / shard), ckpt.load_safetensors(tmp_path / "out" / shard)
         assert list(got.tensors) == list(want.tensors) and got.metadata == want.metadata
         for name, arr in want.tensors.items():
-            assert got.tensors[name].tobytes() == arr.tobytes() and got.tensors[name].dtype == arr.dtype
+            assert_bits_equal(got.tensors[name], arr, f"{shard}: {name}")
         assert (tmp_path / "out" / shard).read_bytes() == (src / shard).read_bytes()
     # resharding keeps the index's metadata and its JSON types; only total_size is recomputed
     run("export", url, 7, tmp_path / "re", "--shard-size", "200KB", check=0)
@@ -139,8 +139,8 @@ def test_sharded_export_reproduces_the_layout_and_index_bytes(tmp_path, bert_dir
     model = transformers.BertModel.from_pretrained(tmp_path / "out")
     ref = transformers.BertModel.from_pretrained(src)
     for (n, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items()):
-        assert torch.equal(a, b), n
-    assert np.array_equal(
+        assert_bits_equal(a, b, n)
+    assert_bits_equal(
         ckpt.load(tmp_path / "re").tensors["embeddings.word_embeddings.weight"],
         ckpt.load(src).tensors["embeddings.word_embeddings.weight"],
     )

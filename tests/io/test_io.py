@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from ulstore import io as uio
 from ulstore.errors import (
     DtypeError,
@@ -57,10 +58,7 @@ def assert_exact(got: dict, want: dict, order=True):
         assert list(got) == list(want)
     assert set(got) == set(want)
     for name, w in want.items():
-        g = got[name]
-        assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-        assert g.shape == w.shape, name
-        assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(w).tobytes(), name
+        assert_bits_equal(got[name], w, name)
 
 
 def tensor_bytes(path) -> dict[str, bytes]:
@@ -194,13 +192,6 @@ def torch_state(torch):
     }
 
 
-def torch_bytes(t) -> bytes:
-    """The raw bytes of a tensor of any dtype (bf16, bool, 0-d included)."""
-    import torch
-
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def test_torch_round_trip_keeps_tied_storage(tmp_path, traj):
     torch = pytest.importorskip("torch")
     sd = torch_state(torch)
@@ -215,8 +206,7 @@ def test_torch_round_trip_keeps_tied_storage(tmp_path, traj):
     back = torch.load(out, weights_only=True)
     assert list(back) == list(sd)
     for k, v in sd.items():
-        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
-        assert torch_bytes(back[k]) == torch_bytes(v), k
+        assert_bits_equal(back[k], v, k)
     assert back["lm_head.weight"].data_ptr() == back["embed.weight"].data_ptr()
 
     mem = uio.to_torch(traj, 5)
@@ -253,7 +243,7 @@ def test_npz_round_trip(tmp_path, traj):
         with np.load(src) as want:
             assert raw.files == want.files
             for k in want.files:
-                assert raw[k].tobytes() == want[k].tobytes()
+                assert_bits_equal(raw[k], want[k], k)
 
 
 def test_cross_format_exports(tmp_path, traj):

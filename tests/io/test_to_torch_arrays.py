@@ -7,16 +7,11 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from ulstore.errors import InvalidInputError
 from ulstore.io import to_torch
 
 torch = pytest.importorskip("torch")
-
-BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t) -> np.ndarray:
-    return t.view(BITS[t.element_size()]).numpy().view(f"u{t.element_size()}")
 
 
 @pytest.fixture
@@ -46,18 +41,19 @@ def test_a_lazy_slice_goes_to_torch_bit_exact(traj, name, dtype):
     if name != "f32":
         with pytest.raises(TypeError):  # what users hit: torch cannot read ml_dtypes arrays
             torch.from_numpy(piece)
-    bits = piece.view(f"u{piece.dtype.itemsize}").copy()
+    before = piece.copy()
     t = to_torch(piece)
-    assert t.dtype == getattr(torch, dtype) and tuple(t.shape) == piece.shape
-    assert np.array_equal(_bits(t), bits)
+    assert t.dtype == getattr(torch, dtype)
+    assert_bits_equal(t, before, name)
     t[0, 0] = 0  # writable; it shares the slice's memory (as torch.from_numpy), never the trajectory's cache
-    assert np.array_equal(traj[0][name][2:7, 1:5].view(bits.dtype), bits)
+    assert_bits_equal(traj[0][name][2:7, 1:5], before, name)
 
 
 def test_whole_lazy_arrays_scalars_and_dicts(traj):
     z = traj[0]["bf16"]  # a zarr array: read whole
     t = to_torch(z)
-    assert t.dtype == torch.bfloat16 and np.array_equal(_bits(t), traj.read(0)["bf16"].view(np.uint16))
+    assert t.dtype == torch.bfloat16
+    assert_bits_equal(t, traj.read(0)["bf16"])
     s = to_torch(traj[0]["bf16"][3, 4])  # a 0-d value
     assert s.shape == () and s.dtype == torch.bfloat16
     state = to_torch(traj.read(0))  # a dict of arrays: a state dict

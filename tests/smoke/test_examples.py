@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.moto import MotoS3
 from ulstore.io import to_torch
 
@@ -150,7 +151,7 @@ def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
     assert traj.steps == [0, 2, 4, 5] == cb.committed
     assert traj.info(4).metadata == {"global_step": 4, "loss": 0.25, "learning_rate": 1e-3, "epoch": 0.0}
     got = to_torch(traj, 4)["weight"]
-    assert got.dtype == torch.bfloat16 and torch.equal(got.view(torch.int16), expected[4].view(torch.int16))
+    assert_bits_equal(got, expected[4], "weight")
 
     # a resumed run skips stored steps; other ranks never write; every=None commits on save
     again = example.UlstoreCallback(tmp_path / "t", every=2)

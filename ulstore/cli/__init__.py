@@ -35,8 +35,8 @@ import traceback
 import warnings
 
 from ..core.formatting import redact
-from ._opening import EXIT_ERROR, EXIT_OK, EXIT_USAGE, UsageError
-from ._parser import ArgumentUsageError, build_parser, wants_json
+from ._exit import EXIT_ERROR, EXIT_OK, EXIT_USAGE, ArgumentUsageError, UsageError
+from ._parser import build_parser, wants_json
 from ._ui import UI, describe, expected, report_error, silence_stdout
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE"]

@@ -6,7 +6,8 @@ import warnings
 from pathlib import Path
 
 from ..core.formatting import human_bytes
-from ._opening import EXIT_OK, UsageError, _nbytes, _open, _storage_options
+from ._exit import EXIT_OK, UsageError
+from ._opening import _nbytes, _open, _storage_options
 from ._steps import resolve
 
 __all__ = ["_cmd_add"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..core.formatting import binary_bytes, human_bytes, plural
 from ..errors import IntegrityError, InvalidInputError
 from ._add import _cmd_add
-from ._opening import EXIT_ERROR, EXIT_OK, UsageError, _nbytes, _open, _open_existing, _storage_options
+from ._exit import EXIT_ERROR, EXIT_OK, UsageError
+from ._opening import _nbytes, _open, _open_existing, _storage_options
 from ._plot import check_matplotlib, plot_diff, plot_report
 from ._steps import resolve
 from ._ui import report_error, table

@@ -1,20 +1,15 @@
-"""What the commands share: exit statuses, usage errors found after parsing, opening the trajectory."""
+"""The trajectory a command names: its storage options (``-o``, ``ULSTORE_STORAGE_OPTIONS``), opening it."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from ..errors import InvalidInputError
+from ._exit import UsageError
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "UsageError"]
+__all__: list[str] = []  # private to the commands: _storage_options, _open, _open_existing, _nbytes
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 _ENV_OPTIONS = "ULSTORE_STORAGE_OPTIONS"
-
-
-class UsageError(InvalidInputError):
-    """A usage error only found after parsing (``-o``, ``ULSTORE_STORAGE_OPTIONS``): exit status 2, like argparse's."""
 
 
 def _storage_options(args) -> dict | None:

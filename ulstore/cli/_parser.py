@@ -7,9 +7,10 @@ import difflib
 import re
 
 from . import _commands as C
+from ._exit import ArgumentUsageError
 from ._ui import PROG
 
-__all__ = ["build_parser", "ArgumentUsageError", "wants_json"]
+__all__ = ["build_parser", "wants_json"]
 
 _DESCRIPTION = """\
 Store every checkpoint of a training run, small and exact.
@@ -25,15 +26,6 @@ Start with `ulstore demo`; `ulstore COMMAND --help` describes each command."""
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the hand-wrapped descriptions and examples as written."""
-
-
-class ArgumentUsageError(Exception):
-    """argparse found a usage error: ``parser`` is the (sub)parser whose usage applies; exit status 2."""
-
-    def __init__(self, parser: argparse.ArgumentParser, message: str):
-        super().__init__(message)
-        self.parser = parser
-        self.message = message
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from ..core.formatting import credentials, redact, strip_ansi
+from ._exit import ArgumentUsageError, UsageError
 
 __all__ = [
     "PROG",
@@ -187,9 +188,6 @@ def public_type(e: BaseException) -> str:
     a module path without private parts.  The CLI's usage errors are ``"UsageError"``.  A private class
     (``_Damaged``, ``StoreReadOnlyError``) is reported as the public class it derives from.
     """
-    from ._opening import UsageError
-    from ._parser import ArgumentUsageError
-
     if isinstance(e, (UsageError, ArgumentUsageError)):
         return "UsageError"
     for cls in type(e).__mro__:

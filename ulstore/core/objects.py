@@ -283,24 +283,28 @@ class ObjectStore:
         with self._calling("GET", key):
             if self.local:
                 return local_disk.read_ranges(self.path(key), ranges, self._local_root())
-            path = self.path(key)
-            wanted = [r for r in ranges if r[1] > r[0]]  # an empty range would read as the whole object on S3
-            if not wanted:
-                return [b""] * len(ranges) if self.exists(key) else None
-            try:
-                if self.s3 or len(wanted) > 1:
-                    out = self.fs.cat_ranges([path] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted])
-                else:
-                    out = [self.fs.cat_file(path, start=wanted[0][0], end=wanted[0][1])]
-            except MISSING_ERRORS:
+            return self._fetch_ranges(key, ranges)
+
+    def _fetch_ranges(self, key: str, ranges: builtins.list[tuple[int, int]]) -> builtins.list | None:
+        """:meth:`get_ranges` through fsspec (object stores, memory://): the non-empty ranges in one batch."""
+        path = self.path(key)
+        wanted = [r for r in ranges if r[1] > r[0]]  # an empty range would read as the whole object on S3
+        if not wanted:
+            return [b""] * len(ranges) if self.exists(key) else None
+        try:
+            if self.s3 or len(wanted) > 1:
+                out = self.fs.cat_ranges([path] * len(wanted), [a for a, _ in wanted], [b for _, b in wanted])
+            else:
+                out = [self.fs.cat_file(path, start=wanted[0][0], end=wanted[0][1])]
+        except MISSING_ERRORS:
+            return None
+        for r in out:
+            if isinstance(r, MISSING_ERRORS):
                 return None
-            for r in out:
-                if isinstance(r, MISSING_ERRORS):
-                    return None
-                if isinstance(r, BaseException):
-                    raise r
-            got = iter(out)
-            return [bytes(next(got)) if b > a else b"" for a, b in ranges]
+            if isinstance(r, BaseException):
+                raise r
+        got = iter(out)
+        return [bytes(next(got)) if b > a else b"" for a, b in ranges]
 
     def size(self, key: str) -> int | None:
         """Size in bytes of the object, or None if there is none."""

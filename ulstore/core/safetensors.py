@@ -57,6 +57,14 @@ def _is_uint(x) -> bool:
 
 def parse_header(raw: bytes, data_len: int, bad: Bad) -> tuple[Entries, dict[str, str]]:
     """Validate a safetensors header (the JSON after the length); return ``(entries, metadata)``."""
+    header, metadata = _header_json(raw, bad)
+    entries: Entries = {name: _entry(name, info, bad) for name, info in header.items()}
+    _check_tiling(entries, data_len, bad)
+    return entries, metadata
+
+
+def _header_json(raw: bytes, bad: Bad) -> tuple[dict, dict[str, str]]:
+    """The header's JSON object (without ``__metadata__``) and its string metadata."""
     try:
         header = json.loads(bytes(raw).decode("utf-8"), object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
@@ -66,31 +74,35 @@ def parse_header(raw: bytes, data_len: int, bad: Bad) -> tuple[Entries, dict[str
     metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise bad("__metadata__ must map strings to strings")
+    return header, dict(metadata)
 
-    entries: Entries = {}
-    for name, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
-        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if not isinstance(code, str) or code not in SAFETENSORS_CODES:
-            raise bad(f"tensor {name!r}: unknown dtype {code!r}")
-        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-            raise bad(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if not (
-            isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets)) and offsets[0] <= offsets[1]
-        ):
-            raise bad(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
-        dtype = SAFETENSORS_CODES[code]
-        nbytes = math.prod(shape) * dtype.itemsize
-        if offsets[1] - offsets[0] != nbytes:
-            raise bad(
-                f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
-                f"but {code}{shape} needs {nbytes}"
-            )
-        entries[name] = (dtype, tuple(shape), offsets[0], offsets[1])
 
-    # The spec asks that offsets tile the data region exactly: no overlap
-    # (two tensors reading the same bytes), no hole, no trailing bytes.
+def _entry(name: str, info, bad: Bad) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """One tensor's header entry, checked: exactly its three fields, and offsets spanning its bytes."""
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise bad(f"tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
+    code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(code, str) or code not in SAFETENSORS_CODES:
+        raise bad(f"tensor {name!r}: unknown dtype {code!r}")
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise bad(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if not (
+        isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets)) and offsets[0] <= offsets[1]
+    ):
+        raise bad(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
+    dtype = SAFETENSORS_CODES[code]
+    nbytes = math.prod(shape) * dtype.itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise bad(
+            f"tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} bytes "
+            f"but {code}{shape} needs {nbytes}"
+        )
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _check_tiling(entries: Entries, data_len: int, bad: Bad) -> None:
+    """The spec asks that offsets tile the data region exactly: no overlap
+    (two tensors reading the same bytes), no hole, no trailing bytes."""
     pos, prev = 0, None
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda e: (e[1][2], e[1][3])):
         if begin < pos:
@@ -102,7 +114,6 @@ def parse_header(raw: bytes, data_len: int, bad: Bad) -> tuple[Entries, dict[str
         raise bad(f"tensor {prev!r} ends at data byte {pos} but the file holds only {data_len} (truncated?)")
     if pos < data_len:
         raise bad(f"{data_len - pos} bytes after the last tensor belong to no tensor")
-    return entries, dict(metadata)
 
 
 def dumps(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:

@@ -47,23 +47,14 @@ def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np
     meta = info.metadata.get(CHECKPOINT_KEY) or {}
     if not isinstance(meta, dict):
         raise CorruptManifestError(f"step metadata {CHECKPOINT_KEY!r} is not an object", step=info.step)
-    shapes = {n: v for n, v in traj.tensors(info.step).items() if not is_state_tensor(n)}  # weights, not training state
-    if progress is None:
-        tensors = traj.read(info.step, list(shapes))
-    else:
-        tensors = {}
-        for group in _groups(shapes, _PROGRESS_BYTES):
-            tensors.update(traj.read(info.step, group))
-            progress(sum(tensors[n].nbytes for n in group))
+    tensors = _read_weights(traj, info.step, progress)
     aliases = dict(meta.get("aliases") or {})
     for alias, canon in aliases.items():
         if canon not in tensors:
             raise CorruptManifestError(
                 f"alias {alias!r} names tensor {canon!r}, which the step does not hold", step=info.step
             )
-    order = list(meta.get("order") or sorted(list(tensors) + list(aliases)))
-    order += sorted(set(tensors).union(aliases) - set(order))  # anything the list misses, by name
-    every = {n: tensors[aliases.get(n, n)] for n in order if n in tensors or n in aliases}
+    every = _in_file_order(meta, tensors, aliases)
     renamed = meta.get("renamed") or {}  # stored name -> the file's name (import_checkpoint(rename_prefix=))
     if renamed:
         every = {renamed.get(n, n): a for n, a in every.items()}
@@ -76,6 +67,25 @@ def _read(traj, step, progress=None) -> tuple[_ck.Checkpoint, dict, dict[str, np
         index_text=index if isinstance(index, str) else None,
     )
     return ck, meta, every
+
+
+def _read_weights(traj, step: int, progress) -> dict[str, np.ndarray]:
+    """The step's weights (not its training state), read at once or in groups reported to ``progress``."""
+    shapes = {n: v for n, v in traj.tensors(step).items() if not is_state_tensor(n)}
+    if progress is None:
+        return traj.read(step, list(shapes))
+    tensors: dict[str, np.ndarray] = {}
+    for group in _groups(shapes, _PROGRESS_BYTES):
+        tensors.update(traj.read(step, group))
+        progress(sum(tensors[n].nbytes for n in group))
+    return tensors
+
+
+def _in_file_order(meta: dict, tensors: dict[str, np.ndarray], aliases: dict) -> dict[str, np.ndarray]:
+    """Every name, aliases too, in the file's order (the import's ``order``; names it misses after, by name)."""
+    order = list(meta.get("order") or sorted(list(tensors) + list(aliases)))
+    order += sorted(set(tensors).union(aliases) - set(order))
+    return {n: tensors[aliases.get(n, n)] for n in order if n in tensors or n in aliases}
 
 
 _PROGRESS_BYTES = 256 << 20  # decode this much between progress reports (big enough to keep threads busy)

@@ -80,25 +80,17 @@ def import_checkpoint(
     (5, 'npz')
     """
     fmt = checkpoint_format(path)
-    if step is None:
-        step = step_from_path(path)
-        if step is None:
-            raise InvalidInputError(f"{path}: cannot tell the step from the name; pass step= (CLI: --step N)")
     metadata = dict(metadata or {})
-    if CHECKPOINT_KEY in metadata:
-        raise InvalidInputError(f"the step metadata key {CHECKPOINT_KEY!r} is reserved for the file's own metadata")
-    if step in traj:  # before reading a possibly large file
-        raise StepExistsError("step already exists; steps are immutable (rm it first to replace it)", step=step)
+    step = _new_step(traj, path, step, metadata)
     # safetensors are memory-mapped: the commit streams them through a bounded window of chunks
     ck = _ck.load(path, mmap=fmt in ("safetensors", "sharded"))
-    tensors, aliases, names = dict(ck.tensors), dict(ck.aliases), list(ck.tensors) + list(ck.aliases)
+    names = list(ck.tensors) + list(ck.aliases)
     if ck.aliases and fmt == "torch":
         names = _torch_key_order(path, names)
     renamed = rename_prefixes(names, rename_prefix) if rename_prefix else {}
-    if renamed:
-        tensors = {renamed.get(n, n): a for n, a in tensors.items()}
-        aliases = {renamed.get(a, a): renamed.get(c, c) for a, c in aliases.items()}
-        names = [renamed.get(n, n) for n in names]
+    tensors = {renamed.get(n, n): a for n, a in ck.tensors.items()}
+    aliases = {renamed.get(a, a): renamed.get(c, c) for a, c in ck.aliases.items()}
+    names = [renamed.get(n, n) for n in names]
     info: dict[str, object] = {
         "format": fmt,
         "source": _source_name(path),
@@ -111,18 +103,36 @@ def import_checkpoint(
         info["renamed"] = {stored: original for original, stored in renamed.items()}  # export restores these
     if ck.index_text is not None:
         info["index"] = ck.index_text  # the shard layout and the index's own metadata, exactly
-    files = None
-    if Path(path).is_dir():  # the rest of the directory: small files, training state (_dirstate.py)
-        state, files, kept = directory_extras(path, names)
-        tensors.update(state)
-        info.update({k: v for k, v in kept.items() if v})
-        if kept["not_kept"]:
-            sizes = ", ".join(f"{n} ({s} bytes)" for n, s in sorted(kept["not_kept"].items()))
-            warnings.warn(f"{path}: not kept (too large for a step file, and not weights): {sizes}", stacklevel=2)
+    files = _add_directory_rest(path, names, tensors, info) if Path(path).is_dir() else None
     # every tensor the step will hold, training state included, is weighed against the parent's
     _warn_if_few_shared_names(traj, path, tensors, parent, branch)
     metadata[CHECKPOINT_KEY] = info
     return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor, files=files)
+
+
+def _new_step(traj, path, step, metadata: dict) -> int:
+    """The step to import into (``step``, or told from the name), checked before the file is read."""
+    if step is None:
+        step = step_from_path(path)
+        if step is None:
+            raise InvalidInputError(f"{path}: cannot tell the step from the name; pass step= (CLI: --step N)")
+    if CHECKPOINT_KEY in metadata:
+        raise InvalidInputError(f"the step metadata key {CHECKPOINT_KEY!r} is reserved for the file's own metadata")
+    if step in traj:  # before reading a possibly large file
+        raise StepExistsError("step already exists; steps are immutable (rm it first to replace it)", step=step)
+    return step
+
+
+def _add_directory_rest(path, names: list[str], tensors: dict, info: dict) -> dict:
+    """The rest of a checkpoint directory (``_dirstate.py``): its training state joins ``tensors``, what
+    is kept of it is noted in ``info``; returns its small files (step files)."""
+    state, files, kept = directory_extras(path, names)
+    tensors.update(state)
+    info.update({k: v for k, v in kept.items() if v})
+    if kept["not_kept"]:
+        sizes = ", ".join(f"{n} ({s} bytes)" for n, s in sorted(kept["not_kept"].items()))
+        warnings.warn(f"{path}: not kept (too large for a step file, and not weights): {sizes}", stacklevel=3)
+    return files
 
 
 def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None:

@@ -145,28 +145,33 @@ def unflatten_state(tensors, skeleton: dict):
             if body not in tensors:
                 raise InvalidInputError(f"the state skeleton names tensor {body!r}, which is missing")
             return tensors[body]
-        if tag == "int":
-            return int(body)
-        if tag == "float":
-            return float.fromhex(body)
-        if tag == "float_bits":
-            return struct.unpack("<d", struct.pack("<Q", int(body, 16)))[0]
-        if tag == "np.bool":
-            return np.bool_(body)
-        if tag.startswith("np."):
-            dtype = np.dtype(tag[3:])
-            if dtype.kind in "iu":
-                return dtype.type(int(body))
-            return np.array([int(body, 16)], f"<u{dtype.itemsize}").view(dtype.newbyteorder("<"))[0]
         if tag == "dict":
             return {(decode(k) if isinstance(k, dict) else k): decode(v) for k, v in body}
         if tag == "list":
             return [decode(v) for v in body]
         if tag == "tuple":
             return tuple(decode(v) for v in body)
-        raise InvalidInputError(f"unknown state skeleton tag {tag!r}")
+        return _decode_number(tag, body)
 
     return decode(skeleton["root"])
+
+
+def _decode_number(tag: str, body):
+    """A skeleton leaf that is a number: a big int, a float by its hex or bits, a numpy scalar."""
+    if tag == "int":
+        return int(body)
+    if tag == "float":
+        return float.fromhex(body)
+    if tag == "float_bits":
+        return struct.unpack("<d", struct.pack("<Q", int(body, 16)))[0]
+    if tag == "np.bool":
+        return np.bool_(body)
+    if tag.startswith("np."):
+        dtype = np.dtype(tag[3:])
+        if dtype.kind in "iu":
+            return dtype.type(int(body))
+        return np.array([int(body, 16)], f"<u{dtype.itemsize}").view(dtype.newbyteorder("<"))[0]
+    raise InvalidInputError(f"unknown state skeleton tag {tag!r}")
 
 
 def _is_tensor(value) -> bool:
