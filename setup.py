@@ -4,7 +4,7 @@ The sources live outside the package (the design card's layout: ``codec_ext/`` h
 codec, ``ulstore/`` the Python); the modules they build are still ``ulstore.codec._kernels*``.
 
 Two builds of the same source on x86-64: ``ulstore.codec._kernels`` for any x86-64 CPU
-and ``ulstore.codec._kernels_v3`` for x86-64-v3 (AVX2, BMI2, LZCNT: 2013 onwards), which
+and ``ulstore.codec._kernels_x86_64_v3`` for x86-64-v3 (AVX2, BMI2, LZCNT: 2013 onwards), which
 vectorises the element-wise passes twice as wide and shifts without penalties.
 ``ulstore.codec._backend`` picks the v3 build at import when the CPU has it.  Both give
 byte-identical blobs (the tests hold them to it).
@@ -37,7 +37,7 @@ def kernels(name, source, flags=()):
 extensions = [kernels("ulstore.codec._kernels", "_kernels.pyx")]
 gnu_like = sysconfig.get_config_var("CC") not in (None, "") and "cl.exe" not in str(sysconfig.get_config_var("CC"))
 if platform.machine().lower() in ("x86_64", "amd64") and gnu_like:
-    extensions.append(kernels("ulstore.codec._kernels_v3", "_kernels_v3.pyx", ["-march=x86-64-v3"]))
+    extensions.append(kernels("ulstore.codec._kernels_x86_64_v3", "_kernels_x86_64_v3.pyx", ["-march=x86-64-v3"]))
 
 setup(
     ext_modules=cythonize(

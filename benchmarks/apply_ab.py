@@ -11,7 +11,7 @@ one build give the same figure).
 
 Usage::
 
-    python benchmarks/apply_ab.py A.so B.so            # two builds of ulstore/codec/_kernels_v3*.so (or _kernels)
+    python benchmarks/apply_ab.py A.so B.so            # two builds of ulstore/codec/_kernels_x86_64_v3*.so (or _kernels)
     python benchmarks/apply_ab.py A.so B.so --threads 1 --rounds 6
     python benchmarks/apply_ab.py K.so K2.so --a-contexts  # A's deltas with exponent contexts, B's as the store codes them
 
@@ -40,11 +40,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _data import cache_options, load_trajectory  # noqa: E402
 
-from ulstore.codec import _inplace  # noqa: E402
+from ulstore.codec import _sparse_apply  # noqa: E402
 from ulstore.codec._backend import kernels  # noqa: E402
 from ulstore.codec._dtypes import format_of  # noqa: E402
+from ulstore.codec._rans_tables import POOL_BELOW  # noqa: E402
 from ulstore.codec._sparse import GAPS  # noqa: E402
-from ulstore.codec._tables import POOL_BELOW  # noqa: E402
 from ulstore.sync import Follower, Publisher  # noqa: E402
 from ulstore.sync._arrays import Spec, allocate  # noqa: E402
 
@@ -84,7 +84,7 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
             with Follower(where, trust_state=True) as f:
                 f.bootstrap()
                 mirrors = {n: b.mirror for n, b in f._replica._bindings.items()}
-                real = _inplace.apply_sparse
+                real = _sparse_apply.apply_sparse
 
                 def spy(dtype, blobs, arrays, sums, shapes, *, metas=None, **kw):
                     spans = []
@@ -98,7 +98,7 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
                     calls.append((str(dtype), [bytes(b) for b in blobs], spans, list(sums), boxes, metas))
                     return real(dtype, blobs, arrays, sums, shapes, metas=metas, **kw)
 
-                _inplace.apply_sparse = spy
+                _sparse_apply.apply_sparse = spy
                 from ulstore.sync import _in_place
 
                 _in_place.apply_sparse = spy
@@ -107,7 +107,7 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
                         pub.publish(v, states[v])
                         assert f.poll(to=v) == v
                 finally:
-                    _inplace.apply_sparse = _in_place.apply_sparse = real
+                    _sparse_apply.apply_sparse = _in_place.apply_sparse = real
     finally:
         shutil.rmtree(where, ignore_errors=True)
     return states[0], calls
@@ -118,7 +118,7 @@ def run(k, call, state: dict, pool, threads: int) -> float:
     dtype, blobs, spans, sums, boxes, metas = call
     fmt = format_of(np.dtype(dtype))
     arrays = [state[n].reshape(-1)[o : o + c].view(fmt.word) for n, o, c in spans]
-    metas = metas or [_inplace.target_meta(dtype, b) for b in boxes]
+    metas = metas or [_sparse_apply.target_meta(dtype, b) for b in boxes]
     t = time.perf_counter()
     job = k.SparseApply(
         blobs,
@@ -149,7 +149,7 @@ def run(k, call, state: dict, pool, threads: int) -> float:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_v3*.so)")
+    p.add_argument("a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_x86_64_v3*.so)")
     p.add_argument("b", help="another build of it")
     p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"])
     p.add_argument("--steps", type=int, default=10, help="versions recorded (default 10)")

@@ -1,6 +1,6 @@
 # SPARSE blobs applied in place, a version's worth per job: the weight-sync follower's hot path.
 # Included from _kernels.pyx (it uses that file's section, table and checksum cores); twin:
-# _reference_apply.py.  The job parses every header first; then each worker thread, in one GIL
+# _apply_job.py.  The job parses every header first; then each worker thread, in one GIL
 # release, takes the next blob and: checks its CRC-32 (if asked) and the reference through its word
 # sum, decodes the positions (version 4: Elias-Fano; 2: the gap stream), gathers the reference words (saving each
 # one's aligned 8-byte word, so the checksum update never reads the array again), decodes the

@@ -2,7 +2,7 @@
 # NumPy twin, declared once for Cython (included by _kernels.pyx).
 #
 # The twin is the executable specification and must import without a compiler,
-# so its side of each number lives in Python (_format.LANES, _tables.SCALE_BITS,
+# so its side of each number lives in Python (_format.LANES, _rans_tables.SCALE_BITS,
 # STATE_LOW, STATE_BITS, ENC_ENTRY).  The compiled module exports this side as
 # ``CONSTANTS`` and tests/codec/test_backends.py holds every built backend to the
 # twin's values: neither side can drift without a failing test.
@@ -16,7 +16,7 @@ cdef enum:
 
 
 cdef packed struct EncEntry:
-    # one per symbol; the twin's numpy dtype is ``_tables.ENC_ENTRY``
+    # one per symbol; the twin's numpy dtype is ``_rans_tables.ENC_ENTRY``
     uint64_t rcp     # ceil(2**shift / f): x // f == (x * rcp) >> shift for x < 2**31
     uint32_t xmax    # f << (31 - S): emit 16 bits first when x >= xmax
     uint16_t start   # cumulative frequency below the symbol

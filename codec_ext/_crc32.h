@@ -7,7 +7,7 @@
  * multiplies, ~10x faster: the method of Intel's paper "Fast CRC Computation for
  * Generic Polynomials Using PCLMULQDQ Instruction" (Gopal et al., 2009), with the
  * constants and loop of Chromium's zlib (crc32_simd.c).  The choice is made at run
- * time (__builtin_cpu_supports), so both builds (_kernels, _kernels_v3) carry it;
+ * time (__builtin_cpu_supports), so both builds (_kernels, _kernels_x86_64_v3) carry it;
  * elsewhere, and for the < 16 bytes left over, a byte-wise table loop.  Every path
  * computes the same function as zlib.crc32, and the tests compare them.
  */

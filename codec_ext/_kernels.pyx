@@ -3,7 +3,7 @@
 
 READ ME FIRST
 -------------
-* Same signatures and byte-identical results as ``_reference.py``, the
+* Same signatures and byte-identical results as ``ulstore/codec/reference/``, the
   executable specification; the Python layer (``_api.py``, ``_section.py``) validates
   input, allocates every buffer and builds the tables.  The one exception is
   ``sparse_decode``, which chains whole stages in one GIL release and mallocs
@@ -127,7 +127,7 @@ cdef uint64_t hash_final(Hasher* hs, const uint8_t* p, Py_ssize_t n) noexcept no
 
 
 def hash64(data):
-    """64-bit checksum of a byte buffer (see ``_reference.hash64`` for the definition)."""
+    """64-bit checksum of a byte buffer (see ``reference.hash64`` for the definition)."""
     cdef uint64_t n = memoryview(data).cast("B").nbytes
     return mix(<uint64_t>hash_sum64(data) + n * <uint64_t>0x9E3779B97F4A7C15ULL)
 
@@ -223,7 +223,7 @@ def residuals(const word_t[::1] x, const word_t[::1] r, int mant_bits, uint32_t 
         while lo < n:
             hi = min(n, lo + BLOCK)
             residual_block(px, pr, pz, ps, lo, hi, mant_bits, emask, token_bits)
-            # both hashes in one pass: a word the delta left unchanged is mixed once (_kernels3.pxi)
+            # both hashes in one pass: a word the delta left unchanged is mixed once (_one_stream.pxi)
             hash_pair_words(&hr, &hx, <const uint8_t*>pr, <const uint8_t*>px, hi * <Py_ssize_t>sizeof(word_t))
             lo = hi
         hash_x = hash_final(&hx, <const uint8_t*>px, nbytes)
@@ -913,7 +913,7 @@ def read_table(const uint8_t[::1] data, const int64_t[::1] n_rows, int scale_bit
     return status
 
 
-# -- table construction (twins of ulstore._tables.normalize / encoder_table) ----------
+# -- table construction (twins of ulstore._rans_tables.normalize / encoder_table) ----------
 
 
 cdef void normalize_core(const int64_t* q, Py_ssize_t rows, Py_ssize_t alphabet, int scale_bits,
@@ -954,7 +954,7 @@ cdef void normalize_core(const int64_t* q, Py_ssize_t rows, Py_ssize_t alphabet,
 
 
 def normalize_rows(const int64_t[:, ::1] q, int scale_bits, uint32_t[:, ::1] freqs_out):
-    """Scale each row of counts to sum 2**scale_bits exactly; see ``_tables.normalize``."""
+    """Scale each row of counts to sum 2**scale_bits exactly; see ``_rans_tables.normalize``."""
     if q.shape[0] == 0:
         return
     with nogil:
@@ -994,7 +994,7 @@ def table_model(const uint32_t[::1] counts, int token_bits, int alphabet, int po
                 int64_t[::1] rows_out, int64_t[:, ::1] q_out):
     """From symbol counts (``context << token_bits | token``) to table rows and quantised counts.
 
-    Twin of ``_tables.table_rows`` + ``sum_rows`` + ``quantized_counts`` in one call.
+    Twin of ``_rans_tables.table_rows`` + ``sum_rows`` + ``quantized_counts`` in one call.
     ``q_out`` needs one row per context plus one and is zeroed here; returns the
     number of rows used.
     """
@@ -1152,7 +1152,7 @@ def sum_update(const word_t[::1] r, const int64_t[::1] pos, const word_t[::1] va
 def table_entries(const uint8_t[::1] raw, Py_ssize_t pos, Py_ssize_t total, int64_t n_packs, int64_t max_dim,
                   int64_t[:, ::1] out):
     """A table block's entry columns at byte ``pos`` of ``raw`` into ``out`` (reference, pack, offset, length), in
-    one pass; 0 or a status, as the twin (``_reference_entries.table_entries``: its docstring has the layout)."""
+    one pass; 0 or a status, as the twin (``_table_entries.table_entries``: its docstring has the layout)."""
     cdef Py_ssize_t i
     cdef int64_t ref, gap, off = 0
     cdef uint32_t pack
@@ -1288,7 +1288,7 @@ cdef int sparse_tokens(const word_t* rs, Py_ssize_t m, int mant_bits, uint32_t e
             k += 1
         for c in range(n_ctx):
             n_c[c] += n_c[n_ctx + c] + n_c[2 * n_ctx + c] + n_c[3 * n_ctx + c]
-        for c in range(n_ctx):  # own rows in context order, then one pooled row (_tables.table_rows)
+        for c in range(n_ctx):  # own rows in context order, then one pooled row (_rans_tables.table_rows)
             if n_c[c] >= pool_below:
                 ctx_rows[c] = <int32_t>(n_big << SCALE_BITS)
                 row_n[n_big] = n_c[c]
@@ -1545,5 +1545,5 @@ def sparse_decode_ef(const word_t[::1] r, int mant_bits, uint32_t emask, int poo
     return status
 
 
-include "_kernels3.pxi"  # format version 3: one-stream sections, band rows, intra symbols
+include "_one_stream.pxi"  # format version 3: one-stream sections, band rows, intra symbols
 include "_apply.pxi"  # SPARSE blobs applied in place, many per call (weight sync)

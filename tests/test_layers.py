@@ -215,9 +215,7 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 #: circles still to be cut (emptied by the floor-plan work; never grows)
-CIRCLES_ALLOWED: list[list[str]] = [
-    ["ulstore.codec._reference", "ulstore.codec._reference_apply"],
-]
+CIRCLES_ALLOWED: list[list[str]] = []
 
 
 def test_no_import_circles():

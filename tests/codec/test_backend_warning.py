@@ -12,7 +12,7 @@ _UNBUILT = """
 import importlib.abc, sys
 class _Unbuilt(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name in ("ulstore.codec._kernels", "ulstore.codec._kernels_v3"):
+        if name in ("ulstore.codec._kernels", "ulstore.codec._kernels_x86_64_v3"):
             raise ImportError(name + " is not built")
         return None
 sys.meta_path.insert(0, _Unbuilt())

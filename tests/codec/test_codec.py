@@ -563,16 +563,16 @@ def test_blobs_identical_across_processes(backend):
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
 def test_compiled_constants_match_the_twin(backend):
-    """The constants _constants.pxi declares for the kernels are the NumPy twin's (_format, _tables)."""
-    from ulstore.codec import _format, _tables
+    """The constants _constants.pxi declares for the kernels are the NumPy twin's (_format, _rans_tables)."""
+    from ulstore.codec import _format, _rans_tables
     from ulstore.codec._backend import kernels
 
     c = kernels(backend).CONSTANTS
     assert c["LANES"] == _format.LANES
-    assert c["STATE_LOW"] == _tables.STATE_LOW
-    assert c["STATE_BITS"] == _tables.STATE_BITS
-    assert c["SCALE_BITS"] == _tables.SCALE_BITS
-    entry = _tables.ENC_ENTRY
+    assert c["STATE_LOW"] == _rans_tables.STATE_LOW
+    assert c["STATE_BITS"] == _rans_tables.STATE_BITS
+    assert c["SCALE_BITS"] == _rans_tables.SCALE_BITS
+    entry = _rans_tables.ENC_ENTRY
     assert c["ENC_ENTRY_SIZE"] == entry.itemsize
     assert c["ENC_ENTRY"] == tuple((name, entry.fields[name][1], entry.fields[name][0].itemsize) for name in entry.names)
 

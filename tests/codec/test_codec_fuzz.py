@@ -93,7 +93,7 @@ def _make_kinds():
 
 
 KINDS = _make_kinds()
-WIDE = {k for k in KINDS if k.startswith("wide-")}  # encoded with _section3.WIDE_BITS = 0
+WIDE = {k for k in KINDS if k.startswith("wide-")}  # encoded with _one_stream.WIDE_BITS = 0
 EXPECTED_MODE = {"raw-fp8": "raw", "same-bf16": "same", "same-intra-f32": "same",
                  "sparse-mode-bf16": "sparse", "sparse-mode-f64": "sparse", "intra-f16": "intra",
                  "intra-f64-long-tails": "intra", "wide-intra-bf16": "intra"}
@@ -121,15 +121,15 @@ def _golden_v1(case_name: str):
 
 
 def _encode(t, r, econd, sparse, wide, backend=None):
-    from ulstore.codec import _section3
+    from ulstore.codec import _one_stream
 
-    saved = _section3.WIDE_BITS
+    saved = _one_stream.WIDE_BITS
     if wide:
-        _section3.WIDE_BITS = 0
+        _one_stream.WIDE_BITS = 0
     try:
         return ulstore.encode(t, r, econd=econd, sparse=sparse, backend=backend)
     finally:
-        _section3.WIDE_BITS = saved
+        _one_stream.WIDE_BITS = saved
 
 
 @dataclass

@@ -23,7 +23,7 @@ from tests.helpers.bits import uint
 from tests.helpers.blobs import reseal
 from ulstore import CorruptBlobError, IntegrityError
 from ulstore.codec import _format as F
-from ulstore.codec import _section3
+from ulstore.codec import _one_stream
 from ulstore.codec._dtypes import FORMATS
 
 DTYPES = {f.name: f.dtype for f in FORMATS}
@@ -46,7 +46,7 @@ def steps(ref, rng, frac, max_step):
 @pytest.fixture
 def wide(monkeypatch):
     """Every section on 32 lanes, whatever its size."""
-    monkeypatch.setattr(_section3, "WIDE_BITS", 0)
+    monkeypatch.setattr(_one_stream, "WIDE_BITS", 0)
 
 
 def _params(blob) -> int:
@@ -72,7 +72,7 @@ def test_lane_layouts_roundtrip_and_parity(name, lanes, n, monkeypatch):
     boundaries: intra (INTRA) and delta blobs decode exactly, every backend writes the
     same bytes and decodes every other's."""
     if lanes == 32:
-        monkeypatch.setattr(_section3, "WIDE_BITS", 0)
+        monkeypatch.setattr(_one_stream, "WIDE_BITS", 0)
     dt = DTYPES[name]
     rng = np.random.default_rng(n)
     x = normal(dt, n, rng)
@@ -84,7 +84,7 @@ def test_lane_layouts_roundtrip_and_parity(name, lanes, n, monkeypatch):
             assert LANES_OF[_params(blob) & 3] == lanes
 
 
-LANES_OF = dict(enumerate(_section3.LANE_COUNTS))
+LANES_OF = dict(enumerate(_one_stream.LANE_COUNTS))
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
@@ -310,7 +310,7 @@ def test_every_build_of_this_platform_imports():
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("one build only")
-    built = [m for m in ("_kernels", "_kernels_v3") if list((Path(ulstore.codec.__file__).parent).glob(f"{m}.*.so"))]
+    built = [m for m in ("_kernels", "_kernels_x86_64_v3") if list((Path(ulstore.codec.__file__).parent).glob(f"{m}.*.so"))]
     for name in built:
         importlib.import_module(f"ulstore.codec.{name}")  # raises ImportError if it cannot load
     if "cython-v3" in BACKENDS:
@@ -337,12 +337,12 @@ def test_model_entropy_bits_follows_the_intra_model():
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
 def test_compiled_v3_constants_match_the_twin(backend):
-    from ulstore.codec import _reference3
+    from ulstore.codec.reference import _one_stream_rans
     from ulstore.codec._backend import kernels
 
     c = kernels(backend).CONSTANTS3
-    assert c["RAW_CHUNK"] == _reference3.RAW_CHUNK == _section3.RAW_CHUNK
-    assert c["MAX_LANES"] == max(_section3.LANE_COUNTS)
+    assert c["RAW_CHUNK"] == _one_stream_rans.RAW_CHUNK == _one_stream.RAW_CHUNK
+    assert c["MAX_LANES"] == max(_one_stream.LANE_COUNTS)
 
 
 def test_quantize_rows3_parity():
@@ -360,7 +360,7 @@ def test_quantize_rows3_parity():
         for be in BACKENDS:
             f, f12 = np.zeros((rows, alpha), np.uint32), np.zeros((rows, alpha), np.uint32)
             sc, od = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-            total = kernels(be).quantize_rows3(counts, _section3.COST, f, f12, sc, od)
+            total = kernels(be).quantize_rows3(counts, _one_stream.COST, f, f12, sc, od)
             for i in range(rows):
                 if counts[i].any():  # every row sums to 2**scale; symbols that occur keep >= 1
                     assert int(f[i].sum()) == 1 << int(sc[i]) and int(f12[i].sum()) == 4096

@@ -19,9 +19,9 @@ from ulstore import content_sum
 from ulstore.codec._backend import kernels
 from ulstore.codec._dtypes import FORMATS, format_of
 from ulstore.codec._elias_fano import encode_positions, low_bits, sizes
-from ulstore.codec._inplace import _meta, is_sparse_blob
+from ulstore.codec._rans_tables import POOL_BELOW
 from ulstore.codec._sparse import GAPS
-from ulstore.codec._tables import POOL_BELOW
+from ulstore.codec._sparse_apply import _meta, is_sparse_blob
 
 BACKENDS = ulstore.available_backends()
 GOLDEN_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "ulpack_v1"  # versions 1 and 2, frozen

@@ -288,16 +288,16 @@ def test_golden_fixture_inventory():
 
 def _reencode(case, target, reference, backend=None) -> bytes:
     """Encode a case as make_fixtures.py does (32-lane sections forced where the manifest says so)."""
-    from ulstore.codec import _section3
+    from ulstore.codec import _one_stream
 
-    saved = _section3.WIDE_BITS
+    saved = _one_stream.WIDE_BITS
     if case.get("lanes") == 32:
-        _section3.WIDE_BITS = 0
+        _one_stream.WIDE_BITS = 0
     try:
         return ulstore.encode(target, reference, econd=case["econd"], sparse=case["mode"] == "sparse",
                               backend=backend)
     finally:
-        _section3.WIDE_BITS = saved
+        _one_stream.WIDE_BITS = saved
 
 
 @pytest.mark.parametrize("backend", ulstore.available_backends())

@@ -20,9 +20,9 @@ from tests.helpers.blobs import reseal
 from ulstore import content_sum
 from ulstore.codec._backend import kernels
 from ulstore.codec._dtypes import FORMATS, format_of
-from ulstore.codec._inplace import _meta, apply_sparse, is_sparse_blob, reserve_buffers
+from ulstore.codec._rans_tables import POOL_BELOW
 from ulstore.codec._sparse import GAPS
-from ulstore.codec._tables import POOL_BELOW
+from ulstore.codec._sparse_apply import _meta, apply_sparse, is_sparse_blob, reserve_buffers
 
 BACKENDS = ulstore.available_backends()
 DTYPES = {f.name: f.dtype for f in FORMATS}
@@ -420,7 +420,7 @@ def test_join_waits_for_every_worker_inside_the_job_then_finish_is_safe(backend)
 def test_apply_sparse_waits_on_the_helpers_when_the_spin_gives_up(backend, monkeypatch):
     """A busy machine: join() gives up spinning while a helper is inside; apply_sparse then sleeps on the
     helpers' futures, and the result is the same."""
-    import ulstore.codec._inplace as inplace
+    import ulstore.codec._sparse_apply as inplace
 
     real = kernels(backend)
     joins = []

@@ -10,46 +10,52 @@ Public API (re-exported by :mod:`ulstore`): :func:`encode`, :func:`decode`,
 (:func:`backend`, :func:`set_backend`, :func:`available_backends`) and the
 numcodecs codec :class:`ULPack` (entry point ``ulstore.codec:ULPack``).
 
+Three parts: this package's modules (the Python API: validation, formats, tables), the
+NumPy reference in :mod:`ulstore.codec.reference`, and the compiled kernels, built from
+the top-level ``codec_ext/`` into ``ulstore.codec._kernels*``.  Both kernel backends
+give the same bytes; :mod:`._backend` picks one.
+
 Modules, top to bottom (each imports only those below it)::
 
-    _inplace.py     apply_sparse: a version's SPARSE blobs applied in place, all or nothing
-    _analysis.py    inspect_blob, model_entropy_bits
-    _changes.py     decode_changes / Changes: a delta as the elements it changes
-    _api.py         encode / decode of one tensor (blob <-> array)
-    _batch.py       encode_many / decode_many on a thread pool
-    _numcodecs.py   ULPack, the numcodecs codec
-    _sparse.py      SPARSE payloads: positions + residuals of the changed elements
-    _elias_fano.py  version-4 SPARSE positions: the Elias-Fano coding (and its NumPy decoder)
-    _section3.py    version-3 RANS and INTRA payloads: one stream, band rows, table choices
-    _section.py     version-1 sections: table, lane states, words, raw tails
-    _format.py      the blob bytes: header, CRC, bounds-checked reader (versions 1 to 4)
-    _tables.py      rANS frequency tables (integer arithmetic, shared by both backends)
-    _dtypes.py      the six float formats and exact bit views (numpy, ml_dtypes, torch)
-    _backend.py     which kernels run: compiled (_kernels*.so) or the NumPy twin
-    _kernels.pyx    compiled nogil loops (built twice: _kernels, _kernels_v3); includes
-                    _kernels3.pxi (version 3), _apply.pxi (in-place SPARSE apply),
-                    _simd3.h (C loops, AVX2 in _kernels_v3)
-                    and _crc32.h (the blob CRC-32, PCLMULQDQ when the CPU has it)
-    _reference.py   the NumPy twin of every kernel (the executable specification, and
-                    the ``numpy`` backend's namespace), gathered from the modules below
-    _reference_sparse.py   its SPARSE twins: split, gaps, word-sum update, decode (versions 2 and 4)
-    _reference_apply.py    its twin of the in-place SPARSE apply
-    _reference3_tables.py  its version-3 table twins: pack, read, slots, scale choice
-    _reference3.py  its version-3 twins: intra symbols, the one-stream rANS
-    _reference1.py  its version-1 twins: residuals, rANS, raw tails, tables
-    _reference_hash.py     its checksum twins: hash64, hash_sum64, hash_fill
-    _checksum.py    finishing and folding the word-sum checksum
-    _scratch.py     per-thread reusable buffers
+    _sparse_apply.py       apply_sparse: a version's SPARSE blobs applied in place, all or nothing
+    _analysis.py           inspect_blob, model_entropy_bits
+    _changed_elements.py   decode_changes / Changes: a delta as the elements it changes
+    _api.py                encode / decode of one tensor (blob <-> array)
+    _batch.py              encode_many / decode_many on a thread pool
+    _numcodecs.py          ULPack, the numcodecs codec
+    _sparse.py             SPARSE payloads: positions + residuals of the changed elements
+    _elias_fano.py         version-4 SPARSE positions: the Elias-Fano coding (and its NumPy decoder)
+    _one_stream.py         version-3 RANS and INTRA payloads: one-stream sections (tokens and raw
+                           bits through one rANS state), band rows, table choices
+    _section.py            version-1 sections: table, lane states, words, raw tails
+    _format.py             the blob bytes: header, CRC, bounds-checked reader (versions 1 to 4)
+    _rans_tables.py        rANS frequency tables (integer arithmetic, shared by both backends)
+    _dtypes.py             the six float formats and exact bit views (numpy, ml_dtypes, torch)
+    _backend.py            which kernels run: compiled (_kernels*.so) or the NumPy reference
+    reference/             the NumPy twin of every kernel (the executable specification, and
+                           the ``numpy`` backend's namespace); its docstring lists its modules
+    _checksum.py           finishing and folding the word-sum checksum
+    _scratch.py            per-thread reusable buffers
+
+The compiled kernels (``codec_ext/``)::
+
+    _kernels.pyx               nogil loops over typed memoryviews, built twice: ``_kernels`` (any
+                               CPU) and ``_kernels_x86_64_v3`` (from _kernels_x86_64_v3.pyx); includes
+    _one_stream.pxi            version-3 (one-stream) kernels
+    _one_stream_loops.h        their C loops (AVX2 in the x86-64-v3 build, portable C in both)
+    _apply.pxi                 the in-place SPARSE apply job
+    _constants.pxi             numbers shared with the Python side (_format, _rans_tables)
+    _crc32.h, _mixsum.h        the blob CRC-32 (PCLMULQDQ where the CPU has it), the word-sum mix
 """
 from ._analysis import inspect_blob, model_entropy_bits
 from ._api import HEADER_BOUND, decode, decode_into, encode
 from ._backend import available_backends, backend, set_backend
 from ._batch import decode_many, encode_many
-from ._changes import Changes, content_sum, decode_changes
+from ._changed_elements import Changes, content_sum, decode_changes
 from ._dtypes import TORCH_VIA_INT, format_of, tensor_to_numpy
 from ._format import header_bound
-from ._inplace import Applied, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 from ._numcodecs import ULPack
+from ._sparse_apply import Applied, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 
 __all__ = [
     "ULPack",

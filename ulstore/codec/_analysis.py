@@ -7,7 +7,7 @@ import numpy as np
 from . import _format as F
 from ._api import _analyze, _intra_mode, _prepare
 from ._backend import kernels
-from ._section3 import band_of, intra_plan
+from ._one_stream import band_of, intra_plan
 
 __all__ = ["inspect_blob", "model_entropy_bits"]
 

@@ -38,9 +38,9 @@ from ._backend import kernels
 from ._checksum import finish_sum
 from ._checksum import fold32 as _fold32
 from ._dtypes import FloatFormat, as_bits, from_bits
+from ._one_stream import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._scratch import scratch
 from ._section import check_v1_intra_size, decode_section
-from ._section3 import decode_section3, encode_delta, encode_intra, intra_choice, intra_plan
 from ._sparse import SPARSE_ALWAYS_UP_TO, SPARSE_MAX_FRACTION, decode_sparse, encode_sparse
 
 __all__ = ["encode", "decode", "decode_into", "HEADER_BOUND"]

@@ -20,11 +20,11 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import InvalidInputError
-from . import _reference
+from . import reference
 
 __all__ = ["kernels", "backend", "set_backend", "available_backends"]
 
-_BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
+_BACKENDS: dict[str, ModuleType] = {"numpy": reference}
 try:
     _BACKENDS["cython"] = importlib.import_module("._kernels", __package__)
 except ImportError:  # a source tree that was never built: the reference still works
@@ -42,11 +42,11 @@ def _cpu_has_x86_64_v3() -> bool:
 
 if _cpu_has_x86_64_v3():
     try:
-        _BACKENDS["cython-v3"] = importlib.import_module("._kernels_v3", __package__)
+        _BACKENDS["cython-v3"] = importlib.import_module("._kernels_x86_64_v3", __package__)
     except ImportError:  # not an x86-64 build
         pass
 
-_active: ModuleType = _reference
+_active: ModuleType = reference
 _TREE = Path(__file__).resolve().parents[2]  # the source tree these modules run from (built in place)
 _NOT_BUILT = (
     "ulstore: the compiled ULPack kernels are not built (a source tree used without `pip install -e .`?), "
@@ -81,8 +81,8 @@ def set_backend(name: str) -> None:
     """Select the backend (``"auto"``: the fastest one this CPU runs)."""
     global _active
     if name == "auto":
-        _active = _BACKENDS.get("cython-v3", _BACKENDS.get("cython", _reference))
-        if _active is _reference:  # not chosen, fallen back to: say so once (Python shows a warning once per place)
+        _active = _BACKENDS.get("cython-v3", _BACKENDS.get("cython", reference))
+        if _active is reference:  # not chosen, fallen back to: say so once (Python shows a warning once per place)
             warnings.warn(_NOT_BUILT, UserWarning, stacklevel=2)
     else:
         _active = kernels(name)

@@ -3,7 +3,7 @@
 ``hash64(data) = mix(hash_sum64(data) + nbytes * GOLDEN)``: the kernels (either
 backend) compute the word sum ``hash_sum64``; finishing a sum the caller
 already holds (SPARSE blobs update it word by word) needs only this module, so
-production code never imports the test oracle ``_reference`` for it.
+production code never imports the test oracle ``reference`` for it.
 """
 from __future__ import annotations
 

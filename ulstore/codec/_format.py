@@ -56,7 +56,7 @@ VERSION = 4  # the newest version this module reads and writes
 MODE_RAW, MODE_SAME, MODE_RANS, MODE_SPARSE, MODE_INTRA = 0, 1, 2, 3, 4
 # The modes each version may hold.  Version 2 added MODE_SPARSE and nothing else;
 # version 3 has a shorter header and new RANS and INTRA payloads (one-stream
-# sections, see _section3); version 4 is SPARSE with Elias-Fano positions instead
+# sections, see _one_stream); version 4 is SPARSE with Elias-Fano positions instead
 # of the gap section (_elias_fano), the weight-sync follower's hot path, and
 # version 2's header.  Writers use one version per mode (_WRITE_VERSION).  Readers
 # accept every (version, mode) pair below and refuse the rest.

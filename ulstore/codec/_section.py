@@ -18,8 +18,8 @@ import numpy as np
 from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat
+from ._rans_tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
 from ._scratch import scratch
-from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW, sum_rows, table_rows
 
 __all__ = ["encode_section", "decode_section", "read_fields", "check_v1_intra_size", "Fields", "STATUS", "TABLE_STATUS"]
 
@@ -152,7 +152,7 @@ def decode_section(k, fmt: FloatFormat, rd: F.Reader, r, emask: int, n_c, out=No
 
 def check_v1_intra_size(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, verify) -> None:
     """Refuse a version-1 intra RANS blob whose declared size its payload cannot code,
-    before anything of that size is allocated (see ``_section3.decode_section3``); ``verify(hash64)``
+    before anything of that size is allocated (see ``_one_stream.decode_section3``); ``verify(hash64)``
     checks a constant tensor's values from their hash alone."""
     n = header.size
     peek = F.Reader(rd.buf, rd.pos, rd.end)

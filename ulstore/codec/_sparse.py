@@ -24,7 +24,7 @@ RL deltas that makes SPARSE blobs about 40% larger; it is the encoder's caller
 who chooses (``encode(..., sparse=True)``).
 
 Checksums stay those of the header, and stay cheap: ``hash64`` is a finished
-*sum* over 8-byte words (:func:`_reference.hash_sum64`), so a caller that knows
+*sum* over 8-byte words (:func:`reference.hash_sum64`), so a caller that knows
 its reference's sum can check the reference in O(1) and the target in O(m)
 from the changed words alone (``sum_update``).
 """
@@ -36,8 +36,8 @@ from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat, format_of
 from ._elias_fano import sizes
+from ._rans_tables import POOL_BELOW
 from ._section import encode_section, read_fields, status_error
-from ._tables import POOL_BELOW
 
 __all__ = ["SPARSE_MAX_FRACTION", "SPARSE_ALWAYS_UP_TO", "encode_sparse", "decode_sparse"]
 

@@ -1,6 +1,6 @@
 """Pure-NumPy twins of the format-version-1 kernels: residuals, rANS, raw tails, tables.
 
-Part of the NumPy backend (re-exported by ``_reference``, whose docstring states the
+Part of the NumPy backend (re-exported by ``reference``, whose docstring states the
 conventions); the compiled twins are in ``_kernels.pyx``.  The residual helpers
 (``_key``, ``_bitlen``, ...) are shared with the SPARSE twins.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _tables
-from ._format import LANES
-from ._reference_hash import hash64
-from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
+from .. import _rans_tables
+from .._format import LANES
+from .._rans_tables import ENC_ENTRY, SCALE_BITS, STATE_LOW, decoder_table
+from ._hashes import hash64
 
 __all__ = [
     "residuals",
@@ -117,7 +117,7 @@ def pack_tails(sym, z, token_bits, tail_out) -> int:
 def rans_encode(sym, table, words_out, states_out, mostly_zero=False) -> int:
     """Encode symbols in reverse; words fill ``words_out`` from its end; returns their count.
 
-    ``table`` is the encoder table (``_tables.ENC_ENTRY`` records) as bytes, one per
+    ``table`` is the encoder table (``_rans_tables.ENC_ENTRY`` records) as bytes, one per
     symbol value.  Plain integer division here; the compiled twin uses the exact
     reciprocal the table carries.  ``mostly_zero`` is the compiled twin's speed hint.
     """
@@ -300,26 +300,26 @@ def read_table(data, n_rows, scale_bits, q_out) -> int:
 
 
 def normalize_rows(q, scale_bits, freqs_out) -> None:
-    """Scale each row of counts to sum 2**scale_bits exactly (``_tables.normalize``)."""
-    freqs_out[:] = _tables.normalize(q, scale_bits)
+    """Scale each row of counts to sum 2**scale_bits exactly (``_rans_tables.normalize``)."""
+    freqs_out[:] = _rans_tables.normalize(q, scale_bits)
 
 
 def encoder_table(rows, freqs, scale_bits, token_bits, out) -> None:
-    """Write one ENC_ENTRY per symbol of every context with a row (``_tables.encoder_table``)."""
-    table = _tables.encoder_table(rows, freqs, scale_bits, token_bits)
+    """Write one ENC_ENTRY per symbol of every context with a row (``_rans_tables.encoder_table``)."""
+    table = _rans_tables.encoder_table(rows, freqs, scale_bits, token_bits)
     entries = out.view(ENC_ENTRY)
     occupied = np.repeat(rows >= 0, 1 << token_bits)
     entries[occupied] = table[occupied]
 
 
 def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, q_out) -> int:
-    """From symbol counts to table rows and quantised counts (``_tables`` functions)."""
+    """From symbol counts to table rows and quantised counts (``_rans_tables`` functions)."""
     hist = np.asarray(counts, dtype=np.int64).reshape(len(rows_out), -1)[:, :alphabet]
     n_c = hist.sum(axis=1)
-    rows_out[:] = _tables.table_rows(n_c)
-    assert _tables.POOL_BELOW == pool_below
-    row_hist = _tables.sum_rows(hist, n_c)
+    rows_out[:] = _rans_tables.table_rows(n_c)
+    assert _rans_tables.POOL_BELOW == pool_below
+    row_hist = _rans_tables.sum_rows(hist, n_c)
     q_out[:] = 0
-    q_out[: len(row_hist)] = _tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
+    q_out[: len(row_hist)] = _rans_tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     return len(row_hist)
 

@@ -18,8 +18,8 @@ import numpy as np
 from . import _format as F
 from ._backend import kernels
 from ._dtypes import format_of
+from ._rans_tables import POOL_BELOW
 from ._sparse import GAPS
-from ._tables import POOL_BELOW
 
 __all__ = ["Applied", "is_sparse_blob", "apply_sparse", "target_meta", "reserve_buffers", "undo"]
 

@@ -1,7 +1,7 @@
 """Pure-NumPy twins of the format-version-3 kernels: the executable specification.
 
-Re-exported by ``_reference``; the compiled twins live in ``_kernels3.pxi``, the table
-kernels' twins in ``_reference3_tables``.  See ``docs/format.md`` (version 3) for the bytes.
+Re-exported by ``reference``; the compiled twins live in ``_one_stream.pxi``, the table
+kernels' twins in ``_one_stream_tables``.  See ``docs/format.md`` (version 3) for the bytes.
 
 Version 3 sections (modes RANS and INTRA)
 -----------------------------------------
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._reference_hash import hash64 as _hash64
-from ._tables import ENC_ENTRY, SCALE_BITS, STATE_LOW
+from .._rans_tables import ENC_ENTRY, SCALE_BITS, STATE_LOW
+from ._hashes import hash64 as _hash64
 
 __all__ = [
     "RAW_CHUNK",

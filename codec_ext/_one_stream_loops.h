@@ -29,8 +29,8 @@
  *   is always below the number of rows the caller built; a token from a slot
  *   entry is always below the alphabet (entries come from validated tables).
  */
-#ifndef ULPACK_SIMD3_H
-#define ULPACK_SIMD3_H
+#ifndef ULPACK_ONE_STREAM_LOOPS_H
+#define ULPACK_ONE_STREAM_LOOPS_H
 
 #include <stdint.h>
 #include <string.h>
@@ -1143,4 +1143,4 @@ ULP3_GEN_LOOPS(ulp3_gen32, uint32_t, uint16_t, 2)
 ULP3_GEN_LOOPS(ulp3_gen64, uint64_t, uint32_t, 5)
 ULP3_GEN_LOOPS(ulp3_gen64i, uint64_t, uint16_t, 4)
 
-#endif /* ULPACK_SIMD3_H */
+#endif /* ULPACK_ONE_STREAM_LOOPS_H */

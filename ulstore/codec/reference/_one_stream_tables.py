@@ -1,6 +1,6 @@
 """Pure-NumPy twins of the format-version-3 table kernels: pack, read, slot tables, scale choice.
 
-Re-exported by ``_reference``; the compiled twins live in ``_kernels3.pxi``.  See
+Re-exported by ``reference``; the compiled twins live in ``_one_stream.pxi``.  See
 ``docs/format.md`` (version 3) for the bits.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._reference3 import _Status
-from ._tables import SCALE_BITS
+from .._rans_tables import SCALE_BITS
+from ._one_stream_rans import _Status
 
 __all__ = ["pack_table3", "read_table3", "slot_table3", "normalize_scaled", "quantize_rows3"]
 
@@ -170,7 +170,7 @@ def _gamma_bits(v) -> np.ndarray:
 def normalize_scaled(counts: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Scale row i of ``counts`` to sum exactly 2**scales[i], every seen symbol >= 1.
 
-    ``_tables.normalize`` with a scale per row: ``floor(c * 2**S / N)``, raised to 1 for
+    ``_rans_tables.normalize`` with a scale per row: ``floor(c * 2**S / N)``, raised to 1 for
     seen symbols; the remainder goes to (or comes from) the row's most frequent
     symbols.  Integers only, and the same code for every backend.  Rows without
     counts stay 0.

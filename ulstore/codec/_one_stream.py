@@ -10,7 +10,7 @@ what is left of the payload, so a section has no length fields at all.
 
 - RANS (delta, or intra against +0.0): each element's residual token and tail, as
   in version 1, but the tail goes through the rANS state after its token (see
-  ``_reference3``), and the table rows are *bands* of reference exponents: the
+  ``_one_stream_rans``), and the table rows are *bands* of reference exponents: the
   contexts ``lo .. lo + count - 1`` have a row each, every other context shares
   row 0.  The decoder maps a context to its row with two comparisons, so it
   needs no pass over the reference before decoding.
@@ -34,8 +34,8 @@ import numpy as np
 from ..errors import CorruptBlobError
 from . import _format as F
 from ._dtypes import FloatFormat
+from ._rans_tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW
 from ._scratch import scratch
-from ._tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW
 
 __all__ = ["encode_delta", "encode_intra", "decode_section3", "intra_plan", "intra_choice", "quantize_rows", "band_of",
            "RAW_CHUNK", "LANE_COUNTS", "COST"]
@@ -93,7 +93,7 @@ COST = np.array([0] + [(SCALE_BITS << 16) - _ilog2_q16(f) for f in range(1, _M +
 def quantize_rows(k, counts: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, int]:
     """Each row's frequencies at the scale 2**S (S <= 12) that minimises its estimated
     table plus data bits, among the three around ``bitlen(n) - 1`` (kernel
-    ``quantize_rows3``; see its twin in ``_reference3_tables``).
+    ``quantize_rows3``; see its twin in ``_one_stream_tables``).
 
     Returns (frequencies at the rows' scales, (scales, Exp-Golomb orders of their
     table codes), the same frequencies at scale 2**12, estimated bits of the rows

@@ -1,7 +1,7 @@
 """NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
 
 Same arguments, results and statuses as the compiled ``sparse_apply`` and
-``SparseApply``; see their docstrings there.  Imported into ``_reference`` (the numpy backend).
+``SparseApply``; see their docstrings there.  Imported into ``reference`` (the numpy backend).
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import zlib
 
 import numpy as np
 
-from ._checksum import finish_sum, fold32
-from ._elias_fano import sizes as ef_sizes
-from ._format import LANES
-from ._tables import SCALE_BITS, STATE_LOW
+from .._checksum import finish_sum, fold32
+from .._elias_fano import sizes as ef_sizes
+from .._format import LANES
+from .._rans_tables import SCALE_BITS, STATE_LOW
+from ._hashes import hash64
+from ._sparse_payloads import sparse_decode, sparse_decode_ef
 
 __all__ = ["sparse_apply", "SparseApply"]
 
@@ -130,8 +132,6 @@ def _refuse_overlaps(dsts) -> None:
 def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
                  write, buffers=None, crc=False):
     """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
-    from ._reference import hash64, sparse_decode, sparse_decode_ef  # noqa: PLC0415  (imported into _reference: a cycle)
-
     c = len(blobs)
     wb = width // 8
     if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb

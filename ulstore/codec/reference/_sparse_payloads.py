@@ -1,19 +1,19 @@
 """Pure-NumPy twins of the SPARSE kernels: split, gap gather, word-sum update, scatter, decode (both versions).
 
-Part of the NumPy backend (re-exported by ``_reference``); the compiled twins are in
+Part of the NumPy backend (re-exported by ``reference``); the compiled twins are in
 ``_kernels.pyx``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import _tables
-from ._elias_fano import ef_encode, ef_positions
-from ._format import LANES
-from ._reference1 import _bitlen, normalize_rows, rans_decode, read_table, reconstruct, slot_table, unpack_tails
-from ._reference_hash import _GOLDEN, _M64
-from ._reference_hash import mix_words as _mix
-from ._tables import SCALE_BITS
+from .. import _rans_tables
+from .._elias_fano import ef_encode, ef_positions
+from .._format import LANES
+from .._rans_tables import SCALE_BITS
+from ._hashes import _GOLDEN, _M64
+from ._hashes import mix_words as _mix
+from ._residual_sections import _bitlen, normalize_rows, rans_decode, read_table, reconstruct, slot_table, unpack_tails
 
 __all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode", "ef_encode", "ef_positions",
            "sparse_decode_ef"]
@@ -87,8 +87,8 @@ def scatter(dst, pos, values) -> int:
 
 def _section_tokens(r, mant_bits, emask, n_c, table, states, words, alphabet, tokens_out) -> int:
     """Tables for rows of ``n_c`` (per context), then the tokens of one section: 0 or a status (tables: -100 + s)."""
-    rows = _tables.table_rows(n_c)
-    row_n = _tables.sum_rows(n_c, n_c)
+    rows = _rans_tables.table_rows(n_c)
+    row_n = _rans_tables.sum_rows(n_c, n_c)
     q = np.zeros((len(row_n), alphabet), dtype=np.int64)
     status = read_table(table, row_n, SCALE_BITS, q)
     if status:
@@ -110,7 +110,7 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
     a stream status (-1, -2, -3, -5 as the section kernels, -6 a position past the
     end, -7 a zero residual, -9 bad arguments), or a table status minus 100.
     """
-    assert pool_below == _tables.POOL_BELOW
+    assert pool_below == _rans_tables.POOL_BELOW
     m = len(pos_out)
     if (m == 0 or m > len(r) or g_alphabet > 256 or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m
             or len(sum_out) < 1 or len(g_states) != LANES or len(t_states) != LANES):
@@ -132,7 +132,7 @@ def sparse_decode_ef(r, mant_bits, emask, pool_below, lo, hi, t_table, t_states,
                      t_alphabet, pos_out, values_out, sum_out) -> int:
     """:func:`sparse_decode` of a version-4 SPARSE payload: Elias-Fano positions (:func:`ef_positions`'s
     statuses), then the residual section as in version 2."""
-    assert pool_below == _tables.POOL_BELOW
+    assert pool_below == _rans_tables.POOL_BELOW
     m = len(pos_out)
     if (m == 0 or m > len(r) or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m or len(sum_out) < 1
             or len(t_states) != LANES):

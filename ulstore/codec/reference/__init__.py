@@ -1,17 +1,18 @@
 """Pure-NumPy ULPack kernels: the executable specification, and the ``numpy`` backend.
 
-Every kernel has a compiled twin in ``_kernels.pyx`` with the same signature and
-byte-identical results; tests hold the two to that.  The element-wise stages are
-vectorised; the rANS loops are inherently serial and run in plain Python (slow,
-but short and obviously right).  This module is the namespace the backend switch
-hands out (``kernels().<name>``); the twins live in modules by job:
+Every kernel has a compiled twin in ``codec_ext/`` (``_kernels.pyx`` and the files it
+includes) with the same signature and byte-identical results; tests hold the two to that.
+The element-wise stages are vectorised; the rANS loops are inherently serial and run in
+plain Python (slow, but short and obviously right).  This package is the namespace the
+backend switch hands out (``kernels().<name>``); the twins live in modules by job:
 
-    _reference_hash.py      hash64, hash_sum64, hash_fill (checksums)
-    _reference1.py          version 1: residuals, rANS, raw tails, tables
-    _reference_sparse.py    SPARSE payloads: split, gaps, word-sum update, decode
-    _reference_apply.py     a version's SPARSE deltas applied in place (twin of _apply.pxi)
-    _reference3.py          version 3: intra symbols, the one-stream rANS
-    _reference3_tables.py   version 3 tables: pack, read, slots, scale choice
+    _hashes.py              hash64, hash_sum64, hash_fill (checksums)
+    _residual_sections.py   version 1: residuals, rANS, raw tails, tables
+    _sparse_payloads.py     SPARSE payloads: split, gaps, word-sum update, decode
+    _apply_job.py           a version's SPARSE deltas applied in place (twin of _apply.pxi)
+    _one_stream_rans.py     version 3 (one-stream sections): intra symbols, the one-stream rANS
+    _one_stream_tables.py   version 3 tables: pack, read, slots, scale choice
+    _table_entries.py       the store's table-block entry columns (twin of ``table_entries``)
 
 Conventions shared with the compiled kernels
 --------------------------------------------
@@ -27,7 +28,11 @@ Conventions shared with the compiled kernels
 
 from __future__ import annotations
 
-from ._reference1 import (
+from ._apply_job import SparseApply, sparse_apply
+from ._hashes import hash64, hash_fill, hash_sum64
+from ._one_stream_rans import intra_symbols, rans_decode3, rans_encode3
+from ._one_stream_tables import pack_table3, quantize_rows3, read_table3, slot_table3
+from ._residual_sections import (
     context_histogram,
     encoder_table,
     histogram,
@@ -43,12 +48,7 @@ from ._reference1 import (
     table_model,
     unpack_tails,
 )
-from ._reference3 import intra_symbols, rans_decode3, rans_encode3
-from ._reference3_tables import pack_table3, quantize_rows3, read_table3, slot_table3
-from ._reference_apply import SparseApply, sparse_apply
-from ._reference_entries import table_entries
-from ._reference_hash import hash64, hash_fill, hash_sum64
-from ._reference_sparse import (
+from ._sparse_payloads import (
     ef_encode,
     ef_positions,
     gap_gather,
@@ -58,6 +58,7 @@ from ._reference_sparse import (
     sparse_split,
     sum_update,
 )
+from ._table_entries import table_entries
 
 __all__ = [
     "BACKEND",

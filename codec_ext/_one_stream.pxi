@@ -1,4 +1,4 @@
-# Format-version-3 kernels, included by _kernels.pyx (twins: _reference3.py, _reference3_tables.py).
+# Format-version-3 kernels, included by _kernels.pyx (twins: _one_stream_rans.py, _one_stream_tables.py).
 #
 # READ ME FIRST
 # * One section = one rANS stream on 4 or 32 lanes (element i on lane i % lanes)
@@ -13,13 +13,13 @@
 #   symbol's rank and ``lut`` maps it back.
 # * The decoder writes values (not residuals) and hashes them and the reference in
 #   blocks while they are in cache.  16-bit words on 32 lanes run the AVX2 loop of
-#   _simd3.h in the x86-64-v3 build; the scalar loop below finishes what it leaves
+#   _one_stream_loops.h in the x86-64-v3 build; the scalar loop below finishes what it leaves
 #   and does everything in the portable build.
 # * Untrusted input: every word read is checked against ``n_words`` (the vector loop
 #   runs only while 64 more words exist); rows and tokens come from validated
 #   tables, so no table read is out of bounds.
 
-cdef extern from "_simd3.h" nogil:
+cdef extern from "_one_stream_loops.h" nogil:
     int ULP3_HAVE_AVX2
     void ulp_hash_sum_words(const uint8_t *p, int64_t nw, uint64_t salt, uint64_t *acc)
     void ulp_hash_sum_pair(const uint8_t *pa, const uint8_t *pb, int64_t nw, uint64_t salt, uint64_t *acc_a,
@@ -80,9 +80,9 @@ cdef enum:
     MAX_LANES = 32
     BLOCK3 = 4096  # elements decoded between two hash updates (a multiple of 32)
 
-#: True when this build runs the AVX2 loops of _simd3.h (16- and 32-bit words on 32 lanes).
+#: True when this build runs the AVX2 loops of _one_stream_loops.h (16- and 32-bit words on 32 lanes).
 HAVE_AVX2 = bool(ULP3_HAVE_AVX2)
-#: The version-3 constants, for the tests that compare them with the twin's (_reference3, _section3).
+#: The version-3 constants, for the tests that compare them with the twin's (_one_stream_rans, _one_stream).
 CONSTANTS3 = {"RAW_CHUNK": RAW_CHUNK, "MAX_LANES": MAX_LANES}
 
 
@@ -175,7 +175,7 @@ def rans_encode3(const word_t[::1] v, const sym_t[::1] sym, int mode, int p_a, i
                  uint32_t[::1] states_out, bint mostly_zero=False):
     """Encode every element (token, then raw chunks) in the reverse of decoding order.
 
-    See ``_reference3.rans_encode3``.  ``table`` holds one EncEntry per symbol value.
+    See ``_one_stream_rans.rans_encode3``.  ``table`` holds one EncEntry per symbol value.
     ``words_out`` needs ``len(v) * (1 + phases) + 8`` slots; returns the number of
     words (at its end).  ``mostly_zero`` is a speed hint (renormalisation is rare);
     the output does not depend on it.
@@ -341,7 +341,7 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                  const uint8_t[::1] words, const uint32_t[::1] states, word_t[::1] out, uint64_t[::1] hashes_out):
     """Decode every element into ``out`` (values); returns 0 or a negative status.
 
-    See ``_reference3.rans_decode3``.  Delta: ``r`` is the reference, ``p_b, p_c``
+    See ``_one_stream_rans.rans_decode3``.  Delta: ``r`` is the reference, ``p_b, p_c``
     the band; intra: ``r`` is not read, ``p_a = s``.  Writes ``hashes_out =
     [hash64(out), hash64(r) or 0]``.  Statuses: -1 the words end early, -3 a lane
     does not end at 2**15, -5 words are left over, -9 inconsistent arguments.
@@ -605,7 +605,7 @@ def slot_table3(const uint32_t[:, ::1] freqs, int rank_mode, uint32_t[::1] slots
                     o += 1
 
 
-# -- choosing table scales (twin: _reference3_tables.quantize_rows3) ------------------------------
+# -- choosing table scales (twin: _one_stream_tables.quantize_rows3) ------------------------------
 
 
 cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
@@ -613,7 +613,7 @@ cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
 
 
 cdef void normalize_scaled_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, int64_t* f) noexcept nogil:
-    """One row of ``_reference3_tables.normalize_scaled`` (n > 0)."""
+    """One row of ``_one_stream_tables.normalize_scaled`` (n > 0)."""
     cdef int64_t total = (<int64_t>1) << scale, used = 0, diff, deficit, take
     cdef Py_ssize_t t, top = 0, j
     for t in range(alphabet):

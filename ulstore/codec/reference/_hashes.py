@@ -1,13 +1,13 @@
 """Pure-NumPy twins of the checksum kernels: ``hash64``, its word sum, and a constant fill's hash.
 
-Part of the NumPy backend (re-exported by ``_reference``); the compiled twins are in
-``_kernels.pyx`` and ``_kernels3.pxi``.
+Part of the NumPy backend (re-exported by ``reference``); the compiled twins are in
+``_kernels.pyx`` and ``_one_stream.pxi``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._checksum import GOLDEN, MASK64, finish_sum
+from .._checksum import GOLDEN, MASK64, finish_sum
 
 __all__ = ["hash_sum64", "hash64", "hash_fill", "mix_words"]
 
