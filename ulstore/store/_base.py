@@ -76,7 +76,6 @@ class TrajectoryBase:
         self._store = LogicalStore(self._reader)
         budget = None if keep_parent is True else 0 if keep_parent is False else int(keep_parent)
         self._kept = KeptStep(budget)
-        self._last_read: int | None = None  # reads refresh the kept step once they look sequential
 
     def __repr__(self) -> str:
         return f"<Trajectory {self.url!r} ({'read-only' if self.read_only else 'read/write'})>"

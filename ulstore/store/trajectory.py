@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import json
 import os
 
@@ -60,18 +61,19 @@ from ..errors import (
     StorageAccessError,
     UlstoreError,
 )
-from .commit._commit import CommitMixin
+from ._base import TrajectoryBase
+from .commit._commit import Committer
 from .commit._commit_input import HEAD
 from .format._chunk_tables import MAX_CHUNK_BYTES
 from .format._chunkcodec import HASH_NAME
 from .format._layout import ROOT_META, STEPS_META
 from .format._packs import DEFAULT_PACK_BYTES
 from .format._stepdoc import FORMAT
-from .maintenance._delete import DeleteMixin
-from .maintenance._gc import GcMixin
-from .maintenance._integrity import IntegrityMixin, VerifyReport
+from .maintenance._delete import Deleter
+from .maintenance._gc import GarbageCollector
+from .maintenance._integrity import Integrity, VerifyReport
 from .read._chunk_reader import DEFAULT_CACHE_BYTES
-from .read._step_reader import ReadMixin, StepInfo
+from .read._step_reader import Reader, StepInfo
 
 __all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "HEAD", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_BYTES"]
 
@@ -353,7 +355,18 @@ def _parse_settings(raw: bytes, url: str = "") -> dict:
     return out
 
 
-class Trajectory(GcMixin, DeleteMixin, IntegrityMixin, CommitMixin, ReadMixin):
+def _delegate(job: str, method):
+    """A method of :class:`Trajectory` that is ``method`` of its job object ``job``: same signature, same docs."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def delegated(self, *args, **kwargs):
+        return getattr(getattr(self, job), name)(*args, **kwargs)
+
+    return delegated
+
+
+class Trajectory(TrajectoryBase):
     """A trajectory of checkpoints: immutable steps, branches, lazy exact reads.
 
     Create one with :func:`ulstore.open`.  Thread-safe for reads; commits from
@@ -385,5 +398,46 @@ class Trajectory(GcMixin, DeleteMixin, IntegrityMixin, CommitMixin, ReadMixin):
     (10.0, 20.0, 0.0)
     """
 
-    # the jobs live in their own modules; the reversed MRO (base, read, commit,
-    # integrity, delete, gc) is the order docs/api.md lists the methods in
+    # The trajectory owns its jobs, each an object with its own state that works on the trajectory's
+    # objects, steps and refs (``_base.py``); its public methods are theirs, delegated below in the
+    # order docs/api.md lists them (names and refs, read, commit, integrity, delete, gc).
+
+    def __init__(self, io: ObjectStore, **settings):
+        super().__init__(io, **settings)
+        self._reads = Reader(self)
+        self._committer = Committer(self)
+        self._integrity = Integrity(self)
+        self._deleter = Deleter(self)
+        self._gc = GarbageCollector(self)
+
+    __getitem__ = _delegate("_reads", Reader.__getitem__)
+    zarr_store = _delegate("_reads", Reader.zarr_store)
+    read = _delegate("_reads", Reader.read)
+    read_box = _delegate("_reads", Reader.read_box)
+    read_boxes = _delegate("_reads", Reader.read_boxes)
+    pieces = _delegate("_reads", Reader.pieces)
+    files = _delegate("_reads", Reader.files)
+    read_file = _delegate("_reads", Reader.read_file)
+    changes = _delegate("_reads", Reader.changes)
+    change_columns = _delegate("_reads", Reader.change_columns)
+    feed_layout = _delegate("_reads", Reader.feed_layout)
+    fetch_blobs = _delegate("_reads", Reader.fetch_blobs)
+    info = _delegate("_reads", Reader.info)
+    step_document = _delegate("_reads", Reader.step_document)
+    accept_step_document = _delegate("_reads", Reader.accept_step_document)
+    tensors = _delegate("_reads", Reader.tensors)
+    diff = _delegate("_reads", Reader.diff)
+    log = _delegate("_reads", Reader.log)
+
+    commit = _delegate("_committer", Committer.commit)
+    piece_writer = _delegate("_committer", Committer.piece_writer)
+    finalize = _delegate("_committer", Committer.finalize)
+
+    verify = _delegate("_integrity", Integrity.verify)
+    inventory = _delegate("_integrity", Integrity.inventory)
+    stats = _delegate("_integrity", Integrity.stats)
+
+    delete = _delegate("_deleter", Deleter.delete)
+    discard = _delegate("_deleter", Deleter.discard)
+
+    gc = _delegate("_gc", GarbageCollector.gc)

@@ -1,9 +1,9 @@
 """Committing a step: piece writers encode, the finalizer writes tables, the step document, the ref.
 
-One code path: :meth:`CommitMixin.commit` = one :class:`PieceWriter` over the
-whole state + :meth:`CommitMixin.finalize`.  Distributed writers (a DCP rank
-each) run :meth:`CommitMixin.piece_writer` and hand their picklable records
-to one process that calls :meth:`CommitMixin.finalize`.
+One code path: :meth:`Committer.commit` = one :class:`PieceWriter` over the
+whole state + :meth:`Committer.finalize`.  Distributed writers (a DCP rank
+each) run :meth:`Committer.piece_writer` and hand their picklable records
+to one process that calls :meth:`Committer.finalize`.
 
 This module is the public surface and the order of the steps; the parts are
 their own modules: ``_commit_input.py`` (checking what the caller gives),
@@ -18,10 +18,11 @@ Where a chunk is *encoded*: ``_writer.PieceWriter._job`` ->
 from __future__ import annotations
 
 import concurrent.futures as cf
+import weakref
 from collections.abc import Mapping
 
 from ...errors import InvalidInputError
-from .._base import MAIN
+from .._base import MAIN, TrajectoryBase
 from ..format._chunk_tables import content_checksum
 from ..format._chunkcodec import digest
 from ..format._layout import check_ref_name, check_step, check_tensor_names, step_key
@@ -29,15 +30,22 @@ from ..format._packs import PackStream
 from ..format._refs import RefState
 from ..read._kept import release_free_memory
 from ._commit_input import HEAD, as_array, check_files, check_metadata
-from ._commit_plan import CommitPlanMixin
-from ._finalize import FinalizerMixin
+from ._commit_plan import CommitPlanner
+from ._finalize import Finalizer
 from ._piece_writer import PieceWriter
 
-__all__ = ["CommitMixin"]
+__all__ = ["Committer"]
 
 
-class CommitMixin(CommitPlanMixin, FinalizerMixin):
-    """The commit half of :class:`~ulstore.store.Trajectory`."""
+class Committer:
+    """What a trajectory commits: whole steps, piece writers, the finalize of their records."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
+        self._plan = CommitPlanner(trajectory)
+        self._finalizer = Finalizer(trajectory)
 
     # -- the high-level commit -------------------------------------------------------
 
@@ -127,7 +135,7 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         ReadOnlyError
             The trajectory was opened with mode="r".
         """
-        self._check_writable()
+        self._t._check_writable()
         step = check_step(step)
         if not isinstance(state, Mapping):
             raise InvalidInputError(f"state must be a mapping of tensor name to array, got {type(state).__name__}")
@@ -135,14 +143,14 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         arrays = {name: as_array(name, v) for name, v in state.items()}
         metadata = check_metadata(metadata)
         files_ = check_files(files)
-        ref = self._refs.read(check_ref_name(branch if branch is not None else MAIN))
-        if self._io.exists(step_key(step)):
-            doc = self._existing(step, parent, ref)
-            return self._complete(step, doc, ref, self._state_content(doc, step, arrays, files_, metadata))
-        parent, move = self._prepare(step, parent, ref, branch is not None)
-        is_anchor = self._is_anchor(parent, anchor)
+        ref = self._t._refs.read(check_ref_name(branch if branch is not None else MAIN))
+        if self._t._io.exists(step_key(step)):
+            doc = self._plan._existing(step, parent, ref)
+            return self._plan._complete(step, doc, ref, self._plan._state_content(doc, step, arrays, files_, metadata))
+        parent, move = self._plan._prepare(step, parent, ref, branch is not None)
+        is_anchor = self._plan._is_anchor(parent, anchor)
         if anchor is False:
-            self._check_strict(step, parent, arrays)
+            self._plan._check_strict(step, parent, arrays)
         return self._commit(
             step,
             arrays,
@@ -153,7 +161,7 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
             metadata=metadata,
             files=files_,
             snapshot=snapshot,
-            executor=executor or self._executor,
+            executor=executor or self._t._executor,
             sparse=sparse,
         )
 
@@ -179,9 +187,9 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         The kept step is used only if no other writer or reader of this object
         holds it now (never wait: an unclosed piece writer must not hang a commit).
         """
-        lock = self._kept.lock
-        owned = self._kept.enabled and lock.acquire(blocking=False)
-        kept = self._kept if owned else None
+        lock = self._t._kept.lock
+        owned = self._t._kept.enabled and lock.acquire(blocking=False)
+        kept = self._t._kept if owned else None
         held = kept.nbytes if kept is not None else 0
         try:
             w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor, sparse)
@@ -189,7 +197,7 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
                 for name, arr in arrays.items():
                     w.write(name, arr, chunks=(chunks or {}).get(name))
                 records = w.flush()
-                self._finalize(
+                self._finalizer._finalize(
                     step,
                     records,
                     parent,
@@ -219,15 +227,15 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         return PieceWriter(
             step=step,
             parent=parent,
-            parent_content=self._reader.doc(parent).content if parent is not None else None,
+            parent_content=self._t._reader.doc(parent).content if parent is not None else None,
             anchor=is_anchor,
             strict=strict,
             snapshot=snapshot,
-            reader=self._reader,
-            stream=PackStream(self._io, self.pack_bytes),
+            reader=self._t._reader,
+            stream=PackStream(self._t._io, self._t.pack_bytes),
             kept=kept,
-            chunk_bytes=self.chunk_bytes,
-            threads=self._threads if executor is not None else self._encode_threads,
+            chunk_bytes=self._t.chunk_bytes,
+            threads=self._t._threads if executor is not None else self._t._encode_threads,
             executor=executor,
             sparse=sparse,
         )
@@ -257,17 +265,17 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         is still the branch head), a writer is made anyway: :meth:`finalize`
         of the same content then completes that commit.
         """
-        self._check_writable()
+        self._t._check_writable()
         step = check_step(step)
-        ref = self._refs.read(check_ref_name(branch if branch is not None else MAIN))
-        if self._io.exists(step_key(step)):
-            parent = self._existing(step, parent, ref).parent  # finalize completes it if the content is the same
+        ref = self._t._refs.read(check_ref_name(branch if branch is not None else MAIN))
+        if self._t._io.exists(step_key(step)):
+            parent = self._plan._existing(step, parent, ref).parent  # finalize completes it if the content is the same
         else:
-            parent, _ = self._prepare(step, parent, ref, branch is not None)
-        is_anchor = self._is_anchor(parent, anchor)
-        kept = self._kept if self._kept.enabled and self._kept.lock.acquire(blocking=False) else None
+            parent, _ = self._plan._prepare(step, parent, ref, branch is not None)
+        is_anchor = self._plan._is_anchor(parent, anchor)
+        kept = self._t._kept if self._t._kept.enabled and self._t._kept.lock.acquire(blocking=False) else None
         w = self._new_writer(
-            step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._executor, sparse
+            step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._t._executor, sparse
         )
         w.ref = ref
         if kept is not None:
@@ -316,7 +324,7 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         StepExistsError, ConflictError, RefMovedError
             As for :meth:`commit`.
         """
-        self._check_writable()
+        self._t._check_writable()
         step = check_step(step)
         records = list(records)
         stream = None
@@ -330,24 +338,24 @@ class CommitMixin(CommitPlanMixin, FinalizerMixin):
         name = check_ref_name(branch if branch is not None else MAIN)
         ref = writer.ref if writer is not None else None
         if ref is None or ref.name != name:
-            ref = self._refs.read(name)
+            ref = self._t._refs.read(name)
         metadata = check_metadata(metadata)
         files_ = check_files(files)
         try:
-            if self._io.exists(step_key(step)):
-                doc = self._existing(step, parent, ref)
-                pdoc = self._reader.doc(parent) if parent is not None else None
-                tables, _ = self._tables(step, records, parent, pdoc, anchor)
+            if self._t._io.exists(step_key(step)):
+                doc = self._plan._existing(step, parent, ref)
+                pdoc = self._t._reader.doc(parent) if parent is not None else None
+                tables, _ = self._finalizer._tables(step, records, parent, pdoc, anchor)
                 content = content_checksum(tables, {n: digest(d).hex() for n, d in files_.items()}, metadata)
                 if writer is not None:
                     writer.abort()  # its blobs are already in the step
-                return self._complete(step, doc, ref, content)
-            _, move = self._prepare(step, parent, ref, branch is not None)
-            self._finalize(
+                return self._plan._complete(step, doc, ref, content)
+            _, move = self._plan._prepare(step, parent, ref, branch is not None)
+            self._finalizer._finalize(
                 step,
                 records,
                 parent,
-                stream or PackStream(self._io, self.pack_bytes),
+                stream or PackStream(self._t._io, self._t.pack_bytes),
                 branch=ref if move else None,
                 metadata=metadata,
                 files=files_,

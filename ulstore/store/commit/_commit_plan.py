@@ -1,6 +1,6 @@
 """Before a commit writes anything: its parent, whether its branch moves, anchor or delta, a retry.
 
-:class:`CommitPlanMixin` holds the decisions :meth:`Trajectory.commit`,
+:class:`CommitPlanner` holds the decisions :meth:`Trajectory.commit`,
 :meth:`Trajectory.piece_writer` and :meth:`Trajectory.finalize` share:
 resolve ``parent`` against the branch as read, choose between a full anchor
 and delta coding (``anchor_every``, ``anchor=``), refuse up front what
@@ -10,6 +10,8 @@ that commit is completed (the branch moves) instead of refused.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -22,17 +24,22 @@ from ..format._refs import RefState
 from ..format._stepdoc import StepDoc
 from ._commit_input import HEAD
 
-__all__ = ["CommitPlanMixin"]
+__all__ = ["CommitPlanner"]
 
 
-class CommitPlanMixin(TrajectoryBase):
+class CommitPlanner:
     """Parent, branch, anchoring and retry decisions of a commit (see the module docstring)."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
 
     def _prepare(self, step: int, parent, ref: RefState, branch_given: bool) -> tuple[int | None, bool]:
         """Resolve ``parent`` against the branch as read (``ref``); whether the branch moves to ``step``."""
         head = ref.step
         if parent is HEAD:
-            if head is None and self.steps:
+            if head is None and self._t.steps:
                 raise NotFoundError(
                     f"branch {ref.name!r} does not exist, so it has no head to commit on; pass parent=<step> "
                     "(CLI: --parent) to start it from a step, or parent=None (CLI: --root) for a new root",
@@ -41,12 +48,12 @@ class CommitPlanMixin(TrajectoryBase):
                 )
             parent = head
         elif parent is not None:
-            parent = self._resolve(parent)
+            parent = self._t._resolve(parent)
         if parent is not None:
             # the parent as stored now: another process may have rewritten it (gc moved its blobs, a delete
             # re-coded it) since this process read it, and the entries this commit reuses must name where its
             # bytes are now (a gc's grace period covers a commit, not a document read long before)
-            self._reader.forget_docs([parent])
+            self._t._reader.forget_docs([parent])
         if branch_given and head is not None and head != parent:
             raise ConflictError(
                 f"branch {ref.name!r} is at step {head}, not at parent {parent}; "
@@ -64,14 +71,14 @@ class CommitPlanMixin(TrajectoryBase):
         That is: ``step``'s parent is the head of the branch (as read) and the
         parent this commit asks for.  Otherwise ``StepExistsError``.
         """
-        doc = self._reader.doc(step)
+        doc = self._t._reader.doc(step)
         if ref.step == step:
             # the branch is at the step already: the retry of a commit that completed (its answer may have been
             # lost); idempotent if it asks for the same parent and content (:meth:`_complete` checks the content)
-            if parent is HEAD or doc.parent == (None if parent is None else self._resolve(parent)):
+            if parent is HEAD or doc.parent == (None if parent is None else self._t._resolve(parent)):
                 return doc
             raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
-        wanted = ref.step if parent is HEAD else (None if parent is None else self._resolve(parent))
+        wanted = ref.step if parent is HEAD else (None if parent is None else self._t._resolve(parent))
         if doc.parent != wanted or doc.parent != ref.step:
             raise StepExistsError("step already exists; steps are immutable", step=step, key=step_key(step))
         return doc
@@ -91,9 +98,9 @@ class CommitPlanMixin(TrajectoryBase):
                 key=step_key(step),
             )
         if ref.step != step:
-            self._refs.move(ref, step)
+            self._t._refs.move(ref, step)
         if doc.parent is not None:
-            self._pending.clear(step, doc.parent)
+            self._t._pending.clear(step, doc.parent)
         return step
 
     def _state_content(self, doc: StepDoc, step: int, arrays: dict, files: dict, metadata: dict) -> str | None:
@@ -102,7 +109,7 @@ class CommitPlanMixin(TrajectoryBase):
         Hashes every chunk (BLAKE3), decodes nothing; None if the tensors' names,
         dtypes or shapes already differ.
         """
-        stored = self._reader.tables(step)
+        stored = self._t._reader.tables(step)
         if set(stored) != set(arrays):
             return None
         tables = []
@@ -128,7 +135,7 @@ class CommitPlanMixin(TrajectoryBase):
             return True
         if anchor is False:
             return False
-        return self.anchor_every > 0 and self._reader.doc(parent).anchor_distance + 1 >= self.anchor_every
+        return self._t.anchor_every > 0 and self._t._reader.doc(parent).anchor_distance + 1 >= self._t.anchor_every
 
     def _check_strict(self, step: int, parent, arrays: dict) -> None:
         """``anchor=False``: refuse, before writing anything, tensors that would need intra blobs."""
@@ -136,7 +143,7 @@ class CommitPlanMixin(TrajectoryBase):
             if codec_for(arr.dtype) != ULPACK:
                 continue
             try:
-                pt = self._reader.tensor(parent, name)
+                pt = self._t._reader.tensor(parent, name)
             except KeyError:
                 pt = None
             if pt is None or pt.dtype != arr.dtype or pt.shape != tuple(arr.shape):

@@ -1,6 +1,6 @@
 """The finalizer: the records of a step's piece writers -> its tables, step document and ref.
 
-:meth:`FinalizerMixin._finalize` checks that the records agree and tile
+:meth:`Finalizer._finalize` checks that the records agree and tile
 every tensor, writes the step's files and table blocks into the commit's
 pack, closes it, then creates the step document (the commit point: a
 conditional create, so of two writers exactly one wins) and moves the branch
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import weakref
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from ..format._stepdoc import FileRef, StepDoc, TableRef
 from ..format._table_block import encode_block
 from ._piece_columns import PieceRecord
 
-__all__ = ["FinalizerMixin", "TABLE_BLOCK_BYTES"]
+__all__ = ["Finalizer", "TABLE_BLOCK_BYTES"]
 
 #: Raw bytes of tensor tables gathered into one block (a lazy slice fetches one block).
 TABLE_BLOCK_BYTES = 256 << 10
@@ -36,8 +37,13 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-class FinalizerMixin(TrajectoryBase):
+class Finalizer:
     """Tables, files, the step document and the ref move of one step (see the module docstring)."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
 
     def _tables(self, step, records, parent, pdoc, anchor) -> tuple[list[TensorTable], list[str]]:
         """The tensor tables of ``records`` (checked, see :meth:`_gather`) and the packs they point into."""
@@ -66,7 +72,7 @@ class FinalizerMixin(TrajectoryBase):
         first refuses a commit on a step being deleted, or on a head whose
         previous commit was interrupted; see ``_pending.py``).
         """
-        pdoc = self._reader.doc(parent) if parent is not None else None
+        pdoc = self._t._reader.doc(parent) if parent is not None else None
         tables, packs = self._tables(step, records, parent, pdoc, anchor)
         index = {p: i for i, p in enumerate(packs)}
 
@@ -119,29 +125,29 @@ class FinalizerMixin(TrajectoryBase):
 
         def create() -> None:  # the commit point: conditional create, so of two writers exactly one wins
             try:
-                self._io.create(key, doc.to_bytes())
+                self._t._io.create(key, doc.to_bytes())
             except FileExistsError:
                 raise StepExistsError("another writer committed this step first", step=step, key=key) from None
-            self._reader.remember(doc, tables)
+            self._t._reader.remember(doc, tables)
 
         def parent_content() -> str | None:  # the parent as stored now (another writer may have replaced it)
-            stored = self._reader.stored_doc(parent)
+            stored = self._t._reader.stored_doc(parent)
             if stored is None or stored.content != doc.parent_content:
-                self._reader.forget([parent])  # a retry reads the parent anew
+                self._t._reader.forget([parent])  # a retry reads the parent anew
             return None if stored is None else stored.content
 
         refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
-        self._pending.publish(
+        self._t._pending.publish(
             step,
             parent,
             refers,
             create,
-            refs=self._refs,
+            refs=self._t._refs,
             branch=branch,
-            existing=self._committed,
+            existing=self._t._committed,
             parent_content=parent_content if parent is not None else None,
             coded_against=doc.parent_content,
-            still_mine=lambda: self._reader.stored_doc(step) == doc,
+            still_mine=lambda: self._t._reader.stored_doc(step) == doc,
         )
 
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:

@@ -28,7 +28,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ...codec._backend import kernels
 from ...core.dtypes import numpy_dtype
 from ._chunk_tables import MAX_CHUNK_BYTES, Piece, TensorTable, _u64s, chunk_boxes, chunk_nbytes, pieces_problem
 from ._chunkcodec import ULPACK, ZSTD, codec_for, zstd_compress, zstd_decompress
@@ -345,15 +344,7 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
     snap_cols = [cur.array("<i8", n_snap) for _ in range(4)] if n_snap else []  # mostly none: no empty arrays
     if cur.pos != len(raw):
         raise TableError("table block has trailing bytes")
-    # one compiled pass (kernel table_entries; the NumPy twin makes about 15 calls, each slow with the caches
-    # as cold as a follower's between versions: 0.1 ms a block)
-    entries = np.empty((4, total), np.int64)
-    status = kernels().table_entries(raw, entries_at, total, n_packs, _MAX_DIM, entries)
-    if status == 1:
-        raise TableError("an entry names a bad reference, pack or length")
-    if status:
-        raise TableError("an entry has a bad offset")
-    ref, pack, offs, length = entries
+    ref, pack, offs, length = _entries(raw, entries_at, total, n_packs)
     snap_all = None
     if n_snap:
         at, sp, so, sl = snap_cols
@@ -368,6 +359,32 @@ def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:
         snap_all = np.full((total, 3), -1, np.int64)
         snap_all[at] = np.column_stack([sp, so, sl])
     return Block(heads, content, ref, pack, offs, length, snap_all)
+
+
+def _entries(raw, pos: int, total: int, n_packs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The entry columns at byte ``pos`` of ``raw`` (the layout above): reference, pack, offset, length (int64).
+
+    ``gap`` is undone run by run: ``off[i] = gap[i]`` where a run of one pack starts, else
+    ``off[i - 1] + length[i - 1] + gap[i]``, i.e. within a run the sum of its gaps through ``i``
+    and of its lengths before ``i`` (int64 sums wrap: a crafted table is caught by the range checks).
+    TableError names what is wrong; the caller checked that the bytes are there.
+    """
+    ref = np.frombuffer(raw, "<i8", total, pos)
+    pack = np.frombuffer(raw, "<u4", total, pos + 8 * total)
+    gap = np.frombuffer(raw, "<i8", total, pos + 12 * total)
+    length = np.frombuffer(raw, "<u8", total, pos + 20 * total)
+    if total and (ref.min() < -1 or pack.max() >= n_packs or length.max() >= _MAX_DIM):
+        raise TableError("an entry names a bad reference, pack or length")
+    ref, pack, length = ref.astype(np.int64), pack.astype(np.int64), length.astype(np.int64)
+    through = np.cumsum(gap + length) - length  # gaps through i, lengths before i, from the block's start
+    if total:
+        starts = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
+        if len(starts) > 1:  # each run from its own start: what the runs before it summed taken off
+            before = (through - gap)[starts]
+            through -= np.repeat(before, np.diff(np.r_[starts, total]))
+        if through.min() < 0 or (through + length).max() >= _MAX_DIM:
+            raise TableError("an entry has a bad offset")
+    return ref, pack, through, length
 
 
 _TABLES_LOCK = threading.Lock()

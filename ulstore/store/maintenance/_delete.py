@@ -11,6 +11,7 @@ removed here: :meth:`gc` (``_gc.py``) does that.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 
@@ -23,14 +24,19 @@ from ..format._packs import PackStream
 from ..format._stepdoc import StepDoc
 from ._relocate import relocated_doc
 
-__all__ = ["DeleteMixin"]
+__all__ = ["Deleter"]
 
 #: Attempts of a delete whose step documents another process rewrites meanwhile (each starts from a fresh read).
 _ATTEMPTS = 4
 
 
-class DeleteMixin(TrajectoryBase):
-    """delete of :class:`~ulstore.store.Trajectory`."""
+class Deleter:
+    """The delete and discard of a trajectory."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
 
     def delete(self, step) -> None:
         """Delete ``step``; every other step stays readable, exactly.
@@ -56,11 +62,13 @@ class DeleteMixin(TrajectoryBase):
         ConflictError
             A commit depending on ``step``, or another delete, is in flight: retry later.
         """
-        self._check_writable()
-        step = self._resolve(step)
-        with self._pending.deleting(step, lambda: self._dependants(step), lambda: self.steps, self._refs) as beat:
+        self._t._check_writable()
+        step = self._t._resolve(step)
+        with self._t._pending.deleting(
+            step, lambda: self._dependants(step), lambda: self._t.steps, self._t._refs
+        ) as beat:
             for _ in range(_ATTEMPTS):
-                self._reader.forget_docs()  # documents as stored now (their tables stay cached by hash)
+                self._t._reader.forget_docs()  # documents as stored now (their tables stay cached by hash)
                 if self._delete(step, beat):
                     return
         raise ConflictError(
@@ -87,12 +95,12 @@ class DeleteMixin(TrajectoryBase):
         StepExistsError
             A ref points at the step: it was published, it is no orphan.
         """
-        self._check_writable()
+        self._t._check_writable()
         step = check_step(step)
         name = check_ref_name(branch)
-        if self._reader.stored_doc(step) is None:
+        if self._t._reader.stored_doc(step) is None:
             return
-        live = [i for i in self._pending.intents(step) if i.live()]
+        live = [i for i in self._t._pending.intents(step) if i.live()]
         if live:
             raise ConflictError(
                 f"step {step} is being committed right now by another writer ({live[0].writer}); it is no orphan "
@@ -101,15 +109,15 @@ class DeleteMixin(TrajectoryBase):
                 key=live[0].key,
             )
         for _ in range(16):
-            state = self._refs.read(name)
+            state = self._t._refs.read(name)
             if state.step == step:
                 break
             try:
-                self._refs.move(state, state.step)  # the fence
+                self._t._refs.move(state, state.step)  # the fence
                 break
             except RefMovedError:
                 continue
-        on = sorted(n for n, s in self.refs.items() if s == step)
+        on = sorted(n for n, s in self._t.refs.items() if s == step)
         if on:
             raise StepExistsError(
                 f"step {step} is on ref {on[0]!r}: it was published, not interrupted; nothing was deleted",
@@ -120,10 +128,10 @@ class DeleteMixin(TrajectoryBase):
     def _dependants(self, step: int) -> set[int]:
         """Steps whose parent is ``step`` or whose chunks are coded against it."""
         out = set()
-        for s in self.steps:
+        for s in self._t.steps:
             if s == step:
                 continue
-            if self._reader.doc(s).parent == step or any(step in b.refs() for b in self._reader.blocks(s)):
+            if self._t._reader.doc(s).parent == step or any(step in b.refs() for b in self._t._reader.blocks(s)):
                 out.add(s)
         return out
 
@@ -135,15 +143,15 @@ class DeleteMixin(TrajectoryBase):
         deleted step's own document: a document another process rewrote is
         never overwritten with a stale version, and a removed one never comes back.
         """
-        reader = self._reader
-        read = {s: reader.doc(s) for s in self.steps}  # what every compare-and-swap below compares against
+        reader = self._t._reader
+        read = {s: reader.doc(s) for s in self._t.steps}  # what every compare-and-swap below compares against
         if step not in read:
-            return not self._io.exists(step_key(step))
+            return not self._t._io.exists(step_key(step))
         dead = read[step]
         _refuse_parent_loop(step, read)
         dead_tables = reader.tables(step)
         pdoc = reader.doc(dead.parent) if dead.parent is not None else None
-        stream = PackStream(self._io, self.pack_bytes)
+        stream = PackStream(self._t._io, self._t.pack_bytes)
         recoded: dict = {}
         rewritten: list[StepDoc] = []
         try:
@@ -181,17 +189,17 @@ class DeleteMixin(TrajectoryBase):
             raise
         for nd in self._new_anchor_distances(read, rewritten, step):
             # contents unchanged: one atomic compare-and-swap against the document read
-            if not self._io.replace_if(step_key(nd.step), nd.to_bytes(), read[nd.step].to_bytes()):
+            if not self._t._io.replace_if(step_key(nd.step), nd.to_bytes(), read[nd.step].to_bytes()):
                 return False
             reader.forget([nd.step])
-        for name, target in self.refs.items():
+        for name, target in self._t.refs.items():
             if target == step:
                 try:
-                    self._move_ref(name, dead.parent, step)  # compare-and-swap; None deletes the ref
+                    self._t._move_ref(name, dead.parent, step)  # compare-and-swap; None deletes the ref
                 except RefMovedError:  # moved away from step meanwhile: nothing to do
                     pass
-        if not self._io.delete_if(step_key(step), dead.to_bytes()):
-            return not self._io.exists(step_key(step))  # gone: another delete finished it; else changed: again
+        if not self._t._io.delete_if(step_key(step), dead.to_bytes()):
+            return not self._t._io.exists(step_key(step))  # gone: another delete finished it; else changed: again
         reader.forget([step])
         return True
 
@@ -235,7 +243,7 @@ class DeleteMixin(TrajectoryBase):
 
         Pack numbers index ``packs`` (step ``s``'s list, extended here with new packs).
         """
-        reader = self._reader
+        reader = self._t._reader
         pieces = []
         for j, p in enumerate(t.pieces):
             rows = np.flatnonzero(p.ref == step)

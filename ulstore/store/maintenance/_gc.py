@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+import weakref
 
 from ...errors import InvalidInputError
 from .._base import TrajectoryBase
@@ -22,15 +23,20 @@ from ..format._packs import Location, PackStream
 from ..format._stepdoc import StepDoc
 from ._relocate import relocated_doc
 
-__all__ = ["GcMixin"]
+__all__ = ["GarbageCollector"]
 
 
 #: Where gc notes when it retired a repacked pack (deleted once the grace period has passed).
 RETIRED_DIR = "gc/retired"
 
 
-class GcMixin(TrajectoryBase):
-    """gc of :class:`~ulstore.store.Trajectory`."""
+class GarbageCollector:
+    """The gc of a trajectory."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
 
     def gc(self, *, older_than: float = 0.0, repack_below: float = 0.5) -> dict:
         """Drop packs no step names and repack mostly-dead ones; never loses a live blob.
@@ -66,11 +72,11 @@ class GcMixin(TrajectoryBase):
         process changed or removed meanwhile is left as it is, and the packs it
         names are kept.  Steps deleted during the scan are skipped.
         """
-        self._check_writable()
+        self._t._check_writable()
         if not isinstance(older_than, int | float) or older_than < 0:
             raise InvalidInputError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
         self._check_not_symlinked(PACKS_DIR)
-        with self._pending.collecting() as (marker, deleting):
+        with self._t._pending.collecting() as (marker, deleting):
             if deleting is not None:
                 return {"packs": 0, "bytes": 0, "repacked": 0, "steps_rewritten": 0, "deferred": deleting}
             out = self._collect(older_than, repack_below)
@@ -78,7 +84,7 @@ class GcMixin(TrajectoryBase):
         return {**out, "deferred": None}
 
     def _collect(self, older_than: float, repack_below: float) -> dict:
-        io, reader = self._io, self._reader
+        io, reader = self._t._io, self._t._reader
         now = time.time()
         listing = {}  # listed FIRST: a pack created after this is never considered
         for key, info in io.find(PACKS_DIR, detail=True).items():
@@ -126,8 +132,8 @@ class GcMixin(TrajectoryBase):
         """Every step's document and the byte ranges it names, per pack; steps deleted meanwhile are skipped."""
         docs: dict[int, StepDoc] = {}
         live: dict[str, set] = {}
-        for s in self.steps:
-            got = self._reader.stored_tables(s)
+        for s in self._t.steps:
+            got = self._t._reader.stored_tables(s)
             if got is None:
                 continue
             d = got[1]
@@ -140,8 +146,8 @@ class GcMixin(TrajectoryBase):
     def _drop_stale_markers(self, older_than: float, keep: str) -> None:
         """Markers of commits/deletes/gcs killed mid-way (see ``_pending.py``): past the grace period only."""
         now = time.time()
-        pending = self._io.find(PENDING_DIR, detail=True)
-        self._io.delete_many(
+        pending = self._t._io.find(PENDING_DIR, detail=True)
+        self._t._io.delete_many(
             [
                 k
                 for k, info in pending.items()
@@ -151,21 +157,21 @@ class GcMixin(TrajectoryBase):
 
     def _retired(self, now: float) -> dict[str, float | None]:
         out = {}
-        for key, info in self._io.find(RETIRED_DIR, detail=True).items():
+        for key, info in self._t._io.find(RETIRED_DIR, detail=True).items():
             pid = key.rsplit("/", 1)[-1]
             if is_pack_id(pid):
                 out[pid] = _age(info, now)
         return out
 
     def _check_not_symlinked(self, key: str) -> None:
-        if self._io.local and os.path.islink(self._io.path(key)):
-            raise InvalidInputError(f"{self._io.path(key)!r} is a symlink; gc never deletes outside the root")
+        if self._t._io.local and os.path.islink(self._t._io.path(key)):
+            raise InvalidInputError(f"{self._t._io.path(key)!r} is a symlink; gc never deletes outside the root")
 
     def _locations(self, s: int, d: StepDoc) -> list[Location]:
         """Every byte range step ``s`` names: blobs, snapshots, files, table blocks."""
         out: list[Location] = [(d.packs[t.pack], t.offset, t.length) for t in d.tables]
         out += [(d.packs[f.pack], f.offset, f.length) for f in d.files.values()]
-        for t in self._reader.tables(s).values():
+        for t in self._t._reader.tables(s).values():
             for p in t.pieces:
                 out += [(d.packs[int(a)], int(b), int(c)) for a, b, c in zip(p.pack, p.off, p.length)]
                 if p.snap is not None:
@@ -179,11 +185,11 @@ class GcMixin(TrajectoryBase):
         document that changed since it was read (its compare-and-swap failed):
         those are kept.
         """
-        reader = self._reader
+        reader = self._t._reader
         gone = set(packs)
         tables_of = {s: reader.tables(s) for s, d in docs.items() if gone & set(d.packs)}
         blocks = {(docs[s].packs[t.pack], t.offset, t.length) for s in tables_of for t in docs[s].tables}
-        stream = PackStream(self._io, self.pack_bytes)
+        stream = PackStream(self._t._io, self._t.pack_bytes)
         moved: dict[Location, Location] = {}
         try:
             for pid in packs:
@@ -205,7 +211,7 @@ class GcMixin(TrajectoryBase):
         done, kept = 0, set()
         for nd in new_docs:
             old = docs[nd.step]
-            if self._io.replace_if(step_key(nd.step), nd.to_bytes(), old.to_bytes()):
+            if self._t._io.replace_if(step_key(nd.step), nd.to_bytes(), old.to_bytes()):
                 done += 1
             else:  # rewritten (a delete re-parented it) or removed meanwhile: what it names now stays
                 kept |= gone & set(old.packs)

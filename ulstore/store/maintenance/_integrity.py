@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,11 +13,11 @@ from ..format._chunk_tables import TensorTable, content_checksum
 from ..format._chunkcodec import content_digest, decode_chunk
 from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ..format._stepdoc import StepDoc
-from ..read._chunk_reader import ChunkReader, batched
-from ..read._decode_plan import _Plan
+from ..read._chunk_reader import ChunkReader
+from ..read._decode_plan import _Plan, batched
 from ..read._lru import _LRU
 
-__all__ = ["IntegrityMixin", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
+__all__ = ["Integrity", "VerifyReport", "Inventory", "StepView", "TensorView", "EntryView", "blob_name"]
 
 
 @dataclass
@@ -86,8 +87,13 @@ class Inventory:
     table_bytes: dict[int, int] = field(default_factory=dict)
 
 
-class IntegrityMixin(TrajectoryBase):
-    """verify, inventory and stats of :class:`~ulstore.store.Trajectory`."""
+class Integrity:
+    """verify, inventory and stats of a trajectory."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
 
     # -- integrity ----------------------------------------------------------------
 
@@ -107,10 +113,10 @@ class IntegrityMixin(TrajectoryBase):
             ``raise_on_error`` and anything is damaged; its ``key`` names the
             first bad object and its message lists all of them.
         """
-        fresh = ChunkReader(self._io, 0, self._threads)
-        memo = _LRU(max(self._reader.cache_bytes, 64 << 20))
+        fresh = ChunkReader(self._t._io, 0, self._t._threads)
+        memo = _LRU(max(self._t._reader.cache_bytes, 64 << 20))
         report = VerifyReport()
-        steps = [self._resolve(step)] if step is not None else self.steps
+        steps = [self._t._resolve(step)] if step is not None else self._t.steps
         bad: dict[str, IntegrityError] = {}
         blobs: set = set()
 
@@ -221,14 +227,14 @@ class IntegrityMixin(TrajectoryBase):
 
     def _verify_refs(self, note) -> None:
         """Every ref entry sealed and chained; every ref's head step present."""
-        for name, errors in self._refs.problems().items():
+        for name, errors in self._t._refs.problems().items():
             for e in errors:
                 note(e, None)
             try:
-                head = self._refs.read(name)
+                head = self._t._refs.read(name)
             except IntegrityError:
                 continue  # reported above
-            if head.step is not None and not self._io.exists(step_key(head.step)):
+            if head.step is not None and not self._t._io.exists(step_key(head.step)):
                 note(
                     CorruptManifestError(f"ref {name!r} points at step {head.step}, which is missing", key=head.key),
                     head.step,
@@ -243,10 +249,10 @@ class IntegrityMixin(TrajectoryBase):
             A step document or table block is damaged.  (A step deleted while the
             inventory is taken is left out; one rewritten meanwhile is read anew.)
         """
-        reader = ChunkReader(self._io, 0, self._threads)
+        reader = ChunkReader(self._t._io, 0, self._t._threads)
         manifests, manifest_bytes, blob_bytes, table_bytes = {}, {}, {}, {}
         used: dict[str, list] = {}
-        for s in self.steps:
+        for s in self._t.steps:
             got = reader.stored_tables(s)
             if got is None:
                 continue  # deleted while the inventory was taken
@@ -286,7 +292,7 @@ class IntegrityMixin(TrajectoryBase):
 
     def _pack_sizes(self) -> dict[str, int]:
         out = {}
-        for key, info in self._io.find(PACKS_DIR, detail=True).items():
+        for key, info in self._t._io.find(PACKS_DIR, detail=True).items():
             name = key.rsplit("/", 1)[-1]
             if name.endswith(PACK_SUFFIX) and is_pack_id(name[: -len(PACK_SUFFIX)]):
                 out[name[: -len(PACK_SUFFIX)]] = int(info.get("size") or 0)

@@ -235,7 +235,7 @@ def upgrade(src, dest, *, storage_options: dict | None = None, dest_storage_opti
         m = legacy.manifest(s)
         arrays = legacy.read(s)
         parent = m["parent"] if m["parent"] in set(steps) else None
-        traj._commit(
+        traj._committer._commit(
             s,
             arrays,
             parent=parent,

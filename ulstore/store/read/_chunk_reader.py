@@ -17,34 +17,13 @@ the trajectory's kept step (``_kept.py``) is what full reads use and refresh.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import math
-from collections.abc import Iterable, Iterator
-
 import numpy as np
 
-from ...errors import TensorNotFoundError
-from ._decode_plan import Node, _paste, _Plan
+from ._decode_plan import Node, _Plan, decode_boxes, materialize, read_tensors
 from ._kept import KeptStep
 from ._table_reader import DEFAULT_CACHE_BYTES, TableReader
 
-__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node", "BATCH_BYTES", "batched"]
-
-BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a read
-
-
-def batched(items: Iterable[tuple]) -> Iterator[list]:
-    """``(item, raw bytes)`` pairs cut into lists of about ``BATCH_BYTES`` (one plan and coalesced fetch each)."""
-    cur: list = []
-    size = 0
-    for item, n in items:
-        cur.append(item)
-        size += n
-        if size >= BATCH_BYTES:
-            yield cur
-            cur, size = [], 0
-    if cur:
-        yield cur
+__all__ = ["ChunkReader", "DEFAULT_CACHE_BYTES", "Node"]
 
 
 class ChunkReader(TableReader):
@@ -95,115 +74,13 @@ class ChunkReader(TableReader):
         return self.boxes(step, [(name, lo, hi)], cache=cache)[0]
 
     def boxes(self, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
-        """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
-        planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
-        threads, each chunk decoded once per batch however many boxes it overlaps."""
-        outs, parts = [], []
-        for name, lo, hi in requests:
-            t = self.tensor(step, name)
-            out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)
-            outs.append(out)
-            for j, c, clo, chi in t.overlapping(lo, hi):
-                size = math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
-                parts.append((((step, name, j, c), out, lo, clo, chi), size))
+        """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays (:func:`decode_boxes`)."""
+        return decode_boxes(self, step, requests, cache=cache)
 
-        def run(batch):
-            plan = _Plan(self, lru=True, fill_lru=cache)
-            for node, *_ in batch:
-                plan.add(node)
-            plan.run()
-            for node, out, lo, clo, chi in batch:
-                _paste(out, lo, plan.values[node], clo, chi)
-
-        self._run(run, list(batched(parts)))
-        return outs
-
-    def read(
-        self,
-        step: int,
-        names=None,
-        *,
-        kept: KeptStep | None = None,
-        refresh_kept: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Decode whole tensors of ``step`` (all by default) into fresh arrays.
-
-        With ``kept`` (whose lock the caller holds), chunks whose reference
-        chain reaches values the kept step holds decode against them; with
-        ``refresh_kept`` the kept step becomes this step, overwritten in place.
-        """
-        tables = self.tables(step)
-        if names is None:
-            names = list(tables)
-        else:
-            names = list(names)
-            for n in names:
-                if n not in tables:
-                    raise TensorNotFoundError("no such tensor", step=step, tensor=n)
-        out = {n: np.empty(tables[n].shape, tables[n].dtype) for n in names}
-        targets = []
-        for n in names:
-            t = tables[n]
-            for j, p in enumerate(t.pieces):
-                kp = kept.ensure(n, t.dtype, t.shape, p.layout, p.n) if kept is not None and refresh_kept else None
-                base = tuple(slice(o, o + s) for o, s in zip(p.offset, p.shape))
-                dest = out[n][base] if p.shape else out[n]
-                for i, c in enumerate(p.coords()):
-                    targets.append(((step, n, j, c), dest, p.region(c), kp, i))
-        self.materialize(targets, kept=kept)
-        if kept is not None and refresh_kept:
-            kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
-            kept.step, kept.origin = step, "read"
-        return out
+    def read(self, step: int, names=None, *, kept: KeptStep | None = None, refresh_kept: bool = False):
+        """Decode whole tensors of ``step`` (all by default) into fresh arrays (:func:`read_tensors`)."""
+        return read_tensors(self, step, names, kept=kept, refresh_kept=refresh_kept)
 
     def materialize(self, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
-        """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
-
-        Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
-        plan, one coalesced fetch each) run on ``threads`` threads.
-        """
-        batches = list(
-            batched(
-                (
-                    tgt,
-                    math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3] if tgt[1] is None else tgt[1]).dtype.itemsize,
-                )
-                for tgt in targets
-            )
-        )
-
-        def run(batch):
-            plan = _Plan(self, kept=kept, lru=lru)
-            for node, dest, region, kp, _ in batch:
-                plan.add(node, root=True)
-                if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array
-                    view = dest[region] if region else dest
-                    if view.flags.c_contiguous and view.flags.writeable:
-                        plan.outs[node] = view
-            plan.run()
-            for node, dest, region, kp, i in batch:
-                value = plan.values[node]
-                if node in plan.into:
-                    continue
-                if dest is not None:
-                    if region:
-                        dest[region] = value
-                    else:
-                        dest[...] = value
-                if kp is not None and kp.arrays[i] is not value:
-                    if plan.decoded(node):
-                        kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
-                    else:
-                        kp.put(i, value, plan.content(node))
-
-        self._run(run, batches)
-
-    def _run(self, run, batches: list) -> None:
-        """``run(batch)`` for every batch, on up to ``threads`` threads."""
-        if self.threads == 1 or len(batches) <= 1:
-            for b in batches:
-                run(b)
-        else:
-            with cf.ThreadPoolExecutor(min(self.threads, len(batches))) as pool:
-                for f in [pool.submit(run, b) for b in batches]:
-                    f.result()
+        """Decode chunks into place (:func:`materialize`)."""
+        materialize(self, targets, kept=kept, lru=lru)

@@ -12,6 +12,9 @@ nothing else needs them.  :class:`~._chunk_reader.ChunkReader` makes the plans.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import math
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,9 +25,20 @@ from ..format._layout import pack_key, step_key
 from ..format._packs import Location
 
 if TYPE_CHECKING:
+    from ._kept import KeptStep
     from ._table_reader import TableReader
 
-__all__ = ["Node", "_Plan", "_paste"]
+__all__ = [
+    "Node",
+    "_Plan",
+    "_paste",
+    "BATCH_BYTES",
+    "batched",
+    "read_tensors",
+    "decode_boxes",
+    "materialize",
+    "run_batches",
+]
 
 _MAX_DEPTH = 1 << 16  # no honest reference chain is this long
 _MAX_NODES = 1 << 22
@@ -43,6 +57,23 @@ def _paste(out: np.ndarray, lo, value: np.ndarray, clo, chi) -> None:
     dst = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))
     src = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, clo))
     out[dst] = value[src]
+
+
+BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a read
+
+
+def batched(items: Iterable[tuple]) -> Iterator[list]:
+    """``(item, raw bytes)`` pairs cut into lists of about ``BATCH_BYTES`` (one plan and coalesced fetch each)."""
+    cur: list = []
+    size = 0
+    for item, n in items:
+        cur.append(item)
+        size += n
+        if size >= BATCH_BYTES:
+            yield cur
+            cur, size = [], 0
+    if cur:
+        yield cur
 
 
 _GRAY, _BLACK = 1, 2
@@ -248,3 +279,124 @@ class _Plan:
                 self.uses[d] -= 1
                 if self.uses[d] == 0 and d not in self.roots:
                     self.values.pop(d, None)
+
+
+# -- requests: whole tensors, boxes, chunks into place; each cut into batches of one plan --
+
+
+def read_tensors(
+    reader: TableReader,
+    step: int,
+    names=None,
+    *,
+    kept: KeptStep | None = None,
+    refresh_kept: bool = False,
+) -> dict[str, np.ndarray]:
+    """Decode whole tensors of ``step`` (all by default) into fresh arrays.
+
+    With ``kept`` (whose lock the caller holds), chunks whose reference
+    chain reaches values the kept step holds decode against them; with
+    ``refresh_kept`` the kept step becomes this step, overwritten in place.
+    """
+    tables = reader.tables(step)
+    if names is None:
+        names = list(tables)
+    else:
+        names = list(names)
+        for n in names:
+            if n not in tables:
+                raise TensorNotFoundError("no such tensor", step=step, tensor=n)
+    out = {n: np.empty(tables[n].shape, tables[n].dtype) for n in names}
+    targets = []
+    for n in names:
+        t = tables[n]
+        for j, p in enumerate(t.pieces):
+            kp = kept.ensure(n, t.dtype, t.shape, p.layout, p.n) if kept is not None and refresh_kept else None
+            base = tuple(slice(o, o + s) for o, s in zip(p.offset, p.shape))
+            dest = out[n][base] if p.shape else out[n]
+            for i, c in enumerate(p.coords()):
+                targets.append(((step, n, j, c), dest, p.region(c), kp, i))
+    materialize(reader, targets, kept=kept)
+    if kept is not None and refresh_kept:
+        kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
+        kept.step, kept.origin = step, "read"
+    return out
+
+
+def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
+    """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
+    planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
+    threads, each chunk decoded once per batch however many boxes it overlaps."""
+    outs, parts = [], []
+    for name, lo, hi in requests:
+        t = reader.tensor(step, name)
+        out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)
+        outs.append(out)
+        for j, c, clo, chi in t.overlapping(lo, hi):
+            size = math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
+            parts.append((((step, name, j, c), out, lo, clo, chi), size))
+
+    def run(batch):
+        plan = _Plan(reader, lru=True, fill_lru=cache)
+        for node, *_ in batch:
+            plan.add(node)
+        plan.run()
+        for node, out, lo, clo, chi in batch:
+            _paste(out, lo, plan.values[node], clo, chi)
+
+    run_batches(reader.threads, run, list(batched(parts)))
+    return outs
+
+
+def materialize(reader: TableReader, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
+    """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
+
+    Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
+    plan, one coalesced fetch each) run on ``threads`` threads.
+    """
+    batches = list(
+        batched(
+            (
+                tgt,
+                math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3] if tgt[1] is None else tgt[1]).dtype.itemsize,
+            )
+            for tgt in targets
+        )
+    )
+
+    def run(batch):
+        plan = _Plan(reader, kept=kept, lru=lru)
+        for node, dest, region, kp, _ in batch:
+            plan.add(node, root=True)
+            if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array
+                view = dest[region] if region else dest
+                if view.flags.c_contiguous and view.flags.writeable:
+                    plan.outs[node] = view
+        plan.run()
+        for node, dest, region, kp, i in batch:
+            value = plan.values[node]
+            if node in plan.into:
+                continue
+            if dest is not None:
+                if region:
+                    dest[region] = value
+                else:
+                    dest[...] = value
+            if kp is not None and kp.arrays[i] is not value:
+                if plan.decoded(node):
+                    kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
+                else:
+                    kp.put(i, value, plan.content(node))
+
+    run_batches(reader.threads, run, batches)
+
+
+def run_batches(threads: int, run, batches: list) -> None:
+    """``run(batch)`` for every batch, on up to ``threads`` threads."""
+    if threads == 1 or len(batches) <= 1:
+        for b in batches:
+            run(b)
+    else:
+        with cf.ThreadPoolExecutor(min(threads, len(batches))) as pool:
+            for f in [pool.submit(run, b) for b in batches]:
+                f.result()

@@ -1,12 +1,14 @@
 """Reading steps: lazy zarr groups, whole tensors, boxes, files, step info and ancestry.
 
-The chunk decoding itself happens in ``_reader.py`` (ChunkReader), below the
-zarr ``Store`` of ``_logical.py``; the change feed is ``_changes.py``.
+A full read plans and decodes its chunks with ``_decode_plan.py`` (read -> plan -> decode chunk ->
+codec); lazy slices go through the zarr ``Store`` of ``_logical.py`` and :class:`ChunkReader`; the
+change feed is ``_change_feed.py``.
 """
 
 from __future__ import annotations
 
 import numbers
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,11 +18,12 @@ from ...errors import CorruptManifestError, InvalidInputError
 from .._base import MAIN, TrajectoryBase
 from ..format._layout import check_step, step_key
 from ._change_feed import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
+from ._decode_plan import read_tensors
 from ._diff import TensorDiff, diff_steps
 from ._logical import LogicalStore
 from ._missing import StepGroup, explained
 
-__all__ = ["ReadMixin", "StepInfo"]
+__all__ = ["Reader", "StepInfo"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,14 @@ class StepInfo:
     parent_content: str | None = None
 
 
-class ReadMixin(TrajectoryBase):
-    """The read half of :class:`~ulstore.store.Trajectory`."""
+class Reader:
+    """What a trajectory reads: steps as zarr groups, tensors, boxes, files, step info, change feeds, diffs."""
+
+    def __init__(self, trajectory: TrajectoryBase):
+        # a proxy, not a reference: the trajectory owns this object, and a trajectory dropped
+        # must free its caches and kept step at once (no cycle left for the garbage collector)
+        self._t = weakref.proxy(trajectory)
+        self._last_read: int | None = None  # reads refresh the kept step once they look sequential
 
     # -- reading ------------------------------------------------------------------
 
@@ -72,9 +81,9 @@ class ReadMixin(TrajectoryBase):
                 "a Trajectory is indexed by one step number or ref, not a slice: use [traj[s] for s in traj.steps[a:b]]"
             )
         if isinstance(step_or_ref, numbers.Integral) and not isinstance(step_or_ref, bool) and step_or_ref < 0:
-            step_or_ref = self._step_at(int(step_or_ref))
-        step = self._resolve(step_or_ref)
-        group = zarr.open_group(store=self._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
+            step_or_ref = self._t._step_at(int(step_or_ref))
+        step = self._t._resolve(step_or_ref)
+        group = zarr.open_group(store=self._t._store, path=str(step), mode="r", zarr_format=3, use_consolidated=False)
         return StepGroup(group._async_group)
 
     def zarr_store(self, step_or_ref=None) -> LogicalStore:
@@ -99,8 +108,8 @@ class ReadMixin(TrajectoryBase):
         >>> z[1].tolist(), z.metadata.dimension_names
         ([3.0, 4.0, 5.0], ('w.dim_0', 'w.dim_1'))
         """
-        step = None if step_or_ref is None else self._resolve(step_or_ref)
-        return LogicalStore(self._reader, step=step)
+        step = None if step_or_ref is None else self._t._resolve(step_or_ref)
+        return LogicalStore(self._t._reader, step=step)
 
     def read(self, step_or_ref, names=None) -> dict[str, np.ndarray]:
         """Decode whole tensors of a step (all by default) into fresh, writable arrays.
@@ -121,24 +130,24 @@ class ReadMixin(TrajectoryBase):
         dict of str to numpy.ndarray
             Bit-exact, original dtypes (``ml_dtypes.bfloat16`` for bf16).
         """
-        step = self._resolve(step_or_ref)
-        with explained(self._reader, step):
-            return self._reader.settled(lambda: self._read(step, names))
+        step = self._t._resolve(step_or_ref)
+        with explained(self._t._reader, step):
+            return self._t._reader.settled(lambda: self._read(step, names))
 
     def _read(self, step: int, names) -> dict[str, np.ndarray]:
-        kept = self._kept
+        kept = self._t._kept
         last, self._last_read = self._last_read, step
         if kept.enabled and kept.lock.acquire(blocking=False):
             try:
-                parent = self._reader.doc(step).parent
+                parent = self._t._reader.doc(step).parent
                 sequential = (
                     kept.step is not None and kept.step == parent or last is not None and last in (parent, step)
                 )
                 refresh = names is None and kept.origin != "commit" and sequential
-                return self._reader.read(step, names, kept=kept, refresh_kept=refresh)
+                return read_tensors(self._t._reader, step, names, kept=kept, refresh_kept=refresh)
             finally:
                 kept.lock.release()
-        return self._reader.read(step, names)
+        return read_tensors(self._t._reader, step, names)
 
     def read_box(self, step_or_ref, name: str, offset, shape) -> np.ndarray:
         """The values of tensor ``name`` over the box at ``offset`` of ``shape`` (fresh array).
@@ -146,10 +155,10 @@ class ReadMixin(TrajectoryBase):
         Whatever pieces the step stores the tensor in, the box is assembled
         from the chunks it overlaps (what a resharded load needs).
         """
-        step = self._resolve(step_or_ref)
-        with explained(self._reader, step):
-            return self._reader.settled(
-                lambda: np.array(self._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
+        step = self._t._resolve(step_or_ref)
+        with explained(self._t._reader, step):
+            return self._t._reader.settled(
+                lambda: np.array(self._t._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
             )
 
     def read_boxes(self, step_or_ref, boxes) -> list[np.ndarray]:
@@ -160,18 +169,18 @@ class ReadMixin(TrajectoryBase):
         overlap it (a rank's share of a checkpoint: one plan, not one per
         tensor, so a few large requests instead of one or more per tensor).
         """
-        step = self._resolve(step_or_ref)
+        step = self._t._resolve(step_or_ref)
 
         def read():
             requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
-            return self._reader.boxes(step, requests)
+            return self._t._reader.boxes(step, requests)
 
-        with explained(self._reader, step):
-            return self._reader.settled(read)
+        with explained(self._t._reader, step):
+            return self._t._reader.settled(read)
 
     def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
         """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
-        t = self._reader.tensor(step, name)
+        t = self._t._reader.tensor(step, name)
         lo = tuple(int(o) for o in offset)
         hi = tuple(a + int(n) for a, n in zip(lo, shape))
         if (
@@ -188,18 +197,18 @@ class ReadMixin(TrajectoryBase):
         An unsharded tensor is one piece at offset 0; a tensor saved by several writers
         (``piece_writer``, DCP ranks) has one piece per box they wrote.  Reads no blob.
         """
-        step = self._resolve(step_or_ref)
-        with explained(self._reader, step):
-            return [p.layout for p in self._reader.tensor(step, name).pieces]
+        step = self._t._resolve(step_or_ref)
+        with explained(self._t._reader, step):
+            return [p.layout for p in self._t._reader.tensor(step, name).pieces]
 
     def files(self, step_or_ref) -> list[str]:
         """Names of the files stored with a step (``commit(..., files=...)``), sorted."""
-        return sorted(self._reader.doc(self._resolve(step_or_ref)).files)
+        return sorted(self._t._reader.doc(self._t._resolve(step_or_ref)).files)
 
     def read_file(self, step_or_ref, name: str) -> bytes:
         """The bytes of file ``name`` of a step, checked against its content hash."""
-        step = self._resolve(step_or_ref)
-        return self._reader.settled(lambda: self._reader.file(step, name))
+        step = self._t._resolve(step_or_ref)
+        return self._t._reader.settled(lambda: self._t._reader.file(step, name))
 
     def changes(
         self, step_or_ref, names=None, *, against_parent: bool = True, read_ahead: bool = False
@@ -219,9 +228,9 @@ class ReadMixin(TrajectoryBase):
         sends no request for them: one round trip per step fewer, the same
         bytes.
         """
-        step = self._resolve(step_or_ref)
-        with explained(self._reader, step):
-            return changes_of(self._reader, step, names, against_parent=against_parent, read_ahead=read_ahead)
+        step = self._t._resolve(step_or_ref)
+        with explained(self._t._reader, step):
+            return changes_of(self._t._reader, step, names, against_parent=against_parent, read_ahead=read_ahead)
 
     def change_columns(self, step_or_ref, names=None, *, read_ahead: bool = False) -> ChangeColumns | None:
         """The changed chunks of a step as columns, without an object per chunk; None when the step has no
@@ -236,9 +245,9 @@ class ReadMixin(TrajectoryBase):
         :meth:`changes`' (without ``names``: it reads all the step's blobs).
         """
         wanted = None if names is None else frozenset(names)
-        step = self._resolve(step_or_ref)
-        with explained(self._reader, step):
-            return change_columns(self._reader, step, wanted, read_ahead=read_ahead)
+        step = self._t._resolve(step_or_ref)
+        with explained(self._t._reader, step):
+            return change_columns(self._t._reader, step, wanted, read_ahead=read_ahead)
 
     def feed_layout(self, step_or_ref) -> FeedLayout | None:
         """Every chunk of a step in change-feed order: the :class:`FeedLayout` that the :meth:`change_columns` of
@@ -249,7 +258,7 @@ class ReadMixin(TrajectoryBase):
         this process wrote the step's tables (they were never parsed from
         storage); a reader opened on the trajectory has them.
         """
-        return feed_layout(self._reader, self._resolve(step_or_ref))
+        return feed_layout(self._t._reader, self._t._resolve(step_or_ref))
 
     def fetch_blobs(self, changes, *, snapshot: bool = False, copy: bool = True) -> list:
         """The blobs (or, with ``snapshot``, the snapshots) of ``changes`` (:class:`ChunkChange` objects, or
@@ -274,12 +283,12 @@ class ReadMixin(TrajectoryBase):
             if loc is None:
                 raise InvalidInputError(f"chunk {c.coord} of {c.tensor!r} has no {'snapshot' if snapshot else 'blob'}")
             locs.append(loc)
-        views = self._reader.fetch(locs)
+        views = self._t._reader.fetch(locs)
         return views if not copy else [bytes(b) for b in views]
 
     def info(self, step_or_ref) -> StepInfo:
         """Parent, anchor distance, creation time, metadata and content checksums of one step."""
-        return _info(self._reader.doc(self._resolve(step_or_ref)))
+        return _info(self._t._reader.doc(self._t._resolve(step_or_ref)))
 
     def step_document(self, step_or_ref) -> bytes:
         """The step's document exactly as stored: a few hundred bytes of canonical JSON.
@@ -288,7 +297,7 @@ class ReadMixin(TrajectoryBase):
         read the step (a replica told of a new version): its
         :meth:`accept_step_document` then spares it the request for it.
         """
-        return self._reader.doc(self._resolve(step_or_ref)).to_bytes()
+        return self._t._reader.doc(self._t._resolve(step_or_ref)).to_bytes()
 
     def accept_step_document(self, step: int, document, *, parent: tuple[int, str]) -> StepInfo:
         """Check ``step``'s document received from another process (:meth:`step_document`); keep it if it links.
@@ -333,7 +342,7 @@ class ReadMixin(TrajectoryBase):
             the documents of its own commits).
         """
         step = check_step(step)
-        if not self.read_only:
+        if not self._t.read_only:
             raise InvalidInputError("accept_step_document is for readers: open the trajectory with mode='r'")
         if isinstance(document, str):
             document = document.encode("ascii", "replace")  # canonical documents are ASCII: '?' fails the check
@@ -342,11 +351,11 @@ class ReadMixin(TrajectoryBase):
         if len(document) > MAX_DOCUMENT_BYTES:
             raise InvalidInputError(f"a step document is at most {MAX_DOCUMENT_BYTES} bytes, got {len(document)}")
         held, content = parent
-        return _info(self._reader.accept_doc(step, bytes(document), held, content))
+        return _info(self._t._reader.accept_doc(step, bytes(document), held, content))
 
     def tensors(self, step_or_ref) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Tensor names of a step with their shape and dtype, without decoding anything."""
-        return self._reader.specs(self._resolve(step_or_ref))
+        return self._t._reader.specs(self._t._resolve(step_or_ref))
 
     def diff(self, a, b, names=None) -> list[TensorDiff]:
         """What changed from step ``a`` to step ``b``, per tensor, most changed first.
@@ -398,7 +407,7 @@ class ReadMixin(TrajectoryBase):
         >>> round(d[0].rel_l2, 6)   # 0.5 / sqrt(1 + 4 + 9 + 16)
         0.091287
         """
-        return diff_steps(self, self._resolve(a), self._resolve(b), names)
+        return diff_steps(self._t, self._t._resolve(a), self._t._resolve(b), names)
 
     def log(self, start=MAIN) -> list[StepInfo]:
         """The ancestry of a step or branch head, newest first, back to its root.
@@ -408,7 +417,7 @@ class ReadMixin(TrajectoryBase):
         CorruptManifestError
             The parent links loop (crafted step documents): its ``key`` names the step whose parent closes the loop.
         """
-        step: int | None = self._resolve(start)
+        step: int | None = self._t._resolve(start)
         out: list[StepInfo] = []
         seen = set()
         while step is not None:
@@ -421,7 +430,7 @@ class ReadMixin(TrajectoryBase):
                     key=step_key(last),
                 )
             seen.add(step)
-            d = self._reader.doc(step)
+            d = self._t._reader.doc(step)
             out.append(_info(d))
             step = d.parent
         return out
