@@ -13,12 +13,14 @@ weight after a version is written.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["PackedKernels"]
 
 
-def _ignores_weight(m: torch.nn.Module) -> bool:
+def _ignores_weight(m: Any) -> bool:  # (a vLLM layer: its attributes are vLLM's)
     """Whether ``m.cpu_linear`` multiplies by something other than the weight it is passed (a packed copy)."""
     w = m.weight
     if w.numel() == 0:
@@ -31,7 +33,7 @@ def _ignores_weight(m: torch.nn.Module) -> bool:
     return bool(y.ne(0).any())  # a kernel that read the zeros it was passed returns zeros
 
 
-def _restore_weight(m: torch.nn.Module) -> None:
+def _restore_weight(m: Any) -> None:
     """Register a fresh, real weight on a linear layer whose weight vLLM removed (as its quant method made it)."""
     from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED
 
@@ -53,8 +55,8 @@ class PackedKernels:
     """The layers of ``model`` whose kernel holds a packed copy of the weight."""
 
     def __init__(self, model: torch.nn.Module):
-        self.modules = [m for m in model.modules() if callable(getattr(m, "cpu_linear", None)) and hasattr(m, "weight")]
-        self.modules = [m for m in self.modules if _ignores_weight(m)]
+        linear: list[Any] = [m for m in model.modules() if callable(getattr(m, "cpu_linear", None))]
+        self.modules = [m for m in linear if hasattr(m, "weight") and _ignores_weight(m)]
         for m in self.modules:
             if m.weight.numel() == 0:
                 _restore_weight(m)

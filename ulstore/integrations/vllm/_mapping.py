@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -151,9 +152,9 @@ class _Observer(TorchFunctionMode):
             Landing(
                 tname,
                 tuple(dst.shape),
-                dst.storage_offset(),
+                int(dst.storage_offset()),
                 tuple(dst.stride()),
-                b.storage_offset(),
+                int(b.storage_offset()),
                 tuple(b.stride()),
                 src.dtype != dst.dtype,
             )
@@ -164,7 +165,7 @@ class _Observer(TorchFunctionMode):
         return self.current[1][name][1]
 
 
-def observe(model: torch.nn.Module, specs: dict) -> LoadMap:
+def observe(model: Any, specs: dict) -> LoadMap:
     """Learn where ``model.load_weights`` puts each tensor of ``specs`` (``{name: (shape, torch dtype)}``).
 
     The model's values are left untouched.  Raises :class:`MappingError` if
