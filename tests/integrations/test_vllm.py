@@ -40,7 +40,7 @@ from ulstore.integrations.vllm.trainer import LLMClient, UlstoreTrainer, Ulstore
 from ulstore.io import export_checkpoint  # noqa: E402
 from ulstore.sync import Publisher  # noqa: E402
 
-from ._tiny_lm import TinyTrainer, fused_expected, write_hf_dir  # noqa: E402
+from tests.integrations._tiny_lm import TinyTrainer, fused_expected, write_hf_dir  # noqa: E402
 
 VERSIONS = 3  # published after the first one (the engine's bootstrap)
 PROMPTS = [[1, 17, 33, 90, 5, 200], [7, 7, 7, 300, 41], [450, 3, 99, 12, 64, 8, 2]]
@@ -119,9 +119,9 @@ def exported(url, options, version, config, dtype, path) -> Path:
     return Path(path)
 
 
-def follow_run(tmp, kind, dtype, *, tp=1, url=None, options=None, fresh=(VERSIONS,)):
+def follow_run(tmp, kind, dtype, *, tp=1, url=None, options=None, fresh=(VERSIONS,), **sizes):
     """Train, publish, update the engine in place, check each version; returns the engine for more checks."""
-    trainer = TinyTrainer(kind, seed=1 if kind == "llama" else 2)
+    trainer = TinyTrainer(kind, seed=1 if kind == "llama" else 2, **sizes)
     start_dir = write_hf_dir(tmp / "start", trainer.config, trainer.state(dtype), dtype)
     llm = start(start_dir, dtype, tp=tp)
     url = url or str(tmp / "bucket")
@@ -169,7 +169,8 @@ def test_float32_rebuilds_packed_kernels(tmp_path, kind):
 
 @pytest.mark.slow
 def test_tensor_parallel_2(tmp_path):
-    llm, _ = follow_run(tmp_path, "llama", torch.bfloat16, tp=2)
+    # 4 heads, 2 kv heads: each rank holds its own q and kv heads (vLLM replicates kv heads when fewer than ranks)
+    llm, _ = follow_run(tmp_path, "llama", torch.bfloat16, tp=2, hidden_size=256, num_attention_heads=4)
     stop(llm)
 
 

@@ -12,6 +12,7 @@ during one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,8 @@ class UlstoreEngine(WeightTransferEngine[UlstoreInitInfo, UlstoreUpdateInfo]):
         self.state: ModelState | None = None
         #: the version the model holds once an update finished (None: the weights vLLM started with)
         self.version: int | None = None
+        #: wall seconds of the last update in this worker (read, verify, write, sync mirrors, repack)
+        self.last_update_seconds: float | None = None
 
     def init_transfer_engine(self, init_info: UlstoreInitInfo) -> None:
         self.shutdown()
@@ -81,7 +84,9 @@ class UlstoreEngine(WeightTransferEngine[UlstoreInitInfo, UlstoreUpdateInfo]):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise InvalidInputError(f"update_info version must be an int >= 0 or None, got {v!r}")
         doc = update_info.document
+        t0 = time.perf_counter()
         self.state.update(v, doc.encode("ascii") if isinstance(doc, str) else doc)
+        self.last_update_seconds = time.perf_counter() - t0
 
     def finish_weight_update(self) -> None:
         self.version = None if self.state is None else self.state.version
