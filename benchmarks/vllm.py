@@ -129,8 +129,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of this script's functions
 
     import torch
-    from safetensors.torch import save_file
     import vllm
+    from safetensors.torch import save_file
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
@@ -141,7 +141,9 @@ def main() -> None:
     sizes = (
         {}
         if args.small
-        else dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12)
+        else dict(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12
+        )
     )
     trainer = TinyTrainer("llama", seed=0, warmup_steps=3, **sizes)
     n_params = sum(p.numel() for p in trainer.model.parameters())
@@ -161,7 +163,9 @@ def main() -> None:
     )
     sync.send_weights(prev, 0)  # the engine's bootstrap: the whole model once
     full_bytes = (start_dir / "model.safetensors").stat().st_size
-    print(f"Llama-style model: {n_params / 1e6:.1f}M parameters, bf16 {full_bytes / 1e6:.1f} MB; vLLM {vllm.__version__}")
+    print(
+        f"Llama-style model: {n_params / 1e6:.1f}M parameters, bf16 {full_bytes / 1e6:.1f} MB; vLLM {vllm.__version__}"
+    )
     head = (
         f"{'v':>2} {'changed':>7} | {'publish':>8} {'st save':>8} {'TRL int32':>9} | {'ulstore':>9} {'TRL int32':>9} "
         f"{'full':>9} | {'ulstore':>8} {'+dl':>8} {'load_w':>8} {'+dl':>8} {'patches':>8} {'+dl':>8} {'TRL':>8} "

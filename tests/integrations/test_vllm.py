@@ -36,11 +36,10 @@ if not any(ep.name == "ulstore" for ep in importlib.metadata.entry_points(group=
 import torch  # noqa: E402
 
 import ulstore  # noqa: E402
+from tests.integrations._tiny_lm import TinyTrainer, fused_expected, write_hf_dir  # noqa: E402
 from ulstore.integrations.vllm.trainer import LLMClient, UlstoreTrainer, UlstoreTrainerInitInfo  # noqa: E402
 from ulstore.io import export_checkpoint  # noqa: E402
 from ulstore.sync import Publisher  # noqa: E402
-
-from tests.integrations._tiny_lm import TinyTrainer, fused_expected, write_hf_dir  # noqa: E402
 
 VERSIONS = 3  # published after the first one (the engine's bootstrap)
 PROMPTS = [[1, 17, 33, 90, 5, 200], [7, 7, 7, 300, 41], [450, 3, 99, 12, 64, 8, 2]]
