@@ -110,6 +110,15 @@ def check_params(llm, state, config, tp) -> None:
             ), f"rank {rank}: {name}"
 
 
+def check_layout(llm, dtype, tp) -> None:
+    """What the workers bound: at TP=1 every tensor in place (no mirror); float32 repacks oneDNN kernels here."""
+    read = lambda w: (len(w.weight_transfer_engine.state.mirrors), len(w.weight_transfer_engine.state.kernels))  # noqa: E731
+    for mirrored, packed in llm.collective_rpc(read, timeout=300):
+        assert (mirrored == 0) == (tp == 1), mirrored
+        if dtype == torch.float32:
+            assert packed > 0  # float32 takes vLLM's prepacked oneDNN GEMM on x86: the path this run exercises
+
+
 def exported(url, options, version, config, dtype, path) -> Path:
     """Version ``version`` of the bucket as an HF directory (ulstore's export)."""
     traj = ulstore.open(url, storage_options=options) if options else ulstore.open(url)
@@ -134,6 +143,8 @@ def follow_run(tmp, kind, dtype, *, tp=1, url=None, options=None, fresh=(VERSION
         state = trainer.state(dtype)
         info = engine.send_weights(state, v)
         assert info.version == v and llm.get_weight_version() == str(v)
+        if v == 0:
+            check_layout(llm, dtype, tp)
         check_params(llm, state, trainer.config, tp)
         seen.append(generate(llm))
         if v in fresh:
