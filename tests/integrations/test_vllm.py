@@ -271,3 +271,18 @@ def test_the_first_version_of_another_model_is_refused(served, tmp_path):
     with pytest.raises(Exception, match="not a checkpoint of this model|not applied"):
         client.update_weights({"version": 0})
     shutil.rmtree(tmp_path / "other")
+
+
+def test_nan_payloads_land_bit_exact(served):
+    """Every bit pattern is a value: NaNs with payloads, -0.0, inf land as published (vLLM's own sparse path uses
+    NaN as its "unchanged" mark and cannot express them).  Last of the module: the engine then serves NaNs."""
+    llm, trainer, client, pub, state, _ = _bucket_at_v0(served, "nan")
+    odd = {n: t.clone() for n, t in state.items()}
+    bits = torch.tensor([0x7FC1, -0x005B, 0x7F81, -0x8000, 0x7F80], dtype=torch.int16)  # NaNs, -0.0, inf
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        odd[name].view(-1).view(torch.int16)[7 : 7 + len(bits)] = bits
+    pub.publish(1, odd)
+    client.start_weight_update()
+    client.update_weights({"version": 1})
+    client.finish_weight_update("1")
+    check_params(llm, odd, trainer.config, 1)

@@ -97,3 +97,25 @@ def test_two_tensors_writing_one_element_are_refused():
 
     with pytest.raises(MappingError, match="twice"):
         observe(Twice(), SPECS)
+
+
+def test_a_write_through_an_index_list_is_refused():
+    class Gathered(Toy):
+        def load_weights(self, weights):
+            for name, w in weights:
+                if name == "norm":
+                    self.norm.data[[0, 2, 1, 3]] = w
+
+    with pytest.raises(MappingError, match="not a slice.*tensor 'norm'"):
+        observe(Gathered(), SPECS)
+
+
+def test_another_in_place_write_is_refused():
+    class Filled(Toy):
+        def load_weights(self, weights):
+            for name, _ in weights:
+                if name == "norm":
+                    self.norm.data.fill_(1.0)
+
+    with pytest.raises(MappingError, match="fill_.*tensor 'norm'"):
+        observe(Filled(), SPECS)

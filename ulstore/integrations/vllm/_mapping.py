@@ -101,6 +101,14 @@ def _targets(model: torch.nn.Module) -> dict[int, tuple[str, torch.Tensor]]:
     return out
 
 
+#: in-place methods that write no element
+_HARMLESS = frozenset({"requires_grad_", "share_memory_", "retain_grad_"})
+
+
+def _is_tensor(args) -> bool:
+    return bool(args) and isinstance(args[0], torch.Tensor)
+
+
 class _Observer(TorchFunctionMode):
     """Records the loader's writes into the model instead of doing them."""
 
@@ -113,13 +121,15 @@ class _Observer(TorchFunctionMode):
         if func is torch.Tensor.copy_:
             return self._copy(args[0], args[1] if len(args) > 1 else kwargs["src"])
         if func is torch.Tensor.__setitem__ and self._target(args[0]) is not None:
-            value = args[2]
+            value, dst = args[2], args[0][args[1]]
             if not isinstance(value, torch.Tensor):
                 raise self._error("sets elements of {} to a Python value")
-            self._copy(args[0][args[1]], value)
+            if self._target(dst) is None:  # advanced indexing: the elements written are not a strided view
+                raise self._error("writes {} through an index that is not a slice")
+            self._copy(dst, value)
             return None
         name = getattr(func, "__name__", "")
-        if name.endswith("_") and not name.endswith("__") and args and isinstance(args[0], torch.Tensor):
+        if name.endswith("_") and not name.endswith("__") and name not in _HARMLESS and _is_tensor(args):
             if self._target(args[0]) is not None:  # an in-place op on a parameter other than copy_
                 raise self._error(f"writes {{}} with {name}")
         return func(*args, **kwargs)
