@@ -286,3 +286,22 @@ def test_nan_payloads_land_bit_exact(served):
     client.update_weights({"version": 1})
     client.finish_weight_update("1")
     check_params(llm, odd, trainer.config, 1)
+
+
+@pytest.mark.slow
+def test_example_vllm_follow(tmp_path):
+    """examples/vllm_follow.py runs as documented and leaves nothing behind."""
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vllm_follow.py"
+    p = subprocess.run(
+        [sys.executable, str(example), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "engine at version 2" in p.stdout, p.stdout
+    assert [q.name for q in tmp_path.iterdir() if not q.name.startswith("torchinductor_")] == []
