@@ -1,4 +1,4 @@
-"""Imports go one way only: kernels <- codec <- core <- store <- io | sync | dcp <- cli (docs/architecture.md).
+"""Imports go one way only: kernels <- codec <- core <- store <- io | sync | dcp <- integrations <- cli (docs/architecture.md).
 
 Every module of the package is parsed (not imported) and each of its imports,
 at module level or inside a function, is checked against the layer order.
@@ -27,6 +27,7 @@ LAYERS = {
     "io": 4,
     "sync": 4,
     "dcp": 4,
+    "integrations": 4.5,
     "cli": 5,
     "": 6,
     "__main__": 6,

@@ -1,0 +1,6 @@
+"""Bridges from ulstore to the frameworks around training and inference.
+
+One sub-package per framework, each imported only when asked for (its framework
+is an optional extra): :mod:`ulstore.integrations.vllm` is the ``ulstore``
+weight-transfer backend of vLLM (``pip install ulstore[vllm]``).
+"""

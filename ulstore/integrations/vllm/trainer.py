@@ -1,0 +1,152 @@
+"""The trainer side: publish a version to the bucket, then tell the vLLM engines which version to reach.
+
+:class:`UlstoreTrainer` is the ``ulstore`` ``TrainerWeightTransferEngine``:
+``trainer_init`` opens a :class:`~ulstore.sync.Publisher` on the bucket and
+connects the engines to it (``init_weight_transfer_engine``);
+``send_weights(state, version)`` publishes and drives ``start_weight_update``,
+``update_weights({"version", "document"})``, ``finish_weight_update(str(version))``
+through any ``VLLMWeightSyncClient``, then resets the engines' prefix cache
+(KV computed with the old weights must not serve new requests; the worker,
+where the backend runs, cannot reach the scheduler that owns that cache).
+
+The control message is a few hundred bytes; the weights go through the bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
+
+from ...errors import InvalidInputError
+from ...sync import DEFAULT_ANCHOR_EVERY, Publisher, PublishInfo
+
+__all__ = ["UlstoreTrainer", "UlstoreTrainerInitInfo", "LLMClient", "HTTPClient"]
+
+
+@dataclass
+class UlstoreTrainerInitInfo(TrainerInitInfo):
+    """The bucket, as the trainer writes it (``url``, ``storage_options``) and as the engines read it
+    (``engine_url``, ``engine_storage_options``; default: the same)."""
+
+    backend: ClassVar[str] = "ulstore"
+
+    url: str = ""
+    branch: str = "main"
+    storage_options: dict | None = None
+    engine_url: str | None = None
+    engine_storage_options: dict | None = None
+    anchor_every: int = DEFAULT_ANCHOR_EVERY
+
+
+class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
+    """Publishes versions and moves the engines to them.  Only the sender rank (rank 0) publishes."""
+
+    init_info_cls = UlstoreTrainerInitInfo
+
+    def __init__(self, *, client, source=None, is_sender: bool = True, publisher: Publisher | None = None):
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.publisher = publisher
+
+    @classmethod
+    def trainer_init(cls, init_info: UlstoreTrainerInitInfo, *, client, source=None) -> UlstoreTrainer:
+        if not init_info.url:
+            raise InvalidInputError("UlstoreTrainerInitInfo needs the bucket's url")
+        if not init_info.is_sender:
+            return cls(client=client, source=source, is_sender=False)
+        pub = Publisher(
+            init_info.url,
+            init_info.anchor_every,
+            init_info.storage_options,
+            branch=init_info.branch,
+        )
+        engine_options = init_info.engine_storage_options
+        client.init_weight_transfer_engine(
+            {
+                "url": init_info.engine_url or init_info.url,
+                "branch": init_info.branch,
+                "storage_options": init_info.storage_options if engine_options is None else engine_options,
+            }
+        )
+        return cls(client=client, source=source, is_sender=True, publisher=pub)
+
+    def send_weights(self, state: Mapping | None = None, version: int | None = None) -> PublishInfo | None:
+        """Publish ``state`` (default: the ``source`` given at init) as ``version`` (default: the next one) and
+        move every engine to it.  Returns what was published (None on non-sender ranks)."""
+        if state is None:
+            if self.source is None:
+                raise InvalidInputError("send_weights needs a state, or a source given to trainer_init")
+            state = dict(iter(self.source))  # (every rank iterates: materializing may be a collective)
+        if not self.is_sender:
+            return None
+        assert self.publisher is not None
+        if version is None:
+            latest = self.publisher.latest
+            version = 0 if latest is None else latest + 1
+        # the trainer blocks for the whole encode + upload here; Publisher.submit() (non-blocking, in progress)
+        # will snapshot the state and return, and notify() then runs when the version is visible
+        info = self.publisher.publish(version, state)
+        self.notify(info.version, info.document)
+        return info
+
+    def notify(self, version: int, document: bytes | None = None) -> None:
+        """Move the engines to a published ``version`` (its step document, if given, saves them a read)."""
+        update: dict[str, Any] = {"version": int(version)}
+        if document is not None:
+            update["document"] = document.decode("ascii") if isinstance(document, bytes) else document
+        self.client.start_weight_update()
+        self.client.update_weights(update)  # raising, the engines are out of the update and keep their version
+        self.client.finish_weight_update(weight_version=str(version))
+        reset = getattr(self.client, "reset_prefix_cache", None)
+        if reset is not None:
+            reset()
+
+    def shutdown(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+
+
+class LLMClient:
+    """A ``VLLMWeightSyncClient`` for an ``LLM`` in this process (which also resets its prefix cache)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version=weight_version)
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+
+class HTTPClient:
+    """A ``VLLMWeightSyncClient`` for ``vllm serve`` that also resets the prefix cache after each update.
+
+    The server's ``/reset_prefix_cache`` route exists when it runs with
+    ``VLLM_SERVER_DEV_MODE=1``; without it, disable prefix caching
+    (``--no-enable-prefix-caching``) or reset it another way.
+    """
+
+    def __init__(self, base_url: str, timeout: float = 300):
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+        self._http = HTTPVLLMWeightSyncClient(base_url, timeout)
+        self.init_weight_transfer_engine = self._http.init_weight_transfer_engine
+        self.start_weight_update = self._http.start_weight_update
+        self.update_weights = self._http.update_weights
+        self.finish_weight_update = self._http.finish_weight_update
+
+    def reset_prefix_cache(self) -> None:
+        self._http._post("reset_prefix_cache")
