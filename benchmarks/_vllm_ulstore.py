@@ -13,6 +13,8 @@ internals move, adapt :class:`Backend` only.
 
 from __future__ import annotations
 
+import time
+
 __all__ = ["Backend"]
 
 
@@ -26,6 +28,8 @@ class Backend:
             raise SystemExit("benchmarks/vllm.py runs one in-process worker (TP=1)")
         self.worker = workers[0]
         self.model = self.worker.get_model()
+        #: seconds the last :meth:`update` spent repacking kernels (inside the backend)
+        self.repack_s = 0.0
 
     def connect(self, url: str, version: int, document: bytes | None = None) -> None:
         """(Re)connect the worker to ``url`` and move it to ``version`` (a bootstrap: loads that version whole)."""
@@ -38,6 +42,8 @@ class Backend:
         info = {"version": int(version)}
         if document is not None:
             info["document"] = document.decode("ascii")
+        self.repack_s = 0.0
+        self._watch_repack()
         self.llm.start_weight_update()
         self.llm.update_weights({"update_info": info})
         self.llm.finish_weight_update(weight_version=str(version))
@@ -45,6 +51,21 @@ class Backend:
     @property
     def _state(self):
         return self.worker.weight_transfer_engine.state
+
+    def _watch_repack(self) -> None:
+        """Time the backend's kernel repack from inside (wraps the connected state's ``kernels.rebuild``)."""
+        state = self.worker.weight_transfer_engine.state
+        kernels = None if state is None else state.kernels
+        if kernels is None or getattr(kernels, "_bench_watched", False):
+            return
+        rebuild = kernels.rebuild
+
+        def timed() -> None:
+            t0 = time.perf_counter()
+            rebuild()
+            self.repack_s += time.perf_counter() - t0
+
+        kernels.rebuild, kernels._bench_watched = timed, True
 
     def settle(self) -> None:
         """Wait for the follower's background work (the rotating scan) so the next measurement runs alone."""
