@@ -29,14 +29,6 @@ ALLOWED = {
     "ulstore/codec/_one_stream.py decode_section3",
     "ulstore/codec/_sparse_apply.py apply_sparse",
     "ulstore/codec/reference/_apply_job.py sparse_apply",
-    "ulstore/store/commit/_finalize.py Finalizer._finalize",
-    "ulstore/store/commit/_piece_writer.py PieceWriter.write",
-    "ulstore/store/format/_chunk_tables.py pieces_problem",
-    "ulstore/store/format/_table_block.py _parse_heads",
-    "ulstore/store/maintenance/_gc.py GarbageCollector._collect",
-    "ulstore/store/read/_decode_plan.py _Plan._expand",
-    "ulstore/store/read/_diff.py diff_steps",
-    "ulstore/store/trajectory.py open",
 }
 
 

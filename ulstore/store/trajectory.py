@@ -194,33 +194,8 @@ def open(
     cached = _cache_refusal(io, url) if is_cache(io.fs) else None  # caches are read-only
     if cached is not None and mode in ("r+", "w", "w-", "x"):
         raise ReadOnlyError(f"cannot open {url!r} with mode={mode!r}: {cached}")
-    with _access_errors(url):  # no credentials, access denied, unreachable: a StorageAccessError saying so
-        if mode == "w":
-            io.remove_tree()
-        raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-        if raw is None:
-            if mode in ("r", "r+"):
-                _check_bucket(io, url)
-                raise NotFoundError(
-                    f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META
-                )
-            if cached is not None:
-                _check_bucket(io, url)
-                raise ReadOnlyError(f"no trajectory at {url!r}, and none can be created there: {cached}")
-            settings = _new_settings(anchor_every, chunk_bytes, pack_bytes)
-            try:
-                io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
-            except FileExistsError:  # another process created it just now: use theirs
-                raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
-            except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
-                _check_bucket(io, url)
-                raise
-            else:
-                io.put(STEPS_META, canonical_json(_group({})))
-    if raw is not None:
-        if mode in ("w-", "x"):
-            raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
-        settings = _parse_settings(raw, url)
+    settings = _stored_settings(io, url, mode, cached, lambda: _new_settings(anchor_every, chunk_bytes, pack_bytes))
+    # given settings hold for this session's commits
     if anchor_every is not None:
         settings["anchor_every"] = _check_positive("anchor_every", anchor_every, zero=True)
     if chunk_bytes is not None:
@@ -244,6 +219,39 @@ def open(
     if cached is not None and mode != "r":  # mode "a" through a cache: reads work, writes say why they cannot
         traj._why_read_only = f"{url!r} was opened through a caching URL: {cached}"
     return traj
+
+
+def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, new) -> dict:
+    """The settings stored at the trajectory's root; with none there, ``new()`` written there first (a new
+    trajectory), unless ``mode`` or a cache (``cached``: why it is read-only) forbids it."""
+    with _access_errors(url):  # no credentials, access denied, unreachable: a StorageAccessError saying so
+        if mode == "w":
+            io.remove_tree()
+        raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+        if raw is None:
+            if mode in ("r", "r+"):
+                _check_bucket(io, url)
+                raise NotFoundError(
+                    f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META
+                )
+            if cached is not None:
+                _check_bucket(io, url)
+                raise ReadOnlyError(f"no trajectory at {url!r}, and none can be created there: {cached}")
+            settings = new()
+            try:
+                io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
+            except FileExistsError:  # another process created it just now: use theirs
+                raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+            except OSError:  # s3fs: FileNotFoundError "The specified bucket does not exist"
+                _check_bucket(io, url)
+                raise
+            else:
+                io.put(STEPS_META, canonical_json(_group({})))
+    if raw is None:
+        return settings
+    if mode in ("w-", "x"):
+        raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
+    return _parse_settings(raw, url)
 
 
 def _cache_refusal(io: ObjectStore, url: str) -> str:

@@ -82,39 +82,19 @@ class Finalizer:
                 packs.append(pid)
             return index[pid]
 
-        file_refs = {}
-        for name in sorted(files):
-            data = files[name]
-            h = digest(data).hex()
-            old = pdoc.files.get(name) if pdoc is not None else None
-            if old is None and pdoc is not None:
-                old = next((f for f in pdoc.files.values() if f.hash == h), None)
-            if old is not None and old.hash == h and pdoc is not None:
-                file_refs[name] = FileRef(number(pdoc.packs[old.pack]), old.offset, old.length, old.size, h)
-                continue
-            same = next((f for f in file_refs.values() if f.hash == h), None)
-            if same is not None:
-                file_refs[name] = same
-                continue
-            pid, off, n = stream.append(zstd_compress(data))
-            file_refs[name] = FileRef(number(pid), off, n, len(data), h)
+        file_refs = _file_refs(files, pdoc, stream, number)
         table_refs = []
         for block in _blocks(tables):
             raw = encode_block(block)
             pid, off, n = stream.append(raw)
             table_refs.append(TableRef(block[0].name, block[-1].name, number(pid), off, n, digest(raw).hex()))
         stream.close()
-        has_delta = any(
-            bool(((p.ref >= 0) & ((p.snap[:, 0] < 0) if p.snap is not None else True)).any())
-            for t in tables
-            for p in t.pieces
-        )
         doc = StepDoc(
             step=step,
             parent=parent,
             content=content_checksum(tables, {k: f.hash for k, f in file_refs.items()}, metadata),
             parent_content=pdoc.content if pdoc is not None else None,
-            anchor_distance=pdoc.anchor_distance + 1 if has_delta and pdoc is not None else 0,
+            anchor_distance=pdoc.anchor_distance + 1 if pdoc is not None and _has_delta(tables) else 0,
             packs=tuple(packs),
             tables=tuple(table_refs),
             files=file_refs,
@@ -190,6 +170,37 @@ class Finalizer:
                         packs.append(pid)
             out[name] = (dtype, shape, codec, rs)
         return out, packs
+
+
+def _file_refs(files: dict, pdoc: StepDoc | None, stream: PackStream, number) -> dict[str, FileRef]:
+    """Where each file of a step is: the parent's blob of the same content, one of this step's (a file
+    given twice under two names), else appended to ``stream``; ``number``: a pack id's index in the step."""
+    refs: dict[str, FileRef] = {}
+    for name in sorted(files):
+        data = files[name]
+        h = digest(data).hex()
+        old = pdoc.files.get(name) if pdoc is not None else None
+        if old is None and pdoc is not None:  # the same content under another name
+            old = next((f for f in pdoc.files.values() if f.hash == h), None)
+        if old is not None and old.hash == h and pdoc is not None:
+            refs[name] = FileRef(number(pdoc.packs[old.pack]), old.offset, old.length, old.size, h)
+            continue
+        same = next((f for f in refs.values() if f.hash == h), None)
+        if same is not None:
+            refs[name] = same
+            continue
+        pid, off, n = stream.append(zstd_compress(data))
+        refs[name] = FileRef(number(pid), off, n, len(data), h)
+    return refs
+
+
+def _has_delta(tables: list[TensorTable]) -> bool:
+    """Whether a chunk of the step is read through a reference (not a snapshot): the step is no anchor."""
+    return any(
+        bool(((p.ref >= 0) & ((p.snap[:, 0] < 0) if p.snap is not None else True)).any())
+        for t in tables
+        for p in t.pieces
+    )
 
 
 def _blocks(tables: list[TensorTable]) -> list[list[TensorTable]]:

@@ -29,7 +29,7 @@ from collections import deque
 import numpy as np
 
 from ...errors import DtypeError, InvalidInputError
-from ..format._chunk_tables import MAX_CHUNK_BYTES, TensorTable, chunk_nbytes
+from ..format._chunk_tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nbytes
 from ..format._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
 from ..format._layout import choose_chunks, chunk_grid
 from ..format._packs import Location, PackStream
@@ -102,60 +102,25 @@ class PieceWriter:
         else chosen from ``chunk_bytes``).
         """
         self._check_open()
-        arr = array
-        try:
-            dtype, codec = arr.dtype, check_committable(arr.dtype)
-        except DtypeError as e:
-            raise DtypeError(e.message, tensor=name) from None
-        pshape = tuple(int(n) for n in arr.shape)
-        shape = pshape if shape is None else tuple(int(n) for n in shape)
-        offset = (0,) * len(shape) if offset is None else tuple(int(o) for o in offset)
-        if len(offset) != len(shape) or len(pshape) != len(shape):
-            raise InvalidInputError(
-                f"piece of rank {len(pshape)} at {offset} of a tensor of shape {shape}", tensor=name
-            )
-        if any(o < 0 or o + s > n for o, s, n in zip(offset, pshape, shape)):
-            raise InvalidInputError(f"piece {pshape} at {list(offset)} lies outside {list(shape)}", tensor=name)
+        dtype, codec = _committable(array, name)
+        pshape, shape, offset = _placement(name, array.shape, shape, offset)
         pt = self._parent_table(name)
         same = pt is not None and pt.dtype == dtype and pt.shape == shape
         if self.strict and codec == ULPACK and not same:
-            why = "is new" if pt is None else f"changed from {pt.dtype}{list(pt.shape)} to {dtype}{list(shape)}"
-            raise InvalidInputError(
-                f"tensor {why}, which needs an intra-coded chunk, but anchor=False forbids it; "
-                "commit with anchor=None or anchor=True",
-                step=self.step,
-                tensor=name,
-            )
+            self._refuse_intra(name, pt, dtype, shape)
+        parent = pt if same else None  # the parent's table, when its chunks can be references
         if chunks is None:
-            match = None
-            if same and pt is not None:
-                match = next((p for p in pt.pieces if p.offset == offset and p.shape == pshape), None)
-            chunks = match.chunks if match is not None else choose_chunks(pshape, dtype.itemsize, self.chunk_bytes)
-        chunks = tuple(int(c) for c in chunks)
-        if len(chunks) != len(shape) or any(c < 1 for c in chunks):
-            raise InvalidInputError(
-                f"chunk shape {list(chunks)} does not fit a piece of rank {len(shape)}", tensor=name
-            )
-        # a chunk longer than its piece holds the same elements as one of the piece's length
-        chunks = tuple(min(c, max(s, 1)) for c, s in zip(chunks, pshape))
-        if chunk_nbytes(pshape, chunks, dtype.itemsize) > MAX_CHUNK_BYTES:
-            raise InvalidInputError(f"chunks {list(chunks)} exceed {MAX_CHUNK_BYTES} bytes", tensor=name)
-        layout = (offset, pshape, chunks)
+            chunks = self._default_chunks(parent, offset, pshape, dtype)
+        layout = (offset, pshape, _piece_chunks(name, chunks, pshape, dtype))
         if (name, offset) in self._written:
             raise InvalidInputError(f"piece at {list(offset)} was written twice", tensor=name)
         self._written.add((name, offset))
-        pj = pt.find_piece(layout) if same and pt is not None else None
-        pp = pt.pieces[pj] if pt is not None and pj is not None else None
-        if codec != ULPACK or self.anchor or not same:
-            mode = "intra"
-        else:
-            mode = "colocated" if pp is not None else "box"
-        n = math.prod(chunk_grid(pshape, chunks))
+        pj, pp, mode = self._against(parent, layout, codec)
         kp = None
         if self.kept is not None:
-            kp = self.kept.ensure(name, dtype, shape, layout, n)
+            kp = self.kept.ensure(name, dtype, shape, layout, math.prod(chunk_grid(pshape, layout[2])))
         parent_packs = self.reader.doc(self.parent).packs if self.parent is not None else ()
-        st = _PieceState(name, arr, dtype, shape, codec, layout, pt if same else None, pp, parent_packs, mode, kp)
+        st = _PieceState(name, array, dtype, shape, codec, layout, parent, pp, parent_packs, mode, kp)
         if pp is not None:
             self._index_intra(st)
         if mode == "colocated" and kp is not None:
@@ -165,6 +130,34 @@ class PieceWriter:
             return
         for i, coord in enumerate(np.ndindex(*st.grid)):
             self._submit(st, i, coord)
+
+    def _refuse_intra(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple) -> None:
+        """A strict (anchor=False) commit refuses a tensor that would need an intra-coded chunk."""
+        why = "is new" if pt is None else f"changed from {pt.dtype}{list(pt.shape)} to {dtype}{list(shape)}"
+        raise InvalidInputError(
+            f"tensor {why}, which needs an intra-coded chunk, but anchor=False forbids it; "
+            "commit with anchor=None or anchor=True",
+            step=self.step,
+            tensor=name,
+        )
+
+    def _default_chunks(self, pt: TensorTable | None, offset: tuple, pshape: tuple, dtype: np.dtype) -> tuple:
+        """The chunks of the parent's piece at the same place (``pt``: the parent's table, same dtype and
+        shape), else chosen from ``chunk_bytes``."""
+        match = (
+            next((p for p in pt.pieces if p.offset == offset and p.shape == pshape), None) if pt is not None else None
+        )
+        return match.chunks if match is not None else choose_chunks(pshape, dtype.itemsize, self.chunk_bytes)
+
+    def _against(self, pt: TensorTable | None, layout: tuple, codec: str) -> tuple[int | None, Piece | None, str]:
+        """(index, piece) of the parent's piece of the same layout (``pt``: the parent's table, same dtype and
+        shape) and what the piece's chunks are coded against: ``intra`` alone, ``colocated`` the parent's
+        chunk at the same place, ``box`` the parent's values over the chunk's box (other pieces)."""
+        pj = pt.find_piece(layout) if pt is not None else None
+        pp = pt.pieces[pj] if pt is not None and pj is not None else None
+        if codec != ULPACK or self.anchor or pt is None:
+            return pj, pp, "intra"
+        return pj, pp, "colocated" if pp is not None else "box"
 
     def _parent_table(self, name: str) -> TensorTable | None:
         if self.parent is None:
@@ -388,3 +381,35 @@ class PieceWriter:
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def _committable(array, name: str) -> tuple[np.dtype, str]:
+    """The dtype of ``array`` and the codec its chunks take (DtypeError naming the tensor if none)."""
+    try:
+        return array.dtype, check_committable(array.dtype)
+    except DtypeError as e:
+        raise DtypeError(e.message, tensor=name) from None
+
+
+def _placement(name: str, piece_shape, shape, offset) -> tuple[tuple, tuple, tuple]:
+    """(piece shape, tensor shape, offset) of a piece, checked to lie inside its tensor (defaults: the whole)."""
+    pshape = tuple(int(n) for n in piece_shape)
+    shape = pshape if shape is None else tuple(int(n) for n in shape)
+    offset = (0,) * len(shape) if offset is None else tuple(int(o) for o in offset)
+    if len(offset) != len(shape) or len(pshape) != len(shape):
+        raise InvalidInputError(f"piece of rank {len(pshape)} at {offset} of a tensor of shape {shape}", tensor=name)
+    if any(o < 0 or o + s > n for o, s, n in zip(offset, pshape, shape)):
+        raise InvalidInputError(f"piece {pshape} at {list(offset)} lies outside {list(shape)}", tensor=name)
+    return pshape, shape, offset
+
+
+def _piece_chunks(name: str, chunks, pshape: tuple, dtype: np.dtype) -> tuple[int, ...]:
+    """The chunk shape of a piece, checked; a chunk longer than its piece is cut to the piece's length
+    (it holds the same elements)."""
+    chunks = tuple(int(c) for c in chunks)
+    if len(chunks) != len(pshape) or any(c < 1 for c in chunks):
+        raise InvalidInputError(f"chunk shape {list(chunks)} does not fit a piece of rank {len(pshape)}", tensor=name)
+    chunks = tuple(min(c, max(s, 1)) for c, s in zip(chunks, pshape))
+    if chunk_nbytes(pshape, chunks, dtype.itemsize) > MAX_CHUNK_BYTES:
+        raise InvalidInputError(f"chunks {list(chunks)} exceed {MAX_CHUNK_BYTES} bytes", tensor=name)
+    return chunks

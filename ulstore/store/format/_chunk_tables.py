@@ -205,22 +205,35 @@ def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     and at most the piece's length per axis, and together they must cover every element exactly once:
     checked on the grid the pieces' boundaries cut the tensor into.
     """
-    ndim = len(shape)
     if not layouts or len(layouts) > _MAX_PIECES:
         return f"{len(layouts)} pieces"
     for off, shp, ch in layouts:
-        if not (len(off) == len(shp) == len(ch) == ndim):
-            return "a piece has the wrong number of dimensions"
-        # a chunk never exceeds its piece (writers clamp it): a crafted table cannot make a
-        # reader pad a chunk of a few elements out to gigabytes
-        if any(c < 1 or c > max(s, 1) or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
-            return f"piece at {list(off)} of shape {list(shp)} (chunks {list(ch)}) is outside {list(shape)}"
+        why = _piece_problem(shape, off, shp, ch)
+        if why is not None:
+            return why
     if len(layouts) == 1:
         off, shp, _ = layouts[0]
         ok = all(o == 0 for o in off) and tuple(shp) == tuple(shape)
         return None if ok else "a single piece must cover the whole tensor"
     if math.prod(shape) == 0:
         return "an empty tensor has one piece"
+    return _tiling_problem(shape, layouts)
+
+
+def _piece_problem(shape: tuple[int, ...], off, shp, ch) -> str | None:
+    """Why one piece does not lie inside the tensor with valid chunks, or None."""
+    if not (len(off) == len(shp) == len(ch) == len(shape)):
+        return "a piece has the wrong number of dimensions"
+    # a chunk never exceeds its piece (writers clamp it): a crafted table cannot make a
+    # reader pad a chunk of a few elements out to gigabytes
+    if any(c < 1 or c > max(s, 1) or o < 0 or s < 0 or o + s > n for o, s, c, n in zip(off, shp, ch, shape)):
+        return f"piece at {list(off)} of shape {list(shp)} (chunks {list(ch)}) is outside {list(shape)}"
+    return None
+
+
+def _tiling_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
+    """Whether pieces (each inside the tensor) cover every element exactly once, counted on the grid their
+    boundaries cut the tensor into."""
     cuts = [
         sorted({0, n, *(x[0][k] for x in layouts), *(x[0][k] + x[1][k] for x in layouts)}) for k, n in enumerate(shape)
     ]

@@ -267,6 +267,21 @@ _HEADS = _HeadsCache(64 << 20)
 
 def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
     """The dtype list and tensor headers at the start of a block, checked."""
+    dtypes = _parse_dtypes(cur)
+    (n_tensors,) = cur.unpack("<I")
+    if n_tensors > len(raw):
+        raise TableError("table block declares more tensors than it holds")
+    heads: list[tuple[str, np.dtype, str, tuple, tuple]] = []
+    total = 0
+    for _ in range(n_tensors):
+        head, total = _parse_tensor(cur, raw, dtypes, total)
+        if heads and head[0] <= heads[-1][0]:
+            raise TableError("tensors of a table block are not sorted by name")
+        heads.append(head)
+    return _Heads(heads, total)
+
+
+def _parse_dtypes(cur: _Cursor) -> list[np.dtype]:
     (n_dtypes,) = cur.unpack("<I")
     dtypes = []
     for _ in range(min(n_dtypes, 256)):
@@ -277,58 +292,58 @@ def _parse_heads(cur: _Cursor, raw: bytes) -> _Heads:
             raise TableError("table block names an unknown dtype") from None
     if n_dtypes > 256:
         raise TableError("table block has too many dtypes")
-    (n_tensors,) = cur.unpack("<I")
-    if n_tensors > len(raw):
-        raise TableError("table block declares more tensors than it holds")
-    heads: list[tuple[str, np.dtype, str, tuple, tuple]] = []
-    total = 0
-    for _ in range(n_tensors):
-        (k,) = cur.unpack("<I")
-        try:
-            name = cur.take(k).decode("utf-8")
-        except UnicodeDecodeError:
-            raise TableError("a tensor name is not UTF-8") from None
-        why = tensor_name_problem(name)
-        if why is not None:
-            raise TableError(why)
-        di, ci, ndim = cur.unpack("<BBB")
-        if di >= len(dtypes) or ci >= len(_CODECS) or ndim > _MAX_NDIM:
-            raise TableError(f"tensor {name!r} has a bad dtype, codec or rank")
-        dtype, codec = dtypes[di], _CODECS[ci]
-        try:
-            ok = codec_for(dtype) == codec
-        except ValueError:
-            ok = False
-        if not ok:
-            raise TableError(f"tensor {name!r} is {dtype} but says codec {codec!r}")
-        shape = cur.unpack(f"<{ndim}Q")
-        (n_pieces,) = cur.unpack("<I")
-        if n_pieces > len(raw) or any(d > _MAX_DIM for d in shape):
-            raise TableError(f"tensor {name!r} has an implausible shape or piece count")
-        layouts = []
-        for _ in range(n_pieces):
-            off, shp, ch = cur.unpack(f"<{ndim}Q"), cur.unpack(f"<{ndim}Q"), cur.unpack(f"<{ndim}Q")
-            (has_snap,) = cur.unpack("<B")
-            if any(c < 1 or c > _MAX_DIM for c in ch):
-                raise TableError(f"tensor {name!r} has a chunk shape {list(ch)}")
-            if chunk_nbytes(shp, ch, dtype.itemsize) > MAX_CHUNK_BYTES:
-                raise TableError(f"tensor {name!r} has chunks {list(ch)} of more than {MAX_CHUNK_BYTES} bytes")
-            layouts.append((off, shp, ch, bool(has_snap)))
-        why = pieces_problem(shape, [x[:3] for x in layouts])
-        if why is not None:
-            raise TableError(f"tensor {name!r}: {why}")
-        pieces = []
-        for off, shp, ch, has_snap in layouts:  # columns are in the block's piece order
-            first = total
-            total += math.prod(chunk_grid(shp, ch))
-            if total * _ENTRY_BYTES > len(raw):
-                raise TableError("table block declares more chunks than it holds")
-            pieces.append((off, shp, ch, has_snap, first, total))
-        if heads and name <= heads[-1][0]:
-            raise TableError("tensors of a table block are not sorted by name")
-        pieces.sort(key=lambda p: p[0])  # a table's pieces are sorted by offset
-        heads.append((name, dtype, codec, tuple(shape), tuple(pieces)))
-    return _Heads(heads, total)
+    return dtypes
+
+
+def _parse_tensor(cur: _Cursor, raw: bytes, dtypes: list[np.dtype], total: int) -> tuple[tuple, int]:
+    """One tensor's header ``(name, dtype, codec, shape, pieces)``, checked, and the chunks counted so far
+    with its own (``total``: before it); a piece is ``(offset, shape, chunks, has_snap, first, end)``."""
+    (k,) = cur.unpack("<I")
+    try:
+        name = cur.take(k).decode("utf-8")
+    except UnicodeDecodeError:
+        raise TableError("a tensor name is not UTF-8") from None
+    why = tensor_name_problem(name)
+    if why is not None:
+        raise TableError(why)
+    di, ci, ndim = cur.unpack("<BBB")
+    if di >= len(dtypes) or ci >= len(_CODECS) or ndim > _MAX_NDIM:
+        raise TableError(f"tensor {name!r} has a bad dtype, codec or rank")
+    dtype, codec = dtypes[di], _CODECS[ci]
+    try:
+        ok = codec_for(dtype) == codec
+    except ValueError:
+        ok = False
+    if not ok:
+        raise TableError(f"tensor {name!r} is {dtype} but says codec {codec!r}")
+    shape = cur.unpack(f"<{ndim}Q")
+    (n_pieces,) = cur.unpack("<I")
+    if n_pieces > len(raw) or any(d > _MAX_DIM for d in shape):
+        raise TableError(f"tensor {name!r} has an implausible shape or piece count")
+    layouts = [_parse_piece(cur, name, ndim, dtype) for _ in range(n_pieces)]
+    why = pieces_problem(shape, [x[:3] for x in layouts])
+    if why is not None:
+        raise TableError(f"tensor {name!r}: {why}")
+    pieces = []
+    for off, shp, ch, has_snap in layouts:  # columns are in the block's piece order
+        first = total
+        total += math.prod(chunk_grid(shp, ch))
+        if total * _ENTRY_BYTES > len(raw):
+            raise TableError("table block declares more chunks than it holds")
+        pieces.append((off, shp, ch, has_snap, first, total))
+    pieces.sort(key=lambda p: p[0])  # a table's pieces are sorted by offset
+    return (name, dtype, codec, tuple(shape), tuple(pieces)), total
+
+
+def _parse_piece(cur: _Cursor, name: str, ndim: int, dtype: np.dtype) -> tuple:
+    """``(offset, shape, chunks, has_snap)`` of a piece, its chunk shape checked."""
+    off, shp, ch = cur.unpack(f"<{ndim}Q"), cur.unpack(f"<{ndim}Q"), cur.unpack(f"<{ndim}Q")
+    (has_snap,) = cur.unpack("<B")
+    if any(c < 1 or c > _MAX_DIM for c in ch):
+        raise TableError(f"tensor {name!r} has a chunk shape {list(ch)}")
+    if chunk_nbytes(shp, ch, dtype.itemsize) > MAX_CHUNK_BYTES:
+        raise TableError(f"tensor {name!r} has chunks {list(ch)} of more than {MAX_CHUNK_BYTES} bytes")
+    return off, shp, ch, bool(has_snap)
 
 
 def _columns(cur: _Cursor, raw: bytes, heads: _Heads, n_packs: int) -> Block:

@@ -86,34 +86,14 @@ class GarbageCollector:
     def _collect(self, older_than: float, repack_below: float) -> dict:
         io, reader = self._t._io, self._t._reader
         now = time.time()
-        listing = {}  # listed FIRST: a pack created after this is never considered
-        for key, info in io.find(PACKS_DIR, detail=True).items():
-            name = key.rsplit("/", 1)[-1]
-            if key == f"{PACKS_DIR}/{name}" and name.endswith(PACK_SUFFIX) and is_pack_id(name[: -len(PACK_SUFFIX)]):
-                if info.get("islink"):
-                    continue
-                listing[name[: -len(PACK_SUFFIX)]] = (int(info.get("size") or 0), _age(info, now))
+        listing = self._packs_listed(now)  # listed FIRST: a pack created after this is never considered
         retired = self._retired(now)
         reader.forget()
         docs, live = self._scan()
         listed = {pid for d in docs.values() for pid in d.packs}
-        removed, freed = [], 0
-        for pid, (size, age) in listing.items():
-            if pid in listed:
-                continue
-            grace = retired.get(pid, age)
-            if older_than and (grace is None or grace < older_than):
-                continue
-            removed.append(pid)
-            freed += size
-        repack = [
-            pid
-            for pid, (size, _) in listing.items()
-            if pid in listed
-            and repack_below > 0
-            and size
-            and sum(n for _, n in live.get(pid, ())) < repack_below * size
-        ]
+        removed = _unnamed(listing, listed, retired, older_than)
+        freed = sum(listing[p][0] for p in removed)
+        repack = _mostly_dead(listing, listed, live, repack_below)
         rewritten, kept = self._repack(repack, docs, live) if repack else (0, set())
         emptied = [pid for pid in repack if pid not in kept]
         if emptied and not older_than:
@@ -127,6 +107,17 @@ class GarbageCollector:
         io.sweep_tmp(older_than)
         reader.forget()
         return {"packs": len(removed), "bytes": freed, "repacked": len(emptied), "steps_rewritten": rewritten}
+
+    def _packs_listed(self, now: float) -> dict[str, tuple[int, float | None]]:
+        """pack id -> (size, age) of every pack object listed now (symbolic links left out)."""
+        listing = {}
+        for key, info in self._t._io.find(PACKS_DIR, detail=True).items():
+            name = key.rsplit("/", 1)[-1]
+            if key == f"{PACKS_DIR}/{name}" and name.endswith(PACK_SUFFIX) and is_pack_id(name[: -len(PACK_SUFFIX)]):
+                if info.get("islink"):
+                    continue
+                listing[name[: -len(PACK_SUFFIX)]] = (int(info.get("size") or 0), _age(info, now))
+        return listing
 
     def _scan(self) -> tuple[dict[int, StepDoc], dict[str, set]]:
         """Every step's document and the byte ranges it names, per pack; steps deleted meanwhile are skipped."""
@@ -219,6 +210,30 @@ class GarbageCollector:
                 kept |= gone & set(now.packs if now is not None else ())
         reader.forget()
         return done, kept
+
+
+def _unnamed(listing: dict, listed: set, retired: dict, older_than: float) -> list[str]:
+    """The packs no step names that are past the grace period (retired by a repack: since then)."""
+    out = []
+    for pid, (_, age) in listing.items():
+        if pid in listed:
+            continue
+        grace = retired.get(pid, age)
+        if older_than and (grace is None or grace < older_than):
+            continue
+        out.append(pid)
+    return out
+
+
+def _mostly_dead(listing: dict, listed: set, live: dict, repack_below: float) -> list[str]:
+    """The named packs whose live bytes are under ``repack_below`` of their size."""
+    if repack_below <= 0:
+        return []
+    return [
+        pid
+        for pid, (size, _) in listing.items()
+        if pid in listed and size and sum(n for _, n in live.get(pid, ())) < repack_below * size
+    ]
 
 
 def _age(info: dict, now: float) -> float | None:

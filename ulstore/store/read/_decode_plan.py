@@ -153,15 +153,9 @@ class _Plan:
             )
         i = p.index(coord)
         need = _Need(p.content[i].tobytes(), t, p, i, p.region_shape(coord))
-        if self.kept is not None:
-            kp = self.kept.piece(name, t.dtype, t.shape, p.layout)
-            v = kp.get(i, need.content) if kp is not None else None
-            if v is not None:
-                return self._have(node, need, v)
-        if self.lru:
-            v = self.r._chunks.get((need.content, t.dtype.str, need.shape))
-            if v is not None:
-                return self._have(node, need, v)
+        v = self._at_hand(name, need)
+        if v is not None:
+            return self._have(node, need, v)
         packs = self.r.doc(step).packs
         ref = int(p.ref[i])
         if self.memo is not None:
@@ -177,6 +171,28 @@ class _Plan:
         need.loc = packs[int(p.pack[i])], int(p.off[i]), int(p.length[i])
         if ref < 0:
             return []
+        need.deps, need.lo, need.boxes = self._reference(node, need, ref)
+        return need.deps
+
+    def _at_hand(self, name: str, need: _Need) -> np.ndarray | None:
+        """The value of a chunk of ``name`` if the kept step or the decoded-chunk cache holds it."""
+        t, p, i = need.t, need.p, need.i
+        if self.kept is not None:
+            kp = self.kept.piece(name, t.dtype, t.shape, p.layout)
+            v = kp.get(i, need.content) if kp is not None else None
+            if v is not None:
+                return v
+        if self.lru:
+            v = self.r._chunks.get((need.content, t.dtype.str, need.shape))
+            if v is not None:
+                return v
+        return None
+
+    def _reference(self, node: Node, need: _Need, ref: int) -> tuple[list[Node], tuple | None, list]:
+        """(deps, box origin or None, boxes) of a chunk coded against step ``ref``: the co-located chunk when
+        that step has the same piece layout, else the chunks of its pieces the chunk's box overlaps."""
+        step, name, _, coord = node
+        t, p = need.t, need.p
         if t.codec != "ulpack":
             raise CorruptManifestError("a zstd chunk names a reference", step=step, tensor=name, key=step_key(step))
         if ref == step:
@@ -196,13 +212,10 @@ class _Plan:
             )
         jj = rt.find_piece(p.layout)
         if jj is not None:
-            need.deps = [(ref, name, jj, coord)]
-        else:  # another sharding: assemble the box from the reference step's chunks
-            need.lo = p.box(coord)[0]
-            parts = list(rt.overlapping(*p.box(coord)))
-            need.deps = [(ref, name, k, c) for k, c, _, _ in parts]
-            need.boxes = [(clo, chi) for _, _, clo, chi in parts]
-        return need.deps
+            return [(ref, name, jj, coord)], None, []
+        # another sharding: assemble the box from the reference step's chunks
+        parts = list(rt.overlapping(*p.box(coord)))
+        return [(ref, name, k, c) for k, c, _, _ in parts], p.box(coord)[0], [(clo, chi) for _, _, clo, chi in parts]
 
     def add(self, node: Node, *, root: bool = True) -> None:
         """Plan ``node`` and everything it depends on."""

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ...errors import TensorNotFoundError
+
 __all__ = ["TensorDiff", "diff_steps"]
 
 #: elements converted to float64 at a time (bounds the memory of a diff to a few MB per block)
@@ -117,16 +119,7 @@ def _whole(name, status, shape, dtype) -> TensorDiff:
 def diff_steps(traj, a: int, b: int, names=None) -> list[TensorDiff]:
     """:meth:`Trajectory.diff` of two resolved steps (see there)."""
     reader = traj._reader
-    specs_a, specs_b = reader.specs(a), reader.specs(b)
-    if names is not None:
-        wanted = list(dict.fromkeys(names))
-        from ...errors import TensorNotFoundError
-
-        missing = [n for n in wanted if n not in specs_a and n not in specs_b]
-        if missing:
-            raise TensorNotFoundError(f"no tensor {missing[0]!r} in step {a} or step {b}", tensor=missing[0])
-        specs_a = {n: v for n, v in specs_a.items() if n in wanted}
-        specs_b = {n: v for n, v in specs_b.items() if n in wanted}
+    specs_a, specs_b = _wanted(reader.specs(a), reader.specs(b), names, a, b)
     out: list[TensorDiff] = []
     common = []
     for name in sorted(set(specs_a) | set(specs_b)):
@@ -138,20 +131,7 @@ def diff_steps(traj, a: int, b: int, names=None) -> list[TensorDiff]:
             out.append(_whole(name, "reshaped", *specs_b[name]))
         else:
             common.append(name)
-    # the boxes of b to decode: per tensor, the chunks whose content differs from a's (same layout), or all of it
-    boxes: list[tuple[str, tuple, tuple]] = []
-    for name in common:
-        ta, tb = reader.tensor(a, name), reader.tensor(b, name)
-        if ta.layout() == tb.layout():
-            for pa, pb in zip(ta.pieces, tb.pieces):
-                differ = np.flatnonzero((pa.content != pb.content).any(axis=1))
-                all_boxes = pb.boxes()
-                for i in differ:
-                    _, lo, hi = all_boxes[i]
-                    boxes.append((name, lo, tuple(h - s for s, h in zip(lo, hi))))
-        else:
-            shape = tb.shape
-            boxes.append((name, (0,) * len(shape), shape))
+    boxes = _changed_boxes(reader, a, b, common)
     values_a = traj.read(a, common) if common else {}
     values_b = traj.read_boxes(b, boxes) if boxes else []
     sums = {name: _Sums() for name in common}
@@ -160,26 +140,46 @@ def diff_steps(traj, a: int, b: int, names=None) -> list[TensorDiff]:
     for (name, lo, shape), vb in zip(boxes, values_b):
         region = tuple(slice(o, o + n) for o, n in zip(lo, shape))
         sums[name].changed_box(values_a[name][region], vb)
-    for name in common:
-        s, (shape, dtype) = sums[name], specs_a[name]
-        n = math.prod(shape)
-        if s.dd == 0.0:
-            rel = 0.0
-        else:
-            rel = math.sqrt(s.dd) / math.sqrt(s.aa) if s.aa > 0 else math.inf
-        out.append(
-            TensorDiff(
-                name,
-                "compared",
-                dtype.name,
-                tuple(shape),
-                n,
-                s.changed,
-                s.changed / n if n else 0.0,
-                rel,
-                s.max,
-                s.nonfinite,
-            )
-        )
+    out += [_compared(name, sums[name], *specs_a[name]) for name in common]
     out.sort(key=lambda d: (-d.fraction_changed, -(d.rel_l2 if d.rel_l2 is not None else math.inf), d.name))
     return out
+
+
+def _wanted(specs_a: dict, specs_b: dict, names, a: int, b: int) -> tuple[dict, dict]:
+    """The specs of the tensors ``names`` asks for (all with None); TensorNotFoundError for one in neither step."""
+    if names is None:
+        return specs_a, specs_b
+    wanted = list(dict.fromkeys(names))
+    missing = [n for n in wanted if n not in specs_a and n not in specs_b]
+    if missing:
+        raise TensorNotFoundError(f"no tensor {missing[0]!r} in step {a} or step {b}", tensor=missing[0])
+    return {n: v for n, v in specs_a.items() if n in wanted}, {n: v for n, v in specs_b.items() if n in wanted}
+
+
+def _changed_boxes(reader, a: int, b: int, common: list[str]) -> list[tuple[str, tuple, tuple]]:
+    """The boxes of b to decode: per tensor, the chunks whose content differs from a's (same layout), or all of it."""
+    boxes: list[tuple[str, tuple, tuple]] = []
+    for name in common:
+        ta, tb = reader.tensor(a, name), reader.tensor(b, name)
+        if ta.layout() != tb.layout():
+            boxes.append((name, (0,) * len(tb.shape), tb.shape))
+            continue
+        for pa, pb in zip(ta.pieces, tb.pieces):
+            differ = np.flatnonzero((pa.content != pb.content).any(axis=1))
+            all_boxes = pb.boxes()
+            for i in differ:
+                _, lo, hi = all_boxes[i]
+                boxes.append((name, lo, tuple(h - s for s, h in zip(lo, hi))))
+    return boxes
+
+
+def _compared(name: str, s: _Sums, shape, dtype) -> TensorDiff:
+    """The diff of a tensor both steps hold with the same shape and dtype, from its sums."""
+    n = math.prod(shape)
+    if s.dd == 0.0:
+        rel = 0.0
+    else:
+        rel = math.sqrt(s.dd) / math.sqrt(s.aa) if s.aa > 0 else math.inf
+    return TensorDiff(
+        name, "compared", dtype.name, tuple(shape), n, s.changed, s.changed / n if n else 0.0, rel, s.max, s.nonfinite
+    )
