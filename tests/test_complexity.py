@@ -28,7 +28,6 @@ ALLOWED = {
     "ulstore/cli/demo.py run",
     "ulstore/codec/_api.py _decode",
     "ulstore/codec/_format.py open_blob",
-    "ulstore/codec/_sparse_apply.py apply_sparse",
     "ulstore/codec/reference/_apply_job.py sparse_apply",
     "ulstore/codec/_one_stream.py decode_section3",
     "ulstore/core/objects.py ObjectStore.get_ranges",
