@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,9 +43,6 @@ from _data import cache_options, load_trajectory  # noqa: E402
 
 from ulstore.codec import _sparse_apply  # noqa: E402
 from ulstore.codec._backend import kernels  # noqa: E402
-from ulstore.codec._dtypes import format_of  # noqa: E402
-from ulstore.codec._rans_tables import POOL_BELOW  # noqa: E402
-from ulstore.codec._sparse import GAPS  # noqa: E402
 from ulstore.sync import Follower, Publisher  # noqa: E402
 from ulstore.sync._arrays import Spec, allocate  # noqa: E402
 
@@ -64,7 +62,7 @@ def load_build(path: str, name: str):
 
 def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]:
     """Version 0's state and every ``apply_sparse`` call a follower makes for versions 1..steps, as
-    ``(dtype, blobs, [(tensor, first element, elements)], reference sums, box shapes, target metas)``;
+    ``(its plan without the arrays, [(tensor, first element, elements)])``;
     ``contexts``: the SPARSE deltas coded with exponent contexts (the store codes them without)."""
     states = load_trajectory("rl", "bfloat16", preset, steps=steps)
     if contexts:
@@ -86,17 +84,16 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
                 mirrors = {n: b.mirror for n, b in f._replica._bindings.items()}
                 real = _sparse_apply.apply_sparse
 
-                def spy(dtype, blobs, arrays, sums, shapes, *, metas=None, **kw):
+                def spy(plan, **kw):
                     spans = []
-                    for a in arrays:
+                    for a in plan.arrays:
                         for n, m in mirrors.items():
                             offset = (a.ctypes.data - m.ctypes.data) // m.dtype.itemsize
                             if 0 <= offset < m.size:
                                 spans.append((n, offset, a.size))
                                 break
-                    boxes = shapes or [None] * len(blobs)
-                    calls.append((str(dtype), [bytes(b) for b in blobs], spans, list(sums), boxes, metas))
-                    return real(dtype, blobs, arrays, sums, shapes, metas=metas, **kw)
+                    calls.append((replace(plan, blobs=[bytes(b) for b in plan.blobs], arrays=[]), spans))
+                    return real(plan, **kw)
 
                 _sparse_apply.apply_sparse = spy
                 from ulstore.sync import _in_place
@@ -115,28 +112,10 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
 
 def run(k, call, state: dict, pool, threads: int) -> float:
     """One recorded call on ``state`` with kernel module ``k``: the seconds of the job (made, worked, finished)."""
-    dtype, blobs, spans, sums, boxes, metas = call
-    fmt = format_of(np.dtype(dtype))
-    arrays = [state[n].reshape(-1)[o : o + c].view(fmt.word) for n, o, c in spans]
-    metas = metas or [_sparse_apply.target_meta(dtype, b) for b in boxes]
+    plan, spans = call
+    arrays = [state[n].reshape(-1)[o : o + c].view(plan.word) for n, o, c in spans]
     t = time.perf_counter()
-    job = k.SparseApply(
-        blobs,
-        arrays,
-        list(sums),  # (as apply_sparse passes them)
-        metas,
-        fmt.code,
-        fmt.width,
-        fmt.mant_bits,
-        fmt.n_contexts - 1,
-        POOL_BELOW,
-        GAPS.alphabet,
-        fmt.alphabet,
-        True,
-        None,
-        None,
-        True,
-    )
+    job = k.SparseApply(replace(plan, arrays=arrays), True, None, None, True)
     helper = pool.submit(job.work) if threads > 1 else None
     job.work()
     if not job.join() and helper is not None:

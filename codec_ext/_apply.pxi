@@ -535,14 +535,13 @@ _WORDS = {wb: np.dtype(f"<u{wb}") for wb in (1, 2, 4, 8)}  # the output word dty
 cdef class SparseApply:
     """SPARSE blobs (format version 2 or 4) decoded against the arrays they were coded against and, ``write``, applied.
 
-    ``blobs[i]`` (bytes-like) was coded against ``dsts[i]`` (1-d C-contiguous
-    words of ``width`` bits, ``code`` the dtype code, ``metas[i]`` the dtype
-    code byte and the LEB128 dims of its shape), whose ``hash_sum64`` is
-    ``ref_sums[i]`` (an int in [0, 2**64): OverflowError otherwise; ``order``,
-    if given, a permutation of the blob indices as ints); with ``write``, no two arrays may overlap in memory
-    (ValueError).  ``emask``: the dtype's context mask (0 for blobs flagged
-    without exponent contexts).  ``crc``: check each blob's CRC-32 too (else
-    the caller has).
+    ``plan`` (an :class:`ulstore.codec._apply_plan.ApplyPlan`, or any object with its fields): ``plan.blobs[i]``
+    (bytes-like) was coded against ``plan.arrays[i]`` (1-d C-contiguous words of ``plan.width`` bits,
+    ``plan.code`` the dtype code, ``plan.metas[i]`` the dtype code byte and the LEB128 dims of its shape),
+    whose ``hash_sum64`` is ``plan.sums[i]`` (an int in [0, 2**64): OverflowError otherwise); ``plan.emask``:
+    the dtype's context mask (0 for blobs flagged without exponent contexts).  ``order``, if given, is a
+    permutation of the blob indices as ints; with ``write``, no two arrays may overlap in memory (ValueError).
+    ``crc``: check each blob's CRC-32 too (else the caller has).
 
     Every header is parsed here.  Then any number of threads call
     :meth:`work` (each releases the GIL and takes the next blob of ``order``,
@@ -566,9 +565,12 @@ cdef class SparseApply:
     def __cinit__(self):
         self.c = 0
 
-    def __init__(self, list blobs, list dsts, ref_sums, list metas, int code, int width, int mant_bits, uint32_t emask,
-                 int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None, order=None,
-                 bint crc=False):
+    def __init__(self, plan, bint write, buffers=None, order=None, bint crc=False):
+        cdef list blobs = plan.blobs, dsts = plan.arrays, metas = plan.metas
+        ref_sums = plan.sums
+        cdef int code = plan.code, width = plan.width, mant_bits = plan.mant_bits, pool_below = plan.pool_below
+        cdef int g_alphabet = plan.g_alphabet, t_alphabet = plan.t_alphabet
+        cdef uint32_t emask = plan.emask
         cdef Py_ssize_t c = len(blobs), i, k, cc
         cdef int flags = PyBUF_WRITABLE if write else PyBUF_SIMPLE, wb = width // 8
         cdef Hasher hs
@@ -802,14 +804,12 @@ cdef class SparseApply:
         self._release()
 
 
-def sparse_apply(list blobs, list dsts, const uint64_t[::1] ref_sums, list metas, int code, int width, int mant_bits,
-                 uint32_t emask, int pool_below, int g_alphabet, int t_alphabet, bint write, buffers=None):
+def sparse_apply(plan, bint write, buffers=None):
     """:class:`SparseApply` on this thread, in blob order: ``(status, index, pos, new, old, starts, sums)``.
 
-    ``blobs[i]``'s CRC-32 is the caller's to check; see :class:`SparseApply`
-    for the arguments and :meth:`SparseApply.finish` for the result.
+    ``plan.blobs[i]``'s CRC-32 is the caller's to check; see :class:`SparseApply`
+    for the plan and :meth:`SparseApply.finish` for the result.
     """
-    job = SparseApply(blobs, dsts, np.asarray(ref_sums), metas, code, width, mant_bits, emask, pool_below, g_alphabet,
-                      t_alphabet, write, buffers)
+    job = SparseApply(plan, write, buffers)
     job.work()
     return job.finish()

@@ -27,7 +27,6 @@ ALLOWED = {
     "ulstore/codec/_api.py _decode",
     "ulstore/codec/_format.py open_blob",
     "ulstore/codec/_one_stream.py decode_section3",
-    "ulstore/codec/_sparse_apply.py apply_sparse",
     "ulstore/codec/reference/_apply_job.py sparse_apply",
 }
 

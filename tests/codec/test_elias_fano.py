@@ -16,19 +16,30 @@ import pytest
 import ulstore
 from tests.helpers.bits import flat_bits
 from ulstore import content_sum
+from ulstore.codec._apply_plan import ApplyPlan
 from ulstore.codec._backend import kernels
 from ulstore.codec._dtypes import FORMATS, format_of
 from ulstore.codec._elias_fano import encode_positions, low_bits, sizes
-from ulstore.codec._rans_tables import POOL_BELOW
-from ulstore.codec._sparse import GAPS
-from ulstore.codec._sparse_apply import _meta, is_sparse_blob
+from ulstore.codec._sparse_apply import is_sparse_blob
 
 BACKENDS = ulstore.available_backends()
 GOLDEN_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "ulpack_v1"  # versions 1 and 2, frozen
 
 # (n, m): one position, every position, L = 0, word and byte edges, the RL regime (~1%), the very sparse
-SHAPES = [(1, 1), (2, 1), (2, 2), (7, 3), (64, 64), (65, 1), (1000, 1), (1000, 13), (1000, 1000), (4096, 64),
-          (300_000, 3_700), (1 << 20, 5)]
+SHAPES = [
+    (1, 1),
+    (2, 1),
+    (2, 2),
+    (7, 3),
+    (64, 64),
+    (65, 1),
+    (1000, 1),
+    (1000, 13),
+    (1000, 1000),
+    (4096, 64),
+    (300_000, 3_700),
+    (1 << 20, 5),
+]
 
 
 def decode(backend, lo, hi, n, m):
@@ -50,7 +61,7 @@ def test_positions_round_trip_in_the_bytes_they_are_given(n, m, backend):
     coded = encode_positions(pos, n)
     L = low_bits(n, m)
     assert len(coded) == sum(sizes(n, m)) <= (m * (L + 3) + 7) // 8 + 1  # at most L + 3 bits per position
-    assert 2 ** L <= n / m < 2 ** (L + 1)
+    assert 2**L <= n / m < 2 ** (L + 1)
     status, out = decode(backend, *split(coded, n, m), n, m)
     assert status == 0 and np.array_equal(out, pos)
     written = np.full(len(coded), 0xA5, dtype=np.uint8)  # the kernel writes every byte, padding included
@@ -131,6 +142,7 @@ def test_a_length_no_array_has_is_refused_not_misread(n, pos):
         status, out = decode(backend, *split(encode_positions(pos, n), n, len(pos)), n, len(pos))
         assert status == 0 and np.array_equal(out, pos), backend
 
+
 def test_a_tampered_position_in_a_blob_is_a_clear_error():
     rng = np.random.default_rng(4)
     r = rng.standard_normal(5000).astype(np.float32)
@@ -171,10 +183,10 @@ def test_version_2_blobs_still_apply_in_place(case, backend):
     today = ulstore.encode(target, ref, econd=case["econd"], sparse=True)
     for b in (blob, today):
         state = ref.copy()
-        out = kernels(backend).sparse_apply(
-            [b], [state.reshape(-1).view(word)], np.array([content_sum(ref)], np.uint64),
-            [_meta(fmt.code, tuple(case["shape"]))], fmt.code, fmt.width, fmt.mant_bits,
-            fmt.n_contexts - 1, POOL_BELOW, GAPS.alphabet, fmt.alphabet, True)
+        plan = ApplyPlan.of(
+            dtype, [b], [state.reshape(-1).view(word)], np.array([content_sum(ref)], np.uint64), shapes=[case["shape"]]
+        )
+        out = kernels(backend).sparse_apply(plan, True)
         assert out[0] == 0, out[0]
         assert np.array_equal(flat_bits(state), flat_bits(target))
         assert int(out[6][0]) == content_sum(target)

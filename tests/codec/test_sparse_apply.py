@@ -18,11 +18,11 @@ import ulstore
 from tests.helpers.bits import flat_bits
 from tests.helpers.blobs import reseal
 from ulstore import content_sum
+from ulstore.codec._apply_plan import ApplyPlan, _meta
 from ulstore.codec._backend import kernels
 from ulstore.codec._dtypes import FORMATS, format_of
-from ulstore.codec._rans_tables import POOL_BELOW
 from ulstore.codec._sparse import GAPS
-from ulstore.codec._sparse_apply import _meta, apply_sparse, is_sparse_blob, reserve_buffers
+from ulstore.codec._sparse_apply import apply_sparse, is_sparse_blob, reserve_buffers
 
 BACKENDS = ulstore.available_backends()
 DTYPES = {f.name: f.dtype for f in FORMATS}
@@ -46,23 +46,10 @@ def chunks(dtype, sizes, seed=0, density=0.03, econd=True):
 
 
 def call(backend, dtype, blobs, arrays, sums=None, shapes=None, write=True):
-    fmt = format_of(np.dtype(dtype))
     sums = [content_sum(a) for a in arrays] if sums is None else sums
     shapes = [a.shape for a in arrays] if shapes is None else shapes
-    return kernels(backend).sparse_apply(
-        list(blobs),
-        [a.view(fmt.word) for a in arrays],
-        np.array(sums, dtype=np.uint64),
-        [_meta(fmt.code, tuple(s)) for s in shapes],
-        fmt.code,
-        fmt.width,
-        fmt.mant_bits,
-        fmt.n_contexts - 1,
-        POOL_BELOW,
-        GAPS.alphabet,
-        fmt.alphabet,
-        write,
-    )
+    plan = ApplyPlan.of(dtype, list(blobs), list(arrays), np.array(sums, dtype=np.uint64), shapes=shapes)
+    return kernels(backend).sparse_apply(plan, write)
 
 
 def same(a, b):
@@ -178,20 +165,16 @@ def test_wrong_reference_shape_or_dtype_changes_nothing(backend):
     assert run(shapes=[(300,), (20, 20)]) == (-20, 1)
     assert run(shapes=[(301,), (400,)]) == (-20, 0)
     fmt = format_of(np.dtype(np.float32))
-    assert kernels(backend).sparse_apply(
+    float16_numbers = dict(width=16, mant_bits=10, emask=31, g_alphabet=GAPS.alphabet, t_alphabet=60)
+    plan = ApplyPlan(
         blobs,
         [r.view(np.uint16) for r in refs],
         np.array(sums, dtype=np.uint64),
         [_meta(fmt.code, (300,)), _meta(fmt.code, (400,))],
         fmt.code,
-        16,
-        10,
-        31,
-        POOL_BELOW,
-        GAPS.alphabet,
-        60,
-        True,
-    )[:2] == (-20, 0)
+        **float16_numbers,
+    )
+    assert kernels(backend).sparse_apply(plan, True)[:2] == (-20, 0)
     stale = [r.copy() for r in refs]
     at = np.flatnonzero(flat_bits(refs[1]) != flat_bits(targets[1]))[0]
     stale[1].view(np.uint16)[at] ^= 1  # not the reference its sum claims, at a changed element: the target check fails
@@ -208,7 +191,9 @@ def test_apply_sparse_is_all_or_nothing(parts):
     sums = [content_sum(r) for r in refs]
     with cf.ThreadPoolExecutor(2) as pool:
         arrays = [r.copy() for r in refs]
-        out = apply_sparse(dtype, blobs, arrays, sums, [a.shape for a in arrays], pool=pool, parts=parts)
+        out = apply_sparse(
+            ApplyPlan.of(dtype, blobs, arrays, sums, shapes=[a.shape for a in arrays]), pool=pool, parts=parts
+        )
         assert out is not None
         for a, t, r in zip(arrays, targets, out):
             assert np.array_equal(flat_bits(a), flat_bits(t))
@@ -219,7 +204,12 @@ def test_apply_sparse_is_all_or_nothing(parts):
             bad = list(blobs)
             bad[bad_at] = bytes(body)
             arrays = [r.copy() for r in refs]
-            assert apply_sparse(dtype, bad, arrays, sums, [a.shape for a in arrays], pool=pool, parts=parts) is None
+            assert (
+                apply_sparse(
+                    ApplyPlan.of(dtype, bad, arrays, sums, shapes=[a.shape for a in arrays]), pool=pool, parts=parts
+                )
+                is None
+            )
             assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
 
 
@@ -230,7 +220,9 @@ def test_apply_sparse_undoes_the_other_runs_when_one_raises():
     arrays[3].flags.writeable = False  # the second run cannot write (numpy: ValueError)
     with cf.ThreadPoolExecutor(2) as pool, pytest.raises((ValueError, BufferError)):
         apply_sparse(
-            dtype, blobs, arrays, [content_sum(r) for r in refs], [a.shape for a in arrays], pool=pool, parts=2
+            ApplyPlan.of(dtype, blobs, arrays, [content_sum(r) for r in refs], shapes=[a.shape for a in arrays]),
+            pool=pool,
+            parts=2,
         )
     assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs))
 
@@ -244,7 +236,9 @@ def test_apply_sparse_reuses_its_buffers(backend):
     buffers: dict = {}
     for _ in range(3):
         arrays = [r.copy() for r in refs]
-        out = apply_sparse(dtype, blobs, arrays, sums, [a.shape for a in arrays], buffers=buffers, backend=backend)
+        out = apply_sparse(
+            ApplyPlan.of(dtype, blobs, arrays, sums, shapes=[a.shape for a in arrays]), buffers=buffers, backend=backend
+        )
         assert out is not None and len(buffers) == 1
         for a, t in zip(arrays, targets):
             assert np.array_equal(flat_bits(a), flat_bits(t))
@@ -266,11 +260,7 @@ def test_reserved_buffers_are_written_once_and_the_first_call_applies_into_them(
     assert buffers[2][0] is pos
     arrays = [r.copy() for r in refs]
     out = apply_sparse(
-        dtype,
-        blobs,
-        arrays,
-        [content_sum(r) for r in refs],
-        [a.shape for a in arrays],
+        ApplyPlan.of(dtype, blobs, arrays, [content_sum(r) for r in refs], shapes=[a.shape for a in arrays]),
         buffers=buffers,
         backend=backend,
     )
@@ -300,7 +290,7 @@ def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_noth
     shapes = [r.shape for r in refs]
     with cf.ThreadPoolExecutor(2) as pool:
         arrays = [r.copy() for r in refs]
-        out = apply_sparse(dtype, blobs, arrays, sums, shapes, pool=pool, parts=2, buffers={})
+        out = apply_sparse(ApplyPlan.of(dtype, blobs, arrays, sums, shapes=shapes), pool=pool, parts=2, buffers={})
         assert out is not None and len(out) == len(blobs)
         for a, t, r, ref in zip(arrays, targets, out, refs):
             assert np.array_equal(flat_bits(a), flat_bits(t))
@@ -312,30 +302,18 @@ def test_blobs_taken_by_whichever_thread_is_free_keep_blob_order_and_all_or_noth
             bad = list(blobs)
             bad[bad_at] = reseal(body)
             arrays = [r.copy() for r in refs]
-            assert apply_sparse(dtype, bad, arrays, sums, shapes, pool=pool, parts=2, buffers={}) is None, bad_at
+            assert (
+                apply_sparse(ApplyPlan.of(dtype, bad, arrays, sums, shapes=shapes), pool=pool, parts=2, buffers={})
+                is None
+            ), bad_at
             assert all(flat_bits(a).tobytes() == flat_bits(r).tobytes() for a, r in zip(arrays, refs)), bad_at
 
 
 def job_args(dtype, blobs, arrays, order=None, crc=True) -> tuple:
     """``SparseApply``'s arguments: ``blobs`` applied to ``arrays`` (their sums and shapes as they are now)."""
-    fmt = format_of(np.dtype(dtype))
-    return (
-        list(blobs),
-        [a.view(fmt.word) for a in arrays],
-        np.array([content_sum(a) for a in arrays], dtype=np.uint64),
-        [_meta(fmt.code, tuple(a.shape)) for a in arrays],
-        fmt.code,
-        fmt.width,
-        fmt.mant_bits,
-        fmt.n_contexts - 1,
-        POOL_BELOW,
-        GAPS.alphabet,
-        fmt.alphabet,
-        True,
-        None,
-        order,
-        crc,
-    )
+    sums = np.array([content_sum(a) for a in arrays], dtype=np.uint64)
+    plan = ApplyPlan.of(dtype, list(blobs), list(arrays), sums, shapes=[a.shape for a in arrays])
+    return plan, True, None, order, crc
 
 
 def job(backend, dtype, blobs, arrays, order=None, crc=True):
@@ -436,7 +414,9 @@ def test_apply_sparse_waits_on_the_helpers_when_the_spin_gives_up(backend, monke
     arrays = [r.copy() for r in refs]
     with cf.ThreadPoolExecutor(2) as pool:
         out = apply_sparse(
-            dtype, blobs, arrays, [content_sum(r) for r in refs], [r.shape for r in refs], pool=pool, parts=3
+            ApplyPlan.of(dtype, blobs, arrays, [content_sum(r) for r in refs], shapes=[r.shape for r in refs]),
+            pool=pool,
+            parts=3,
         )
     assert joins and out is not None and len(out) == len(blobs)
     assert all(np.array_equal(flat_bits(a), flat_bits(t)) for a, t in zip(arrays, targets))
@@ -495,23 +475,14 @@ def test_job_refuses_arrays_that_overlap(backend):
     body[-5] ^= 0x01  # the target checksum fails
     arr, other = states[0].copy(), refs[0].copy()
     with pytest.raises(ValueError, match="overlap"):
-        kernels(backend).SparseApply(
+        plan = ApplyPlan.of(
+            dtype,
             [second, first, reseal(body)],
-            [arr.view(fmt.word), arr.view(fmt.word), other.view(fmt.word)],
+            [arr, arr, other],
             np.array([content_sum(states[1]), content_sum(states[0]), content_sum(refs[0])], dtype=np.uint64),
-            [_meta(fmt.code, (3000,))] * 2 + [_meta(fmt.code, (800,))],
-            fmt.code,
-            fmt.width,
-            fmt.mant_bits,
-            fmt.n_contexts - 1,
-            POOL_BELOW,
-            GAPS.alphabet,
-            fmt.alphabet,
-            True,
-            None,
-            [1, 0, 2],
-            True,
+            metas=[_meta(fmt.code, (3000,))] * 2 + [_meta(fmt.code, (800,))],
         )
+        kernels(backend).SparseApply(plan, True, None, [1, 0, 2], True)
     assert flat_bits(arr).tobytes() == flat_bits(states[0]).tobytes()
     # parts of one buffer: overlapping ones are refused, neighbours (the replica's chunks of a tensor) are fine
     refs, targets, blobs = chunks(dtype, [1000, 1000], seed=17)

@@ -18,6 +18,7 @@ give the same bytes; :mod:`._backend` picks one.
 Modules, top to bottom (each imports only those below it)::
 
     _sparse_apply.py       apply_sparse: a version's SPARSE blobs applied in place, all or nothing
+    _apply_plan.py         ApplyPlan: what one apply job is given (blobs, arrays, the format's numbers)
     _analysis.py           inspect_blob, model_entropy_bits
     _changed_elements.py   decode_changes / Changes: a delta as the elements it changes
     _api.py                encode / decode of one tensor (blob <-> array)
@@ -55,7 +56,7 @@ from ._changed_elements import Changes, content_sum, decode_changes
 from ._dtypes import TORCH_VIA_INT, format_of, tensor_to_numpy
 from ._format import header_bound
 from ._numcodecs import ULPack
-from ._sparse_apply import Applied, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
+from ._sparse_apply import Applied, ApplyPlan, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 
 __all__ = [
     "ULPack",
@@ -80,6 +81,7 @@ __all__ = [
     "decode_into",
     "is_sparse_blob",
     "apply_sparse",
+    "ApplyPlan",
     "Applied",
     "target_meta",
     "reserve_buffers",

@@ -13,6 +13,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+from ._apply_plan import ApplyPlan
+
 _Array = NDArray[Any]  # a C-contiguous buffer of the kernel's word type
 _Bytes = bytes | bytearray | memoryview | NDArray[Any]  # any bytes-like object
 
@@ -160,17 +162,7 @@ _Result = tuple[int, int, NDArray[np.int64], _Array, _Array, list[int], list[int
 class SparseApply:
     def __init__(
         self,
-        blobs: list[_Bytes],
-        dsts: list[_Array],
-        ref_sums: Any,
-        metas: list[bytes],
-        code: int,
-        width: int,
-        mant_bits: int,
-        emask: int,
-        pool_below: int,
-        g_alphabet: int,
-        t_alphabet: int,
+        plan: ApplyPlan,
         write: bool,
         buffers: tuple[_Array, _Array, _Array] | None = None,
         order: Any = None,
@@ -180,20 +172,6 @@ class SparseApply:
     def join(self, seconds: float = 2e-4) -> bool: ...
     def finish(self) -> _Result: ...
 
-def sparse_apply(
-    blobs: list[_Bytes],
-    dsts: list[_Array],
-    ref_sums: _Array,
-    metas: list[bytes],
-    code: int,
-    width: int,
-    mant_bits: int,
-    emask: int,
-    pool_below: int,
-    g_alphabet: int,
-    t_alphabet: int,
-    write: bool,
-    buffers: tuple[_Array, _Array, _Array] | None = None,
-) -> _Result: ...
+def sparse_apply(plan: ApplyPlan, write: bool, buffers: tuple[_Array, _Array, _Array] | None = None) -> _Result: ...
 def mixsum_simd(enable: bool | None = None) -> bool: ...
 def mix_diff_sum(a: _Array, b: _Array) -> int: ...

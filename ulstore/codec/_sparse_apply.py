@@ -16,12 +16,11 @@ import concurrent.futures as cf
 import numpy as np
 
 from . import _format as F
+from ._apply_plan import ApplyPlan, target_meta
 from ._backend import kernels
 from ._dtypes import format_of
-from ._rans_tables import POOL_BELOW
-from ._sparse import GAPS
 
-__all__ = ["Applied", "is_sparse_blob", "apply_sparse", "target_meta", "reserve_buffers", "undo"]
+__all__ = ["Applied", "ApplyPlan", "is_sparse_blob", "apply_sparse", "target_meta", "reserve_buffers", "undo"]
 
 
 class Applied:
@@ -61,29 +60,6 @@ def is_sparse_blob(blob) -> bool:
     return len(mv) > 9 and mv[4] in (2, 4) and mv[6] == F.MODE_SPARSE and mv[:4] == F.MAGIC
 
 
-_metas: dict[tuple, bytes] = {}
-
-
-def _meta(code: int, shape: tuple) -> bytes:
-    """The dtype-and-shape bytes a blob's target checksum binds (``_api._target_hash``)."""
-    key = (code, shape)
-    out = _metas.get(key)
-    if out is None:
-        buf = bytearray((code,))
-        for d in shape:
-            F.write_varint(buf, d)
-        out = _metas[key] = bytes(buf)
-        if len(_metas) > 4096:
-            _metas.clear()
-    return out
-
-
-def target_meta(dtype, shape: tuple) -> bytes:
-    """What :func:`apply_sparse` checks a blob of ``dtype`` coded as ``shape`` against (its ``metas``): a
-    caller that applies the same chunks at every version makes these once."""
-    return _meta(format_of(np.dtype(dtype)).code, tuple(shape))
-
-
 def reserve_buffers(dtype, count: int, buffers: dict) -> None:
     """Give ``buffers`` (:func:`apply_sparse`'s dict) output arrays for ``count`` changes of ``dtype``, written once.
 
@@ -102,16 +78,13 @@ def reserve_buffers(dtype, count: int, buffers: dict) -> None:
     buffers[word.itemsize] = arrays
 
 
-def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list | None, *, metas: list | None = None,
-                 pool=None, parts: int = 1, buffers: dict | None = None,
+def apply_sparse(plan: ApplyPlan, *, pool=None, parts: int = 1, buffers: dict | None = None,
                  backend: str | None = None) -> list[Applied] | None:
-    """Apply SPARSE ``blobs[i]`` to ``arrays[i]`` in place; all or nothing.
+    """Apply SPARSE ``plan.blobs[i]`` to ``plan.arrays[i]`` in place; all or nothing.
 
-    ``arrays[i]``: the 1-d, C-contiguous, writeable array of ``dtype`` (or of
-    its unsigned words) the blob was coded against (seen as the blob's
-    ``shapes[i]``), whose :func:`content_sum` is ``sums[i]``; no two may
-    overlap in memory (ValueError).  ``metas``, instead of ``shapes``: their
-    :func:`target_meta`, made beforehand.  ``parts`` threads decode them: this
+    ``plan``: an :class:`ApplyPlan` (:meth:`ApplyPlan.of`: the blobs of one dtype, the
+    arrays they were coded against and the arrays' :func:`content_sum`); no two arrays may
+    overlap in memory (ValueError).  ``parts`` threads decode them: this
     one and ``parts - 1`` of ``pool``'s, all in one compiled job (each
     releases the GIL and takes the next blob, in blob order, until none is
     left: neighbouring chunks are neighbours in memory, and taking the largest
@@ -126,19 +99,14 @@ def apply_sparse(dtype, blobs: list, arrays: list, sums: list, shapes: list | No
     Returns one :class:`Applied` per blob, or None when any blob fails (or is
     not a SPARSE blob of that dtype and shape): then no array changed.
     """
-    fmt = format_of(np.dtype(dtype))
     k = kernels(backend)
-    word = fmt.word
-    n = len(blobs)
+    word = plan.word
+    n = len(plan.blobs)
     if not n:
         return []
-    if metas is None:
-        metas = [_meta(fmt.code, tuple(s)) for s in shapes or ()]
     key = word.itemsize
     bufs = None if buffers is None else buffers.get(key)
-    views = [a if a.dtype == word else a.view(word) for a in arrays]
-    job = k.SparseApply(blobs, views, sums, metas, fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1,
-                        POOL_BELOW, GAPS.alphabet, fmt.alphabet, True, bufs, None, True)
+    job = k.SparseApply(plan, True, bufs, None, True)
     threads = max(1, min(parts, n))
     helpers = [pool.submit(job.work) for _ in range(threads - 1)] if pool is not None else []
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..codec import apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
+from ..codec import ApplyPlan, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 from ..store import FeedLayout, codec_for
 from ._arrays import Binding, Spec, geometry, words
 
@@ -178,12 +178,7 @@ class InPlace:
         for dtype, (indices, arrays, blobs, sums, metas) in groups.items():
             try:
                 out = apply_sparse(
-                    dtype,
-                    blobs,
-                    arrays,
-                    sums,
-                    None,
-                    metas=metas,
+                    ApplyPlan.of(dtype, blobs, arrays, sums, metas=metas),
                     pool=self.pool,
                     parts=self.threads,
                     buffers=self._buffers.setdefault(dtype, {}),

@@ -1,7 +1,7 @@
 """NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
 
-Same arguments, results and statuses as the compiled ``sparse_apply`` and
-``SparseApply``; see their docstrings there.  Imported into ``reference`` (the numpy backend).
+Same arguments (an :class:`~ulstore.codec._apply_plan.ApplyPlan` and the job's options), results and
+statuses as the compiled ``sparse_apply`` and ``SparseApply``; see their docstrings there.  Imported into ``reference`` (the numpy backend).
 """
 
 from __future__ import annotations
@@ -129,9 +129,11 @@ def _refuse_overlaps(dsts) -> None:
             raise ValueError("sparse_apply: two arrays overlap in memory (each blob needs an array of its own)")
 
 
-def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
-                 write, buffers=None, crc=False):
-    """Decode SPARSE blobs against ``dsts`` and, ``write``, apply them; see ``_apply.pxi``."""
+def sparse_apply(plan, write, buffers=None, crc=False):
+    """Decode SPARSE ``plan.blobs`` against ``plan.arrays`` and, ``write``, apply them; see ``_apply.pxi``."""
+    blobs, dsts, ref_sums, metas = plan.blobs, plan.arrays, plan.sums, plan.metas
+    code, width, mant_bits, emask = plan.code, plan.width, plan.mant_bits, plan.emask
+    pool_below, g_alphabet, t_alphabet = plan.pool_below, plan.g_alphabet, plan.t_alphabet
     c = len(blobs)
     wb = width // 8
     if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb
@@ -208,15 +210,13 @@ def sparse_apply(blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, po
 class SparseApply:
     """The compiled ``SparseApply``'s interface: the first :meth:`work` call applies every blob (blob order)."""
 
-    def __init__(self, blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
-                 write, buffers=None, order=None, crc=False):
-        c = len(blobs)
+    def __init__(self, plan, write, buffers=None, order=None, crc=False):
+        c = len(plan.blobs)
         if order is not None and sorted(int(i) for i in order) != list(range(c)):
             raise ValueError("SparseApply: order must be a permutation of the blobs")
         if write:
-            _refuse_overlaps(dsts)
-        self._args = (blobs, dsts, ref_sums, metas, code, width, mant_bits, emask, pool_below, g_alphabet, t_alphabet,
-                      write, buffers, crc)
+            _refuse_overlaps(plan.arrays)
+        self._args = (plan, write, buffers, crc)
         self._lock = threading.Lock()
         self._state = threading.Condition()  # guards _done and _active
         self._result = None
@@ -250,11 +250,11 @@ class SparseApply:
             if self._active:
                 raise RuntimeError("SparseApply: finish() while work() is running (call join() first)")
             self._done = self._finished = True
-        blobs = self._args[0]
-        if self._result is None and not blobs:
+        plan = self._args[0]
+        if self._result is None and not plan.blobs:
             self._result = sparse_apply(*self._args)
         if self._result is None:  # never worked: nothing was written
-            word = np.dtype(f"<u{self._args[5] // 8}")
+            word = np.dtype(f"<u{plan.width // 8}")
             empty = np.empty(0, np.int64), np.empty(0, word), np.empty(0, word)
-            return -8, 0, *empty, [0] * (len(blobs) + 1), [0] * len(blobs)
+            return -8, 0, *empty, [0] * (len(plan.blobs) + 1), [0] * len(plan.blobs)
         return self._result
