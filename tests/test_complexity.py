@@ -21,9 +21,6 @@ TREES = ("ulstore", "benchmarks", "examples")
 ALLOWED = {
     "benchmarks/codec.py speed_pass",
     "benchmarks/codec.py speed_table",
-    "ulstore/cli/_add.py _cmd_add",
-    "ulstore/cli/_commands.py _cmd_diff",
-    "ulstore/cli/demo.py run",
     "ulstore/codec/_api.py _decode",
     "ulstore/codec/_format.py open_blob",
     "ulstore/codec/_one_stream.py decode_section3",

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
@@ -275,7 +275,7 @@ def train(
     config: ToyConfig,
     steps: int,
     *,
-    lr: float = 1e-3,
+    lr: float | Callable[[int], float] = 1e-3,
     warmup_steps: int = 0,
     warmup_lr: float = 1e-3,
     dtype="bfloat16",

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.store import entries
 from tests.helpers.terminal import on_a_terminal
 from ulstore import cli
@@ -192,7 +193,7 @@ def test_export_every_format_byte_exact(tmp_path, store):
         got = ckpt.load(tmp_path / "x" / out)
         assert set(got.tensors) == set(src.tensors)
         for k, v in src.tensors.items():
-            assert got.tensors[k].dtype == v.dtype and got.tensors[k].tobytes() == v.tobytes(), (out, k)
+            assert_bits_equal(got.tensors[k], v, f"{out}: {k}")
     assert ckpt.load(tmp_path / "x" / "m.safetensors").metadata == {"format": "pt"}
     doc = json.loads(run("export", store, 300, tmp_path / "sh", "--shard-size", "600", "--json", check=0).stdout)
     assert doc["format"] == "sharded" and len(doc["files"]) >= 3
@@ -415,9 +416,8 @@ def test_s3_store_through_cli(tmp_path, moto_s3):
     run("add", url, *paths, env=env, check=0)
     assert "step_000002" in run("log", url, env=env, check=0).stdout
     run("export", url, 2, tmp_path / "back.safetensors", env=env, check=0)
-    assert (
-        ckpt.load(tmp_path / "back.safetensors").tensors["model.w"].tobytes()
-        == ckpt.load(paths[1]).tensors["model.w"].tobytes()
+    assert_bits_equal(
+        ckpt.load(tmp_path / "back.safetensors").tensors["model.w"], ckpt.load(paths[1]).tensors["model.w"], "model.w"
     )
     endpoint = moto_s3.endpoint
     opts = ["-o", "key=testing", "-o", "secret=testing", "-o", f'client_kwargs={{"endpoint_url": "{endpoint}"}}']

@@ -14,13 +14,37 @@ __all__ = ["_cmd_add"]
 
 
 def _cmd_add(args, ui) -> int:
-    from .. import io as uio
-    from ..errors import NotFoundError, StepExistsError
     from ..store import HEAD
+
+    jobs = _jobs(args)
+    traj, created, existed = _open_or_init(args)
+    rows: list[dict] = []
+    try:
+        _refuse_existing(traj, jobs)
+        parent = None if args.root else HEAD if args.parent is None else resolve(traj, args.url, args.parent).step
+        rename = dict(args.rename_prefix or [])
+        with ui.bar(total=len(jobs), desc="importing", unit="ckpt") as bar:
+            for step, path in jobs:
+                bar.set_postfix_str(Path(path).name)
+                # the first derives from --parent (or the branch head), each next one from the one before
+                this_parent = parent if not rows else rows[-1]["step"]
+                rows.append(_add_one(traj, args, ui, step, path, this_parent, rename))
+                bar.update(1)
+                _say_added(ui, step, path, rows[-1])
+    except BaseException:
+        if created and not rows:
+            _remove_new_trajectory(args, existed)  # a failed `add --init` leaves nothing behind
+        raise
+    ui.emit({"url": args.url, "added": rows})
+    return EXIT_OK
+
+
+def _jobs(args) -> list[tuple[int, str]]:
+    """(step, path) of every checkpoint named, by step; checked cheaply before the trajectory is created or written."""
+    from .. import io as uio
 
     if args.step is not None and len(args.checkpoints) > 1:
         raise UsageError("--step applies to one CHECKPOINT; name the files by step to add several")
-    # Check everything that can be checked cheaply before the trajectory is created or written.
     jobs = []
     for path in args.checkpoints:
         uio.checkpoint_format(path)  # exists, known format
@@ -33,11 +57,15 @@ def _cmd_add(args, ui) -> int:
         if step in seen:
             raise UsageError(f"{seen[step]} and {path} are both step {step}")
         seen[step] = path
-    jobs.sort()
+    return sorted(jobs)
 
-    created = False
+
+def _open_or_init(args) -> tuple[object, bool, bool]:
+    """(the trajectory, whether this command created it, whether its directory existed before)."""
+    from ..errors import NotFoundError
+
     try:
-        traj = _open(args, "r+")
+        return _open(args, "r+"), False, False
     except NotFoundError as e:
         if e.key != "zarr.json":  # not the root document missing: a missing bucket, say (its own words)
             raise
@@ -45,49 +73,43 @@ def _cmd_add(args, ui) -> int:
             raise NotFoundError(
                 f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"
             ) from None
-        existed = _exists(args)
-        traj = _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
-        created = True
-    rows: list[dict] = []
-    try:
-        existing = set(traj.steps)
-        for step, path in jobs:
-            if step in existing:
-                raise StepExistsError(
-                    f"{path}: step already exists; steps are immutable (`ulstore rm` it first)", step=step
-                )
-        parent = None if args.root else HEAD if args.parent is None else resolve(traj, args.url, args.parent).step
-        rename = dict(args.rename_prefix or [])
-        with ui.bar(total=len(jobs), desc="importing", unit="ckpt") as bar:
-            for step, path in jobs:
-                bar.set_postfix_str(Path(path).name)
-                # the first derives from --parent (or the branch head), each next one from the one before
-                this_parent = parent if not rows else rows[-1]["step"]
-                moving_back = _moving_back(traj, args, step, this_parent)
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always", uio.FewSharedNamesWarning)
-                    uio.import_checkpoint(
-                        traj, path, step, parent=this_parent, branch=args.branch, rename_prefix=rename or None
-                    )
-                for w in caught:
-                    _relay(ui, w.message, path)
-                if moving_back:
-                    ui.warn(moving_back)
-                rows.append(_row(traj, step, path))
-                bar.update(1)
-                r = rows[-1]
-                ui.out(
-                    f"step {step:<8} <- {path}  ({r['format']}, {r['tensors']} tensors, {human_bytes(r['raw_bytes'])}, "
-                    f"parent {'-' if r['parent'] is None else r['parent']})"
-                )
-                if r["kept"]:
-                    ui.out(f"{'':13}{r['kept']}")
-    except BaseException:
-        if created and not rows:
-            _remove_new_trajectory(args, existed)  # a failed `add --init` leaves nothing behind
-        raise
-    ui.emit({"url": args.url, "added": rows})
-    return EXIT_OK
+    existed = _exists(args)
+    return _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes), True, existed
+
+
+def _refuse_existing(traj, jobs: list[tuple[int, str]]) -> None:
+    from ..errors import StepExistsError
+
+    existing = set(traj.steps)
+    for step, path in jobs:
+        if step in existing:
+            raise StepExistsError(
+                f"{path}: step already exists; steps are immutable (`ulstore rm` it first)", step=step
+            )
+
+
+def _add_one(traj, args, ui, step: int, path, parent, rename: dict) -> dict:
+    """Import one checkpoint as ``step`` and relay its warnings; returns its row."""
+    from .. import io as uio
+
+    moving_back = _moving_back(traj, args, step, parent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", uio.FewSharedNamesWarning)
+        uio.import_checkpoint(traj, path, step, parent=parent, branch=args.branch, rename_prefix=rename or None)
+    for w in caught:
+        _relay(ui, w.message, path)
+    if moving_back:
+        ui.warn(moving_back)
+    return _row(traj, step, path)
+
+
+def _say_added(ui, step: int, path, r: dict) -> None:
+    ui.out(
+        f"step {step:<8} <- {path}  ({r['format']}, {r['tensors']} tensors, {human_bytes(r['raw_bytes'])}, "
+        f"parent {'-' if r['parent'] is None else r['parent']})"
+    )
+    if r["kept"]:
+        ui.out(f"{'':13}{r['kept']}")
 
 
 def _row(traj, step: int, path) -> dict:

@@ -315,34 +315,11 @@ def _cmd_diff(args, ui) -> int:
     with ui.activity(f"comparing step {b} with step {a}"):
         diffs = traj.diff(a, b)
     docs = [_finite(d.to_dict()) for d in diffs]
-    compared = [d for d in diffs if d.status == "compared"]
-    total = {
-        "tensors": len(diffs),
-        "tensors_changed": sum(1 for d in diffs if d.changed),
-        "elements": sum(d.elements for d in compared),
-        "changed": sum(d.changed for d in compared),
-    }
+    total = _diff_total(diffs)
     if args.plot:
-        pairs = list(zip(path, path[1:]))
-        columns = []
-        with ui.bar(total=len(pairs), desc="comparing consecutive steps", unit="step") as bar:
-            for parent, child in pairs:
-                columns.append((child, traj.diff(parent, child)))
-                bar.update(1)
-        plot_diff(columns, args.plot, f"ulstore diff {args.url} {a}..{b}", args.metric)
+        _plot_path(traj, ui, path, args.plot, f"ulstore diff {args.url} {a}..{b}", args.metric)
     ui.emit({"url": args.url, "a": a, "b": b, "tensors": docs, "total": total, "plot": args.plot})
-    rows = [
-        [
-            d.name,
-            d.dtype,
-            "x".join(map(str, d.shape)) or "scalar",
-            f"{100 * d.fraction_changed:.2f}%" if d.status == "compared" else d.status,
-            "-" if d.rel_l2 is None else f"{d.rel_l2:.3g}",
-            "-" if d.max_abs_change is None else f"{d.max_abs_change:.3g}",
-            d.nonfinite or "",
-        ]
-        for d in (diffs if not args.top else diffs[: args.top])
-    ]
+    rows = [_diff_row(d) for d in (diffs if not args.top else diffs[: args.top])]
     for line in table(rows, ["tensor", "dtype", "shape", "changed", "rel L2", "max |change|", "nonfinite"], "<<>>>>>"):
         ui.out(line)
     if args.top and len(diffs) > args.top:
@@ -355,6 +332,41 @@ def _cmd_diff(args, ui) -> int:
     if args.plot:
         ui.out(f"plot of {plural(len(path) - 1, 'step')} written to {args.plot}")
     return EXIT_OK
+
+
+def _diff_total(diffs) -> dict:
+    """Tensors and elements compared, and how many of them changed."""
+    compared = [d for d in diffs if d.status == "compared"]
+    return {
+        "tensors": len(diffs),
+        "tensors_changed": sum(1 for d in diffs if d.changed),
+        "elements": sum(d.elements for d in compared),
+        "changed": sum(d.changed for d in compared),
+    }
+
+
+def _diff_row(d) -> list:
+    """One tensor's line of the diff table."""
+    return [
+        d.name,
+        d.dtype,
+        "x".join(map(str, d.shape)) or "scalar",
+        f"{100 * d.fraction_changed:.2f}%" if d.status == "compared" else d.status,
+        "-" if d.rel_l2 is None else f"{d.rel_l2:.3g}",
+        "-" if d.max_abs_change is None else f"{d.max_abs_change:.3g}",
+        d.nonfinite or "",
+    ]
+
+
+def _plot_path(traj, ui, path: list[int], out, title: str, metric) -> None:
+    """Plot the change between each pair of consecutive steps of ``path`` into ``out``."""
+    pairs = list(zip(path, path[1:]))
+    columns = []
+    with ui.bar(total=len(pairs), desc="comparing consecutive steps", unit="step") as bar:
+        for parent, child in pairs:
+            columns.append((child, traj.diff(parent, child)))
+            bar.update(1)
+    plot_diff(columns, out, title, metric)
 
 
 def _ancestry_between(traj, url: str, a: int, b: int) -> list[int]:

@@ -26,6 +26,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -133,8 +134,6 @@ def run(
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 2:
         raise InvalidInputError(f"the demo needs at least 2 steps, got {steps!r}")
-    from safetensors.numpy import save as st_bytes
-
     t_start = time.perf_counter()
     phase = activity or (lambda desc: contextlib.nullcontext())
     cfg = toytrain.ToyConfig.preset(preset)
@@ -144,8 +143,50 @@ def run(
         traj = _open(str(path), mode="w", chunk_bytes=DEMO_CHUNK_BYTES)
     n1 = steps // 2
     old_step = max(1, steps // 12)
-    n_params = cfg.num_params
+    _introduce(echo, cfg, preset, steps, n1, path)
+    trained = _train_and_store(traj, cfg, steps, n1, old_step, progress)
+    n_ckpt = len(trained.raw)
+    echo(
+        f"Trained {steps} steps in {trained.t_train:.1f} s: loss {trained.losses[0]:.3f} -> {trained.losses[steps]:.3f}; "
+        f"committed {n_ckpt} checkpoints in {trained.t_store:.1f} s ({1e3 * trained.t_store / n_ckpt:.0f} ms each)"
+    )
+    echo("")
+    with phase(f"adding up the sizes of {n_ckpt} steps"):
+        report = _io.storage_report(traj)
+    sizes, phase_rows, anchors = _compare_sizes(traj, report, trained, cfg.num_params, n1, steps, echo)
+    reader = _open(str(path), mode="r")
+    name, got, equal = _read_old_slice(reader, old_step, trained.kept, echo)
+    t0 = time.perf_counter()
+    with phase(f"verifying {n_ckpt} steps: re-reading and decoding every blob"):
+        vr = reader.verify(raise_on_error=False)
+    echo(
+        f"Verify: re-read and checked {vr.steps} steps, {vr.chunks} chunks, {vr.blobs} blobs in "
+        f"{time.perf_counter() - t0:.1f} s: {'OK' if vr.ok else f'{len(vr.errors)} PROBLEM(S)'}"
+    )
+    echo("")
+    on_disk = _where_it_lives(traj, path, steps, name, echo)
+    seconds = time.perf_counter() - t_start
+    echo(f"Done in {seconds:.0f} s.")
+    return {
+        "path": str(path.resolve()),
+        "steps": n_ckpt,
+        "params": cfg.num_params,
+        "preset": preset,
+        "sizes": sizes,
+        "disk_bytes": on_disk,
+        "phases": phase_rows,
+        "anchors": anchors,
+        "loss": {"first": trained.losses[0], "last": trained.losses[steps]},
+        "slice": {"step": old_step, "tensor": name, "values": got.astype(np.float32).tolist()},
+        "slice_equal": bool(equal),
+        "verified": vr.ok,
+        "seconds": {"total": seconds, "train": trained.t_train, "store": trained.t_store, "zstd": trained.t_zstd},
+    }
 
+
+def _introduce(echo, cfg, preset: str, steps: int, n1: int, path: Path) -> None:
+    """What the demo is about to do: the model, the run, where it stores."""
+    n_params = cfg.num_params
     size = f"{n_params / 1e6:.2f}M" if n_params >= 1e6 else f"{n_params / 1e3:.0f}K"
     echo(f"ulstore demo: train a {size}-parameter language model on this CPU and store every step")
     echo(
@@ -159,67 +200,73 @@ def run(
     echo(f"  store   {path}")
     echo("")
 
+
+@dataclasses.dataclass
+class _Run:
+    """What training and storing left to report: per step, the safetensors file's size, its zstd size, the loss."""
+
+    raw: dict[int, int] = dataclasses.field(default_factory=dict)
+    zst: dict[int, int] = dataclasses.field(default_factory=dict)
+    losses: dict[int, float] = dataclasses.field(default_factory=dict)
+    kept: dict = dataclasses.field(default_factory=dict)  # the weights of the old step read back later
+    t_train: float = 0.0
+    t_store: float = 0.0
+    t_zstd: float = 0.0
+
+
+def _train_and_store(traj, cfg, steps: int, n1: int, old_step: int, progress: bool) -> _Run:
+    """Train ``steps`` steps, committing every checkpoint; one run whose rate drops after step ``n1``."""
+    from safetensors.numpy import save as st_bytes
+
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=steps + 1, desc="training", unit="step", leave=False, dynamic_ncols=True)
-    raw = {}  # step -> bytes of its safetensors file
-    zst = {}  # step -> zstd bytes of that file
-    losses = {}
-    kept: dict = {}
-    t_train = t_store = t_zstd = 0.0
+    trained = _Run()
 
-    def runs():
-        # one run whose rate drops after step n1: checkpoint s comes from the optimizer step at rate(s - 1)
-        def rate(k):
-            return LR_HIGH if k < n1 else LR_LOW
-
-        for s, st, loss in toytrain.train(cfg, steps, lr=rate):
-            yield s, st, loss, rate(max(s - 1, 0))
+    def rate(k):  # checkpoint s comes from the optimizer step at rate(s - 1)
+        return LR_HIGH if k < n1 else LR_LOW
 
     t0 = time.perf_counter()
-    for step, state, loss, lr in runs():
+    for step, state, loss in toytrain.train(cfg, steps, lr=rate):
         t1 = time.perf_counter()
-        t_train += t1 - t0
-        traj.commit(step, state, metadata={"loss": round(float(loss), 5), "lr": lr, "demo": True})
+        trained.t_train += t1 - t0
+        meta = {"loss": round(float(loss), 5), "lr": rate(max(step - 1, 0)), "demo": True}
+        traj.commit(step, state, metadata=meta)
         t2 = time.perf_counter()
-        t_store += t2 - t1
+        trained.t_store += t2 - t1
         blob = st_bytes(state)
-        raw[step] = len(blob)
-        zst[step] = zstd_size(blob)
-        t_zstd += time.perf_counter() - t2
-        losses[step] = float(loss)
+        trained.raw[step] = len(blob)
+        trained.zst[step] = zstd_size(blob)
+        trained.t_zstd += time.perf_counter() - t2
+        trained.losses[step] = float(loss)
         if step == old_step:
-            kept = {k: v.copy() for k, v in state.items()}
+            trained.kept = {k: v.copy() for k, v in state.items()}
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.3f}")
             bar.update(1)
         t0 = time.perf_counter()
     if bar is not None:
         bar.close()
-    n_ckpt = len(raw)
-    echo(
-        f"Trained {steps} steps in {t_train:.1f} s: loss {losses[0]:.3f} -> {losses[steps]:.3f}; "
-        f"committed {n_ckpt} checkpoints in {t_store:.1f} s ({1e3 * t_store / n_ckpt:.0f} ms each)"
-    )
-    echo("")
+    return trained
 
-    # -- sizes ----------------------------------------------------------------
-    with phase(f"adding up the sizes of {n_ckpt} steps"):
-        report = _io.storage_report(traj)
+
+def _compare_sizes(traj, report: dict, trained: _Run, n_params: int, n1: int, steps: int, echo):
+    """The size table: raw files, zstd, the trajectory, and its phases; returns (sizes, phase rows, anchors)."""
+    n_ckpt = len(trained.raw)
     stored = {r["step"]: r["stored_bytes"] for r in report["steps"]}
     anchors = [s for s in range(n_ckpt) if traj.info(s).anchor_distance == 0]
 
     def raw_of(ss):
-        return sum(raw[s] for s in ss)
+        return sum(trained.raw[s] for s in ss)
 
     def row(label, nbytes, ss):
         bpw = 8 * nbytes / (n_params * len(ss))
         return f"  {label:<40}{human_bytes(nbytes):>10}{raw_of(ss) / nbytes:>8.1f}x{bpw:>13.2f}"
 
-    all_steps = sorted(raw)
-    sizes = {"raw": raw_of(all_steps), "zstd": sum(zst.values()), "ulstore": sum(stored.values())}
+    all_steps = sorted(trained.raw)
+    sizes = {"raw": raw_of(all_steps), "zstd": sum(trained.zst.values()), "ulstore": sum(stored.values())}
     echo(f"  {f'{n_ckpt} checkpoints of {n_params:,} weights':<40}{'size':>10}{'smaller':>9}{'bits/weight':>13}")
     raw_bpw = 8 * sizes["raw"] / (n_params * n_ckpt)
     echo(f"  {'raw safetensors files':<40}{human_bytes(sizes['raw']):>10}{'1.0x':>9}{raw_bpw:>13.2f}")
@@ -239,7 +286,7 @@ def run(
                 "label": label,
                 "steps": ss,
                 "raw_bytes": raw_of(ss),
-                "zstd_bytes": sum(zst[s] for s in ss),
+                "zstd_bytes": sum(trained.zst[s] for s in ss),
                 "stored_bytes": nbytes,
             }
         )
@@ -249,10 +296,12 @@ def run(
     echo(f"  {which} (coded without a reference, so that no read")
     echo(f"  walks back more than {traj.anchor_every} steps); all others are deltas against their parent.")
     echo("")
+    return sizes, phase_rows, anchors
 
-    # -- lazy slice of an old step, from a fresh read-only handle ---------------
+
+def _read_old_slice(reader, old_step: int, kept: dict, echo):
+    """Read a 4x4 slice of an old step lazily and check its bits; returns (tensor name, slice, bit-exact)."""
     name = _SLICE_TENSOR if _SLICE_TENSOR in kept else next(k for k, v in kept.items() if v.ndim == 2)
-    reader = _open(str(path), mode="r")
     t0 = time.perf_counter()
     arr = reader[old_step][name]
     got = arr[0:4, 0:4]
@@ -269,18 +318,11 @@ def run(
         echo("    " + line)
     echo(f"  bit-exact against the step-{old_step} weights kept in memory: {'yes' if equal else 'NO'}")
     echo("")
+    return name, got, equal
 
-    # -- verify ---------------------------------------------------------------
-    t0 = time.perf_counter()
-    with phase(f"verifying {n_ckpt} steps: re-reading and decoding every blob"):
-        vr = reader.verify(raise_on_error=False)
-    echo(
-        f"Verify: re-read and checked {vr.steps} steps, {vr.chunks} chunks, {vr.blobs} blobs in "
-        f"{time.perf_counter() - t0:.1f} s: {'OK' if vr.ok else f'{len(vr.errors)} PROBLEM(S)'}"
-    )
-    echo("")
 
-    # -- where it lives -------------------------------------------------------
+def _where_it_lives(traj, path: Path, steps: int, name: str, echo) -> int:
+    """Where the data lives and what to try next; returns the bytes on disk."""
     on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     here = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
     echo(f"The data lives in {path.resolve()} ({human_bytes(on_disk)} on disk):")
@@ -298,20 +340,4 @@ def run(
             f"  ulstore stats {here}                  (for a plot: {install_command('plot')}, then add --plot sizes.png)"
         )
     echo(f'  python -c "import ulstore; print(ulstore.open({here!r})[{steps}][{name!r}][:2, :4])"')
-    seconds = time.perf_counter() - t_start
-    echo(f"Done in {seconds:.0f} s.")
-    return {
-        "path": str(path.resolve()),
-        "steps": n_ckpt,
-        "params": n_params,
-        "preset": preset,
-        "sizes": sizes,
-        "disk_bytes": on_disk,
-        "phases": phase_rows,
-        "anchors": anchors,
-        "loss": {"first": losses[0], "last": losses[steps]},
-        "slice": {"step": old_step, "tensor": name, "values": got.astype(np.float32).tolist()},
-        "slice_equal": bool(equal),
-        "verified": vr.ok,
-        "seconds": {"total": seconds, "train": t_train, "store": t_store, "zstd": t_zstd},
-    }
+    return on_disk
