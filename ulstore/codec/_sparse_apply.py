@@ -12,6 +12,7 @@ decodes the blobs again with :func:`decode_changes` for the precise error.
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -78,13 +79,14 @@ def reserve_buffers(dtype, count: int, buffers: dict) -> None:
     buffers[word.itemsize] = arrays
 
 
-def apply_sparse(plan: ApplyPlan, *, pool=None, parts: int = 1, buffers: dict | None = None,
+def apply_sparse(plans: ApplyPlan | Sequence[ApplyPlan], *, pool=None, parts: int = 1, buffers=None,
                  backend: str | None = None) -> list[Applied] | None:
-    """Apply SPARSE ``plan.blobs[i]`` to ``plan.arrays[i]`` in place; all or nothing.
+    """Apply SPARSE ``plan.blobs[i]`` to ``plan.arrays[i]`` in place, for one plan or several; all or nothing.
 
-    ``plan``: an :class:`ApplyPlan` (:meth:`ApplyPlan.of`: the blobs of one dtype, the
-    arrays they were coded against and the arrays' :func:`content_sum`); no two arrays may
-    overlap in memory (ValueError).  ``parts`` threads decode them: this
+    ``plans``: an :class:`ApplyPlan` (:meth:`ApplyPlan.of`: the blobs of one dtype, the
+    arrays they were coded against and the arrays' :func:`content_sum`), or a sequence
+    of them (a model of several dtypes: one job per plan, in order); no two arrays may
+    overlap in memory (ValueError).  ``parts`` threads decode each plan: this
     one and ``parts - 1`` of ``pool``'s, all in one compiled job (each
     releases the GIL and takes the next blob, in blob order, until none is
     left: neighbouring chunks are neighbours in memory, and taking the largest
@@ -92,44 +94,64 @@ def apply_sparse(plan: ApplyPlan, *, pool=None, parts: int = 1, buffers: dict | 
     checked in the job too.
 
     ``buffers``: a dict this function keeps output arrays in between calls
-    (per word size), so that a version does not fault in fresh pages; the
+    (per word size), so that a version does not fault in fresh pages; for a
+    sequence of plans, a sequence of such dicts, one per plan.  The
     :class:`Applied` results are views of them, valid until the next call
-    with the same dict.
+    with the same dicts.
 
-    Returns one :class:`Applied` per blob, or None when any blob fails (or is
-    not a SPARSE blob of that dtype and shape): then no array changed.
+    Returns one :class:`Applied` per blob (the plans' blobs in order), or None
+    when any blob fails (or is not a SPARSE blob of that dtype and shape): then
+    no array changed, the plans applied before the failing one undone.
     """
     k = kernels(backend)
-    word = plan.word
-    n = len(plan.blobs)
-    if not n:
-        return []
-    key = word.itemsize
-    bufs = None if buffers is None else buffers.get(key)
-    job = k.SparseApply(plan, True, bufs, None, True)
-    threads = max(1, min(parts, n))
-    helpers = [pool.submit(job.work) for _ in range(threads - 1)] if pool is not None else []
-    try:
-        job.work()  # this thread works too (it would otherwise only wait): one pool wake-up fewer per version
-    finally:
-        # this thread's work() returns once every blob is taken: a helper that starts later takes nothing and
-        # returns at once, so only the ones inside the job are waited for, first by spinning with the GIL
-        # released (being woken by a helper's future cost 0.1-0.2 ms a version).  A helper cannot fail inside
-        # the job (a blob it never took is reported by finish() as not taken), so its future is waited for
-        # only when the spin gave up: the machine is busy, and a sleep leaves the helper this thread's core
-        for f in helpers:
-            f.cancel()
-        if not job.join():
-            cf.wait([f for f in helpers if not f.cancelled()])
-        # finish() puts back every write if any blob failed or was never taken
-        status, _, pos, new, old, starts, target = job.finish()
-    if buffers is not None:
-        if bufs is None:  # the job's own outputs: their pages are in place (fresh arrays would fault them in again)
-            buffers[key] = tuple(a if a.base is None else a.base for a in (pos, new, old))
-        elif len(pos) > len(bufs[0]):  # outgrown: room for a quarter more
-            total = len(pos) + len(pos) // 4
-            buffers[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))
-    if status:
-        return None
-    outputs = (pos, new, old)  # (starts and target: lists)
-    return [Applied(outputs, s, e, t) for s, e, t in zip(starts, starts[1:], target)]
+    one = isinstance(plans, ApplyPlan)
+    plan_list = [plans] if one else list(plans)
+    stores = [buffers] if one else list(buffers) if buffers is not None else [None] * len(plan_list)
+    done: list[Applied] = []
+    written: list = []
+    for plan, store in zip(plan_list, stores):
+        n = len(plan.blobs)
+        if not n:
+            continue
+        key = plan.word.itemsize
+        bufs = None if store is None else store.get(key)
+        job = k.SparseApply(plan, True, bufs, None, True)
+        threads = max(1, min(parts, n))
+        helpers = [pool.submit(job.work) for _ in range(threads - 1)] if pool is not None else []
+        try:
+            job.work()  # this thread works too (it would otherwise only wait): one pool wake-up fewer per version
+        except BaseException:
+            undo(written)
+            raise
+        finally:
+            # this thread's work() returns once every blob is taken: a helper that starts later takes nothing and
+            # returns at once, so only the ones inside the job are waited for, first by spinning with the GIL
+            # released (being woken by a helper's future cost 0.1-0.2 ms a version).  A helper cannot fail inside
+            # the job (a blob it never took is reported by finish() as not taken), so its future is waited for
+            # only when the spin gave up: the machine is busy, and a sleep leaves the helper this thread's core
+            for f in helpers:
+                f.cancel()
+            if not job.join():
+                cf.wait([f for f in helpers if not f.cancelled()])
+            # finish() puts back every write if any blob failed or was never taken
+            status, _, pos, new, old, starts, target = job.finish()
+        if store is not None:
+            _keep_buffers(store, key, bufs, (pos, new, old), plan.word)
+        if status:
+            undo(written)
+            return None
+        outputs = (pos, new, old)  # (starts and target: lists)
+        applied = [Applied(outputs, s, e, t) for s, e, t in zip(starts, starts[1:], target)]
+        written += zip(plan.arrays, applied)
+        done += applied
+    return done
+
+
+def _keep_buffers(store: dict, key: int, bufs, outputs: tuple, word: np.dtype) -> None:
+    """Keep a job's output arrays in ``store`` for the next call (or room for more when they were outgrown)."""
+    pos = outputs[0]
+    if bufs is None:  # the job's own outputs: their pages are in place (fresh arrays would fault them in again)
+        store[key] = tuple(a if a.base is None else a.base for a in outputs)
+    elif len(pos) > len(bufs[0]):  # outgrown: room for a quarter more
+        total = len(pos) + len(pos) // 4
+        store[key] = (np.empty(total, np.int64), np.empty(total, word), np.empty(total, word))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..codec import ApplyPlan, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
+from ..codec import ApplyPlan, apply_sparse, is_sparse_blob, reserve_buffers, target_meta
 from ..store import FeedLayout, codec_for
 from ._arrays import Binding, Spec, geometry, words
 
@@ -62,7 +62,7 @@ class InPlace:
 
     def _column_groups(self, f: Fetched) -> tuple[list, dict] | None:
         """The usual step planned from its change columns: ``(picked, groups)``, ``picked`` the held step's
-        ``(key, slot)`` of each changed chunk and ``groups`` what :meth:`_apply_in_place` takes, when every
+        ``(key, slot)`` of each changed chunk and ``groups`` what :meth:`_plans` takes, when every
         changed chunk is a SPARSE delta against the step held that :meth:`_in_place` would take.  None for any
         other version: :meth:`apply` then takes the feed (whole chunks, a precise error for a bad blob)."""
         cols = f.columns
@@ -170,28 +170,23 @@ class InPlace:
             if key not in self._slots and codec_for(self.specs[key[0]].dtype) == "ulpack":
                 self._slots[key] = self._slot(key[0], start, stop)
 
-    def _apply_in_place(self, groups: dict) -> dict | None:
-        """Decode, check and write the SPARSE delta chunks ``groups`` (from :meth:`_in_place`) into the state:
-        all of them, or (None) none.  Returns their :class:`Applied` by index of ``items``."""
-        done: dict = {}
-        written: list = []
+    def _plans(self, groups: dict) -> tuple[list, list, list]:
+        """What :func:`apply_sparse` takes for the delta chunks ``groups`` (from :meth:`_in_place`): one plan and one
+        buffer dict per dtype, and the index in ``items`` of each blob, in the plans' order."""
+        plans, stores, order = [], [], []
         for dtype, (indices, arrays, blobs, sums, metas) in groups.items():
-            try:
-                out = apply_sparse(
-                    ApplyPlan.of(dtype, blobs, arrays, sums, metas=metas),
-                    pool=self.pool,
-                    parts=self.threads,
-                    buffers=self._buffers.setdefault(dtype, {}),
-                )
-            except BaseException:
-                undo(written)
-                raise
-            if out is None:
-                undo(written)
-                return None
-            written += zip(arrays, out)
-            done.update(zip(indices, out))
-        return done
+            plans.append(ApplyPlan.of(dtype, blobs, arrays, sums, metas=metas))
+            stores.append(self._buffers.setdefault(dtype, {}))
+            order += indices
+        return plans, stores, order
+
+    def _apply_sparse(self, groups: dict) -> dict | None:
+        """Decode, check and write the SPARSE delta chunks ``groups`` into the state, all of them or (None) none;
+        their :class:`Applied` by index of ``items``.  (:meth:`Replica.apply` calls the codec itself: one hop
+        fewer on the usual step.)"""
+        plans, stores, order = self._plans(groups)
+        out = apply_sparse(plans, pool=self.pool, parts=self.threads, buffers=stores)
+        return None if out is None else dict(zip(order, out))
 
 
 def _by_dtype(picked: list, blobs: list, kept: list) -> dict:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..codec import Applied, Changes, content_sum, decode_changes
+from ..codec import Applied, Changes, apply_sparse, content_sum, decode_changes
 from ..errors import CorruptBlobError, CorruptManifestError, IntegrityError, InvalidInputError, UlstoreError
 from ..store import codec_for, content_digest, decode_chunk
 from ._arrays import Binding, Spec, allocate, bind, geometry
@@ -106,10 +106,13 @@ class Replica(InPlace):
         # the usual step (every changed chunk a SPARSE delta against the step held, in its layout): planned from
         # the change columns, written by one compiled job, with no object per chunk
         planned = self._column_groups(f) if f.columns is not None else None
-        applied = None if planned is None else self._apply_in_place(planned[1])
-        if applied is None:
+        if planned is None:
             return self._apply_feed(f)
-        self._record_columns(f, planned[0], applied)  # type: ignore[index]
+        plans, stores, order = self._plans(planned[1])
+        out = apply_sparse(plans, pool=self.pool, parts=self.threads, buffers=stores)
+        if out is None:
+            return self._apply_feed(f)
+        self._record_columns(f, planned[0], dict(zip(order, out)))
         return f.nbytes
 
     def _apply_feed(self, f: Fetched) -> int:
@@ -128,7 +131,7 @@ class Replica(InPlace):
         for i, item in zip(rest, self._map(run, [items[i] for i in rest])):  # verified, nothing written yet
             decoded[i] = item
         if fast:
-            applied = self._apply_in_place(groups)
+            applied = self._apply_sparse(groups)
             if applied is None:  # nothing was written: decode them one by one, for the precise error
                 applied = dict(zip(fast, self._map(run, [items[i] for i in fast])))
             for i, item in applied.items():

@@ -3,17 +3,23 @@
 :class:`UlstoreTrainer` is the ``ulstore`` ``TrainerWeightTransferEngine``:
 ``trainer_init`` opens a :class:`~ulstore.sync.Publisher` on the bucket and
 connects the engines to it (``init_weight_transfer_engine``);
-``send_weights(state, version)`` publishes and drives ``start_weight_update``,
-``update_weights({"version", "document"})``, ``finish_weight_update(str(version))``
-through any ``VLLMWeightSyncClient``, then resets the engines' prefix cache
-(KV computed with the old weights must not serve new requests; the worker,
-where the backend runs, cannot reach the scheduler that owns that cache).
+``send_weights(state, version)`` hands the version to the publisher's background
+thread and returns (the trainer blocks for one host copy of the state, or none
+with ``copy=False``); once the version is committed, that thread drives
+``start_weight_update``, ``update_weights({"version", "document"})``,
+``finish_weight_update(str(version))`` through any ``VLLMWeightSyncClient``, then
+resets the engines' prefix cache (KV computed with the old weights must not serve
+new requests; the worker, where the backend runs, cannot reach the scheduler that
+owns that cache).  Versions reach the engines in order; a failure to publish or to
+move the engines is raised by the next ``send_weights`` or by ``wait()``.
 
 The control message is a few hundred bytes; the weights go through the bucket.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -49,6 +55,9 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
     def __init__(self, *, client, source=None, is_sender: bool = True, publisher: Publisher | None = None):
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.publisher = publisher
+        self._failed: tuple[int, BaseException] | None = None  # an engine update that failed, not yet raised
+        self._lock = threading.Lock()
+        self._sent: int | None = None  # the last version handed to the publisher
 
     @classmethod
     def trainer_init(cls, init_info: UlstoreTrainerInitInfo, *, client, source=None) -> UlstoreTrainer:
@@ -56,11 +65,13 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
             raise InvalidInputError("UlstoreTrainerInitInfo needs the bucket's url")
         if not init_info.is_sender:
             return cls(client=client, source=source, is_sender=False)
+        trainer = cls(client=client, source=source, is_sender=True)
         pub = Publisher(
             init_info.url,
             init_info.anchor_every,
             init_info.storage_options,
             branch=init_info.branch,
+            on_commit=trainer._committed,
         )
         engine_options = init_info.engine_storage_options
         client.init_weight_transfer_engine(
@@ -70,11 +81,25 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
                 "storage_options": init_info.storage_options if engine_options is None else engine_options,
             }
         )
-        return cls(client=client, source=source, is_sender=True, publisher=pub)
+        trainer.publisher = pub
+        return trainer
 
-    def send_weights(self, state: Mapping | None = None, version: int | None = None) -> PublishInfo | None:
-        """Publish ``state`` (default: the ``source`` given at init) as ``version`` (default: the next one) and
-        move every engine to it.  Returns what was published (None on non-sender ranks)."""
+    def send_weights(
+        self, state: Mapping | None = None, version: int | None = None, *, copy: bool = True
+    ) -> cf.Future | None:
+        """Publish ``state`` (default: the ``source`` given at init) as ``version`` (default: the next one) and move
+        every engine to it, in the background.
+
+        Returns once the state is copied to host memory (``copy=False``: at once; the caller then leaves the
+        tensors alone until the future resolves, e.g. a fresh bf16 cast of the master weights).  The future
+        resolves to the :class:`~ulstore.sync.PublishInfo` once the version is committed and the engines were
+        told; its exception is the publish's.  None on non-sender ranks.
+
+        Raises
+        ------
+        ulstore.sync.PublishError, ulstore.integrations.vllm.UpdateRefusedError, ...
+            A version sent before failed to publish, or the engines refused it (they hold the version they had).
+        """
         if state is None:
             if self.source is None:
                 raise InvalidInputError("send_weights needs a state, or a source given to trainer_init")
@@ -82,14 +107,36 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
         if not self.is_sender:
             return None
         assert self.publisher is not None
-        if version is None:
-            latest = self.publisher.latest
-            version = 0 if latest is None else latest + 1
-        # the trainer blocks for the whole encode + upload here; Publisher.submit() (non-blocking, in progress)
-        # will snapshot the state and return, and notify() then runs when the version is visible
-        info = self.publisher.publish(version, state)
-        self.notify(info.version, info.document)
-        return info
+        self._raise_failed()
+        if version is None:  # after the last one sent (versions in flight are not on the branch yet)
+            last = self.publisher.latest if self._sent is None else self._sent
+            version = 0 if last is None else last + 1
+        future = self.publisher.submit(version, state, copy=copy)
+        self._sent = version
+        return future
+
+    def wait(self) -> None:
+        """Wait until every version sent is committed and the engines hold it; raise the first failure."""
+        if self.publisher is not None:
+            self.publisher.wait()
+        self._raise_failed()
+
+    def _committed(self, info: PublishInfo) -> None:
+        """The publisher's ``on_commit`` (its background thread, in version order): move the engines."""
+        with self._lock:
+            if self._failed is not None:
+                return  # the engines stay on the version they hold until the failure is raised
+        try:
+            self.notify(info.version, info.document)
+        except BaseException as e:
+            with self._lock:
+                self._failed = (info.version, e)
+
+    def _raise_failed(self) -> None:
+        with self._lock:
+            failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed[1]
 
     def notify(self, version: int, document: bytes | None = None) -> None:
         """Move the engines to a published ``version`` (its step document, if given, saves them a read)."""
@@ -105,8 +152,9 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
 
     def shutdown(self) -> None:
         if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
+            publisher, self.publisher = self.publisher, None
+            publisher.close()
+        self._raise_failed()
 
 
 class LLMClient:
