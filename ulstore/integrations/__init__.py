@@ -2,5 +2,5 @@
 
 One sub-package per framework, each imported only when asked for (its framework
 is an optional extra): :mod:`ulstore.integrations.vllm` is the ``ulstore``
-weight-transfer backend of vLLM (``pip install ulstore[vllm]``).
+weight-transfer backend of vLLM (the ``vllm`` extra).
 """

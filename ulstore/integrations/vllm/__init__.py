@@ -1,4 +1,4 @@
-"""vLLM follows a ulstore bucket: the ``ulstore`` weight-transfer backend (``pip install ulstore[vllm]``).
+"""vLLM follows a ulstore bucket: the ``ulstore`` weight-transfer backend (the ``vllm`` extra).
 
 Read me first
 -------------
