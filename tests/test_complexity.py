@@ -19,17 +19,11 @@ TREES = ("ulstore", "benchmarks", "examples")
 
 #: functions still to be split (emptied by the floor-plan work; never grows)
 ALLOWED = {
-    "benchmarks/codec.py speed_pass",
-    "benchmarks/codec.py speed_table",
     "benchmarks/sync.py main",
     "examples/finetune_branch.py main",
     "ulstore/cli/_add.py _cmd_add",
     "ulstore/cli/_commands.py _cmd_diff",
     "ulstore/cli/demo.py run",
-    "ulstore/codec/_api.py _decode",
-    "ulstore/codec/_format.py open_blob",
-    "ulstore/codec/reference/_apply_job.py sparse_apply",
-    "ulstore/codec/_one_stream.py decode_section3",
     "ulstore/core/objects.py ObjectStore.get_ranges",
     "ulstore/core/safetensors.py parse_header",
     "ulstore/io/_export.py _read",
