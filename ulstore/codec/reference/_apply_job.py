@@ -200,7 +200,7 @@ def _outputs(buffers, total: int, word: np.dtype) -> tuple[np.ndarray, np.ndarra
     return np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
 
 
-def _decode_one(plan, i: int, r: np.ndarray, parsed: tuple, pos, new, old, sums, crc) -> int:
+def _decode_one(plan, i, r, parsed, pos, new, old, sums, crc):
     """Blob ``i`` decoded against its words ``r`` into its slices of the outputs and checked (CRC-32 if ``crc``,
     reference, target); its target word sum into ``sums[i]``.  Returns 0 or the status of what failed."""
     _, ref_hash, target_hash, em, g, t = parsed
