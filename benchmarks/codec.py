@@ -69,6 +69,7 @@ Run
 Progress goes to stderr, the tables to stdout.  Exit status 2 on a round-trip
 mismatch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,7 +112,10 @@ class RoundTripError(RuntimeError):
 def make_peers(threads: int = 1) -> dict:
     """Peer instances by table key; a missing package drops that peer (with a warning)."""
     peers = {}
-    for key, make in (("zstd", lambda: _peers.ZstdByteGroupedXor(19, threads)), ("zipnn", lambda: _peers.ZipNNXor(threads))):
+    for key, make in (
+        ("zstd", lambda: _peers.ZstdByteGroupedXor(19, threads)),
+        ("zipnn", lambda: _peers.ZipNNXor(threads)),
+    ):
         try:
             peers[key] = make()
         except ImportError as exc:
@@ -268,7 +272,9 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
     # is a pure function of the tensor, so this changes no size)
     with cf.ThreadPoolExecutor(threads) as pool:
         futures = {
-            pool.submit(measure_tensor, states[s][k], states[s - 1][k], spec.dtype, f"{name} step {s - 1}->{s} tensor {k!r}"): (s, k)
+            pool.submit(
+                measure_tensor, states[s][k], states[s - 1][k], spec.dtype, f"{name} step {s - 1}->{s} tensor {k!r}"
+            ): (s, k)
             for s, k in jobs
         }
         try:
@@ -286,10 +292,14 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
         pairs.append({"parent": s - 1, "child": s, **_sum([results[(s, k)] for k in names])})
     last = len(states) - 1  # the anchor a store would write: the last checkpoint, intra
     with cf.ThreadPoolExecutor(threads) as pool:
-        intra = list(pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"),
-                              names))
-    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
-            "intra": {"step": last, **_sum(intra)}}
+        intra = list(
+            pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"), names)
+        )
+    return {
+        "pairs": pairs,
+        "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
+        "intra": {"step": last, **_sum(intra)},
+    }
 
 
 # -- speed pass -----------------------------------------------------------------
@@ -497,7 +507,12 @@ def render(title: str, groups: list[str], sub: list[str], rows: list[list[str]],
     """A table whose columns come in ``groups`` of ``len(sub)`` (one group per trajectory)."""
     if markdown:
         header = ["method"] + [f"{g} {s}" for g in groups for s in sub]
-        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines = [
+            f"**{title}**",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+        ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += [""] + [f"{n}  " for n in notes]
         return "\n".join(lines).rstrip() + "\n"
@@ -525,9 +540,27 @@ def size_table(results: dict, markdown: bool, steps: int) -> str:
     tot = {n: r["sizes"]["total"] for n, r in results.items()}
     add("elements changed (%)", [(f"{100 * t['changed'] / t['elements']:.2f}", "") for t in tot.values()])
     for key, label in METHODS.items():
-        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a") for t in tot.values()])
-    add("ideal (ULPack model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
-    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}" if t["entropy_bits"] else "n/a", "") for t in tot.values()])
+        add(
+            label,
+            [
+                (f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                for t in tot.values()
+            ],
+        )
+    add(
+        "ideal (ULPack model)",
+        [
+            (f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+            for t in tot.values()
+        ],
+    )
+    add(
+        "ULPack over ideal (%)",
+        [
+            (f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}" if t["entropy_bits"] else "n/a", "")
+            for t in tot.values()
+        ],
+    )
     add("e_r saves (%)", [(f"{100 * (1 - t['ulpack'] / t['ulpack_noe']):.2f}", "") for t in tot.values()])
 
     def vs_best(t):
@@ -556,12 +589,24 @@ def intra_table(results: dict, markdown: bool) -> str:
 
     tot = {n: results[n]["sizes"]["intra"] for n in groups}
     for key, label in INTRA_METHODS.items():
-        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
-                    for t in tot.values()])
+        add(
+            label,
+            [
+                (f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                for t in tot.values()
+            ],
+        )
     add("exponent, order-0 entropy", [("", f"{t['exp_entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
-    add("ideal (ULPack intra model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
-                                       for t in tot.values()])
-    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()])
+    add(
+        "ideal (ULPack intra model)",
+        [
+            (f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+            for t in tot.values()
+        ],
+    )
+    add(
+        "ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()]
+    )
 
     def vs_best(t):
         peers = [t[k] for k in ("zipnn", "zstd") if k in t]
@@ -654,14 +699,20 @@ def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
             rows.append([label or f"{what} pair {i}"] + line)
         line = []
         for n in groups:
-            ratios = [r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"] for r in results[n]["pair_speed"]
-                      if r.get(f"zipnn_{what}_MBps")]
+            ratios = [
+                r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"]
+                for r in results[n]["pair_speed"]
+                if r.get(f"zipnn_{what}_MBps")
+            ]
             line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
         rows.append([f"{what}: lowest ratio"] + line)
         line = []
         for n in groups:
-            ratios = [r[f"ulpack_{what}_cpu_MBps"] / r[f"zipnn_{what}_cpu_MBps"] for r in results[n]["pair_speed"]
-                      if r.get(f"zipnn_{what}_cpu_MBps")]
+            ratios = [
+                r[f"ulpack_{what}_cpu_MBps"] / r[f"zipnn_{what}_cpu_MBps"]
+                for r in results[n]["pair_speed"]
+                if r.get(f"zipnn_{what}_cpu_MBps")
+            ]
             line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
         rows.append([f"{what}: lowest ratio, CPU time"] + line)
     notes = [
@@ -670,8 +721,14 @@ def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
         "ratio = ULPack / ZipNN on the same pair, timings interleaved; 'CPU time': the same ratio of process CPU "
         "times (steadier than wall time on a shared machine).",
     ]
-    return render("Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)", groups, ["ULPack", "ZipNN", "ratio"],
-                  rows, markdown, notes)
+    return render(
+        "Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)",
+        groups,
+        ["ULPack", "ZipNN", "ratio"],
+        rows,
+        markdown,
+        notes,
+    )
 
 
 def overhead_table(results: dict, markdown: bool) -> str:
@@ -686,8 +743,10 @@ def overhead_table(results: dict, markdown: bool) -> str:
                 row = results[n]["overhead"][size]
                 m = row[mode]
                 over = 8 * m["bytes"] - m["ideal_bits"]
-                line += [f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
-                         f"{over / 8 / max(1, row['blobs']):.0f}"]
+                line += [
+                    f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
+                    f"{over / 8 / max(1, row['blobs']):.0f}",
+                ]
             rows.append([f"{mode}, {int(size):,} elements"] + line)
     notes = [
         "ULPack's size over model_entropy_bits (its model with free tables and a perfect coder): % and bytes per blob "
@@ -706,20 +765,34 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="ULPack vs zstd-19 and ZipNN on real toy-model checkpoint trajectories: size, entropy and speed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)")
+    p.add_argument(
+        "--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)"
+    )
     _data.cache_options(p)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per trajectory (steps + 1 checkpoints)")
-    p.add_argument("--only", action="append", metavar="TRAJECTORY",
-                   help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TRAJECTORY",
+        help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}",
+    )
     p.add_argument("--json", metavar="FILE", help="also write every number to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of the multi-threaded runs")
     p.add_argument("--reps", type=int, default=3, help="timing repetitions (best is kept)")
-    p.add_argument("--time-budget", type=float, default=10.0,
-                   help="stop repeating a timing once it has used this many seconds (0: always --reps)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=10.0,
+        help="stop repeating a timing once it has used this many seconds (0: always --reps)",
+    )
     p.add_argument("--no-speed", action="store_true", help="skip the speed table")
-    p.add_argument("--from-json", metavar="FILE", nargs="+",
-                   help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        nargs="+",
+        help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)",
+    )
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")

@@ -37,8 +37,18 @@ from ._dtypes import FloatFormat
 from ._rans_tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW
 from ._scratch import scratch
 
-__all__ = ["encode_delta", "encode_intra", "decode_section3", "intra_plan", "intra_choice", "quantize_rows", "band_of",
-           "RAW_CHUNK", "LANE_COUNTS", "COST"]
+__all__ = [
+    "encode_delta",
+    "encode_intra",
+    "decode_section3",
+    "intra_plan",
+    "intra_choice",
+    "quantize_rows",
+    "band_of",
+    "RAW_CHUNK",
+    "LANE_COUNTS",
+    "COST",
+]
 
 RAW_CHUNK = 15
 LANE_COUNTS = (4, 32)  # by params bits 0-1
@@ -295,7 +305,13 @@ def _status_error(status: int) -> CorruptBlobError:
 
 
 def decode_section3(
-    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None,
+    k,
+    fmt: FloatFormat,
+    header: F.Header,
+    rd: F.Reader,
+    r: np.ndarray | None,
+    emask: int,
+    verify_constant=None,
     out: np.ndarray | None = None,
 ):
     """Decode a version-3 RANS or INTRA payload into a new array of words (or into ``out``,

@@ -78,8 +78,9 @@ def reserve_buffers(dtype, count: int, buffers: dict) -> None:
     buffers[word.itemsize] = arrays
 
 
-def apply_sparse(plan: ApplyPlan, *, pool=None, parts: int = 1, buffers: dict | None = None,
-                 backend: str | None = None) -> list[Applied] | None:
+def apply_sparse(
+    plan: ApplyPlan, *, pool=None, parts: int = 1, buffers: dict | None = None, backend: str | None = None
+) -> list[Applied] | None:
     """Apply SPARSE ``plan.blobs[i]`` to ``plan.arrays[i]`` in place; all or nothing.
 
     ``plan``: an :class:`ApplyPlan` (:meth:`ApplyPlan.of`: the blobs of one dtype, the

@@ -1,7 +1,8 @@
 """NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
 
-Same arguments (an :class:`~ulstore.codec._apply_plan.ApplyPlan` and the job's options), results and
-statuses as the compiled ``sparse_apply`` and ``SparseApply``; see their docstrings there.  Imported into ``reference`` (the numpy backend).
+Same arguments (an :class:`~ulstore.codec._apply_plan.ApplyPlan` and the job's options),
+results and statuses as the compiled ``sparse_apply`` and ``SparseApply``; see their
+docstrings there.  Imported into ``reference`` (the numpy backend).
 """
 
 from __future__ import annotations
@@ -163,8 +164,15 @@ def _word_views(plan, write) -> list[np.ndarray]:
     """Each array's words in memory order, whatever its shape (the compiled job's flat buffers), the plan checked."""
     c, width = len(plan.blobs), plan.width
     wb = width // 8
-    if (len(plan.arrays) != c or len(plan.metas) != c or len(plan.sums) != c or wb not in (1, 2, 4, 8)
-            or width != 8 * wb or not 0 < plan.g_alphabet <= 256 or not 0 < plan.t_alphabet <= 256):
+    if (
+        len(plan.arrays) != c
+        or len(plan.metas) != c
+        or len(plan.sums) != c
+        or wb not in (1, 2, 4, 8)
+        or width != 8 * wb
+        or not 0 < plan.g_alphabet <= 256
+        or not 0 < plan.t_alphabet <= 256
+    ):
         raise ValueError("sparse_apply needs one array, word sum and shape per blob, and a word width of 8-64 bits")
     word = np.dtype(f"<u{wb}")
     views = []
@@ -174,8 +182,11 @@ def _word_views(plan, write) -> list[np.ndarray]:
             raise BufferError("sparse_apply reads its arrays as flat words and writes them: pass C-contiguous ones")
         if memoryview(dst).nbytes % wb:
             raise ValueError("sparse_apply: an array is not a whole number of words")
-        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write
-                     else np.asarray(dst).reshape(-1).view(np.uint8).view(word))
+        views.append(
+            np.frombuffer(dst, dtype=np.uint8).view(word)
+            if not write
+            else np.asarray(dst).reshape(-1).view(np.uint8).view(word)
+        )
     return views
 
 
@@ -184,8 +195,11 @@ def _parse_all(plan, views) -> tuple[list, int, int]:
     parsed: list = []
     for i, blob in enumerate(plan.blobs):
         try:
-            parsed.append(_parse(memoryview(blob).cast("B"), bytes(plan.metas[i]), plan.code, len(views[i]),
-                                 plan.emask, plan.width))
+            parsed.append(
+                _parse(
+                    memoryview(blob).cast("B"), bytes(plan.metas[i]), plan.code, len(views[i]), plan.emask, plan.width
+                )
+            )
         except _Bad as bad:
             return parsed, bad.status, i
     return parsed, 0, len(plan.blobs)
@@ -193,8 +207,13 @@ def _parse_all(plan, views) -> tuple[list, int, int]:
 
 def _outputs(buffers, total: int, word: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Positions, new and old words for ``total`` changes: the caller's ``buffers`` when they fit, else new."""
-    if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
-            and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
+    if (
+        buffers is not None
+        and buffers[0].dtype == np.int64
+        and buffers[1].dtype == word
+        and buffers[2].dtype == word
+        and min(len(b) for b in buffers) >= max(total, 1)
+    ):
         pos, new, old = (b[:total] for b in buffers)
         return pos, new, old
     return np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
