@@ -128,7 +128,9 @@ def run(k, call, state: dict, pool, threads: int) -> float:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_x86_64_v3*.so)")
+    p.add_argument(
+        "a", help="a build of the kernel module in use (e.g. a copy of ulstore/codec/_kernels_x86_64_v3*.so)"
+    )
     p.add_argument("b", help="another build of it")
     p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"])
     p.add_argument("--steps", type=int, default=10, help="versions recorded (default 10)")

@@ -69,6 +69,7 @@ Run
 Progress goes to stderr, the tables to stdout.  Exit status 2 on a round-trip
 mismatch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,7 +112,10 @@ class RoundTripError(RuntimeError):
 def make_peers(threads: int = 1) -> dict:
     """Peer instances by table key; a missing package drops that peer (with a warning)."""
     peers = {}
-    for key, make in (("zstd", lambda: _peers.ZstdByteGroupedXor(19, threads)), ("zipnn", lambda: _peers.ZipNNXor(threads))):
+    for key, make in (
+        ("zstd", lambda: _peers.ZstdByteGroupedXor(19, threads)),
+        ("zipnn", lambda: _peers.ZipNNXor(threads)),
+    ):
         try:
             peers[key] = make()
         except ImportError as exc:
@@ -268,7 +272,9 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
     # is a pure function of the tensor, so this changes no size)
     with cf.ThreadPoolExecutor(threads) as pool:
         futures = {
-            pool.submit(measure_tensor, states[s][k], states[s - 1][k], spec.dtype, f"{name} step {s - 1}->{s} tensor {k!r}"): (s, k)
+            pool.submit(
+                measure_tensor, states[s][k], states[s - 1][k], spec.dtype, f"{name} step {s - 1}->{s} tensor {k!r}"
+            ): (s, k)
             for s, k in jobs
         }
         try:
@@ -286,10 +292,14 @@ def size_pass(name: str, spec, states: list[dict], threads: int) -> dict:
         pairs.append({"parent": s - 1, "child": s, **_sum([results[(s, k)] for k in names])})
     last = len(states) - 1  # the anchor a store would write: the last checkpoint, intra
     with cf.ThreadPoolExecutor(threads) as pool:
-        intra = list(pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"),
-                              names))
-    return {"pairs": pairs, "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
-            "intra": {"step": last, **_sum(intra)}}
+        intra = list(
+            pool.map(lambda k: measure_intra(states[last][k], spec.dtype, f"{name} step {last} intra {k!r}"), names)
+        )
+    return {
+        "pairs": pairs,
+        "total": _sum([{k: v for k, v in p.items() if k not in ("parent", "child")} for p in pairs]),
+        "intra": {"step": last, **_sum(intra)},
+    }
 
 
 # -- speed pass -----------------------------------------------------------------
@@ -311,6 +321,53 @@ def best_time(fn, reps: int, budget: float):
     return best, runs, result
 
 
+def _speed_codec(key: str, n_threads: int, spec, pairs: list, raw_pairs: list):
+    """``(encode, decode)`` of one method of the speed pass over all tensors of the pair, or None if not installed."""
+    if key == "ulpack":
+        return (
+            lambda: ulstore.encode_many(pairs, threads=n_threads),
+            lambda blobs: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=n_threads),
+        )
+    if key == "ulpack_intra":
+        return (
+            lambda: ulstore.encode_many([c for c, _ in pairs], threads=1),
+            lambda blobs: ulstore.decode_many(blobs, threads=1),
+        )
+    if key == "zipnn_intra":
+        peer = make_peers(1).get("zipnn")
+        if peer is None:
+            return None
+        zero = [np.zeros_like(c) for c, _ in raw_pairs]
+        return (
+            lambda: [peer.encode(c, z, spec.dtype) for (c, _), z in zip(raw_pairs, zero)],
+            lambda blobs: [peer.decode(b, z, spec.dtype) for b, z in zip(blobs, zero)],
+        )
+    peer = make_peers(n_threads).get(key)
+    if peer is None:
+        return None
+    return (
+        lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs],
+        lambda blobs: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(blobs, raw_pairs)],
+    )
+
+
+def _speed_run(codec, raw: int, reps: int, budget: float, check) -> dict:
+    """Best encode and decode times of ``codec`` (``(encode, decode)``), the decoded tensors checked by ``check``."""
+    enc, dec = codec
+    t_enc, runs_enc, blobs = best_time(enc, reps, budget)
+    t_dec, runs_dec, decoded = best_time(lambda: dec(blobs), reps, budget)
+    check(decoded)
+    return {
+        "encode_MBps": raw / t_enc / 1e6,
+        "decode_MBps": raw / t_dec / 1e6,
+        "encode_s": t_enc,
+        "decode_s": t_dec,
+        "encode_runs": runs_enc,
+        "decode_runs": runs_dec,
+        "bytes": sum(len(b) for b in blobs),
+    }
+
+
 def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: int, budget: float) -> dict:
     """Encode/decode MB/s of all tensors of one pair, per method and thread count."""
     names = list(child)
@@ -326,44 +383,17 @@ def speed_pass(name: str, spec, parent: dict, child: dict, threads: int, reps: i
     bar = _data.progress(total=len(plans), desc=f"speed {name}", unit="run")
     try:
         for key, n_threads in plans:
-            label = f"{key}_x{n_threads}" if n_threads > 1 else f"{key}_x1"
-            if label in out or (n_threads > 1 and threads == 1):
-                bar.update(1)
-                continue
-            if key == "ulpack":
-                enc = lambda: ulstore.encode_many(pairs, threads=n_threads)  # noqa: E731
-                dec = lambda blobs: ulstore.decode_many([(b, p) for b, (_, p) in zip(blobs, pairs)], threads=n_threads)  # noqa: E731
-            elif key == "ulpack_intra":
-                enc = lambda: ulstore.encode_many([c for c, _ in pairs], threads=1)  # noqa: E731
-                dec = lambda blobs: ulstore.decode_many(blobs, threads=1)  # noqa: E731
-            elif key == "zipnn_intra":
-                peer = make_peers(1).get("zipnn")
-                if peer is None:
-                    bar.update(1)
-                    continue
-                zero = [np.zeros_like(c) for c, _ in raw_pairs]
-                enc = lambda: [peer.encode(c, z, spec.dtype) for (c, _), z in zip(raw_pairs, zero)]  # noqa: E731
-                dec = lambda blobs: [peer.decode(b, z, spec.dtype) for b, z in zip(blobs, zero)]  # noqa: E731
-            else:
-                peer = make_peers(n_threads).get(key)
-                if peer is None:
-                    bar.update(1)
-                    continue
-                enc = lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]  # noqa: E731
-                dec = lambda blobs: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(blobs, raw_pairs)]  # noqa: E731
-            t_enc, runs_enc, blobs = best_time(enc, reps, budget)
-            t_dec, runs_dec, decoded = best_time(lambda: dec(blobs), reps, budget)
-            for k, d in zip(names, decoded):
-                _check(d, child[k], f"{key} x{n_threads}", f"{where} tensor {k!r}")
-            out[label] = {
-                "encode_MBps": raw / t_enc / 1e6,
-                "decode_MBps": raw / t_dec / 1e6,
-                "encode_s": t_enc,
-                "decode_s": t_dec,
-                "encode_runs": runs_enc,
-                "decode_runs": runs_dec,
-                "bytes": sum(len(b) for b in blobs),
-            }
+            label = f"{key}_x{n_threads}"
+            codec = None
+            if label not in out and (n_threads == 1 or threads > 1):
+                codec = _speed_codec(key, n_threads, spec, pairs, raw_pairs)
+            if codec is not None:
+
+                def check(decoded, what=f"{key} x{n_threads}"):
+                    for k, d in zip(names, decoded):
+                        _check(d, child[k], what, f"{where} tensor {k!r}")
+
+                out[label] = _speed_run(codec, raw, reps, budget, check)
             bar.update(1)
     finally:
         bar.close()
@@ -477,7 +507,12 @@ def render(title: str, groups: list[str], sub: list[str], rows: list[list[str]],
     """A table whose columns come in ``groups`` of ``len(sub)`` (one group per trajectory)."""
     if markdown:
         header = ["method"] + [f"{g} {s}" for g in groups for s in sub]
-        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        lines = [
+            f"**{title}**",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+        ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += [""] + [f"{n}  " for n in notes]
         return "\n".join(lines).rstrip() + "\n"
@@ -505,9 +540,27 @@ def size_table(results: dict, markdown: bool, steps: int) -> str:
     tot = {n: r["sizes"]["total"] for n, r in results.items()}
     add("elements changed (%)", [(f"{100 * t['changed'] / t['elements']:.2f}", "") for t in tot.values()])
     for key, label in METHODS.items():
-        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a") for t in tot.values()])
-    add("ideal (ULPack model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
-    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}" if t["entropy_bits"] else "n/a", "") for t in tot.values()])
+        add(
+            label,
+            [
+                (f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                for t in tot.values()
+            ],
+        )
+    add(
+        "ideal (ULPack model)",
+        [
+            (f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+            for t in tot.values()
+        ],
+    )
+    add(
+        "ULPack over ideal (%)",
+        [
+            (f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}" if t["entropy_bits"] else "n/a", "")
+            for t in tot.values()
+        ],
+    )
     add("e_r saves (%)", [(f"{100 * (1 - t['ulpack'] / t['ulpack_noe']):.2f}", "") for t in tot.values()])
 
     def vs_best(t):
@@ -536,12 +589,24 @@ def intra_table(results: dict, markdown: bool) -> str:
 
     tot = {n: results[n]["sizes"]["intra"] for n in groups}
     for key, label in INTRA_METHODS.items():
-        add(label, [(f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
-                    for t in tot.values()])
+        add(
+            label,
+            [
+                (f"{100 * t[key] / t['raw']:.2f}", f"{8 * t[key] / t['elements']:.3f}") if key in t else ("n/a", "n/a")
+                for t in tot.values()
+            ],
+        )
     add("exponent, order-0 entropy", [("", f"{t['exp_entropy_bits'] / t['elements']:.3f}") for t in tot.values()])
-    add("ideal (ULPack intra model)", [(f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
-                                       for t in tot.values()])
-    add("ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()])
+    add(
+        "ideal (ULPack intra model)",
+        [
+            (f"{100 * t['entropy_bits'] / 8 / t['raw']:.2f}", f"{t['entropy_bits'] / t['elements']:.3f}")
+            for t in tot.values()
+        ],
+    )
+    add(
+        "ULPack over ideal (%)", [(f"{100 * (8 * t['ulpack'] / t['entropy_bits'] - 1):+.2f}", "") for t in tot.values()]
+    )
 
     def vs_best(t):
         peers = [t[k] for k in ("zipnn", "zstd") if k in t]
@@ -558,49 +623,56 @@ def intra_table(results: dict, markdown: bool) -> str:
     return render("Table 1b. Intra (anchor) size", groups, ["% raw", "bits/w"], rows, markdown, notes)
 
 
+def _mbps_cells(results: dict, label: str) -> list:
+    """Encode and decode MB/s of run ``label`` (``ulpack_x1``...) in each group."""
+    cells = []
+    for r in results.values():
+        m = r["speed"].get(label)
+        cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
+    return cells
+
+
+def _ratio_cells(results: dict, a: str, b: str) -> list:
+    """Run ``a``'s MB/s over run ``b``'s, encode and decode, in each group."""
+    cells = []
+    for r in results.values():
+        x, y = r["speed"].get(a), r["speed"].get(b)
+        cells += (
+            [f"{x['encode_MBps'] / y['encode_MBps']:.2f}x", f"{x['decode_MBps'] / y['decode_MBps']:.2f}x"]
+            if x and y
+            else ["n/a", "n/a"]
+        )
+    return cells
+
+
+def _speed_notes(results: dict, reps: int) -> list[str]:
+    sizes = ", ".join(f"{n} {r['speed']['raw_bytes'] / 1e6:.1f} MB" for n, r in results.items())
+    timings = [m for r in results.values() for m in r["speed"].values() if isinstance(m, dict)]
+    runs = [x for m in timings for w in ("encode", "decode") if (x := m.get(f"{w}_runs", 0))]
+    slow = f" (some slow measurements: {min(runs)})" if runs and min(runs) < reps else ""
+    return [
+        f"Raw MB/s (1e6 bytes/s) over all tensors of the last step pair ({sizes}); best of {reps} runs{slow}.",
+        "ULPack: encode_many/decode_many(threads=N). Peers: one call per tensor, xN = the peer's own threads option.",
+    ]
+
+
 def speed_table(results: dict, markdown: bool, threads: int, reps: int) -> str:
     groups = list(results)
     labels = [("ulpack", "ULPack")] + [(k, METHODS[k]) for k in PEER_KEYS]
-    rows = []
-    for key, label in labels:
-        for n in ((1, threads) if threads > 1 else (1,)):
-            cells = []
-            for r in results.values():
-                m = r["speed"].get(f"{key}_x{n}")
-                cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
-            rows.append([f"{label} x{n}"] + cells)
+    counts = (1, threads) if threads > 1 else (1,)
+    rows = [[f"{label} x{n}"] + _mbps_cells(results, f"{key}_x{n}") for key, label in labels for n in counts]
     for key, label in (("ulpack_intra", "ULPack intra"), ("zipnn_intra", "ZipNN intra")):
-        cells = []
-        for r in results.values():
-            m = r["speed"].get(f"{key}_x1")
-            cells += [f"{m['encode_MBps']:.1f}", f"{m['decode_MBps']:.1f}"] if m else ["n/a", "n/a"]
-        rows.append([f"{label} x1"] + cells)
-
-    def ratio(a: str, b: str) -> list:
-        cells = []
-        for r in results.values():
-            x, y = r["speed"].get(a), r["speed"].get(b)
-            cells += ([f"{x['encode_MBps'] / y['encode_MBps']:.2f}x", f"{x['decode_MBps'] / y['decode_MBps']:.2f}x"]
-                      if x and y else ["n/a", "n/a"])
-        return cells
-
-    rows.append(["ULPack / ZipNN x1 (delta)"] + ratio("ulpack_x1", "zipnn_x1"))
-    rows.append(["ULPack / ZipNN x1 (intra)"] + ratio("ulpack_intra_x1", "zipnn_intra_x1"))
+        rows.append([f"{label} x1"] + _mbps_cells(results, f"{key}_x1"))
+    rows.append(["ULPack / ZipNN x1 (delta)"] + _ratio_cells(results, "ulpack_x1", "zipnn_x1"))
+    rows.append(["ULPack / ZipNN x1 (intra)"] + _ratio_cells(results, "ulpack_intra_x1", "zipnn_intra_x1"))
     if threads > 1:
         cells = []
         for r in results.values():
             s = r["speed"].get("ulpack_scaling")
             cells += [f"{s['encode']:.2f}x", f"{s['decode']:.2f}x"] if s else ["n/a", "n/a"]
         rows.append([f"ULPack scaling x{threads}/x1"] + cells)
-    sizes = ", ".join(f"{n} {r['speed']['raw_bytes'] / 1e6:.1f} MB" for n, r in results.items())
-    runs = [m.get(f"{w}_runs", 0) for r in results.values() for m in r["speed"].values() if isinstance(m, dict) for w in ("encode", "decode")]
-    runs = [x for x in runs if x]
-    notes = [
-        f"Raw MB/s (1e6 bytes/s) over all tensors of the last step pair ({sizes}); "
-        f"best of {reps} runs" + (f" (some slow measurements: {min(runs)})" if runs and min(runs) < reps else "") + ".",
-        "ULPack: encode_many/decode_many(threads=N). Peers: one call per tensor, xN = the peer's own threads option.",
-    ]
-    return render(f"Table 2. Speed (MB/s, encode / decode), {threads} threads = all cores", groups, ["enc", "dec"], rows, markdown, notes)
+    title = f"Table 2. Speed (MB/s, encode / decode), {threads} threads = all cores"
+    return render(title, groups, ["enc", "dec"], rows, markdown, _speed_notes(results, reps))
 
 
 def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
@@ -627,14 +699,20 @@ def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
             rows.append([label or f"{what} pair {i}"] + line)
         line = []
         for n in groups:
-            ratios = [r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"] for r in results[n]["pair_speed"]
-                      if r.get(f"zipnn_{what}_MBps")]
+            ratios = [
+                r[f"ulpack_{what}_MBps"] / r[f"zipnn_{what}_MBps"]
+                for r in results[n]["pair_speed"]
+                if r.get(f"zipnn_{what}_MBps")
+            ]
             line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
         rows.append([f"{what}: lowest ratio"] + line)
         line = []
         for n in groups:
-            ratios = [r[f"ulpack_{what}_cpu_MBps"] / r[f"zipnn_{what}_cpu_MBps"] for r in results[n]["pair_speed"]
-                      if r.get(f"zipnn_{what}_cpu_MBps")]
+            ratios = [
+                r[f"ulpack_{what}_cpu_MBps"] / r[f"zipnn_{what}_cpu_MBps"]
+                for r in results[n]["pair_speed"]
+                if r.get(f"zipnn_{what}_cpu_MBps")
+            ]
             line += ["", "", f"{min(ratios):.2f}x" if ratios else "n/a"]
         rows.append([f"{what}: lowest ratio, CPU time"] + line)
     notes = [
@@ -643,8 +721,14 @@ def pair_speed_table(results: dict, markdown: bool, reps: int) -> str:
         "ratio = ULPack / ZipNN on the same pair, timings interleaved; 'CPU time': the same ratio of process CPU "
         "times (steadier than wall time on a shared machine).",
     ]
-    return render("Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)", groups, ["ULPack", "ZipNN", "ratio"],
-                  rows, markdown, notes)
+    return render(
+        "Table 2b. Every pair, single thread: ULPack vs ZipNN (MB/s)",
+        groups,
+        ["ULPack", "ZipNN", "ratio"],
+        rows,
+        markdown,
+        notes,
+    )
 
 
 def overhead_table(results: dict, markdown: bool) -> str:
@@ -659,8 +743,10 @@ def overhead_table(results: dict, markdown: bool) -> str:
                 row = results[n]["overhead"][size]
                 m = row[mode]
                 over = 8 * m["bytes"] - m["ideal_bits"]
-                line += [f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
-                         f"{over / 8 / max(1, row['blobs']):.0f}"]
+                line += [
+                    f"{100 * over / m['ideal_bits']:+.2f}" if m["ideal_bits"] else "n/a",
+                    f"{over / 8 / max(1, row['blobs']):.0f}",
+                ]
             rows.append([f"{mode}, {int(size):,} elements"] + line)
     notes = [
         "ULPack's size over model_entropy_bits (its model with free tables and a perfect coder): % and bytes per blob "
@@ -679,20 +765,34 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="ULPack vs zstd-19 and ZipNN on real toy-model checkpoint trajectories: size, entropy and speed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)")
+    p.add_argument(
+        "--preset", default="bench", choices=["tiny", "small", "bench"], help="toy model size (tiny: smoke run)"
+    )
     _data.cache_options(p)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per trajectory (steps + 1 checkpoints)")
-    p.add_argument("--only", action="append", metavar="TRAJECTORY",
-                   help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="TRAJECTORY",
+        help=f"run only these trajectories (repeat or comma-separate): {', '.join(_data.TRAJECTORIES)}",
+    )
     p.add_argument("--json", metavar="FILE", help="also write every number to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of the multi-threaded runs")
     p.add_argument("--reps", type=int, default=3, help="timing repetitions (best is kept)")
-    p.add_argument("--time-budget", type=float, default=10.0,
-                   help="stop repeating a timing once it has used this many seconds (0: always --reps)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=10.0,
+        help="stop repeating a timing once it has used this many seconds (0: always --reps)",
+    )
     p.add_argument("--no-speed", action="store_true", help="skip the speed table")
-    p.add_argument("--from-json", metavar="FILE", nargs="+",
-                   help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        nargs="+",
+        help="measure nothing: print the tables of earlier --json FILEs (several: the median of every number)",
+    )
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")

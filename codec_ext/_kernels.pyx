@@ -916,41 +916,52 @@ def read_table(const uint8_t[::1] data, const int64_t[::1] n_rows, int scale_bit
 # -- table construction (twins of ulstore._rans_tables.normalize / encoder_table) ----------
 
 
+ctypedef fused freq_t:
+    uint32_t
+    int64_t
+
+
+cdef inline void normalize_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, freq_t* f) noexcept nogil:
+    """Counts ``c`` (summing to ``n`` > 0) scaled to frequencies ``f`` summing exactly to 2**scale.
+
+    ``floor(c * 2**scale / n)``, raised to 1 for seen symbols; the remainder goes to the
+    first most frequent symbol or, when raised rare symbols overshoot, is taken from the
+    largest frequencies (first one first), none below 1.  The one loop of both table
+    builders: twins ``_rans_tables.normalize`` (every row at ``scale_bits``) and
+    ``_one_stream_tables.normalize_scaled`` (a scale per row).
+    """
+    cdef int64_t total = (<int64_t>1) << scale, used = 0, v, diff, take
+    cdef Py_ssize_t t, top = 0, best
+    for t in range(alphabet):
+        v = (c[t] * total) // n
+        if c[t] > 0 and v == 0:
+            v = 1
+        f[t] = <freq_t>v
+        used += v
+        if c[t] > c[top]:
+            top = t  # first maximum: deterministic tie-break
+    diff = total - used
+    if diff > 0:
+        f[top] += <freq_t>diff
+    while diff < 0:  # raised rare symbols: take from the largest, first one first
+        best = 0
+        for t in range(alphabet):
+            if f[t] > f[best]:
+                best = t
+        take = min(-diff, <int64_t>f[best] - 1)
+        f[best] -= <freq_t>take
+        diff += take
+
+
 cdef void normalize_core(const int64_t* q, Py_ssize_t rows, Py_ssize_t alphabet, int scale_bits,
                          uint32_t* f) noexcept nogil:
-    cdef Py_ssize_t i, t, top, best
-    cdef int64_t total = 1 << scale_bits, n, v, used, diff, take
-    cdef const int64_t* qi
-    cdef uint32_t* fi
+    cdef Py_ssize_t i, t
+    cdef int64_t n
     for i in range(rows):
-        qi = q + i * alphabet
-        fi = f + i * alphabet
         n = 0
-        top = 0
         for t in range(alphabet):
-            n += qi[t]
-            if qi[t] > qi[top]:
-                top = t
-        if n == 0:
-            n = 1
-        used = 0
-        for t in range(alphabet):
-            v = (qi[t] * total) // n
-            if qi[t] > 0 and v == 0:
-                v = 1
-            fi[t] = <uint32_t>v
-            used += v
-        diff = total - used
-        if diff > 0:
-            fi[top] += <uint32_t>diff
-        while diff < 0:  # raised rare symbols: take from the largest, first one first
-            best = 0
-            for t in range(alphabet):
-                if fi[t] > fi[best]:
-                    best = t
-            take = min(-diff, <int64_t>fi[best] - 1)
-            fi[best] -= <uint32_t>take
-            diff += take
+            n += q[i * alphabet + t]
+        normalize_row(q + i * alphabet, alphabet, max(n, 1), scale_bits, f + i * alphabet)
 
 
 def normalize_rows(const int64_t[:, ::1] q, int scale_bits, uint32_t[:, ::1] freqs_out):

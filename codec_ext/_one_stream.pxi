@@ -612,31 +612,6 @@ cdef inline int64_t gamma_len(uint64_t v) noexcept nogil:
     return 2 * bitlen(v) - 1
 
 
-cdef void normalize_scaled_row(const int64_t* c, Py_ssize_t alphabet, int64_t n, int scale, int64_t* f) noexcept nogil:
-    """One row of ``_one_stream_tables.normalize_scaled`` (n > 0)."""
-    cdef int64_t total = (<int64_t>1) << scale, used = 0, diff, deficit, take
-    cdef Py_ssize_t t, top = 0, j
-    for t in range(alphabet):
-        f[t] = (c[t] * total) // n
-        if c[t] > 0 and f[t] == 0:
-            f[t] = 1
-        used += f[t]
-        if c[t] > c[top]:
-            top = t  # first maximum
-    diff = total - used
-    if diff > 0:
-        f[top] += diff
-    deficit = -diff
-    while deficit > 0:
-        j = 0
-        for t in range(alphabet):
-            if f[t] > f[j]:
-                j = t
-        take = min(deficit, f[j] - 1)
-        f[j] -= take
-        deficit -= take
-
-
 cdef int64_t row_table_len(const int64_t* f, Py_ssize_t alphabet, int scale, int64_t* order) noexcept nogil:
     """Bits ``pack_table3`` spends on one row at ``scale``, with its cheapest Exp-Golomb order."""
     cdef int64_t k = 0, bits, eg[SCALE_BITS + 1], best
@@ -703,7 +678,7 @@ def quantize_rows3(const int64_t[:, ::1] counts, const int64_t[::1] cost_table, 
             for d in range(1, -2, -1):
                 scale = <int>min(max(middle + d, lowest), SCALE_BITS)
                 if n > 0:
-                    normalize_scaled_row(&counts[i, 0], alphabet, n, scale, f)
+                    normalize_row(&counts[i, 0], alphabet, n, scale, f)
                 else:
                     for t in range(alphabet):
                         f[t] = 0

@@ -472,15 +472,27 @@ static void ulp3_venc_table(const struct ulp3_enc_entry *tab, int64_t n, struct 
         X = _mm256_blendv_epi8(X, _mm256_srli_epi32(X, 16), EMIT);                                \
     }
 
+/* One raw step of chunk C (its bits BITS, below 2^C) on the 8 lanes of X: emit if x >= 2^(31 - C), then push. */
+#define ULP3_ENC_RAW(X, C, BITS)                                                                   \
+    {                                                                                             \
+        __m256i e_ = _mm256_cmpgt_epi32(X, _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, C)), one)); \
+        ULP3_EMIT(X, e_)                                                                          \
+        X = _mm256_or_si256(_mm256_sllv_epi32(X, C), BITS);                                       \
+    }
+
 /* Encode groups of 8 below hi (a multiple of 32), last first; x: 32 states; words
- * needs 8 free slots below the lowest word written.  Returns the word position. */
+ * needs 8 free slots below the lowest word written.  Returns the word position.
+ * One body for both word sizes, specialised by the constant ``wide`` where it is
+ * inlined: 16-bit words (wide 0) have one raw chunk, 32-bit words (wide 1) two
+ * (tails up to 29 bits, INTRA raw up to 24), pushed in reverse: the second chunk
+ * first.  ``width`` is the float's bit width (the INTRA raw value's sign bit). */
 static inline __attribute__((always_inline)) int64_t
-ulp3_avx2_enc16(const uint16_t *v, const uint16_t *sym, int64_t hi, const int mode, int tb, int s, int width,
-                const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
+ulp3_avx2_enc(const void *v, const int wide, const uint16_t *sym, int64_t hi, const int mode, int tb, int s,
+              int width, const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
     const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
     const __m256i tmask = _mm256_set1_epi32((1 << tb) - 1), m4095 = _mm256_set1_epi32(4095);
     const __m256i m8191 = _mm256_set1_epi32(8191), m15 = _mm256_set1_epi32(15);
-    const __m256i c4096 = _mm256_set1_epi32(4096), smask = _mm256_set1_epi32((1 << s) - 1);
+    const __m256i c4096 = _mm256_set1_epi32(4096), smask = _mm256_set1_epi32((int)((1u << s) - 1));
     const __m256i nbi = _mm256_set1_epi32(s + 1), c31 = _mm256_set1_epi32(31);
     const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
                                           0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -493,7 +505,8 @@ ulp3_avx2_enc16(const uint16_t *v, const uint16_t *sym, int64_t hi, const int mo
         for (int k = 3; k >= 0; k--) {
             int64_t g = b + 8 * k;
             __m256i sy = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sym + g)));
-            __m256i va = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(v + g)));
+            __m256i va = wide ? _mm256_loadu_si256((const __m256i *)((const uint32_t *)v + g))
+                              : _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)v + g)));
             __m256i nb, raw;
             if (mode == 0) {
                 nb = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(_mm256_and_si256(sy, tmask), 2), one), zero);
@@ -504,11 +517,13 @@ ulp3_avx2_enc16(const uint16_t *v, const uint16_t *sym, int64_t hi, const int mo
             }
             __m256i rcp = _mm256_i32gather_epi32((const int *)vt, sy, 8);
             __m256i info = _mm256_i32gather_epi32((const int *)vt + 1, sy, 8);
-            /* raw step: emit if x >= 2^(31 - nb) */
-            __m256i thr = _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, nb)), one);
-            __m256i e1 = _mm256_cmpgt_epi32(X[k], thr);
-            ULP3_EMIT(X[k], e1)
-            X[k] = _mm256_or_si256(_mm256_sllv_epi32(X[k], nb), raw);
+            if (wide) {
+                __m256i c0 = _mm256_min_epi32(nb, m15), c1 = _mm256_sub_epi32(nb, c0);
+                ULP3_ENC_RAW(X[k], c1, _mm256_srli_epi32(raw, 15))  /* bits 15.. of the raw value */
+                ULP3_ENC_RAW(X[k], c0, _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, c0), one)))
+            } else {
+                ULP3_ENC_RAW(X[k], nb, raw)  /* nb <= 15: one chunk */
+            }
             /* token step: emit if x >= f << 19 */
             __m256i f = _mm256_and_si256(_mm256_srli_epi32(info, 12), m8191);
             __m256i e2 = _mm256_cmpgt_epi32(X[k], _mm256_sub_epi32(_mm256_slli_epi32(f, 19), one));
@@ -531,76 +546,15 @@ static int64_t ulp3_avx2_encode16(const uint16_t *v, const uint16_t *sym, int64_
                                   int width, const struct ulp3_venc *vt, uint64_t *x, uint16_t *words,
                                   int64_t pos) {
     if (mode == 0)
-        return ulp3_avx2_enc16(v, sym, hi, 0, tb, s, width, vt, x, words, pos);
-    return ulp3_avx2_enc16(v, sym, hi, 1, tb, s, width, vt, x, words, pos);
-}
-
-/* 32-bit words, two raw steps (reversed: the second chunk first), the same otherwise. */
-static inline __attribute__((always_inline)) int64_t
-ulp3_avx2_enc32(const uint32_t *v, const uint16_t *sym, int64_t hi, const int mode, int tb, int s,
-                const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
-    const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
-    const __m256i tmask = _mm256_set1_epi32((1 << tb) - 1), m4095 = _mm256_set1_epi32(4095);
-    const __m256i m8191 = _mm256_set1_epi32(8191), m15 = _mm256_set1_epi32(15), c15 = _mm256_set1_epi32(15);
-    const __m256i c4096 = _mm256_set1_epi32(4096), smask = _mm256_set1_epi32((int)((1u << s) - 1));
-    const __m256i nbi = _mm256_set1_epi32(s + 1), c31 = _mm256_set1_epi32(31);
-    const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i shs = _mm_cvtsi32_si128(s);
-    uint32_t st[32];
-    for (int j = 0; j < 32; j++) st[j] = (uint32_t)x[j];
-    __m256i X[4];
-    for (int k = 0; k < 4; k++) X[k] = _mm256_loadu_si256((const __m256i *)(st + 8 * k));
-    for (int64_t b = hi - 32; b >= 0; b -= 32) {
-        for (int k = 3; k >= 0; k--) {
-            int64_t g = b + 8 * k;
-            __m256i sy = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sym + g)));
-            __m256i va = _mm256_loadu_si256((const __m256i *)(v + g));
-            __m256i nb, raw;
-            if (mode == 0) {
-                nb = _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(_mm256_and_si256(sy, tmask), 2), one), zero);
-                raw = _mm256_and_si256(va, _mm256_sub_epi32(_mm256_sllv_epi32(one, nb), one));
-            } else {
-                nb = nbi;
-                raw = _mm256_or_si256(_mm256_sll_epi32(_mm256_srli_epi32(va, 31), shs), _mm256_and_si256(va, smask));
-            }
-            __m256i rcp = _mm256_i32gather_epi32((const int *)vt, sy, 8);
-            __m256i info = _mm256_i32gather_epi32((const int *)vt + 1, sy, 8);
-            __m256i c0 = _mm256_min_epi32(nb, c15), c1 = _mm256_sub_epi32(nb, c0);
-            /* second raw chunk: bits 15.. of the raw value */
-            __m256i thr = _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, c1)), one);
-            __m256i e1 = _mm256_cmpgt_epi32(X[k], thr);
-            ULP3_EMIT(X[k], e1)
-            X[k] = _mm256_or_si256(_mm256_sllv_epi32(X[k], c1), _mm256_srli_epi32(raw, 15));
-            /* first raw chunk: its low c0 bits */
-            thr = _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(c31, c0)), one);
-            e1 = _mm256_cmpgt_epi32(X[k], thr);
-            ULP3_EMIT(X[k], e1)
-            X[k] = _mm256_or_si256(_mm256_sllv_epi32(X[k], c0),
-                                   _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(one, c0), one)));
-            /* token step: emit if x >= f << 19 */
-            __m256i f = _mm256_and_si256(_mm256_srli_epi32(info, 12), m8191);
-            __m256i e2 = _mm256_cmpgt_epi32(X[k], _mm256_sub_epi32(_mm256_slli_epi32(f, 19), one));
-            ULP3_EMIT(X[k], e2)
-            __m256i a2 = _mm256_add_epi32(X[k], X[k]);
-            __m256i pe = _mm256_mul_epu32(a2, rcp);
-            __m256i po = _mm256_mul_epu32(_mm256_srli_epi64(a2, 32), _mm256_srli_epi64(rcp, 32));
-            __m256i q = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
-            q = _mm256_srlv_epi32(q, _mm256_and_si256(_mm256_srli_epi32(info, 25), m15));
-            X[k] = _mm256_add_epi32(_mm256_add_epi32(X[k], _mm256_and_si256(info, m4095)),
-                                    _mm256_mullo_epi32(q, _mm256_sub_epi32(c4096, f)));
-        }
-    }
-    for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(st + 8 * k), X[k]);
-    for (int j = 0; j < 32; j++) x[j] = st[j];
-    return pos;
+        return ulp3_avx2_enc(v, 0, sym, hi, 0, tb, s, width, vt, x, words, pos);
+    return ulp3_avx2_enc(v, 0, sym, hi, 1, tb, s, width, vt, x, words, pos);
 }
 
 static int64_t ulp3_avx2_encode32(const uint32_t *v, const uint16_t *sym, int64_t hi, int mode, int tb, int s,
                                   const struct ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos) {
     if (mode == 0)
-        return ulp3_avx2_enc32(v, sym, hi, 0, tb, s, vt, x, words, pos);
-    return ulp3_avx2_enc32(v, sym, hi, 1, tb, s, vt, x, words, pos);
+        return ulp3_avx2_enc(v, 1, sym, hi, 0, tb, s, 32, vt, x, words, pos);
+    return ulp3_avx2_enc(v, 1, sym, hi, 1, tb, s, 32, vt, x, words, pos);
 }
 
 /* ---- hash64 word sums, 4 words per register ------------------------------------------

@@ -1,4 +1,5 @@
 """Fixtures of the codec tests: the bit helpers of :mod:`tests.helpers.bits`, as session fixtures."""
+
 from __future__ import annotations
 
 import pytest

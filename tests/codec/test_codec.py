@@ -4,6 +4,7 @@ Every value comparison is on the unsigned-integer view of the bits (``bits_of``,
 ``assert_bit_identical`` in conftest.py): there is no tolerance anywhere, and NaN
 payloads, signed zeros and subnormals count.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -39,8 +40,14 @@ SMALL = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]  # exhaustively 
 WIDE = ["float32", "float64"]
 ALL = list(DTYPES)
 #: name -> (exponent bits, mantissa bits)
-LAYOUT = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52),
-          "float8_e4m3fn": (4, 3), "float8_e5m2": (5, 2)}
+LAYOUT = {
+    "float16": (5, 10),
+    "bfloat16": (8, 7),
+    "float32": (8, 23),
+    "float64": (11, 52),
+    "float8_e4m3fn": (4, 3),
+    "float8_e5m2": (5, 2),
+}
 
 BACKENDS = ulstore.available_backends()
 COMPILED = [b for b in BACKENDS if b.startswith("cython")]  # every compiled build this CPU runs
@@ -120,17 +127,19 @@ def test_all_patterns_as_reference(name, econd, awkward_bits, random_floats, ass
     rng = np.random.default_rng(3)
     sign = uint(dt).type(1 << (w - 1))
     targets = {f"const {int(p):#x}": np.full(n, p, dtype=uint(dt)).view(dt) for p in awkward_bits(dt)}
-    targets.update({
-        "next pattern": (words + uint(dt).type(1)).view(dt),  # wraps at the top
-        "previous pattern": (words - uint(dt).type(1)).view(dt),
-        "sign flipped": (words ^ sign).view(dt),
-        "lsb flipped": (words ^ uint(dt).type(1)).view(dt),
-        "reversed": allp[::-1].copy(),
-        "permuted": allp[rng.permutation(n)],
-        "random": random_floats(dt, (n,), seed=4),
-        "few ulps": ulp_steps(allp, rng, frac=0.3, max_step=5),
-        "zeros": np.zeros(n, dtype=dt),
-    })
+    targets.update(
+        {
+            "next pattern": (words + uint(dt).type(1)).view(dt),  # wraps at the top
+            "previous pattern": (words - uint(dt).type(1)).view(dt),
+            "sign flipped": (words ^ sign).view(dt),
+            "lsb flipped": (words ^ uint(dt).type(1)).view(dt),
+            "reversed": allp[::-1].copy(),
+            "permuted": allp[rng.permutation(n)],
+            "random": random_floats(dt, (n,), seed=4),
+            "few ulps": ulp_steps(allp, rng, frac=0.3, max_step=5),
+            "zeros": np.zeros(n, dtype=dt),
+        }
+    )
     for label, tgt in targets.items():
         out = ulstore.decode(ulstore.encode(tgt, allp, econd=econd), allp)
         try:
@@ -470,8 +479,13 @@ def _parity_cases():
         cases.append((f"{name}-sparse", ulp_steps(r, rng, frac=0.05, max_step=2), r))
         cases.append((f"{name}-dense", ulp_steps(r, rng, frac=1.0, max_step=300), r))
         cases.append((f"{name}-intra", normal(dt, (9_001,), rng), None))
-        cases.append((f"{name}-randombits", np.frombuffer(rng.bytes(3001 * dt.itemsize), dt).copy(),
-                      np.frombuffer(rng.bytes(3001 * dt.itemsize), dt).copy()))
+        cases.append(
+            (
+                f"{name}-randombits",
+                np.frombuffer(rng.bytes(3001 * dt.itemsize), dt).copy(),
+                np.frombuffer(rng.bytes(3001 * dt.itemsize), dt).copy(),
+            )
+        )
         cases.append((f"{name}-same", r.copy(), r))
         cases.append((f"{name}-tiny", r[:3].copy(), ulp_steps(r[:3], rng, 1.0, 1)))
     # the scale grows with the element count: reach 11 and 12 bits
@@ -551,8 +565,9 @@ def test_blobs_identical_across_processes(backend):
         assert backend == "cython-v3" and not _cpu_has_x86_64_v3(), f"{backend} backend was not built"
         pytest.skip("this CPU has no AVX2/BMI2: the x86-64-v3 build cannot run here")
     env = dict(os.environ, ULSTORE_BACKEND=backend)
-    res = subprocess.run([sys.executable, "-c", _SUBPROCESS_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     used, digests = json.loads(res.stdout.strip().splitlines()[-1])
     assert used == backend
@@ -574,7 +589,9 @@ def test_compiled_constants_match_the_twin(backend):
     assert c["SCALE_BITS"] == _rans_tables.SCALE_BITS
     entry = _rans_tables.ENC_ENTRY
     assert c["ENC_ENTRY_SIZE"] == entry.itemsize
-    assert c["ENC_ENTRY"] == tuple((name, entry.fields[name][1], entry.fields[name][0].itemsize) for name in entry.names)
+    assert c["ENC_ENTRY"] == tuple(
+        (name, entry.fields[name][1], entry.fields[name][0].itemsize) for name in entry.names
+    )
 
 
 # =====================================================================================
@@ -617,8 +634,11 @@ def _blobs_of_every_mode(dt):
         "raw-intra": (ulstore.encode(zt), zt, None),
         "same-delta": (ulstore.encode(r.copy(), r), r, r),
         "same-intra": (ulstore.encode(np.zeros(7, dt)), np.zeros(7, dt), None),
-        "empty-delta": (ulstore.encode(np.zeros((2, 0), dt), np.zeros((2, 0), dt)), np.zeros((2, 0), dt),
-                        np.zeros((2, 0), dt)),
+        "empty-delta": (
+            ulstore.encode(np.zeros((2, 0), dt), np.zeros((2, 0), dt)),
+            np.zeros((2, 0), dt),
+            np.zeros((2, 0), dt),
+        ),
         "empty-intra": (ulstore.encode(np.zeros(0, dt)), np.zeros(0, dt), None),
     }
     modes = {k: ulstore.inspect_blob(v[0])["mode"] for k, v in cases.items()}
@@ -649,11 +669,19 @@ def test_wrong_reference_raises(name, assert_bit_identical):
         if r.ndim == 1 and r.size % 2 == 0 and r.size:
             with pytest.raises(ReferenceMismatchError):
                 ulstore.decode(blob, r.reshape(2, -1))  # same elements, other shape
-        other_dt = {1: np.dtype(ml_dtypes.float8_e5m2), 2: np.dtype(ml_dtypes.bfloat16),
-                    4: np.dtype(np.float32), 8: np.dtype(np.float64)}[dt.itemsize]
+        other_dt = {
+            1: np.dtype(ml_dtypes.float8_e5m2),
+            2: np.dtype(ml_dtypes.bfloat16),
+            4: np.dtype(np.float32),
+            8: np.dtype(np.float64),
+        }[dt.itemsize]
         if other_dt == dt:
-            other_dt = {1: np.dtype(ml_dtypes.float8_e4m3fn), 2: np.dtype(np.float16),
-                        4: np.dtype(np.float16), 8: np.dtype(np.float32)}[dt.itemsize]
+            other_dt = {
+                1: np.dtype(ml_dtypes.float8_e4m3fn),
+                2: np.dtype(np.float16),
+                4: np.dtype(np.float16),
+                8: np.dtype(np.float32),
+            }[dt.itemsize]
         with pytest.raises(ReferenceMismatchError):
             ulstore.decode(blob, np.ascontiguousarray(r).view(u).astype(uint(other_dt)).view(other_dt))
         if r.size == 0:
@@ -786,8 +814,7 @@ def test_blob_accepts_any_buffer(assert_bit_identical):
 def test_encode_shape_and_dtype_mismatch(name):
     dt = DTYPES[name]
     t = np.zeros((4, 6), dt)
-    for r in (np.zeros((6, 4), dt), np.zeros(24, dt), np.zeros((4, 5), dt), np.zeros((4, 6, 1), dt),
-              np.zeros((), dt)):
+    for r in (np.zeros((6, 4), dt), np.zeros(24, dt), np.zeros((4, 5), dt), np.zeros((4, 6, 1), dt), np.zeros((), dt)):
         with pytest.raises(InvalidInputError):
             ulstore.encode(t, r)
         with pytest.raises(InvalidInputError):
@@ -1010,7 +1037,8 @@ def test_model_entropy_bits_exact(name):
     x, r = xw.view(dt), rw.view(dt)
     # the crafted residuals really are what the spec says
     assert sorted(_spec_residual(int(a), int(b), W(dt)) for a, b in zip(xw, rw)) == sorted(
-        [0] * 128 + [1] * 128 + [8] * 64 + [9] * 64 + [12] * 64 + [13] * 64)
+        [0] * 128 + [1] * 128 + [8] * 64 + [9] * 64 + [12] * 64 + [13] * 64
+    )
     expect_econd = _spec_entropy_bits(xw, rw, name, True)
     expect_pooled = _spec_entropy_bits(xw, rw, name, False)
     # 256 elements x 1 bit in each context + 256 tail bits; no e_r: 512 x 2 bits + 256 tail bits
@@ -1087,6 +1115,7 @@ def test_inspect_blob_rejects_corruption():
 def test_blob_hash_is_content_address():
     """Same values, however laid out or typed (numpy/torch/BE), give the same content address."""
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
-    digests = {hashlib.sha256(ulstore.encode(v)).hexdigest()
-               for v in (x, np.asfortranarray(x), x.astype(">f4"), x.T.copy().T)}
+    digests = {
+        hashlib.sha256(ulstore.encode(v)).hexdigest() for v in (x, np.asfortranarray(x), x.astype(">f4"), x.T.copy().T)
+    }
     assert len(digests) == 1

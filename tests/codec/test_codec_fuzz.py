@@ -24,6 +24,7 @@ The header end comes from ``ulstore.codec._format.open_blob`` (the reader it ret
 stands at the payload).  Only the crafted-blob tests at the end parse the table
 layouts themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,7 +81,11 @@ def _make_kinds():
         "intra-f64-long-tails": (_normal(f64, 160, rng).astype(f64) * np.pi, None, True),
         "delta-noecond-f16": (_steps(r_noecond, rng, 0.7, 20), r_noecond, False),
         "delta-fp8": (_steps(r_fp8, rng, 0.3, 2), r_fp8, True),
-        "raw-fp8": (np.frombuffer(rng.bytes(300), dtype=fp8).copy(), np.frombuffer(rng.bytes(300), dtype=fp8).copy(), True),
+        "raw-fp8": (
+            np.frombuffer(rng.bytes(300), dtype=fp8).copy(),
+            np.frombuffer(rng.bytes(300), dtype=fp8).copy(),
+            True,
+        ),
         "same-bf16": (r_same.copy(), r_same, True),
         "same-intra-f32": (np.zeros(64, f32), None, True),
         "intra-zeros-f32": (np.where(rng.random(800) < 0.85, 0, _normal(f32, 800, rng)).astype(f32), None, True),
@@ -94,15 +99,27 @@ def _make_kinds():
 
 KINDS = _make_kinds()
 WIDE = {k for k in KINDS if k.startswith("wide-")}  # encoded with _one_stream.WIDE_BITS = 0
-EXPECTED_MODE = {"raw-fp8": "raw", "same-bf16": "same", "same-intra-f32": "same",
-                 "sparse-mode-bf16": "sparse", "sparse-mode-f64": "sparse", "intra-f16": "intra",
-                 "intra-f64-long-tails": "intra", "wide-intra-bf16": "intra"}
+EXPECTED_MODE = {
+    "raw-fp8": "raw",
+    "same-bf16": "same",
+    "same-intra-f32": "same",
+    "sparse-mode-bf16": "sparse",
+    "sparse-mode-f64": "sparse",
+    "intra-f16": "intra",
+    "intra-f64-long-tails": "intra",
+    "wide-intra-bf16": "intra",
+}
 
 # golden blobs of versions 1 and 2: kind -> fixture case
 GOLDEN_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "ulpack_v1"
-V1_KINDS = {"v1-intra-f16": "float16_intra", "v1-delta-bf16": "bfloat16_delta", "v1-delta-f64": "float64_delta",
-            "v1-sparse-bf16": "bfloat16_delta_sparse", "v1-sparse-mode-f16": "float16_delta_sparse_mode",
-            "v1-delta-32k-fp8": "float8_e4m3fn_delta_32k"}
+V1_KINDS = {
+    "v1-intra-f16": "float16_intra",
+    "v1-delta-bf16": "bfloat16_delta",
+    "v1-delta-f64": "float64_delta",
+    "v1-sparse-bf16": "bfloat16_delta_sparse",
+    "v1-sparse-mode-f16": "float16_delta_sparse_mode",
+    "v1-delta-32k-fp8": "float8_e4m3fn_delta_32k",
+}
 ALL_KINDS = list(KINDS) + list(V1_KINDS)
 
 
@@ -110,8 +127,13 @@ def _golden_v1(case_name: str):
     """(blob, target, reference or None) of a version-1 golden case."""
     cases = {c["name"]: c for c in json.loads((GOLDEN_V1 / "manifest.json").read_text())["cases"]}
     case = cases[case_name]
-    dt = np.dtype({"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-                   "float8_e5m2": ml_dtypes.float8_e5m2}.get(case["dtype"], case["dtype"]))
+    dt = np.dtype(
+        {
+            "bfloat16": ml_dtypes.bfloat16,
+            "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+            "float8_e5m2": ml_dtypes.float8_e5m2,
+        }.get(case["dtype"], case["dtype"])
+    )
 
     def load(role):
         raw = (GOLDEN_V1 / case[role]).read_bytes()
@@ -230,8 +252,11 @@ def ignored_bits(kind: str, blobs) -> dict[int, int]:
                     pytest.fail(f"{what}: the reseal did not produce a valid CRC")
                 if (pos * 8 + bit) % 97 == 0:  # a sample through the reference implementation
                     res_np = _decode(bad, ref, "numpy")
-                    same = (type(res_np) is type(res)) if isinstance(res, BaseException) else \
-                        not isinstance(res_np, BaseException)
+                    same = (
+                        (type(res_np) is type(res))
+                        if isinstance(res, BaseException)
+                        else not isinstance(res_np, BaseException)
+                    )
                     assert same, (what, res, res_np)
         _IGNORED[kind] = found
     return _IGNORED[kind]
@@ -367,8 +392,9 @@ def test_fuzz_resealed_payload_mutations(kind, blobs):
             assert len(bad) == len(blob), f"{what}: a blob of another length was accepted"
             # (the CRC bytes differ too: they were recomputed)
             diff = {i: a ^ b for i, (a, b) in enumerate(zip(bad[:-4], blob[:-4])) if a != b}
-            assert all(d & ~ignored.get(i, 0) == 0 for i, d in diff.items()), \
+            assert all(d & ~ignored.get(i, 0) == 0 for i, d in diff.items()), (
                 f"{what}: a changed payload decoded without error (changed bytes {sorted(diff)})"
+            )
             stats["padding-only"] += 1
         stats[outcome] += 1
         if i % NUMPY_EVERY == 0:
@@ -410,9 +436,21 @@ def _crafted():
     return out
 
 
-CRAFTED_LABELS = [f"{kind}-{what}" for kind in ("intra", "delta") for what in (
-    "zero-contexts", "one-symbol", "scale-0", "scale-16", "scale-255", "states-zero", "states-max", "no-payload",
-    "scale-only")]
+CRAFTED_LABELS = [
+    f"{kind}-{what}"
+    for kind in ("intra", "delta")
+    for what in (
+        "zero-contexts",
+        "one-symbol",
+        "scale-0",
+        "scale-16",
+        "scale-255",
+        "states-zero",
+        "states-max",
+        "no-payload",
+        "scale-only",
+    )
+]
 
 
 @pytest.fixture(scope="module")

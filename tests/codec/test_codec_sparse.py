@@ -5,6 +5,7 @@ its reference's ``content_sum`` applies a delta touching only the changed
 elements, so the tests hold ``decode_changes`` to exactly what ``decode``
 returns, and its returned sum to ``content_sum`` of the true target.
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -193,8 +194,7 @@ def test_every_payload_byte_corruption_resealed():
             body = bytearray(blob[:-4])
             body[i] ^= flip
             bad = reseal(body)
-            for decode in (lambda: ulstore.decode(bad, ref),
-                           lambda: decode_changes(bad, ref, reference_sum=ref_sum)):
+            for decode in (lambda: ulstore.decode(bad, ref), lambda: decode_changes(bad, ref, reference_sum=ref_sum)):
                 try:
                     out = decode()
                 except IntegrityError:
@@ -307,11 +307,32 @@ def test_sparse_kernels_agree_across_backends(width):
             z = np.zeros(n, word)
             z[pos] = 1
             sym = np.zeros(n, np.uint16)
-            outs = (np.empty(m + 1, np.uint32), np.empty(m + 1, np.uint16), np.empty(m + 1, word), np.empty(m + 1, np.uint16))
+            outs = (
+                np.empty(m + 1, np.uint32),
+                np.empty(m + 1, np.uint16),
+                np.empty(m + 1, word),
+                np.empty(m + 1, np.uint16),
+            )
             assert k.sparse_split(z, sym, *outs) == -1, b  # outputs not sized to the non-zero count
             none = np.empty(0, np.uint8)
-            args = (r, 0, 0, 256, none, np.full(4, 1 << 15, np.uint32), none, none, 0, 124,
-                    none, np.full(4, 1 << 15, np.uint32), none, none, 0, 124)
+            args = (
+                r,
+                0,
+                0,
+                256,
+                none,
+                np.full(4, 1 << 15, np.uint32),
+                none,
+                none,
+                0,
+                124,
+                none,
+                np.full(4, 1 << 15, np.uint32),
+                none,
+                none,
+                0,
+                124,
+            )
             assert k.sparse_decode(*args, np.empty(0, np.int64), np.empty(0, word), np.zeros(1, np.uint64)) == -9, b
 
 
@@ -341,8 +362,14 @@ def test_changes_apply_to_checks_its_target():
     from ulstore import Changes
 
     values = np.ones(3, np.float32)
-    for positions, vals in (([0, 2**40, 9], values), ([0, -5, 9], values), ([4, 2, 9], values), ([1, 1, 2], values),
-                            (list(range(8)), values[:1]), ([0, 1], values)):
+    for positions, vals in (
+        ([0, 2**40, 9], values),
+        ([0, -5, 9], values),
+        ([4, 2, 9], values),
+        ([1, 1, 2], values),
+        (list(range(8)), values[:1]),
+        ([0, 1], values),
+    ):
         for b in BACKENDS:
             out = np.zeros(10, np.float32)
             with pytest.raises(InvalidInputError, match="ascend"):

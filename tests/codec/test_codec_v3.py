@@ -131,8 +131,9 @@ def test_intra_falls_back_when_symbols_do_not_fit():
 def _with_shape(blob: bytes, shape: tuple) -> bytes:
     """``blob`` with its header's shape replaced (CRC recomputed)."""
     header, rd = F.open_blob(blob)
-    new = F.Header(header.fmt, header.mode, header.flags, shape, header.ref_hash, header.target_hash,
-                   header.version).pack()
+    new = F.Header(
+        header.fmt, header.mode, header.flags, shape, header.ref_hash, header.target_hash, header.version
+    ).pack()
     return reseal(new + bytes(rd.buf[rd.pos : rd.end]))
 
 
@@ -241,8 +242,9 @@ def _split(blob: bytes):
     alphabet = 1 << (fmt.exp_bits + kk) if intra else fmt.alphabet
     k = ulstore.codec._backend.kernels("numpy")
     freqs = np.zeros((n_ctx + 1, alphabet), np.uint32)
-    used = k.read_table3(blob[start + 1 : -4], int(n_ctx > 1), n_ctx, alphabet, 256 if intra else alphabet,
-                         np.zeros(2, np.int64), freqs)
+    used = k.read_table3(
+        blob[start + 1 : -4], int(n_ctx > 1), n_ctx, alphabet, 256 if intra else alphabet, np.zeros(2, np.int64), freqs
+    )
     assert used > 0
     t0 = start + 1
     s0 = t0 + used
@@ -264,11 +266,16 @@ def _crafted_v3() -> dict:
         out[f"{label}-params-high"] = (reseal(hdr + bytes([p | 0x40]) + table + states + words), rr)
         out[f"{label}-k-3"] = (reseal(hdr + bytes([p | 0x0C]) + table + states + words), rr)
         out[f"{label}-table-truncated"] = (reseal(hdr + params + table[:2]), rr)
-        out[f"{label}-table-padding"] = (reseal(hdr + params + table[:-1] + bytes([table[-1] | 1]) + states + words), rr)
+        out[f"{label}-table-padding"] = (
+            reseal(hdr + params + table[:-1] + bytes([table[-1] | 1]) + states + words),
+            rr,
+        )
         out[f"{label}-no-table"] = (reseal(hdr + params), rr)
         out[f"{label}-states-zero"] = (reseal(hdr + params + table + bytes(len(states)) + words), rr)
-        out[f"{label}-states-max"] = (reseal(hdr + params + table + b"\xff\xff\xff\x7f" * (len(states) // 4) + words),
-                                      rr)
+        out[f"{label}-states-max"] = (
+            reseal(hdr + params + table + b"\xff\xff\xff\x7f" * (len(states) // 4) + words),
+            rr,
+        )
         out[f"{label}-odd-words"] = (reseal(hdr + params + table + states + words[:-1]), rr)
         out[f"{label}-no-words"] = (reseal(hdr + params + table + states), rr)
         out[f"{label}-extra-words"] = (reseal(hdr + params + table + states + words + b"\x00\x80"), rr)
@@ -310,7 +317,9 @@ def test_every_build_of_this_platform_imports():
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("one build only")
-    built = [m for m in ("_kernels", "_kernels_x86_64_v3") if list((Path(ulstore.codec.__file__).parent).glob(f"{m}.*.so"))]
+    built = [
+        m for m in ("_kernels", "_kernels_x86_64_v3") if list((Path(ulstore.codec.__file__).parent).glob(f"{m}.*.so"))
+    ]
     for name in built:
         importlib.import_module(f"ulstore.codec.{name}")  # raises ImportError if it cannot load
     if "cython-v3" in BACKENDS:
@@ -337,8 +346,8 @@ def test_model_entropy_bits_follows_the_intra_model():
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
 def test_compiled_v3_constants_match_the_twin(backend):
-    from ulstore.codec.reference import _one_stream_rans
     from ulstore.codec._backend import kernels
+    from ulstore.codec.reference import _one_stream_rans
 
     c = kernels(backend).CONSTANTS3
     assert c["RAW_CHUNK"] == _one_stream_rans.RAW_CHUNK == _one_stream.RAW_CHUNK
@@ -372,8 +381,15 @@ def test_quantize_rows3_parity():
 def test_hash_fill_parity():
     from ulstore.codec._backend import kernels
 
-    for value, count, size in [(0, 0, 2), (0, 1000, 2), (0x1234, 12345, 2), (7, 99, 1), ((1 << 63) + 5, 33, 8),
-                               (3, 1 << 16, 4), (0xFFFF, 7, 2)]:
+    for value, count, size in [
+        (0, 0, 2),
+        (0, 1000, 2),
+        (0x1234, 12345, 2),
+        (7, 99, 1),
+        ((1 << 63) + 5, 33, 8),
+        (3, 1 << 16, 4),
+        (0xFFFF, 7, 2),
+    ]:
         want = kernels("numpy").hash64(np.full(count, value, dtype=f"<u{size}"))
         assert {kernels(be).hash_fill(value, count, size) for be in BACKENDS} == {want}
 
@@ -386,13 +402,18 @@ def test_read_table3_statuses_match_on_random_bits():
     rng = np.random.default_rng(1)
     for trial in range(400):
         data = rng.bytes(int(rng.integers(0, 40)))
-        has_band, n_ctx, alphabet = int(rng.integers(0, 2)), int(rng.choice([1, 32, 256])), int(rng.choice([8, 60, 124]))
+        has_band, n_ctx, alphabet = (
+            int(rng.integers(0, 2)),
+            int(rng.choice([1, 32, 256])),
+            int(rng.choice([8, 60, 124])),
+        )
         outs = []
         for be in BACKENDS:
             band = np.zeros(2, np.int64)
             freqs = np.zeros((n_ctx + 1, alphabet), np.uint32)
-            used = kernels(be).read_table3(np.frombuffer(data, np.uint8), has_band, n_ctx, alphabet, alphabet, band,
-                                           freqs)
+            used = kernels(be).read_table3(
+                np.frombuffer(data, np.uint8), has_band, n_ctx, alphabet, alphabet, band, freqs
+            )
             # on a status the outputs are unspecified (the section reader discards them)
             outs.append((used, band.tobytes() + freqs.tobytes() if used >= 0 else b""))
         assert all(o == outs[0] for o in outs), (trial, [o[0] for o in outs])

@@ -6,6 +6,7 @@ must still decode to its stored input on every backend, and encoding the stored
 inputs of today's must still give the stored bytes: any change to the blob
 format fails here.
 """
+
 from __future__ import annotations
 
 import array
@@ -89,8 +90,13 @@ def test_get_codec_in_fresh_interpreter():
         "assert y.dtype == x.dtype and (y.view(np.uint32) == x.view(np.uint32)).all()\n"
         "print(type(c).__module__, type(c).__name__, repr(c), repr(c2), c2.get_config()['econd'])\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).resolve().parents[3]))  # outside the source tree
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parents[3]),
+    )  # outside the source tree
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["ulstore.codec", "ULPack", "ULPack(econd=True)", "ULPack(econd=False)", "False"]
 
@@ -130,8 +136,14 @@ def test_encode_decode_typed(arr, codec):
     enc = codec.encode(arr)
     enc_bytes = ensure_bytes(enc)
     assert enc_bytes == ulstore.encode(arr, econd=codec.econd)
-    for buf in (enc, enc_bytes, bytearray(enc_bytes), array.array("b", enc_bytes), np.frombuffer(enc_bytes, "u1"),
-                memoryview(enc_bytes)):
+    for buf in (
+        enc,
+        enc_bytes,
+        bytearray(enc_bytes),
+        array.array("b", enc_bytes),
+        np.frombuffer(enc_bytes, "u1"),
+        memoryview(enc_bytes),
+    ):
         dec = codec.decode(buf)
         assert isinstance(dec, np.ndarray) and dec.flags.c_contiguous
         _assert_same_bits(dec, arr)
@@ -263,10 +275,20 @@ def _inventory(cases: dict) -> dict[str, set]:
 
 def test_golden_fixture_inventory():
     """Every dtype has every mode in both generations; the fixture files are all referenced and small."""
-    common = [("rans", True, True), ("rans", True, False), ("raw", True), ("raw", False), ("same", True),
-              ("same", False), ("sparse", True), "empty"]
-    needs = {GOLDEN_V1: common + [("rans", False, True)],
-             GOLDEN: common + [("rans", False, True), ("intra", False), ("wide", "rans"), ("wide", "intra")]}
+    common = [
+        ("rans", True, True),
+        ("rans", True, False),
+        ("raw", True),
+        ("raw", False),
+        ("same", True),
+        ("same", False),
+        ("sparse", True),
+        "empty",
+    ]
+    needs = {
+        GOLDEN_V1: common + [("rans", False, True)],
+        GOLDEN: common + [("rans", False, True), ("intra", False), ("wide", "rans"), ("wide", "intra")],
+    }
     for root, cases in ((GOLDEN_V1, CASES_V1), (GOLDEN, CASES)):
         by_dtype = _inventory(cases)
         for name in DTYPES:
@@ -294,8 +316,7 @@ def _reencode(case, target, reference, backend=None) -> bytes:
     if case.get("lanes") == 32:
         _one_stream.WIDE_BITS = 0
     try:
-        return ulstore.encode(target, reference, econd=case["econd"], sparse=case["mode"] == "sparse",
-                              backend=backend)
+        return ulstore.encode(target, reference, econd=case["econd"], sparse=case["mode"] == "sparse", backend=backend)
     finally:
         _one_stream.WIDE_BITS = saved
 

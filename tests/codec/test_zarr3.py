@@ -119,7 +119,9 @@ def test_reopens_in_a_fresh_interpreter(tmp_path, name):
         got, want = a[...], np.load({str(tmp_path / "want.npy")!r})
         print(type(a.metadata.codecs[0]).__module__, got.dtype, np.array_equal(got.view(want.dtype), want))
         """
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["ulstore.codec.zarr3", name, "True"]
 

@@ -141,9 +141,9 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     writes = []
     orig_write, orig_apply = Binding.write, _in_place.apply_sparse
 
-    def spy_apply(dtype, blobs, arrays, *args, **kwargs):  # SPARSE deltas, written in place by the compiled job
-        out = orig_apply(dtype, blobs, arrays, *args, **kwargs)
-        for a, applied in zip(arrays, out or []):
+    def spy_apply(plan, **kwargs):  # SPARSE deltas, written in place by the compiled job
+        out = orig_apply(plan, **kwargs)
+        for a, applied in zip(plan.arrays, out or []):
             names = [k for k, t in state.items() if np.shares_memory(a, t.view(torch.int16).numpy())]
             writes.append(("changes", names, applied.positions.tolist()))
         return out

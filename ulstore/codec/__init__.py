@@ -48,6 +48,7 @@ The compiled kernels (``codec_ext/``)::
     _constants.pxi             numbers shared with the Python side (_format, _rans_tables)
     _crc32.h, _mixsum.h        the blob CRC-32 (PCLMULQDQ where the CPU has it), the word-sum mix
 """
+
 from ._analysis import inspect_blob, model_entropy_bits
 from ._api import HEADER_BOUND, decode, decode_into, encode
 from ._backend import available_backends, backend, set_backend

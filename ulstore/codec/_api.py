@@ -262,22 +262,11 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
     header, rd, rf = _open(blob, reference, shape)
     fmt = header.fmt
     k = kernels(backend)
-    n = header.size
-    words = None
-    if dest is not None:
-        if dest.dtype != fmt.dtype or dest.size != n or not dest.flags.c_contiguous or not dest.flags.writeable:
-            raise InvalidInputError(
-                f"out must be a writable C-contiguous {fmt.name} array of {n} elements, got {dest.dtype}{list(dest.shape)}"
-            )
-        words = dest.reshape(-1).view(fmt.word)
+    words = _dest_words(fmt, header.size, dest)
     if header.mode == F.MODE_SPARSE:
         assert rf is not None  # open_blob refuses SPARSE blobs that are not deltas
         pos, values, _ = _sparse_changes(k, header, rd, rf, k.hash_sum64(rf))
-        if words is None:
-            out = rf.copy()
-        else:
-            out = words
-            out[...] = rf
+        out = _filled(rf, words)
         out[pos] = values
         return _shaped(fmt, out, header.shape, dest)
 
@@ -287,16 +276,55 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
 
     emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
     if header.version >= 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
-        try:
-            out, values_hash, ref_hash = decode_section3(k, fmt, header, rd, rf, emask, verify, words)
-            _check_end(rd)
-        except CorruptBlobError:
-            _check_reference(k, header, rf)  # a wrong reference is the likelier cause: say so
-            raise
-        if rf is not None and _fold32(ref_hash) != header.ref_hash:
-            raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
-        verify(values_hash)
-        return _shaped(fmt, out, header.shape, dest)
+        out = _decode_one_stream(k, header, rd, rf, emask, verify, words)
+    elif header.mode == F.MODE_SAME and rf is None:  # all +0.0: check before allocating (the size is all there is)
+        _check_end(rd)
+        verify(k.hash_fill(0, header.size, fmt.width // 8))
+        if words is not None:
+            words[...] = 0
+            return dest
+        return from_bits(fmt, np.zeros(header.size, dtype=fmt.word)).reshape(header.shape)
+    else:
+        out = _decode_version1(k, header, rd, rf, emask, verify, words)
+    return _shaped(fmt, out, header.shape, dest)
+
+
+def _dest_words(fmt: FloatFormat, n: int, dest: np.ndarray | None) -> np.ndarray | None:
+    """The words of the caller's ``out`` array (checked: writable, C-contiguous, the blob's dtype and size)."""
+    if dest is None:
+        return None
+    if dest.dtype != fmt.dtype or dest.size != n or not dest.flags.c_contiguous or not dest.flags.writeable:
+        raise InvalidInputError(
+            f"out must be a writable C-contiguous {fmt.name} array of {n} elements, got {dest.dtype}{list(dest.shape)}"
+        )
+    return dest.reshape(-1).view(fmt.word)
+
+
+def _filled(src: np.ndarray, words: np.ndarray | None) -> np.ndarray:
+    """``src`` copied into ``words``, or into a new array."""
+    if words is None:
+        return src.copy()
+    words[...] = src
+    return words
+
+
+def _decode_one_stream(k, header: F.Header, rd: F.Reader, rf, emask: int, verify, words) -> np.ndarray:
+    """The values of a version-3 RANS or INTRA payload, checked (reference, then target)."""
+    try:
+        out, values_hash, ref_hash = decode_section3(k, header.fmt, header, rd, rf, emask, verify, words)
+        _check_end(rd)
+    except CorruptBlobError:
+        _check_reference(k, header, rf)  # a wrong reference is the likelier cause: say so
+        raise
+    if rf is not None and _fold32(ref_hash) != header.ref_hash:
+        raise ReferenceMismatchError("reference does not match the one this ULPack blob was coded against")
+    verify(values_hash)
+    return out
+
+
+def _decode_version1(k, header: F.Header, rd: F.Reader, rf, emask: int, verify, words) -> np.ndarray:
+    """The values of a version-1 RANS payload, of a RAW one, or of a SAME delta; checked (reference, then target)."""
+    fmt, n = header.fmt, header.size
     if header.mode == F.MODE_RANS:
         if rf is None:
             check_v1_intra_size(k, fmt, header, rd, verify)
@@ -313,30 +341,14 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
         out = decode_section(k, fmt, rd, ref, emask, n_c.sum(axis=0, dtype=np.int64), words)  # residuals
         values_hash = k.reconstruct(ref, out)  # now the values
     elif header.mode == F.MODE_RAW:
-        raw = np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word)
-        if words is None:
-            out = raw.copy()
-        else:
-            out = words
-            out[...] = raw
+        out = _filled(np.frombuffer(rd.take(n * fmt.width // 8, "raw values"), dtype=fmt.word), words)
         values_hash = k.hash64(out)
-    elif rf is not None:  # SAME: the target is the reference
-        if words is None:
-            out = rf.copy()
-        else:
-            out = words
-            out[...] = rf
+    else:  # SAME: the target is the reference
+        out = _filled(rf, words)
         values_hash = ref_full
-    else:  # all +0.0: check before allocating (the declared size is all there is)
-        _check_end(rd)
-        verify(k.hash_fill(0, n, fmt.width // 8))
-        if words is not None:
-            words[...] = 0
-            return dest
-        return from_bits(fmt, np.zeros(n, dtype=fmt.word)).reshape(header.shape)
     _check_end(rd)
     verify(values_hash)
-    return _shaped(fmt, out, header.shape, dest)
+    return out
 
 
 def _shaped(fmt: FloatFormat, words: np.ndarray, shape: tuple, dest: np.ndarray | None) -> np.ndarray:

@@ -28,7 +28,9 @@ class ApplyPlan:
     """
 
     blobs: list  # bytes-like SPARSE blobs (format version 2 or 4)
-    arrays: list  # what blob i was coded against: 1-d, C-contiguous unsigned words of ``width`` bits, no two overlapping
+    arrays: (
+        list  # what blob i was coded against: 1-d, C-contiguous unsigned words of ``width`` bits, no two overlapping
+    )
     sums: Sequence[int]  # content_sum of each array as it is now (checked against the blob's reference hash)
     metas: list  # target_meta of each blob: the dtype and shape its target checksum binds
     code: int  # the dtype's code in a blob header
@@ -40,8 +42,16 @@ class ApplyPlan:
     pool_below: int = POOL_BELOW  # contexts with fewer elements share the pooled table row
 
     @classmethod
-    def of(cls, dtype, blobs: list, arrays: list, sums: Sequence[int], *, metas: list | None = None,
-           shapes: list | None = None) -> ApplyPlan:
+    def of(
+        cls,
+        dtype,
+        blobs: list,
+        arrays: list,
+        sums: Sequence[int],
+        *,
+        metas: list | None = None,
+        shapes: list | None = None,
+    ) -> ApplyPlan:
         """The plan of ``blobs`` of ``dtype`` applied to ``arrays`` (of ``dtype`` or of its unsigned words), whose
         :func:`content_sum` are ``sums``; ``metas`` (their :func:`target_meta`, made beforehand) or ``shapes`` (the
         shapes the blobs were coded as)."""
@@ -50,8 +60,18 @@ class ApplyPlan:
         if metas is None:
             metas = [_meta(fmt.code, tuple(s)) for s in shapes or ()]
         views = [a if a.dtype == word else a.view(word) for a in arrays]
-        return cls(blobs, views, sums, metas, fmt.code, fmt.width, fmt.mant_bits, fmt.n_contexts - 1, GAPS.alphabet,
-                   fmt.alphabet)
+        return cls(
+            blobs,
+            views,
+            sums,
+            metas,
+            fmt.code,
+            fmt.width,
+            fmt.mant_bits,
+            fmt.n_contexts - 1,
+            GAPS.alphabet,
+            fmt.alphabet,
+        )
 
     @property
     def word(self) -> np.dtype:

@@ -3,6 +3,7 @@
 The kernels release the GIL, so batches of tensors code in parallel; each
 result depends only on its own item, never on batching or scheduling.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -66,7 +67,12 @@ def _nbytes(array) -> int:
 
 
 def encode_many(
-    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, econd: bool = True, sparse: bool = False,
+    pairs: Iterable,
+    *,
+    threads: int | None = None,
+    budget: int = 64 << 20,
+    econd: bool = True,
+    sparse: bool = False,
     backend: str | None = None,
 ) -> list[bytes]:
     """Encode many tensors in parallel; returns exactly what :func:`encode` returns for each.
@@ -83,11 +89,14 @@ def encode_many(
     """
     items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
     sizes = [_nbytes(t) for t, _ in items]
-    return _run_batched(lambda p: encode(p[0], p[1], econd=econd, sparse=sparse, backend=backend),
-                        items, sizes, threads, budget)
+    return _run_batched(
+        lambda p: encode(p[0], p[1], econd=econd, sparse=sparse, backend=backend), items, sizes, threads, budget
+    )
 
 
-def decode_many(pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, backend: str | None = None) -> list[np.ndarray]:
+def decode_many(
+    pairs: Iterable, *, threads: int | None = None, budget: int = 64 << 20, backend: str | None = None
+) -> list[np.ndarray]:
     """Decode many ``(blob, reference)`` pairs (or bare intra blobs) in parallel."""
     items = [p if isinstance(p, tuple) else (p, None) for p in pairs]
     sizes = [len(b) for b, _ in items]

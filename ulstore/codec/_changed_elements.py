@@ -19,6 +19,7 @@ from ._dtypes import as_bits, from_bits
 
 __all__ = ["Changes", "content_sum", "decode_changes"]
 
+
 @dataclass(frozen=True)
 class Changes:
     """What a delta blob changes in its reference: ``reference.flat[positions] = values`` is the target.

@@ -5,6 +5,7 @@ backend) compute the word sum ``hash_sum64``; finishing a sum the caller
 already holds (SPARSE blobs update it word by word) needs only this module, so
 production code never imports the test oracle ``reference`` for it.
 """
+
 from __future__ import annotations
 
 __all__ = ["GOLDEN", "MASK64", "finish_sum", "fold32"]

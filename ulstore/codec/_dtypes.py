@@ -5,6 +5,7 @@ exponent field; the codec itself only ever sees unsigned ``w``-bit words
 (little-endian, C order).  bfloat16 and fp8 come from ``ml_dtypes`` so that values
 handed back to users keep their real dtype, never a silent ``uint16``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -86,9 +87,7 @@ def format_of(dtype) -> FloatFormat:
         name = str(dtype)
     fmt = _BY_NAME.get(str(name))
     if fmt is None:
-        raise DtypeError(
-            f"ULPack codes floating-point tensors only ({', '.join(_BY_NAME)}); got dtype {dtype!s}"
-        )
+        raise DtypeError(f"ULPack codes floating-point tensors only ({', '.join(_BY_NAME)}); got dtype {dtype!s}")
     return fmt
 
 

@@ -194,6 +194,28 @@ def seal(*parts) -> bytes:
 
 def open_blob(blob) -> tuple[Header, Reader]:
     """Check magic, version and CRC; parse the header; return it and a reader at the payload."""
+    buf = _blob_bytes(blob)
+    version = buf[4]
+    body_end = len(buf) - CRC_BYTES
+    stored = int.from_bytes(buf[body_end:], "little")
+    if _crc32(buf[:body_end]) != stored:
+        raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
+    r = Reader(buf, 5, body_end)
+    fmt, mode, flags = _kind(r, version)
+    ndim = r.u8("ndim")
+    shape = tuple(r.varint("shape", limit=MAX_ELEMENTS) for _ in range(ndim))
+    n = 1
+    for d in shape:
+        n *= d
+    if n > MAX_ELEMENTS:
+        raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
+    ref_hash = r.u32("reference hash") if version not in _COMPACT_HEADER or flags & FLAG_DELTA else 0
+    header = Header(fmt, mode, flags, shape, ref_hash, r.u32("target hash"), version)
+    return header, r
+
+
+def _blob_bytes(blob) -> memoryview:
+    """``blob``'s bytes, once magic, version and length are those of a blob this module reads."""
     try:
         buf = memoryview(blob).cast("B")
     except TypeError as exc:
@@ -210,11 +232,11 @@ def open_blob(blob) -> tuple[Header, Reader]:
     shortest = 9 + 8 + CRC_BYTES if version not in _COMPACT_HEADER else 7 + 4 + CRC_BYTES
     if len(buf) < shortest:
         raise CorruptBlobError(f"ULPack blob is truncated: {len(buf)} bytes is shorter than any header")
-    body_end = len(buf) - CRC_BYTES
-    stored = int.from_bytes(buf[body_end:], "little")
-    if _crc32(buf[:body_end]) != stored:
-        raise CorruptBlobError("ULPack blob fails its CRC-32 check (truncated or corrupted)")
-    r = Reader(buf, 5, body_end)
+    return buf
+
+
+def _kind(r: Reader, version: int) -> tuple[FloatFormat, int, int]:
+    """The dtype, mode and flags fields, checked against each other and the version."""
     if version not in _COMPACT_HEADER:
         code, mode, flags = r.u8("dtype"), r.u8("mode"), r.u8("flags")
     else:
@@ -231,13 +253,4 @@ def open_blob(blob) -> tuple[Header, Reader]:
         raise CorruptBlobError("ULPack blob is sparse but not a delta")
     if mode == MODE_INTRA and flags & FLAG_DELTA:
         raise CorruptBlobError("ULPack blob is intra-coded but marked as a delta")
-    ndim = r.u8("ndim")
-    shape = tuple(r.varint("shape", limit=MAX_ELEMENTS) for _ in range(ndim))
-    n = 1
-    for d in shape:
-        n *= d
-    if n > MAX_ELEMENTS:
-        raise CorruptBlobError(f"ULPack blob declares an implausible shape {shape}")
-    ref_hash = r.u32("reference hash") if version not in _COMPACT_HEADER or flags & FLAG_DELTA else 0
-    header = Header(fmt, mode, flags, shape, ref_hash, r.u32("target hash"), version)
-    return header, r
+    return fmt, mode, flags

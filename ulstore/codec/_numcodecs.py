@@ -1,4 +1,5 @@
 """The numcodecs codec ``{"id": "ulpack"}``: :class:`ULPack`, a thin shell over :func:`encode`/:func:`decode`."""
+
 from __future__ import annotations
 
 import numcodecs

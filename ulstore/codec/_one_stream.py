@@ -37,8 +37,18 @@ from ._dtypes import FloatFormat
 from ._rans_tables import ENC_ENTRY, POOL_BELOW, SCALE_BITS, STATE_LOW
 from ._scratch import scratch
 
-__all__ = ["encode_delta", "encode_intra", "decode_section3", "intra_plan", "intra_choice", "quantize_rows", "band_of",
-           "RAW_CHUNK", "LANE_COUNTS", "COST"]
+__all__ = [
+    "encode_delta",
+    "encode_intra",
+    "decode_section3",
+    "intra_plan",
+    "intra_choice",
+    "quantize_rows",
+    "band_of",
+    "RAW_CHUNK",
+    "LANE_COUNTS",
+    "COST",
+]
 
 RAW_CHUNK = 15
 LANE_COUNTS = (4, 32)  # by params bits 0-1
@@ -295,7 +305,13 @@ def _status_error(status: int) -> CorruptBlobError:
 
 
 def decode_section3(
-    k, fmt: FloatFormat, header: F.Header, rd: F.Reader, r: np.ndarray | None, emask: int, verify_constant=None,
+    k,
+    fmt: FloatFormat,
+    header: F.Header,
+    rd: F.Reader,
+    r: np.ndarray | None,
+    emask: int,
+    verify_constant=None,
     out: np.ndarray | None = None,
 ):
     """Decode a version-3 RANS or INTRA payload into a new array of words (or into ``out``,
@@ -311,53 +327,12 @@ def decode_section3(
     """
     n = header.size
     intra = header.mode == F.MODE_INTRA
-    params = rd.u8("section parameters")
-    lanes_code, kk = params & 3, (params >> 2) & 3
-    if params >> 4 or lanes_code >= len(LANE_COUNTS) or (kk and not intra) or kk > min(3, fmt.mant_bits):
-        raise CorruptBlobError(f"ULPack blob has invalid section parameters {params:#x}")
-    lanes = LANE_COUNTS[lanes_code]
-    if intra:
-        alphabet, has_band, n_ctx, max_tokens = 1 << (fmt.exp_bits + kk), False, 1, MAX_SYMBOLS
-    else:
-        alphabet, has_band, n_ctx, max_tokens = fmt.alphabet, emask > 0, emask + 1, fmt.alphabet
-    freqs = np.zeros((n_ctx + 1 if has_band else 1, alphabet), dtype=np.uint32)
-    band = np.zeros(2, dtype=np.int64)
-    used = k.read_table3(rd.buf[rd.pos : rd.end], int(has_band), n_ctx, alphabet, max_tokens, band, freqs)
-    if used < 0:
-        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE3_STATUS.get(used, f'status {used}')}")
-    rd.take(used, "table")
-    count, lo = int(band[0]), int(band[1])
-    freqs = freqs[: count + 1]
-    state_bytes = rd.take(4 * lanes, "lane states")
-    lane_states = struct.unpack(_STATES_FORMAT[lanes], state_bytes)  # (cheaper than numpy for 4 or 32 values)
-    if min(lane_states) < STATE_LOW or max(lane_states) >= 1 << 31:
-        raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
-    states = np.frombuffer(state_bytes, dtype="<u4").copy()  # aligned: the kernels read them as uint32_t
-    n_bytes = rd.end - rd.pos
-    if n_bytes % 2:
-        raise CorruptBlobError("ULPack blob has an odd number of bytes of rANS words")
-    words = np.frombuffer(rd.take(n_bytes, "rANS words"), dtype=np.uint8)
-    n_words = n_bytes // 2
+    lanes, kk = _read_params(fmt, rd, intra)
+    freqs, count, lo = _read_table(k, fmt, rd, intra, kk, emask)
+    states, words = _read_states_and_words(rd, lanes)
     if not np.count_nonzero(freqs):
         raise CorruptBlobError("ULPack blob table has no token at all")
-    # What the payload can hold, checked before n elements are allocated.  Each lane
-    # starts with 31 bits of state and gains 16 per word; every raw bit costs one,
-    # and a token step with f < 2**12 shrinks a state by at least a factor 1 - 2**-12
-    # (so a lane decodes at most _STEPS_PER_WORD tokens per word it reads).
-    capacity_bits = 31 * lanes + 16 * n_words
-    constant = None
-    if intra:
-        raw_bits = fmt.mant_bits - kk + 1
-        if n * raw_bits > capacity_bits:
-            raise CorruptBlobError(
-                f"ULPack blob declares {n} elements but its payload holds at most {capacity_bits // raw_bits}"
-            )
-    elif r is None:  # against +0.0, one row
-        t0 = int(np.flatnonzero(freqs[0])[0])
-        if freqs[0, t0] == _M and t0 < 8:  # one token and no tail: every element is the same value
-            constant = t0
-        elif n > _STEPS_PER_WORD * (lanes + n_words):
-            raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")
+    constant = _check_capacity(fmt, n, intra, r is None, kk, freqs, lanes, len(words) // 2)
     if constant is not None and verify_constant is not None:
         # z = t0 against +0.0 (key 2**(w-1)): the value is unkey(2**(w-1) + unzigzag(t0))
         w = fmt.width
@@ -395,3 +370,67 @@ def decode_section3(
     if status:
         raise _status_error(status)
     return out, int(hashes[0]), (int(hashes[1]) if r is not None else None)
+
+
+def _read_params(fmt: FloatFormat, rd: F.Reader, intra: bool) -> tuple[int, int]:
+    """The section's lane count and ``k`` (the mantissa bits of an INTRA symbol), checked."""
+    params = rd.u8("section parameters")
+    lanes_code, kk = params & 3, (params >> 2) & 3
+    if params >> 4 or lanes_code >= len(LANE_COUNTS) or (kk and not intra) or kk > min(3, fmt.mant_bits):
+        raise CorruptBlobError(f"ULPack blob has invalid section parameters {params:#x}")
+    return LANE_COUNTS[lanes_code], kk
+
+
+def _read_table(k, fmt: FloatFormat, rd: F.Reader, intra: bool, kk: int, emask: int) -> tuple[np.ndarray, int, int]:
+    """The table's rows (frequencies, one row per band context plus the shared row 0) and its band (count, lo)."""
+    if intra:
+        alphabet, has_band, n_ctx, max_tokens = 1 << (fmt.exp_bits + kk), False, 1, MAX_SYMBOLS
+    else:
+        alphabet, has_band, n_ctx, max_tokens = fmt.alphabet, emask > 0, emask + 1, fmt.alphabet
+    freqs = np.zeros((n_ctx + 1 if has_band else 1, alphabet), dtype=np.uint32)
+    band = np.zeros(2, dtype=np.int64)
+    used = k.read_table3(rd.buf[rd.pos : rd.end], int(has_band), n_ctx, alphabet, max_tokens, band, freqs)
+    if used < 0:
+        raise CorruptBlobError(f"ULPack blob table is corrupt: {TABLE3_STATUS.get(used, f'status {used}')}")
+    rd.take(used, "table")
+    count, lo = int(band[0]), int(band[1])
+    return freqs[: count + 1], count, lo
+
+
+def _read_states_and_words(rd: F.Reader, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The final lane states (checked to lie in [2**15, 2**31)) and the rANS words' bytes (the rest)."""
+    state_bytes = rd.take(4 * lanes, "lane states")
+    lane_states = struct.unpack(_STATES_FORMAT[lanes], state_bytes)  # (cheaper than numpy for 4 or 32 values)
+    if min(lane_states) < STATE_LOW or max(lane_states) >= 1 << 31:
+        raise CorruptBlobError("ULPack blob has an rANS lane state out of range")
+    states = np.frombuffer(state_bytes, dtype="<u4").copy()  # aligned: the kernels read them as uint32_t
+    n_bytes = rd.end - rd.pos
+    if n_bytes % 2:
+        raise CorruptBlobError("ULPack blob has an odd number of bytes of rANS words")
+    return states, np.frombuffer(rd.take(n_bytes, "rANS words"), dtype=np.uint8)
+
+
+def _check_capacity(
+    fmt: FloatFormat, n: int, intra: bool, no_reference: bool, kk: int, freqs: np.ndarray, lanes: int, n_words: int
+) -> int | None:
+    """Refuse a declared size ``n`` the payload cannot hold, before n elements are allocated; returns the token
+    of a constant tensor coded against +0.0 (the one case with no such bound), else None.
+
+    Each lane starts with 31 bits of state and gains 16 per word; every raw bit costs one,
+    and a token step with f < 2**12 shrinks a state by at least a factor 1 - 2**-12
+    (so a lane decodes at most _STEPS_PER_WORD tokens per word it reads).
+    """
+    capacity_bits = 31 * lanes + 16 * n_words
+    if intra:
+        raw_bits = fmt.mant_bits - kk + 1
+        if n * raw_bits > capacity_bits:
+            raise CorruptBlobError(
+                f"ULPack blob declares {n} elements but its payload holds at most {capacity_bits // raw_bits}"
+            )
+    elif no_reference:  # against +0.0, one row
+        t0 = int(np.flatnonzero(freqs[0])[0])
+        if freqs[0, t0] == _M and t0 < 8:  # one token and no tail: every element is the same value
+            return t0
+        if n > _STEPS_PER_WORD * (lanes + n_words):
+            raise CorruptBlobError(f"ULPack blob declares {n} elements, more than its payload can code")
+    return None

@@ -4,11 +4,24 @@ Shared by both kernel backends, so tables (and thus blobs) cannot differ between
 them.  Integer arithmetic only: a float rounding difference between machines must
 never change a blob's bytes.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["normalize", "quantized_counts", "SCALE_BITS", "POOL_BELOW", "table_rows", "sum_rows", "encoder_table", "decoder_table", "ENC_ENTRY", "STATE_LOW", "STATE_BITS"]
+__all__ = [
+    "normalize",
+    "quantized_counts",
+    "SCALE_BITS",
+    "POOL_BELOW",
+    "table_rows",
+    "sum_rows",
+    "encoder_table",
+    "decoder_table",
+    "ENC_ENTRY",
+    "STATE_LOW",
+    "STATE_BITS",
+]
 
 STATE_LOW = 1 << 15  # L: every lane state lives in [L, 2**31)
 STATE_BITS = 31  # the reciprocal division below is exact only for states < 2**31

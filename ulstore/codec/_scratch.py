@@ -5,6 +5,7 @@ of every 4 KiB page is a page fault: on a VM that was a third of encode time.  E
 thread keeps one buffer per purpose and reuses it.  Buffers never leave the codec:
 everything returned to callers is a copy or a new array.
 """
+
 from __future__ import annotations
 
 import threading

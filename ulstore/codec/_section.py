@@ -8,6 +8,7 @@ elements) as tokens under static per-context tables, plus their raw low bits:
 The dense RANS mode is one section over every element; the SPARSE mode is two
 (gaps, then the changed elements' residuals).  See ``docs/format.md``.
 """
+
 from __future__ import annotations
 
 import struct

@@ -28,6 +28,7 @@ Checksums stay those of the header, and stay cheap: ``hash64`` is a finished
 its reference's sum can check the reference in O(1) and the target in O(m)
 from the changed words alone (``sum_update``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -74,8 +75,9 @@ def encode_sparse(k, fmt: FloatFormat, z: np.ndarray, sym: np.ndarray, emask: in
     return [head, coded, *encode_section(k, fmt, tz, tsym, counts, emask)]
 
 
-def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int,
-                  version: int) -> tuple[np.ndarray, np.ndarray, int]:
+def decode_sparse(
+    k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int, version: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Read a SPARSE payload of format ``version`` (2 or 4) against reference words ``rf``.
 
     Returns the ascending positions, their new words, and how ``hash_sum64`` of
@@ -90,12 +92,14 @@ def decode_sparse(k, fmt: FloatFormat, rd: F.Reader, rf: np.ndarray, emask: int,
         lo = np.frombuffer(rd.take(lo_len, "low position bits"), dtype=np.uint8)
         hi = np.frombuffer(rd.take(hi_len, "high position bits"), dtype=np.uint8)
         residuals = read_fields(rd, m, fmt)
-        status = k.sparse_decode_ef(rf, fmt.mant_bits, emask, POOL_BELOW, lo, hi, *residuals, fmt.alphabet,
-                                    pos, values, delta)
+        status = k.sparse_decode_ef(
+            rf, fmt.mant_bits, emask, POOL_BELOW, lo, hi, *residuals, fmt.alphabet, pos, values, delta
+        )
     else:
         gaps, residuals = read_fields(rd, m, GAPS), read_fields(rd, m, fmt)
-        status = k.sparse_decode(rf, fmt.mant_bits, emask, POOL_BELOW, *gaps, GAPS.alphabet, *residuals,
-                                 fmt.alphabet, pos, values, delta)
+        status = k.sparse_decode(
+            rf, fmt.mant_bits, emask, POOL_BELOW, *gaps, GAPS.alphabet, *residuals, fmt.alphabet, pos, values, delta
+        )
     if status:
         raise status_error(status)
     return pos, values, int(delta[0])

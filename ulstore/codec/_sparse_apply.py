@@ -79,8 +79,9 @@ def reserve_buffers(dtype, count: int, buffers: dict) -> None:
     buffers[word.itemsize] = arrays
 
 
-def apply_sparse(plans: ApplyPlan | Sequence[ApplyPlan], *, pool=None, parts: int = 1, buffers=None,
-                 backend: str | None = None) -> list[Applied] | None:
+def apply_sparse(
+    plans: ApplyPlan | Sequence[ApplyPlan], *, pool=None, parts: int = 1, buffers=None, backend: str | None = None
+) -> list[Applied] | None:
     """Apply SPARSE ``plan.blobs[i]`` to ``plan.arrays[i]`` in place, for one plan or several; all or nothing.
 
     ``plans``: an :class:`ApplyPlan` (:meth:`ApplyPlan.of`: the blobs of one dtype, the

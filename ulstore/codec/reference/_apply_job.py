@@ -1,7 +1,8 @@
 """NumPy twin of ``_apply.pxi``: SPARSE blobs applied in place, many per call.
 
-Same arguments (an :class:`~ulstore.codec._apply_plan.ApplyPlan` and the job's options), results and
-statuses as the compiled ``sparse_apply`` and ``SparseApply``; see their docstrings there.  Imported into ``reference`` (the numpy backend).
+Same arguments (an :class:`~ulstore.codec._apply_plan.ApplyPlan` and the job's options),
+results and statuses as the compiled ``sparse_apply`` and ``SparseApply``; see their
+docstrings there.  Imported into ``reference`` (the numpy backend).
 """
 
 from __future__ import annotations
@@ -131,80 +132,117 @@ def _refuse_overlaps(dsts) -> None:
 
 def sparse_apply(plan, write, buffers=None, crc=False):
     """Decode SPARSE ``plan.blobs`` against ``plan.arrays`` and, ``write``, apply them; see ``_apply.pxi``."""
-    blobs, dsts, ref_sums, metas = plan.blobs, plan.arrays, plan.sums, plan.metas
-    code, width, mant_bits, emask = plan.code, plan.width, plan.mant_bits, plan.emask
-    pool_below, g_alphabet, t_alphabet = plan.pool_below, plan.g_alphabet, plan.t_alphabet
-    c = len(blobs)
+    c = len(plan.blobs)
+    views = _word_views(plan, write)
+    if write:
+        _refuse_overlaps(views)
+    parsed, parse_status, upto = _parse_all(plan, views)
+    starts = np.zeros(c + 1, dtype=np.int64)
+    starts[1 : upto + 1] = np.cumsum([p[0] for p in parsed])
+    starts[upto + 1 :] = starts[upto]
+    pos, new, old = _outputs(buffers, int(starts[-1]), np.dtype(f"<u{plan.width // 8}"))
+    sums = np.zeros(c, dtype=np.uint64)
+    failed, status = -1, 0
+    for i in range(upto):
+        s, e = int(starts[i]), int(starts[i + 1])
+        status = _decode_one(plan, i, views[i], parsed[i], pos[s:e], new[s:e], old[s:e], sums, crc)
+        if status:
+            failed = i
+            break
+        if write:
+            views[i][pos[s:e]] = new[s:e]
+    if not status and parse_status:
+        status, failed = parse_status, upto
+    if status and write:  # all or nothing: put back what the blobs before the failed one wrote
+        for j in range(failed - 1, -1, -1):
+            s, e = int(starts[j]), int(starts[j + 1])
+            views[j][pos[s:e]] = old[s:e]
+    return status, failed, pos, new, old, starts.tolist(), sums.tolist()
+
+
+def _word_views(plan, write) -> list[np.ndarray]:
+    """Each array's words in memory order, whatever its shape (the compiled job's flat buffers), the plan checked."""
+    c, width = len(plan.blobs), plan.width
     wb = width // 8
-    if (len(dsts) != c or len(metas) != c or len(ref_sums) != c or wb not in (1, 2, 4, 8) or width != 8 * wb
-            or not 0 < g_alphabet <= 256 or not 0 < t_alphabet <= 256):
+    if (
+        len(plan.arrays) != c
+        or len(plan.metas) != c
+        or len(plan.sums) != c
+        or wb not in (1, 2, 4, 8)
+        or width != 8 * wb
+        or not 0 < plan.g_alphabet <= 256
+        or not 0 < plan.t_alphabet <= 256
+    ):
         raise ValueError("sparse_apply needs one array, word sum and shape per blob, and a word width of 8-64 bits")
     word = np.dtype(f"<u{wb}")
     views = []
-    for blob, meta, dst in zip(blobs, metas, dsts):
+    for blob, meta, dst in zip(plan.blobs, plan.metas, plan.arrays):
         memoryview(blob), memoryview(meta)
         if not memoryview(dst).c_contiguous or write and memoryview(dst).readonly:
             raise BufferError("sparse_apply reads its arrays as flat words and writes them: pass C-contiguous ones")
         if memoryview(dst).nbytes % wb:
             raise ValueError("sparse_apply: an array is not a whole number of words")
-        # its words in memory order, whatever its shape (the compiled job's flat buffer)
-        views.append(np.frombuffer(dst, dtype=np.uint8).view(word) if not write
-                     else np.asarray(dst).reshape(-1).view(np.uint8).view(word))
-    if write:
-        _refuse_overlaps(views)
-    parsed, status, upto = [], 0, c
-    for i in range(c):
+        views.append(
+            np.frombuffer(dst, dtype=np.uint8).view(word)
+            if not write
+            else np.asarray(dst).reshape(-1).view(np.uint8).view(word)
+        )
+    return views
+
+
+def _parse_all(plan, views) -> tuple[list, int, int]:
+    """Every blob's header and fields until the first bad one: ``(parsed, its status or 0, its index or c)``."""
+    parsed: list = []
+    for i, blob in enumerate(plan.blobs):
         try:
-            parsed.append(_parse(memoryview(blobs[i]).cast("B"), bytes(metas[i]), code, len(views[i]), emask, width))
+            parsed.append(
+                _parse(
+                    memoryview(blob).cast("B"), bytes(plan.metas[i]), plan.code, len(views[i]), plan.emask, plan.width
+                )
+            )
         except _Bad as bad:
-            status, upto = bad.status, i
-            break
-    starts = np.zeros(c + 1, dtype=np.int64)
-    starts[1 : upto + 1] = np.cumsum([p[0] for p in parsed])
-    starts[upto + 1 :] = starts[upto]
-    total = int(starts[-1])
-    if (buffers is not None and buffers[0].dtype == np.int64 and buffers[1].dtype == word
-            and buffers[2].dtype == word and min(len(b) for b in buffers) >= max(total, 1)):
+            return parsed, bad.status, i
+    return parsed, 0, len(plan.blobs)
+
+
+def _outputs(buffers, total: int, word: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions, new and old words for ``total`` changes: the caller's ``buffers`` when they fit, else new."""
+    if (
+        buffers is not None
+        and buffers[0].dtype == np.int64
+        and buffers[1].dtype == word
+        and buffers[2].dtype == word
+        and min(len(b) for b in buffers) >= max(total, 1)
+    ):
         pos, new, old = (b[:total] for b in buffers)
+        return pos, new, old
+    return np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
+
+
+def _decode_one(plan, i, r, parsed, pos, new, old, sums, crc):
+    """Blob ``i`` decoded against its words ``r`` into its slices of the outputs and checked (CRC-32 if ``crc``,
+    reference, target); its target word sum into ``sums[i]``.  Returns 0 or the status of what failed."""
+    _, ref_hash, target_hash, em, g, t = parsed
+    b = memoryview(plan.blobs[i]).cast("B")
+    ref_sum = int(plan.sums[i])
+    if crc and zlib.crc32(b[:-4]) != int.from_bytes(b[-4:], "little"):
+        return APPLY_CRC
+    if fold32(finish_sum(ref_sum, r.nbytes)) != ref_hash:
+        return APPLY_REFERENCE
+    delta = np.zeros(1, dtype=np.uint64)
+    mant_bits, pool_below, t_alphabet = plan.mant_bits, plan.pool_below, plan.t_alphabet
+    if len(g) == 2:  # version 4: Elias-Fano positions
+        status = sparse_decode_ef(r, mant_bits, em, pool_below, *g, *t, t_alphabet, pos, new, delta)
     else:
-        pos, new, old = np.empty(total, np.int64), np.empty(total, word), np.empty(total, word)
-    sums = np.zeros(c, dtype=np.uint64)
-    failed, parse_status, status = -1, status, 0
-    for i in range(upto):
-        m, ref_hash, target_hash, em, g, t = parsed[i]
-        r, s, e = views[i], int(starts[i]), int(starts[i + 1])
-        nbytes = r.nbytes
-        b = memoryview(blobs[i]).cast("B")
-        if crc and zlib.crc32(b[:-4]) != int.from_bytes(b[-4:], "little"):
-            status = APPLY_CRC
-        elif fold32(finish_sum(int(ref_sums[i]), nbytes)) != ref_hash:
-            status = APPLY_REFERENCE
-        else:
-            delta = np.zeros(1, dtype=np.uint64)
-            if len(g) == 2:  # version 4: Elias-Fano positions
-                status = sparse_decode_ef(r, mant_bits, em, pool_below, *g, *t, t_alphabet, pos[s:e], new[s:e], delta)
-            else:
-                status = sparse_decode(r, mant_bits, em, pool_below, *g, g_alphabet, *t, t_alphabet, pos[s:e],
-                                       new[s:e], delta)
-            if not status:
-                old[s:e] = r[pos[s:e]]
-                acc = (int(ref_sums[i]) + int(delta[0])) & 0xFFFFFFFFFFFFFFFF
-                if fold32(finish_sum(acc, nbytes) ^ hash64(bytes(metas[i]))) != target_hash:
-                    status = APPLY_TARGET
-                else:
-                    sums[i] = acc
-        if status:
-            failed = i
-            break
-        if write:
-            r[pos[s:e]] = new[s:e]
-    if not status and parse_status:
-        status, failed = parse_status, upto
-    if status and write:
-        for j in range(failed - 1, -1, -1):
-            s, e = int(starts[j]), int(starts[j + 1])
-            views[j][pos[s:e]] = old[s:e]
-    return status, failed, pos, new, old, starts.tolist(), sums.tolist()
+        status = sparse_decode(r, mant_bits, em, pool_below, *g, plan.g_alphabet, *t, t_alphabet, pos, new, delta)
+    if status:
+        return status
+    old[...] = r[pos]
+    acc = (ref_sum + int(delta[0])) & 0xFFFFFFFFFFFFFFFF
+    if fold32(finish_sum(acc, r.nbytes) ^ hash64(bytes(plan.metas[i]))) != target_hash:
+        return APPLY_TARGET
+    sums[i] = acc
+    return 0
 
 
 class SparseApply:

@@ -3,6 +3,7 @@
 Part of the NumPy backend (re-exported by ``reference``); the compiled twins are in
 ``_kernels.pyx`` and ``_one_stream.pxi``.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -196,4 +196,3 @@ def rans_decode3(
 class _Status(Exception):
     def __init__(self, status: int):
         self.status = status
-

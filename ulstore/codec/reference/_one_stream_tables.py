@@ -156,6 +156,7 @@ def slot_table3(freqs, rank_mode, slots_out, lut_out) -> None:
             out.extend((code << 24) | ((f - 1) << 12) | j for j in range(f))
     slots_out[: len(out)] = np.array(out, dtype=np.uint32)
 
+
 # -- choosing table scales --------------------------------------------------------------
 
 
@@ -251,9 +252,13 @@ def quantize_rows3(counts, cost_table, freqs_out, f12_out, scales_out, orders_ou
             best = [freqs, scales, f12, cost, orders]
             continue
         better = cost < best[3]  # a repeated scale costs the same: never better
-        best = [np.where(better[:, None], freqs, best[0]), np.where(better, scales, best[1]),
-                np.where(better[:, None], f12, best[2]), np.where(better, cost, best[3]),
-                np.where(better, orders, best[4])]
+        best = [
+            np.where(better[:, None], freqs, best[0]),
+            np.where(better, scales, best[1]),
+            np.where(better[:, None], f12, best[2]),
+            np.where(better, cost, best[3]),
+            np.where(better, orders, best[4]),
+        ]
     freqs_out[:] = best[0]
     f12_out[:] = best[2]
     scales_out[:] = best[1]

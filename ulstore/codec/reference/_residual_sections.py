@@ -4,6 +4,7 @@ Part of the NumPy backend (re-exported by ``reference``, whose docstring states 
 conventions); the compiled twins are in ``_kernels.pyx``.  The residual helpers
 (``_key``, ``_bitlen``, ...) are shared with the SPARSE twins.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -322,4 +323,3 @@ def table_model(counts, token_bits, alphabet, pool_below, scale_bits, rows_out, 
     q_out[:] = 0
     q_out[: len(row_hist)] = _rans_tables.quantized_counts(row_hist, row_hist.sum(axis=1), scale_bits)
     return len(row_hist)
-

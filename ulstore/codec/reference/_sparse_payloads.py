@@ -3,6 +3,7 @@
 Part of the NumPy backend (re-exported by ``reference``); the compiled twins are in
 ``_kernels.pyx``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,16 @@ from ._hashes import _GOLDEN, _M64
 from ._hashes import mix_words as _mix
 from ._residual_sections import _bitlen, normalize_rows, rans_decode, read_table, reconstruct, slot_table, unpack_tails
 
-__all__ = ["sparse_split", "gap_gather", "sum_update", "scatter", "sparse_decode", "ef_encode", "ef_positions",
-           "sparse_decode_ef"]
+__all__ = [
+    "sparse_split",
+    "gap_gather",
+    "sum_update",
+    "scatter",
+    "sparse_decode",
+    "ef_encode",
+    "ef_positions",
+    "sparse_decode_ef",
+]
 
 
 def sparse_split(z, sym, gaps_out, gsym_out, z_out, sym_out) -> int:
@@ -101,8 +110,27 @@ def _section_tokens(r, mant_bits, emask, n_c, table, states, words, alphabet, to
     return rans_decode(r, mant_bits, emask, ctx_rows, slots, words, states, tokens_out)
 
 
-def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g_tail, g_tail_bits, g_alphabet,
-                  t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos_out, values_out, sum_out) -> int:
+def sparse_decode(
+    r,
+    mant_bits,
+    emask,
+    pool_below,
+    g_table,
+    g_states,
+    g_words,
+    g_tail,
+    g_tail_bits,
+    g_alphabet,
+    t_table,
+    t_states,
+    t_words,
+    t_tail,
+    t_tail_bits,
+    t_alphabet,
+    pos_out,
+    values_out,
+    sum_out,
+) -> int:
     """Decode a SPARSE payload's gap and residual sections (the compiled twin does it in one call).
 
     Writes the m = len(pos_out) changed positions, their new words, and in
@@ -112,8 +140,17 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
     """
     assert pool_below == _rans_tables.POOL_BELOW
     m = len(pos_out)
-    if (m == 0 or m > len(r) or g_alphabet > 256 or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m
-            or len(sum_out) < 1 or len(g_states) != LANES or len(t_states) != LANES):
+    if (
+        m == 0
+        or m > len(r)
+        or g_alphabet > 256
+        or t_alphabet > 256
+        or emask > 0xFFFF
+        or len(values_out) != m
+        or len(sum_out) < 1
+        or len(g_states) != LANES
+        or len(t_states) != LANES
+    ):
         return -9
     tokens = np.empty(m, dtype=np.uint8)
     status = _section_tokens(r[:m], 0, 0, np.array([m]), g_table, g_states, g_words, g_alphabet, tokens)
@@ -123,29 +160,78 @@ def sparse_decode(r, mant_bits, emask, pool_below, g_table, g_states, g_words, g
     if not status:
         status = gap_gather(gaps, r, pos_out, np.empty(m, dtype=r.dtype))
     if not status:
-        status = _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet,
-                              pos_out, values_out, sum_out, tokens)
+        status = _sparse_rest(
+            r,
+            mant_bits,
+            emask,
+            t_table,
+            t_states,
+            t_words,
+            t_tail,
+            t_tail_bits,
+            t_alphabet,
+            pos_out,
+            values_out,
+            sum_out,
+            tokens,
+        )
     return status
 
 
-def sparse_decode_ef(r, mant_bits, emask, pool_below, lo, hi, t_table, t_states, t_words, t_tail, t_tail_bits,
-                     t_alphabet, pos_out, values_out, sum_out) -> int:
+def sparse_decode_ef(
+    r,
+    mant_bits,
+    emask,
+    pool_below,
+    lo,
+    hi,
+    t_table,
+    t_states,
+    t_words,
+    t_tail,
+    t_tail_bits,
+    t_alphabet,
+    pos_out,
+    values_out,
+    sum_out,
+) -> int:
     """:func:`sparse_decode` of a version-4 SPARSE payload: Elias-Fano positions (:func:`ef_positions`'s
     statuses), then the residual section as in version 2."""
     assert pool_below == _rans_tables.POOL_BELOW
     m = len(pos_out)
-    if (m == 0 or m > len(r) or t_alphabet > 256 or emask > 0xFFFF or len(values_out) != m or len(sum_out) < 1
-            or len(t_states) != LANES):
+    if (
+        m == 0
+        or m > len(r)
+        or t_alphabet > 256
+        or emask > 0xFFFF
+        or len(values_out) != m
+        or len(sum_out) < 1
+        or len(t_states) != LANES
+    ):
         return -9
     status = ef_positions(lo, hi, len(r), pos_out)
     if not status:
-        status = _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet,
-                              pos_out, values_out, sum_out, np.empty(m, dtype=np.uint8))
+        status = _sparse_rest(
+            r,
+            mant_bits,
+            emask,
+            t_table,
+            t_states,
+            t_words,
+            t_tail,
+            t_tail_bits,
+            t_alphabet,
+            pos_out,
+            values_out,
+            sum_out,
+            np.empty(m, dtype=np.uint8),
+        )
     return status
 
 
-def _sparse_rest(r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos, values_out,
-                 sum_out, tokens) -> int:
+def _sparse_rest(
+    r, mant_bits, emask, t_table, t_states, t_words, t_tail, t_tail_bits, t_alphabet, pos, values_out, sum_out, tokens
+) -> int:
     """A SPARSE payload's residual section, its positions decoded: the new words and the word-sum change."""
     rs = r[pos]
     n_c = np.bincount(((rs >> r.dtype.type(mant_bits)) & r.dtype.type(emask)).astype(np.int64), minlength=emask + 1)
