@@ -1160,45 +1160,6 @@ def sum_update(const word_t[::1] r, const int64_t[::1] pos, const word_t[::1] va
     return acc
 
 
-def table_entries(const uint8_t[::1] raw, Py_ssize_t pos, Py_ssize_t total, int64_t n_packs, int64_t max_dim,
-                  int64_t[:, ::1] out):
-    """A table block's entry columns at byte ``pos`` of ``raw`` into ``out`` (reference, pack, offset, length), in
-    one pass; 0 or a status, as the twin (``_table_entries.table_entries``: its docstring has the layout)."""
-    cdef Py_ssize_t i
-    cdef int64_t ref, gap, off = 0
-    cdef uint32_t pack
-    cdef uint64_t length, prev_len = 0
-    cdef uint32_t prev_pack = 0
-    cdef bint bad_entry = False, bad_offset = False
-    cdef const uint8_t* b
-    if total < 0 or pos < 0 or pos + total * 28 > raw.shape[0]:
-        return 3
-    if out.shape[0] != 4 or out.shape[1] != total:
-        return 3
-    if total == 0:
-        return 0
-    b = &raw[0] + pos
-    with nogil:
-        for i in range(total):
-            memcpy(&ref, b + 8 * i, 8)  # (little-endian assumed, as load64)
-            memcpy(&pack, b + 8 * total + 4 * i, 4)
-            memcpy(&gap, b + 12 * total + 8 * i, 8)
-            memcpy(&length, b + 20 * total + 8 * i, 8)
-            bad_entry |= ref < -1 or <int64_t>pack >= n_packs or length >= <uint64_t>max_dim
-            # a run of one pack: the gaps undone, in wrapping 64-bit sums as the twin's int64 arrays
-            if i == 0 or pack != prev_pack:
-                off = gap
-            else:
-                off = <int64_t>(<uint64_t>off + prev_len + <uint64_t>gap)
-            bad_offset |= off < 0 or <int64_t>(<uint64_t>off + length) >= max_dim
-            out[0, i] = ref
-            out[1, i] = pack
-            out[2, i] = off
-            out[3, i] = <int64_t>length
-            prev_pack, prev_len = pack, length
-    return 1 if bad_entry else 2 if bad_offset else 0
-
-
 def scatter(word_t[::1] dst, const int64_t[::1] pos, const word_t[::1] values):
     """``dst[pos] = values``; returns 0, or -1 without writing anything unless the positions
     strictly ascend inside ``dst`` and match ``values`` one to one."""

@@ -18,6 +18,7 @@ import pytest
 import ulstore
 from tests.helpers.store import CountingIO
 from tests.helpers.sync import assert_same_bits, columns_taken, delta_modes, rl_states, state_digest
+from ulstore.codec import ApplyPlan
 from ulstore.core.objects import MAX_DOCUMENT_BYTES
 from ulstore.errors import InvalidInputError, NotFoundError
 from ulstore.sync import (
@@ -26,6 +27,7 @@ from ulstore.sync import (
     Follower,
     Publisher,
     _in_place,
+    _replica,
 )
 from ulstore.sync._arrays import Binding
 
@@ -141,9 +143,10 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
     writes = []
     orig_write, orig_apply = Binding.write, _in_place.apply_sparse
 
-    def spy_apply(plan, **kwargs):  # SPARSE deltas, written in place by the compiled job
-        out = orig_apply(plan, **kwargs)
-        for a, applied in zip(plan.arrays, out or []):
+    def spy_apply(plans, **kwargs):  # SPARSE deltas, written in place by the compiled job
+        out = orig_apply(plans, **kwargs)
+        arrays = [a for plan in ([plans] if isinstance(plans, ApplyPlan) else plans) for a in plan.arrays]
+        for a, applied in zip(arrays, out or []):
             names = [k for k, t in state.items() if np.shares_memory(a, t.view(torch.int16).numpy())]
             writes.append(("changes", names, applied.positions.tolist()))
         return out
@@ -152,11 +155,11 @@ def test_in_place_torch_state_touching_only_changed_chunks(states, url):
         writes.append(("write", self.name, start, values.size)),
         orig_write(self, start, values),
     )[1]
-    _in_place.apply_sparse = spy_apply
+    _in_place.apply_sparse = _replica.apply_sparse = spy_apply
     try:
         assert f.poll() == 3
     finally:
-        Binding.write, _in_place.apply_sparse = orig_write, orig_apply
+        Binding.write, _in_place.apply_sparse, _replica.apply_sparse = orig_write, orig_apply, orig_apply
     assert writes == [("changes", ["lm_head.weight"], [0])]  # one element written: a SPARSE delta
     assert_same_bits(state, nxt)
 

@@ -109,9 +109,6 @@ def sparse_decode_ef(
     sum_out: _Array,
 ) -> int: ...
 
-# -- the store's table blocks (moving to the store) --------------------------------------------------
-def table_entries(raw: _Array, pos: int, total: int, n_packs: int, max_dim: int, out: _Array) -> int: ...
-
 # -- version 3: one-stream sections -----------------------------------------------------------------
 def intra_symbols(x: _Array, sym_shift: int, sym_mask: int, sym_out: _Array) -> int: ...
 def rans_encode3(

@@ -12,7 +12,6 @@ backend switch hands out (``kernels().<name>``); the twins live in modules by jo
     _apply_job.py           a version's SPARSE deltas applied in place (twin of _apply.pxi)
     _one_stream_rans.py     version 3 (one-stream sections): intra symbols, the one-stream rANS
     _one_stream_tables.py   version 3 tables: pack, read, slots, scale choice
-    _table_entries.py       the store's table-block entry columns (twin of ``table_entries``)
 
 Conventions shared with the compiled kernels
 --------------------------------------------
@@ -58,7 +57,6 @@ from ._sparse_payloads import (
     sparse_split,
     sum_update,
 )
-from ._table_entries import table_entries
 
 __all__ = [
     "BACKEND",
@@ -82,7 +80,6 @@ __all__ = [
     "gap_gather",
     "sum_update",
     "scatter",
-    "table_entries",
     "sparse_decode",
     "ef_encode",
     "ef_positions",
