@@ -35,7 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# this file is named vllm.py: its directory must not shadow the vllm package; the repository root provides tests.*
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 GB_S = 1e9  # the download rate every method is charged at
 
