@@ -126,6 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--small", action="store_true", help="a 2M-parameter model: a smoke run")
+    ap.add_argument("--trust-state", action="store_true", help="engines skip the follower's rotating re-check")
     ap.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -161,9 +162,8 @@ def main() -> None:
         weight_transfer_config=WeightTransferConfig(backend="ulstore"),
     )
     llm.collective_rpc(_worker_setup, args=(str(start_dir / "model.safetensors"),))
-    sync = UlstoreTrainer.trainer_init(
-        UlstoreTrainerInitInfo(rank=0, url=str(work / "bucket"), anchor_every=1000), client=LLMClient(llm)
-    )
+    info0 = UlstoreTrainerInitInfo(rank=0, url=str(work / "bucket"), anchor_every=1000, trust_state=args.trust_state)
+    sync = UlstoreTrainer.trainer_init(info0, client=LLMClient(llm))
     sync.send_weights(prev, 0)  # the engine's bootstrap: the whole model once
     full_bytes = (start_dir / "model.safetensors").stat().st_size
     print(
