@@ -38,7 +38,11 @@ def register() -> None:
     """
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, "ulstore.integrations.vllm.engine", "UlstoreEngine")
-    if BACKEND not in WeightTransferTrainerFactory._registry:
-        WeightTransferTrainerFactory.register_engine(BACKEND, "ulstore.integrations.vllm.trainer", "UlstoreTrainer")
+    for factory, module, cls in (
+        (WeightTransferEngineFactory, "ulstore.integrations.vllm.engine", "UlstoreEngine"),
+        (WeightTransferTrainerFactory, "ulstore.integrations.vllm.trainer", "UlstoreTrainer"),
+    ):
+        try:
+            factory.register_engine(BACKEND, module, cls)
+        except ValueError:  # registered already: a second call in this process
+            pass

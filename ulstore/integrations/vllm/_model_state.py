@@ -44,9 +44,10 @@ class ModelState:
     every later version costs its changes.
     """
 
-    def __init__(self, model: torch.nn.Module, url, *, branch: str = "main", storage_options=None):
+    def __init__(self, model: torch.nn.Module, url, *, branch: str = "main", storage_options=None, trust_state=False):
         self.model = model
         self.url, self.branch, self.storage_options = url, branch, storage_options
+        self.trust_state = bool(trust_state)
         # open now: an unreachable bucket or one holding something else is an error of the init call
         self._probe: Follower | None = Follower(url, branch=branch, storage_options=storage_options, threads=1)
         self.follower: Follower | None = None
@@ -93,7 +94,12 @@ class ModelState:
             log.info("tensors the model does not load, not followed: %s", lmap.ignored)
         self.map = lmap
         self.follower = Follower(
-            self.url, state=state, tensors=list(state), branch=self.branch, storage_options=self.storage_options
+            self.url,
+            state=state,
+            tensors=list(state),
+            branch=self.branch,
+            storage_options=self.storage_options,
+            trust_state=self.trust_state,
         )
         log.info(
             "following %s: %d tensors in place, %d mirrored (%.1f MB), %d packed kernels",

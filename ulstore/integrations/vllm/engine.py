@@ -31,11 +31,13 @@ __all__ = ["UlstoreEngine", "UlstoreInitInfo", "UlstoreUpdateInfo"]
 
 @dataclass
 class UlstoreInitInfo(WeightTransferInitInfo):
-    """Where the worker follows: a bucket URL (fsspec: a local path, ``s3://...``), its branch, fsspec options."""
+    """Where the worker follows: a bucket URL (fsspec: a local path, ``s3://...``), its branch, fsspec options;
+    ``trust_state``: skip the follower's rotating re-check of the weights held (:class:`~ulstore.sync.Follower`)."""
 
     url: str
     branch: str = "main"
     storage_options: dict | None = None
+    trust_state: bool = False
 
 
 @dataclass
@@ -64,7 +66,11 @@ class UlstoreEngine(WeightTransferEngine[UlstoreInitInfo, UlstoreUpdateInfo]):
     def init_transfer_engine(self, init_info: UlstoreInitInfo) -> None:
         self.shutdown()
         self.state = ModelState(
-            self.model, init_info.url, branch=init_info.branch, storage_options=init_info.storage_options
+            self.model,
+            init_info.url,
+            branch=init_info.branch,
+            storage_options=init_info.storage_options,
+            trust_state=init_info.trust_state,
         )
 
     def start_weight_update(self) -> None:

@@ -45,6 +45,7 @@ class UlstoreTrainerInitInfo(TrainerInitInfo):
     engine_url: str | None = None
     engine_storage_options: dict | None = None
     anchor_every: int = DEFAULT_ANCHOR_EVERY
+    trust_state: bool = False  # the engines skip re-checking the weights they hold (see UlstoreInitInfo)
 
 
 class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
@@ -79,6 +80,7 @@ class UlstoreTrainer(TrainerWeightTransferEngine[UlstoreTrainerInitInfo]):
                 "url": init_info.engine_url or init_info.url,
                 "branch": init_info.branch,
                 "storage_options": init_info.storage_options if engine_options is None else engine_options,
+                "trust_state": init_info.trust_state,
             }
         )
         trainer.publisher = pub
