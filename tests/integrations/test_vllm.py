@@ -141,7 +141,7 @@ def follow_run(tmp, kind, dtype, *, tp=1, url=None, options=None, fresh=(VERSION
         if v:
             trainer.step()
         state = trainer.state(dtype)
-        info = engine.send_weights(state, v)
+        info = engine.send_weights(state, v).result()  # committed, and the engine moved
         assert info.version == v and llm.get_weight_version() == str(v)
         if v == 0:
             check_layout(llm, dtype, tp)
