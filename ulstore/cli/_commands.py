@@ -110,7 +110,8 @@ def _cmd_ls(args, ui) -> int:
     for alias, canon in aliases.items():
         shape, dtype = shapes[canon]
         docs.append({"name": alias, "dtype": dtype.name, "shape": list(shape), "bytes": 0, "alias_of": canon})
-        rows.append([alias, dtype.name, "x".join(map(str, shape)) or "scalar", f"= {canon}"])
+        # the tie in the name column: as the size cell it widened that right-aligned column for every row
+        rows.append([f"{alias} (= {canon})", dtype.name, "x".join(map(str, shape)) or "scalar", "tied"])
     files = {name: f.size for name, f in sorted(traj._reader.doc(info.step).files.items())}
     ui.emit(
         {
