@@ -191,6 +191,8 @@ def test_finetune_branch_reports_the_two_checks_separately(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert "heads exact: True" in p.stdout and "branches cheaper than stored alone: False" in p.stdout
     assert "base head 30 is 14 step(s) past an anchor" in p.stdout and "an anchor fell inside a branch" in p.stdout
+    main_row = next(line.split() for line in p.stdout.splitlines() if line.startswith("main "))
+    assert main_row[1:3] == ["31", "2"], main_row  # 31 base steps, anchors at 0 and 16
 
 
 @pytest.fixture(scope="module")
