@@ -218,7 +218,7 @@ def test_verify_ok_and_damaged(store):
     data[off + n // 2] ^= 0x40
     pack.write_bytes(bytes(data))
     p = run("verify", store)
-    assert p.returncode == 1 and p.stdout.startswith("DAMAGED") and pid in p.stdout
+    assert p.returncode == 1 and p.stdout.startswith("DAMAGED: 1 object failed the checks") and pid in p.stdout
     p = run("verify", store, "--json")
     assert p.returncode == 1 and json.loads(p.stdout)["ok"] is False
 

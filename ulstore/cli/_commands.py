@@ -194,7 +194,7 @@ def _cmd_verify(args, ui) -> int:
         )
         return EXIT_OK
     ui.out(
-        f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
+        f"DAMAGED: {plural(len(report.errors), 'object')} failed the checks "
         f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)"
     )
     for e in report.errors:
