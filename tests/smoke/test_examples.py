@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -84,6 +85,11 @@ def test_every_example_is_run_by_a_test():
     names = {p.name for p in EXAMPLES.glob("*.py")}
     assert mine <= names
     assert [n for n in sorted(names) if n not in tests_text] == []
+
+
+def test_every_example_is_in_the_examples_readme():
+    listed = set(re.findall(r"^\| \[`(\w+\.py)`\]", (EXAMPLES / "README.md").read_text(), re.M))
+    assert listed == {p.name for p in EXAMPLES.glob("*.py")}, listed
 
 
 def test_pytorch_training_loop(tmp_path):
