@@ -104,7 +104,8 @@ def compare(traj, base: int, finetuned: dict[str, list[dict]]) -> tuple[bool, bo
     )
     print(f"{'':8}{'steps':>6}{'anchors':>8}{'stored as a branch':>20}{'stored on its own':>20}")
     base_bytes = sum(report[s]["stored_bytes"] for s in range(base + 1))
-    print(f"{'main':8}{base + 1:>6}{'':>8}{human_bytes(base_bytes):>20}{'':>20}")
+    base_anchors = sum(1 for s in range(base + 1) if traj.info(s).anchor_distance == 0)
+    print(f"{'main':8}{base + 1:>6}{base_anchors:>8}{human_bytes(base_bytes):>20}{'-':>20}")
     cheaper = exact = True
     for branch, states in finetuned.items():
         steps = [info.step for info in traj.log(branch) if info.step > base]

@@ -131,12 +131,13 @@ def restore(rank: int, world: int, out: str, step: int, scratch: str) -> None:
     leave()
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--world", type=int, default=2, help="training processes")
-    p.add_argument("--out", default="runs/fsdp", help="trajectory url (created; must not hold these steps yet)")
+    p.add_argument("--out", default="runs/fsdp", help="trajectory url (replaced: each run starts over)")
     args = p.parse_args()
+    ulstore.open(args.out, mode="w")  # a fresh trajectory: steps are immutable, a second run would find them there
     with tempfile.TemporaryDirectory() as scratch:
         mp.spawn(train, args=(args.world, args.out, args.steps, scratch), nprocs=args.world)
 
@@ -154,7 +155,8 @@ def main() -> None:
         restored, saved_step = torch.load(Path(scratch) / "restored.pt")
         same = torch.equal(trained.view(torch.int32), restored.view(torch.int32))
         print(f"restored step {saved_step} on 1 process; outputs identical: {same}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -221,11 +221,13 @@ def main(argv=None) -> int:
     import tempfile
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="runs/hf-trainer", help="trajectory URL")
+    ap.add_argument("--out", default="runs/hf-trainer", help="trajectory URL (replaced: each run starts over)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--simulate", action="store_true", help="use the stand-in loop even if transformers is installed")
     args = ap.parse_args(argv)
+    # a fresh trajectory: on an existing one the callback would skip the steps already there (a resumed run)
+    ulstore.open(args.out, mode="w")
     with tempfile.TemporaryDirectory() as workdir:
         args.workdir = workdir
         try:

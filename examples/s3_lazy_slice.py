@@ -18,8 +18,10 @@ Any S3-compatible endpoint works (AWS, MinIO, a local moto server)::
     python examples/s3_lazy_slice.py s3://my-bucket/runs/demo
     python examples/s3_lazy_slice.py s3://test/run --endpoint-url http://127.0.0.1:5000 --create-bucket
 
-Credentials come from the usual places (environment, ~/.aws); ``--endpoint-url``
-is passed to s3fs as ``endpoint_url``.
+Credentials come from the usual places (environment, ~/.aws); a local moto
+server takes any, but s3fs needs some (``AWS_ACCESS_KEY_ID=test
+AWS_SECRET_ACCESS_KEY=test``: without them, ``NoCredentialsError``).
+``--endpoint-url`` is passed to s3fs as ``endpoint_url``.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def test_verify_ok_and_damaged(store):
     data[off + n // 2] ^= 0x40
     pack.write_bytes(bytes(data))
     p = run("verify", store)
-    assert p.returncode == 1 and p.stdout.startswith("DAMAGED") and pid in p.stdout
+    assert p.returncode == 1 and p.stdout.startswith("DAMAGED: 1 object failed the checks") and pid in p.stdout
     p = run("verify", store, "--json")
     assert p.returncode == 1 and json.loads(p.stdout)["ok"] is False
 
@@ -460,3 +460,17 @@ def test_docs_pages_exist():
     assert test_cmd in readme
     assert test_cmd in ci  # CI runs the README's command verbatim
     assert "<!-- bench:codec -->" in readme
+
+
+def test_ls_names_a_tied_tensor_without_widening_the_size_column(tmp_path):
+    torch = pytest.importorskip("torch")
+    emb = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    torch.save({"model.embed.weight": emb, "lm_head.weight": emb, "model.bias": torch.ones(8)}, tmp_path / "t.pt")
+    url = tmp_path / "traj"
+    run("add", "--init", url, tmp_path / "t.pt", "--step", 1, check=0)
+    lines = run("ls", url, 1, check=0).stdout.splitlines()
+    tied = next(ln for ln in lines if ln.startswith("lm_head.weight"))
+    assert "(= model.embed.weight)" in tied and tied.split()[-1] == "tied", tied
+    sizes = [ln for ln in lines[1:] if ln.startswith("model.")]
+    assert len(sizes) == 2 and len({len(ln) for ln in sizes + [lines[0]]}) == 1, lines  # one width: right-aligned
+    assert lines[len(sizes) + 2].startswith("2 tensors (+1 tied)"), lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -87,6 +88,11 @@ def test_every_example_is_run_by_a_test():
     assert [n for n in sorted(names) if n not in tests_text] == []
 
 
+def test_every_example_is_in_the_examples_readme():
+    listed = set(re.findall(r"^\| \[`(\w+\.py)`\]", (EXAMPLES / "README.md").read_text(), re.M))
+    assert listed == {p.name for p in EXAMPLES.glob("*.py")}, listed
+
+
 def test_pytorch_training_loop(tmp_path):
     pytest.importorskip("torch")
     (args,) = documented("pytorch_training_loop.py")  # --steps 200 --every 20 --out runs/loop
@@ -98,8 +104,9 @@ def test_pytorch_training_loop(tmp_path):
 
 def test_fsdp_training(tmp_path):
     pytest.importorskip("torch.distributed.checkpoint")
-    out = run_example("fsdp_training.py", "--steps", 3, "--world", 2, "--out", tmp_path / "fsdp")
-    assert "outputs identical: True" in out and "restored step 3 on 1 process" in out
+    for _ in range(2):  # run again: it starts over (steps are immutable; it used to fail on its old steps)
+        out = run_example("fsdp_training.py", "--steps", 3, "--world", 2, "--out", tmp_path / "fsdp")
+        assert "outputs identical: True" in out and "restored step 3 on 1 process" in out
     traj = ulstore.open(tmp_path / "fsdp", mode="r")
     assert traj.steps == [0, 1, 2, 3] and traj.info(3).metadata["dcp"] == {"world_size": 2}
 
@@ -107,8 +114,9 @@ def test_fsdp_training(tmp_path):
 def test_hf_trainer_callback_script(tmp_path):
     pytest.importorskip("torch")
     (args,) = documented("hf_trainer_callback.py")  # --out runs/hf --steps 20 --every 5
-    out = run_example("hf_trainer_callback.py", *args, cwd=tmp_path)
-    assert "committed steps [0, 5, 10, 15, 20]" in out and "verified: True" in out
+    for _ in range(2):  # run again, as a newcomer does: it starts over instead of finding its old steps
+        out = run_example("hf_trainer_callback.py", *args, cwd=tmp_path)
+        assert "committed steps [0, 5, 10, 15, 20]" in out and "verified: True" in out
 
 
 def test_hf_trainer_callback_with_fake_trainer_objects(tmp_path):
@@ -192,6 +200,8 @@ def test_finetune_branch_reports_the_two_checks_separately(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert "heads exact: True" in p.stdout and "branches cheaper than stored alone: False" in p.stdout
     assert "base head 30 is 14 step(s) past an anchor" in p.stdout and "an anchor fell inside a branch" in p.stdout
+    main_row = next(line.split() for line in p.stdout.splitlines() if line.startswith("main "))
+    assert main_row[1:3] == ["31", "2"], main_row  # 31 base steps, anchors at 0 and 16
 
 
 @pytest.fixture(scope="module")

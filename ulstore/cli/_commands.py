@@ -111,7 +111,8 @@ def _cmd_ls(args, ui) -> int:
     for alias, canon in aliases.items():
         shape, dtype = shapes[canon]
         docs.append({"name": alias, "dtype": dtype.name, "shape": list(shape), "bytes": 0, "alias_of": canon})
-        rows.append([alias, dtype.name, "x".join(map(str, shape)) or "scalar", f"= {canon}"])
+        # the tie in the name column: as the size cell it widened that right-aligned column for every row
+        rows.append([f"{alias} (= {canon})", dtype.name, "x".join(map(str, shape)) or "scalar", "tied"])
     files = {name: f.size for name, f in sorted(traj._reader.doc(info.step).files.items())}
     ui.emit(
         {
@@ -194,7 +195,7 @@ def _cmd_verify(args, ui) -> int:
         )
         return EXIT_OK
     ui.out(
-        f"DAMAGED: {plural(len(report.errors), 'object')} failed their checks "
+        f"DAMAGED: {plural(len(report.errors), 'object')} failed the checks "
         f"({plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} examined)"
     )
     for e in report.errors:
