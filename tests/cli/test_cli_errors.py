@@ -77,7 +77,7 @@ def _public(name: str) -> bool:
 
     if name in ulstore.errors.__all__ or name == "UsageError" or isinstance(getattr(builtins, name, None), type):
         return True
-    for package in ("store", "io", "sync", "dcp"):
+    for package in ("store", "io", "sync", "dcp", "integrations.vllm"):
         if name in getattr(importlib.import_module(f"ulstore.{package}"), "__all__", ()):
             return True
     for module in ("botocore.exceptions", "aiohttp", "fsspec.exceptions"):
