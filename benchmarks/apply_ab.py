@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _data import cache_options, load_trajectory  # noqa: E402
 
-from ulstore.codec import _sparse_apply  # noqa: E402
+from ulstore.codec import ApplyPlan, _sparse_apply  # noqa: E402
 from ulstore.codec._backend import kernels  # noqa: E402
 from ulstore.sync import Follower, Publisher  # noqa: E402
 from ulstore.sync._arrays import Spec, allocate  # noqa: E402
@@ -84,27 +84,30 @@ def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]
                 mirrors = {n: b.mirror for n, b in f._replica._bindings.items()}
                 real = _sparse_apply.apply_sparse
 
-                def spy(plan, **kw):
-                    spans = []
+                def spy(plans, **kw):  # one plan, or one per dtype: a recorded call each
+                    for plan in [plans] if isinstance(plans, ApplyPlan) else plans:
+                        calls.append((replace(plan, blobs=[bytes(b) for b in plan.blobs], arrays=[]), spans(plan)))
+                    return real(plans, **kw)
+
+                def spans(plan):
+                    out = []
                     for a in plan.arrays:
                         for n, m in mirrors.items():
                             offset = (a.ctypes.data - m.ctypes.data) // m.dtype.itemsize
                             if 0 <= offset < m.size:
-                                spans.append((n, offset, a.size))
+                                out.append((n, offset, a.size))
                                 break
-                    calls.append((replace(plan, blobs=[bytes(b) for b in plan.blobs], arrays=[]), spans))
-                    return real(plan, **kw)
+                    return out
 
-                _sparse_apply.apply_sparse = spy
-                from ulstore.sync import _in_place
+                from ulstore.sync import _in_place, _replica
 
-                _in_place.apply_sparse = spy
+                _sparse_apply.apply_sparse = _in_place.apply_sparse = _replica.apply_sparse = spy
                 try:
                     for v in range(1, steps + 1):
                         pub.publish(v, states[v])
                         assert f.poll(to=v) == v
                 finally:
-                    _sparse_apply.apply_sparse = _in_place.apply_sparse = real
+                    _sparse_apply.apply_sparse = _in_place.apply_sparse = _replica.apply_sparse = real
     finally:
         shutil.rmtree(where, ignore_errors=True)
     return states[0], calls

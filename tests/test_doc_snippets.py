@@ -40,6 +40,14 @@ EXPECTED_NOT_RUN = {
         "docs/sync.md",
         "a sketch of a trainer and a replica in two processes (the README's sync example runs both in one)",
     ),
+    (
+        "docs/vllm.md",
+        "needs the vllm extra and an HF model directory (tests/integrations/test_vllm.py starts real engines)",
+    ),
+    (
+        "docs/vllm.md",
+        "needs the vllm extra, a vLLM server and a bucket (examples/vllm_follow.py runs one in-process)",
+    ),
 }
 
 _RUNNER = r"""
