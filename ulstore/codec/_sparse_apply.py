@@ -106,7 +106,7 @@ def apply_sparse(
     """
     k = kernels(backend)
     one = isinstance(plans, ApplyPlan)
-    plan_list = [plans] if one else list(plans)
+    plan_list: list[ApplyPlan] = [plans] if isinstance(plans, ApplyPlan) else list(plans)
     stores = [buffers] if one else list(buffers) if buffers is not None else [None] * len(plan_list)
     done: list[Applied] = []
     written: list = []

@@ -87,6 +87,7 @@ class InPlace:
         """The usual step is written (:meth:`_column_groups`): push device copies, record the chunks held."""
         self.version = None  # the state is in flux until the bookkeeping is done
         cols = f.columns
+        assert cols is not None  # (planned from the columns)
         try:
             hexes, contents, bindings, sums = cols.content.tobytes().hex(), self._contents, self._bindings, self._sums
             for k, (key, slot) in enumerate(picked):

@@ -115,5 +115,5 @@ class CommitQueue:
             f"version {version} was not published ({type(error).__name__}: {error}){behind}; the branch is on the "
             "version before it",
             version=version,
-            refused=refused,
+            refused=tuple(refused),
         ) from error

@@ -289,9 +289,9 @@ class Replica(InPlace):
         first, stop, _ = geometry(spec.shape, c.start, c.stop)
         region = None if stop is not None else tuple(slice(a, z) for a, z in zip(c.start, c.stop))
         if isinstance(item, Changes):
-            if region is None:
+            if stop is not None:  # a contiguous run
                 b.apply(first, stop, item)
-            else:
+            elif region is not None:
                 tmp = np.ascontiguousarray(b.mirror.reshape(spec.shape)[region])
                 item.apply_to(tmp)
                 b.write_box(spec.shape, region, tmp)

@@ -392,7 +392,7 @@ class Publisher(WorkerOwner):
         for name, value in state.items():
             buf = spare.get(name)
             src = None if buf is None or _on_device(value) else host_array(name, value)
-            if src is not None and src.shape == buf.shape and src.dtype == buf.dtype:
+            if src is not None and buf is not None and src.shape == buf.shape and src.dtype == buf.dtype:
                 copies.append((words(buf), words(src)))  # (as words: a plain memory copy, whatever the dtype)
                 out[name] = buf
             else:

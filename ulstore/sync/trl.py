@@ -95,7 +95,7 @@ def state_checksum(state: dict) -> str:
     sorted name order, nothing else (the TRL branch's convention: names, shapes and dtypes are not hashed)."""
     h = hashlib.sha256()
     for name in sorted(state):
-        h.update(memoryview(words(np.ascontiguousarray(state[name]))))
+        h.update(words(np.ascontiguousarray(state[name])).data)
     return h.hexdigest()
 
 
