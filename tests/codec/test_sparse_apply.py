@@ -25,6 +25,8 @@ from ulstore.codec._sparse import GAPS
 from ulstore.codec._sparse_apply import apply_sparse, is_sparse_blob, reserve_buffers
 
 BACKENDS = ulstore.available_backends()
+#: the compiled builds (the NumPy twin's job has no native lifecycle to break)
+COMPILED = [b for b in BACKENDS if b != "numpy"]
 DTYPES = {f.name: f.dtype for f in FORMATS}
 
 
@@ -514,13 +516,11 @@ def test_arrays_of_any_shape_are_their_words_in_memory_order(backend):
     assert flat_bits(fortran).tobytes() == flat_bits(ref).tobytes()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", COMPILED)
 def test_a_job_never_initialised_or_whose_init_raised_refuses_work_and_finish(backend):
     """No crash and nothing written: RuntimeError from work() and finish() (a subclass may skip or swallow
     ``__init__``)."""
     k = kernels(backend)
-    if not hasattr(k, "mixsum_simd"):
-        pytest.skip("the compiled job's lifecycle")
     j = k.SparseApply.__new__(k.SparseApply)
     with pytest.raises(RuntimeError, match="before __init__"):
         j.work()
