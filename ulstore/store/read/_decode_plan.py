@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...codec import ApplyPlan, apply_sparse, content_sum, is_sparse_blob
 from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
 from ..format._chunkcodec import content_digest, decode_chunk
 from ..format._layout import pack_key, step_key
@@ -255,43 +256,138 @@ class _Plan:
                 stack.append((nxt, None))
 
     def run(self) -> None:
-        """Fetch and decode everything :meth:`add` planned."""
+        """Fetch and decode everything :meth:`add` planned, wave by wave (a chunk's deps one wave before it).
+
+        A chain of SPARSE deltas is applied in place: its root is decoded once (into the caller's
+        array when it has one), then each wave's SPARSE deltas are applied to the values below them
+        by one compiled job per dtype (:func:`~ulstore.codec.apply_sparse`: each blob's CRC, reference
+        word sum and target checksum checked, all or nothing), in time proportional to the changed
+        elements.  Every other blob is decoded whole against its reference.  A chunk some request
+        sees (a root, or a value the caches keep) is checked against its content hash; the values a
+        chain overwrites in place are checked by the codec's checksums, and by the hash of the chunk
+        at the chain's end.
+        """
         if not self.order:
             return
-        blobs = self.r.fetch([self.need[n].loc for n in self.order])  # type: ignore[misc]
-        for node, blob in zip(self.order, blobs):
+        blobs = dict(zip(self.order, self.r.fetch([self.need[n].loc for n in self.order])))  # type: ignore[misc]
+        self._route(blobs)
+        for wave in self._waves():
+            for node in wave:
+                if node not in self.applied:
+                    self._decode(node, blobs[node])
+            self._apply_wave([n for n in wave if n in self.applied], blobs)
+
+    def _route(self, blobs: dict) -> None:
+        """Which nodes are SPARSE deltas applied in place on their reference's values (``applied``), which
+        values are overwritten so (``fed``: never checked, cached or kept), and where each chain's root is
+        decoded: into the caller's array of the chunk at the chain's end, when it has one."""
+        self.applied: set[Node] = set()
+        self.fed: set[Node] = set()
+        self.sums: dict[Node, int] = {}
+        if self.memo is not None:  # verify decodes every entry whole
+            return
+        for node in self.order:
             need = self.need[node]
-            assert need.loc is not None
-            ref = None
-            if need.deps and need.lo is None:
-                ref = self.values[need.deps[0]]
-            elif need.deps:
-                ref = np.empty(need.shape, need.t.dtype)
-                for d, (clo, chi) in zip(need.deps, need.boxes):
-                    _paste(ref, need.lo, self.values[d], clo, chi)
-            key = pack_key(need.loc[0])
+            if len(need.deps) != 1 or need.lo is not None:
+                continue
+            dep = need.deps[0]
+            if dep in blobs and dep not in self.roots and self.uses[dep] == 1 and is_sparse_blob(blobs[node]):
+                self.applied.add(node)
+                self.fed.add(dep)
+        for node in reversed(self.order):  # the chain's end first: its destination passes down to the root
             out = self.outs.get(node)
-            if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
-                out = None
-            value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key, out=out)
-            if out is not None:
+            if node in self.applied and out is not None:
+                self.outs[self.need[node].deps[0]] = out
+
+    def _waves(self) -> list[list[Node]]:
+        """The planned nodes by wave: a node comes one wave after the last of the deps this plan decodes."""
+        level: dict[Node, int] = {}
+        waves: list[list[Node]] = []
+        for node in self.order:
+            lv = 1 + max((level[d] for d in self.need[node].deps if d in level), default=-1)
+            level[node] = lv
+            if lv == len(waves):
+                waves.append([])
+            waves[lv].append(node)
+        return waves
+
+    def _decode(self, node: Node, blob) -> None:
+        """Decode ``node``'s blob whole against its reference's values."""
+        need = self.need[node]
+        assert need.loc is not None
+        ref = None
+        if need.deps and need.lo is None:
+            ref = self.values[need.deps[0]]
+        elif need.deps:
+            ref = np.empty(need.shape, need.t.dtype)
+            for d, (clo, chi) in zip(need.deps, need.boxes):
+                _paste(ref, need.lo, self.values[d], clo, chi)
+        key = pack_key(need.loc[0])
+        out = self.outs.get(node)
+        if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
+            out = None
+        value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key, out=out)
+        if out is not None:
+            self.into.add(node)
+        if node in self.fed:  # a chain goes on from here, in place: what its first SPARSE delta checks
+            if not (value.flags.c_contiguous and value.flags.writeable):
+                value = value.copy()
+            self.sums[node] = content_sum(value)
+        self._done(node, value)
+
+    def _apply_wave(self, nodes: list[Node], blobs: dict) -> None:
+        """Apply the SPARSE deltas ``nodes`` in place on their references' values: one job per dtype."""
+        if not nodes:
+            return
+        by_dtype: dict[np.dtype, list[Node]] = {}
+        for node in nodes:
+            by_dtype.setdefault(self.need[node].t.dtype, []).append(node)
+        groups = list(by_dtype.values())
+        plans = [
+            ApplyPlan.of(
+                self.need[g[0]].t.dtype,
+                [blobs[n] for n in g],
+                [self.values[self.need[n].deps[0]].reshape(-1) for n in g],
+                [self.sums[self.need[n].deps[0]] for n in g],
+                shapes=[self.need[n].shape for n in g],
+            )
+            for g in groups
+        ]
+        done = apply_sparse(plans)
+        if done is None:  # nothing was written: decode each whole, for the precise error (or the values)
+            for node in nodes:
+                self.outs.pop(node, None)
+                self._decode(node, blobs[node])
+            return
+        for node, applied in zip([n for g in groups for n in g], done):
+            dep = self.need[node].deps[0]
+            if dep in self.into:
                 self.into.add(node)
+            self.sums[node] = applied.content_sum
+            self._done(node, self.values[dep])
+
+    def _done(self, node: Node, value: np.ndarray) -> None:
+        """``node``'s value decoded: checked and cached unless a chain overwrites it; its deps released."""
+        need = self.need[node]
+        if node not in self.fed:
+            assert need.loc is not None
             if content_digest(value) != need.content:
+                chain = " (the end of a chain of SPARSE deltas applied in place)" if node in self.applied else ""
                 raise CorruptBlobError(
-                    f"chunk at byte {need.loc[1]} decodes to values that fail its content hash",
+                    f"chunk at byte {need.loc[1]} decodes to values that fail its content hash{chain}",
                     step=node[0],
                     tensor=node[1],
-                    key=key,
+                    key=pack_key(need.loc[0]),
                 )
-            self.values[node] = value
             if self.fill_lru:
                 self.r._chunks.put((need.content, need.t.dtype.str, need.shape), value, value.nbytes)
             if self.memo is not None:
                 self.memo.put(need.memo_key, value, value.nbytes)
-            for d in need.deps:
-                self.uses[d] -= 1
-                if self.uses[d] == 0 and d not in self.roots:
-                    self.values.pop(d, None)
+        self.values[node] = value
+        for d in need.deps:
+            self.uses[d] -= 1
+            if self.uses[d] == 0 and d not in self.roots:
+                self.values.pop(d, None)
 
 
 # -- requests: whole tensors, boxes, chunks into place; each cut into batches of one plan --
