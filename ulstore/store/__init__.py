@@ -5,7 +5,6 @@
     trajectory.py       open, settings; Trajectory: owns a reader, a committer, gc, delete, integrity
     _base.py            state, steps and refs every job stands on
     _pending.py         commits and deletes in flight (markers a delete and a commit both respect)
-    _pool.py            the bounded thread pool commits, deletes and re-encodes run on
 
     format/             the on-storage format
       _layout.py        keys, names, chunk shapes
