@@ -93,6 +93,10 @@ def rss(reset: bool = False) -> tuple[int, int | None]:
 
 
 def load_states(preset: str, steps: int) -> list[dict[str, np.ndarray]]:
+    if preset == "moe":
+        from _moe import load_moe
+
+        return load_moe(steps)
     if preset == "204M":
         from _big import load_big
 
@@ -223,6 +227,78 @@ def memory(args, raw: int, workdir: Path) -> None:
             f"{got['peak'] / raw:.2f}x the step (target <= {target}; held between commits {got['before'] / 1e6:.1f} MB)"
             f"{rss_note}"
         )
+
+
+# -- 2b. many tensors (issue 39) --------------------------------------------------------------------
+
+
+def _ratios(states, args, workdir: Path) -> dict:
+    """Delta commit vs ``encode_many`` of the same pairs, and a fresh read of the anchor vs ``decode_many``
+    of the same intra blobs: medians of interleaved runs (commit k is the delta k-1 -> k on the kept parent)."""
+    raw = sum(v.nbytes for v in states[0].values())
+    url = str(workdir / f"ratios-{uuid.uuid4().hex}")
+    traj = ulstore.open(url, mode="w", anchor_every=0, chunk_bytes=args.chunk_bytes)
+    anchor = _timed(lambda: traj.commit(0, states[0]))
+    enc, com = [], []
+    for k in range(1, len(states)):
+        pairs = [(states[k][n], states[k - 1][n]) for n in states[k]]
+        enc.append(_timed(lambda pairs=pairs: ulstore.encode_many(pairs)))
+        com.append(_timed(lambda k=k: traj.commit(k, states[k])))
+        del pairs
+    intra = ulstore.encode_many(list(states[0].values()))
+    dec, fresh = [], []
+    for _ in range(args.reps):
+        dec.append(_timed(lambda: ulstore.decode_many(intra)))
+        fresh.append(_child({"kind": "read", "url": url, "step": 0})["seconds"])
+    med = statistics.median
+    return {
+        "raw": raw,
+        "tensors": len(states[0]),
+        "anchor": _mbs(raw, anchor),
+        "encode": _mbs(raw, med(enc)),
+        "commit": _mbs(raw, med(com)),
+        "decode": _mbs(raw, med(dec)),
+        "read": _mbs(raw, med(fresh)),
+        "commit_ratio": med(enc) / med(com),
+        "read_ratio": med(dec) / med(fresh),
+    }
+
+
+def _peak(preset: str, workdir: Path) -> dict:
+    """Peak tracemalloc and RSS of a delta commit with the kept parent on (fresh process, as ``memory``)."""
+    return _child(
+        {"kind": "memory", "preset": preset, "url": str(workdir / f"peak-{preset}"), "keep": True, "cache": 0}
+    )
+
+
+def moe(args, workdir: Path) -> None:
+    """Issue 39's many-tensor figures, side by side: the MoE model of ``_moe.py`` and the bench model."""
+    models = [("moe", "MoE (_moe.py)"), (args.preset if args.preset != "moe" else "204M", "bench model")]
+    got = {}
+    for preset, label in models:
+        states = load_states(preset, max(1, args.reps))
+        got[label] = _ratios(states, args, workdir) | _peak(preset, workdir)
+        del states
+    print(f"\n== many tensors (issue 39): medians of {args.reps} interleaved runs; load {os.getloadavg()[0]:.1f}")
+    cols = list(got)
+    print(f"  {'':48s}" + "".join(f"{c:>22s}" for c in cols))
+    rows = [
+        ("tensors; MB per step", lambda g: f"{g['tensors']:,}; {g['raw'] / 1e6:.0f}"),
+        ("ulstore.encode_many (delta) MB/s", lambda g: f"{g['encode']:.0f}"),
+        ("traj.commit (delta, kept parent) MB/s", lambda g: f"{g['commit']:.0f}"),
+        ("  commit / encode_many (goal >= 0.8)", lambda g: f"{g['commit_ratio']:.2f}x"),
+        ("traj.commit of the anchor MB/s", lambda g: f"{g['anchor']:.0f}"),
+        ("ulstore.decode_many (anchor) MB/s", lambda g: f"{g['decode']:.0f}"),
+        ("traj.read of the anchor (fresh process) MB/s", lambda g: f"{g['read']:.0f}"),
+        ("  read / decode_many (goal >= 0.8)", lambda g: f"{g['read_ratio']:.2f}x"),
+        ("delta commit peak tracemalloc / step (<= 1.2)", lambda g: f"{g['peak'] / g['raw']:.2f}x"),
+        (
+            "delta commit peak RSS / step",
+            lambda g: f"{g['peak_rss'] / g['raw']:.2f}x" if g.get("peak_rss") is not None else "n/a",
+        ),
+    ]
+    for label, fmt in rows:
+        print(f"  {label:48s}" + "".join(f"{fmt(got[c]):>22s}" for c in cols))
 
 
 # -- 3. S3 -----------------------------------------------------------------------------------------
@@ -398,18 +474,23 @@ def manifest_1t() -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="204M", choices=["204M", "tiny", "small", "bench"])
+    p.add_argument("--preset", default="204M", choices=["204M", "moe", "tiny", "small", "bench"])
     p.add_argument("--steps", type=int, default=9, help="checkpoints - 1 (>= 8 for a depth-7 read)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--no-s3", action="store_true")
-    p.add_argument("--only", default="speed,memory,s3,1t")
+    p.add_argument("--only", default="speed,memory,s3,1t", help="parts: speed,memory,s3,1t,moe (moe: issue 39)")
     from _data import cache_options
 
     cache_options(p)
     args = p.parse_args(argv)
     parts = set(args.only.split(","))
     t0 = time.perf_counter()
+    if parts == {"moe"}:  # loads its two models itself, one after the other
+        with tempfile.TemporaryDirectory() as d:
+            moe(args, Path(d))
+        print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+        return
     states = load_states(args.preset, args.steps)
     params = sum(v.size for v in states[0].values())
     print(
@@ -423,6 +504,10 @@ def main(argv=None) -> None:
             speed(states, args, Path(d))
         if "memory" in parts:
             memory(args, raw, Path(d))
+        if "moe" in parts:
+            del states
+            moe(args, Path(d))
+            states = load_states(args.preset, args.steps) if parts & {"s3"} else []
     if "s3" in parts and not args.no_s3:
         s3(states, args)
     if "1t" in parts:

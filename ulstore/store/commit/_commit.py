@@ -214,7 +214,7 @@ class Committer:
             finally:
                 w._shutdown()
             if kept is not None:
-                kept.retain({n: {r.layout for r in records if r.name == n} for n in arrays})
+                kept.retain(_layouts(records, arrays))
                 kept.step, kept.origin = step, "commit"
                 if kept.nbytes > held:  # new kept arrays: return the freed space around them
                     release_free_memory()
@@ -369,3 +369,13 @@ class Committer:
             if writer is not None:
                 writer._shutdown()
         return step
+
+
+def _layouts(records, names) -> dict[str, set]:
+    """Name -> the piece layouts ``records`` hold, for each of ``names``: one pass over the records
+    (a scan of them per name was quadratic: minutes for a MoE step of ~10,000 tensors)."""
+    out: dict[str, set] = {n: set() for n in names}
+    for r in records:
+        if r.name in out:
+            out[r.name].add(r.layout)
+    return out
