@@ -20,6 +20,7 @@ import pytest
 import ulstore
 from tests.helpers import dcp as jobs
 from tests.helpers.bits import assert_bits_equal
+from ulstore.core.torch import from_tensor
 from ulstore.errors import InvalidInputError, StepExistsError
 
 torch = pytest.importorskip("torch")
@@ -109,7 +110,8 @@ def test_steps_saved_and_loaded_through_dcp_are_plain_ulstore_steps(tmp_path):
 @pytest.mark.parametrize("group_bytes", [None, 1])
 def test_a_rank_reads_its_boxes_together_in_bounded_groups(tmp_path, monkeypatch, group_bytes):
     """A load plan's tensor boxes are read with read_boxes (coalesced range reads), all of them in one call, or
-    one call per group of about GROUP_BYTES (here 1 byte: a box each); the load is exact either way."""
+    one call per group of about GROUP_BYTES (here 1 byte: a box each), straight into the destination tensors'
+    memory; the load is exact either way."""
     from ulstore.dcp import _storage_reader
     from ulstore.store import Trajectory
 
@@ -117,13 +119,34 @@ def test_a_rank_reads_its_boxes_together_in_bounded_groups(tmp_path, monkeypatch
     _save(_state(1), udcp.Writer(url), 1)
     if group_bytes is not None:
         monkeypatch.setattr(_storage_reader, "GROUP_BYTES", group_bytes)
-    calls = []
+    calls, outs = [], []
     real = Trajectory.read_boxes
-    monkeypatch.setattr(
-        Trajectory, "read_boxes", lambda self, step, boxes: calls.append(len(boxes)) or real(self, step, boxes)
-    )
-    _same(_load(_template(), udcp.Reader(url, step=1)), _state(1))
+
+    def spy(self, step, boxes, *, out=None):
+        calls.append(len(boxes))
+        outs.extend(out)
+        return real(self, step, boxes, out=out)
+
+    monkeypatch.setattr(Trajectory, "read_boxes", spy)
+    template = _template()
+    _same(_load(template, udcp.Reader(url, step=1)), _state(1))
     assert calls == ([2] if group_bytes is None else [1, 1])  # model.w and model.h (DCP reads no empty tensor)
+    for tensor in (template["model"]["w"], template["model"]["h"]):
+        assert any(np.shares_memory(o, from_tensor(tensor)) for o in outs)  # decoded into the model's tensors
+
+
+def test_a_destination_of_another_dtype_or_layout_gets_the_values_converted(tmp_path):
+    """A destination of another dtype is filled through a copy, as DCP's FileSystemReader does (the values
+    converted exactly as torch converts them); a strided destination (a transposed view) through its strides."""
+    url = str(tmp_path / "t")
+    _save(_state(2), udcp.Writer(url), 2)
+    template = _template()
+    template["model"]["h"] = torch.zeros(3, 4, dtype=torch.float64)
+    template["model"]["w"] = torch.zeros(30, 40).t()
+    got = _load(template, udcp.Reader(url, step=2))
+    want = _state(2)["model"]
+    assert_bits_equal(got["model"]["h"], want["h"].to(torch.float64), "model.h")
+    assert_bits_equal(got["model"]["w"].contiguous(), want["w"], "model.w")
 
 
 def test_a_step_committed_without_dcp_loads_through_dcp(tmp_path):

@@ -83,6 +83,54 @@ def test_read_boxes_reads_many_boxes_in_one_plan_exactly():
         ro.read_boxes(1, [(names[0], (0, 0), (1, 1)), (names[1], (0, 0), (10**6, 1))])
 
 
+def test_read_boxes_into_the_callers_arrays_decodes_whole_chunks_in_place(monkeypatch):
+    """read_boxes(out=...) fills the caller's arrays (contiguous or strided) with exactly what read_boxes returns;
+    a chunk whole in its box is decoded straight into the caller's memory, a chunk the box's edge cuts is copied
+    in; arrays that cannot take the values are refused, naming the tensor."""
+    states = states_bf16(20)
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=1024)
+    for step in range(3):
+        traj.commit(step, states[step])
+    ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
+    names = [n for n, v in states[2].items() if v.ndim == 2][:3]
+    boxes = []
+    for n in names:
+        rows, cols = states[2][n].shape
+        boxes += [(n, (0, 0), (rows, cols)), (n, (rows // 3, 1), (rows // 2, cols - 2)), (n, (0, 0), (rows, cols))]
+    want = ro.read_boxes(2, boxes)
+    # contiguous arrays, and strided views (every other box): a view of a larger buffer
+    buffers = [np.full(tuple(d + k % 2 for d in shape), 7, states[2][n].dtype) for k, (n, _, shape) in enumerate(boxes)]
+    outs = [b[1:, 1:] if k % 2 else b for k, b in enumerate(buffers)]
+    in_place = []
+    real = _decode_plan.decode_chunk
+    monkeypatch.setattr(
+        _decode_plan,
+        "decode_chunk",
+        lambda *a, out=None, **k: in_place.append(out is not None and any(np.shares_memory(out, b) for b in buffers))
+        or real(*a, out=out, **k),
+    )
+    got = ro.read_boxes(2, boxes, out=outs)
+    assert len(got) == len(boxes) and all(g is o for g, o in zip(got, outs))
+    for (n, _, _), g, w in zip(boxes, got, want, strict=True):
+        np.testing.assert_array_equal(bits(g), bits(w), err_msg=n)
+    assert any(in_place) and not all(in_place)  # whole chunks in place; cut chunks and references aside
+    assert ro.read_boxes(2, [], out=[]) == []
+    n, (rows, cols) = names[0], states[2][names[0]].shape
+    for bad, match in [
+        (np.zeros((rows, cols), np.float32), "float32"),
+        (np.zeros((rows, cols + 1), states[2][n].dtype), "is bfloat16"),
+        (np.zeros((rows, cols), states[2][n].dtype)[None][0].view(), None),
+    ]:
+        if match is None:
+            bad.flags.writeable = False
+            match = "read-only"
+        with pytest.raises(InvalidInputError, match=match) as e:
+            ro.read_boxes(2, [(n, (0, 0), (rows, cols))], out=[bad])
+        assert n in str(e.value)
+    with pytest.raises(InvalidInputError, match="2 arrays in out for 1 boxes"):
+        ro.read_boxes(2, [(n, (0, 0), (rows, cols))], out=[outs[0], outs[0]])
+
+
 def test_pieces_from_several_writers_make_one_logical_tensor():
     states = states_bf16(20)
     name = "model.layers.0.mlp.up_proj.weight"

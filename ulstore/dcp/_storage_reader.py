@@ -13,6 +13,7 @@ import io
 import math
 import uuid
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -26,14 +27,15 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ..codec import TORCH_VIA_INT
 from ..core.torch import dtype_table, to_tensor
-from ..errors import ConflictError, InvalidInputError
+from ..errors import ConflictError, InvalidInputError, TensorNotFoundError
 from ..store import Trajectory
 from ._checkpoint_step import METADATA_FILE, TrajectoryEndpoint, decode_metadata, step_of
 
 __all__ = ["Reader"]
 
-#: a rank's boxes are read in groups of about this many bytes (each group's values are held until copied out)
+#: a rank's boxes are read in groups of about this many bytes (one read_boxes call, one group's destinations resolved at a time)
 GROUP_BYTES = 256 << 20
 
 
@@ -124,35 +126,64 @@ class Reader(TrajectoryEndpoint, StorageReader):
             base = item.storage_index.offset or ()
             offset = tuple(a + b for a, b in zip(base, item.storage_offsets)) if base else tuple(item.storage_offsets)
             tensors.append((item, offset))
-        for (item, offset), value in self._read_boxes(tensors):
-            fqn = item.storage_index.fqn
-            src = to_tensor(value)
-            dest = planner.resolve_tensor(item).detach()
-            if dest.size() != src.size():
-                raise InvalidInputError(
-                    f"box {list(offset)}+{list(item.lengths)} read as {list(src.size())}, "
-                    f"the destination is {list(dest.size())}",
-                    step=step,
-                    tensor=fqn,
-                )
-            dest.copy_(src)
-            planner.commit_tensor(item, dest)
+        specs = traj.tensors(step)
+        for group in _groups(tensors, specs):
+            self._read_group(group, planner, specs)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_boxes(self, tensors: list):
-        """``((item, offset), values)`` of the rank's boxes: read together (coalesced range reads, decoded on the
-        trajectory's threads) in groups of about GROUP_BYTES, so that only one group is held at a time."""
+    def _read_group(self, group: list, planner: LoadPlanner, specs: dict) -> None:
+        """Read one group's boxes with one ``read_boxes`` call, straight into the destination tensors where
+        their memory can take the stored values as they are (CPU, same dtype), else into arrays copied in."""
         traj, step = self.trajectory, self._step
-        specs = traj.tensors(step)
-        group: list = []
-        size = 0
-        for k, (item, offset) in enumerate(tensors):
-            group.append((item, offset))
-            spec = specs.get(item.storage_index.fqn)
-            size += math.prod(item.lengths) * (spec[1].itemsize if spec is not None else 1)
-            if size >= GROUP_BYTES or k == len(tensors) - 1:
-                boxes = [(item.storage_index.fqn, offset, tuple(item.lengths)) for item, offset in group]
-                yield from zip(group, traj.read_boxes(step, boxes))
-                group, size = [], 0
+        boxes, outs, dests = [], [], []
+        for item, offset in group:
+            fqn = item.storage_index.fqn
+            dest = planner.resolve_tensor(item).detach()
+            if tuple(dest.size()) != tuple(item.lengths):
+                raise InvalidInputError(
+                    f"box {list(offset)}+{list(item.lengths)} is read into a destination of {list(dest.size())}",
+                    step=step,
+                    tensor=fqn,
+                )
+            if fqn not in specs:
+                raise TensorNotFoundError("the load plan names a tensor the step does not have", step=step, tensor=fqn)
+            dtype = specs[fqn][1]
+            view = _numpy_view(dest, dtype)
+            boxes.append((fqn, offset, tuple(item.lengths)))
+            outs.append(view if view is not None else np.empty(tuple(item.lengths), dtype))
+            dests.append((item, dest, view is None))
+        traj.read_boxes(step, boxes, out=outs)
+        for (item, dest, copy), value in zip(dests, outs):
+            if copy:
+                dest.copy_(to_tensor(value))
+            planner.commit_tensor(item, dest)
+
+
+def _numpy_view(tensor: torch.Tensor, dtype: np.dtype) -> np.ndarray | None:
+    """A writable numpy array sharing ``tensor``'s memory (strides and all) with the stored ``dtype``, or None
+    when its values must be converted or moved (another dtype, another device, conjugate or negative bits)."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_conj() or tensor.is_neg():
+        return None
+    if dtype_table(torch).get(dtype) != tensor.dtype:
+        return None
+    via = TORCH_VIA_INT.get(str(tensor.dtype))
+    view = tensor.view(getattr(torch, via[0])).numpy().view(via[1]) if via is not None else tensor.numpy()
+    return view if view.dtype == dtype and view.flags.writeable else None
+
+
+def _groups(tensors: list, specs: dict):
+    """The rank's boxes in groups of about GROUP_BYTES (so that a planner whose ``resolve_tensor`` allocates
+    holds one group's destinations at a time)."""
+    group: list = []
+    size = 0
+    for item, offset in tensors:
+        group.append((item, offset))
+        spec = specs.get(item.storage_index.fqn)
+        size += math.prod(item.lengths) * (spec[1].itemsize if spec is not None else 1)
+        if size >= GROUP_BYTES:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group

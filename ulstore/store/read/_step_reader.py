@@ -161,22 +161,64 @@ class Reader:
                 lambda: np.array(self._t._reader.box(step, name, *self._box(step, name, offset, shape)), copy=True)
             )
 
-    def read_boxes(self, step_or_ref, boxes) -> list[np.ndarray]:
+    def read_boxes(self, step_or_ref, boxes, *, out=None) -> list[np.ndarray]:
         """:meth:`read_box` of each ``(name, offset, shape)`` of ``boxes``, together: fresh arrays, in order.
 
         The chunks of all the boxes are fetched in coalesced range reads and
         decoded on the trajectory's threads, each once however many boxes
         overlap it (a rank's share of a checkpoint: one plan, not one per
         tensor, so a few large requests instead of one or more per tensor).
+
+        ``out``: the caller's arrays, one per box (its shape, the tensor's
+        dtype, writable; strided views are fine), filled and returned instead
+        of fresh arrays.  A chunk lying whole in its box decodes straight into
+        the caller's memory where that part is contiguous (no temporary, no
+        copy: a DCP load decodes into the model's tensors); a chunk cut by the
+        box's edge is decoded aside and its part copied in.  After a failure,
+        what ``out`` holds is unspecified.
         """
         step = self._t._resolve(step_or_ref)
 
         def read():
             requests = [(name, *self._box(step, name, offset, shape)) for name, offset, shape in boxes]
-            return self._t._reader.boxes(step, requests)
+            if out is None:
+                return self._t._reader.boxes(step, requests)
+            return self._read_into(step, requests, out)
 
         with explained(self._t._reader, step):
             return self._t._reader.settled(read)
+
+    def _read_into(self, step: int, requests: list, out) -> list[np.ndarray]:
+        """``read_boxes(..., out=out)``: chunks whole in their box decoded in place (one batched
+        ``materialize``), the chunks a box's edge cuts read as their part of the box (one batched read)."""
+        reader = self._t._reader
+        out = list(out)
+        if len(out) != len(requests):
+            raise InvalidInputError(f"read_boxes got {len(out)} arrays in out for {len(requests)} boxes")
+        targets: dict = {}  # node -> its materialize target (a chunk whole in two boxes is decoded once)
+        again, cut = [], []
+        for (name, lo, hi), dest in zip(requests, out):
+            t = reader.tensor(step, name)
+            _check_out(dest, name, t.dtype, tuple(b - a for a, b in zip(lo, hi)))
+            for j, c, clo, chi in t.overlapping(lo, hi):
+                node = (step, name, j, c)
+                if all(a <= x and y <= b for a, b, x, y in zip(lo, hi, clo, chi)):
+                    region = tuple(slice(x - a, y - a) for a, x, y in zip(lo, clo, chi))
+                    if node in targets:
+                        again.append((dest, region, targets[node]))
+                    else:
+                        targets[node] = (node, dest, region, None, 0)
+                else:
+                    part = tuple(max(a, x) for a, x in zip(lo, clo)), tuple(min(b, y) for b, y in zip(hi, chi))
+                    cut.append((name, part, dest, tuple(slice(x - a, y - a) for a, x, y in zip(lo, *part))))
+        if targets:
+            reader.materialize(list(targets.values()))
+        for dest, region, (_, first, first_region, _, _) in again:
+            dest[region] = first[first_region]
+        if cut:
+            for (_, _, dest, region), value in zip(cut, reader.boxes(step, [(n, *part) for n, part, _, _ in cut])):
+                dest[region] = value
+        return out
 
     def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
         """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
@@ -434,6 +476,18 @@ class Reader:
             out.append(_info(d))
             step = d.parent
         return out
+
+
+def _check_out(dest, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Refuse an ``out`` array of ``read_boxes`` that cannot take the box's values as they are."""
+    if not isinstance(dest, np.ndarray):
+        raise InvalidInputError(f"out holds a {type(dest).__name__}, not a numpy array", tensor=name)
+    if dest.dtype != dtype or dest.shape != shape:
+        raise InvalidInputError(
+            f"out array is {dest.dtype}{list(dest.shape)}, the box is {dtype}{list(shape)}", tensor=name
+        )
+    if not dest.flags.writeable:
+        raise InvalidInputError("out array is read-only", tensor=name)
 
 
 def _info(d) -> StepInfo:
