@@ -106,8 +106,10 @@ def test_read_boxes_into_the_callers_arrays_decodes_whole_chunks_in_place(monkey
     monkeypatch.setattr(
         _decode_plan,
         "decode_chunk",
-        lambda *a, out=None, **k: in_place.append(out is not None and any(np.shares_memory(out, b) for b in buffers))
-        or real(*a, out=out, **k),
+        lambda *a, out=None, **k: (
+            in_place.append(out is not None and any(np.shares_memory(out, b) for b in buffers))
+            or real(*a, out=out, **k)
+        ),
     )
     got = ro.read_boxes(2, boxes, out=outs)
     assert len(got) == len(boxes) and all(g is o for g, o in zip(got, outs))
