@@ -500,6 +500,172 @@ def overhead_pass(name: str, parent: dict, child: dict) -> dict:
     return out
 
 
+# -- sparse pass (issue 39: one default encoding, smallest and fastest on sparse deltas) ---------
+
+#: Trajectory kinds whose deltas are sparse (RL regime): the ones Table 4 measures.
+SPARSE_KINDS = ("rl",)
+#: Blob sizes (elements) of Table 4's size-by-blob rows: pieces of the concatenated tensors.
+SPARSE_PIECES = (1 << 16, 1 << 20)
+#: Exponent classes of the position floor rows: positions coded as ranks within K
+#: contiguous bands of reference exponents (what a decoder can find with K - 1 compares).
+POSITION_CLASSES = (2, 4, 8)
+#: Table 4's rows for a blob's bytes: label -> inspect_blob parts summed into it.
+BLOB_PARTS = {
+    "headers, counts, CRCs": ("header", "count", "crc"),
+    "positions": ("positions low", "positions high", "gaps"),
+    "residual tokens (rANS words)": ("residual words",),
+    "residual tails (raw bits)": ("residual tail",),
+    "tables, lane states, lengths": ("residual table", "residual states", "residual fields"),
+    "payload (tokens of every element)": ("payload",),
+}
+
+
+def _binary_entropy_bits(k, n) -> np.ndarray:
+    """n * H(k / n) elementwise: the ideal bits of k positions among n, each element independent."""
+    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    q = k / np.maximum(n, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(np.where(q > 0, q * np.log2(q), 0.0) + np.where(q < 1, (1 - q) * np.log2(1 - q), 0.0))
+    return n * h
+
+
+def _banded_bits(count: np.ndarray, changed: np.ndarray, classes: int) -> float:
+    """Fewest ideal position bits over every split of the occupied exponents into ``classes`` bands (DP)."""
+    occupied = np.flatnonzero(count)
+    c = np.concatenate([[0.0], np.cumsum(count[occupied])])
+    g = np.concatenate([[0.0], np.cumsum(changed[occupied])])
+    size = len(occupied)
+    cost = _binary_entropy_bits(g[None, :] - g[:, None], c[None, :] - c[:, None])  # cost[i, j]: band [i, j)
+    best = np.full(size + 1, np.inf)
+    best[0] = 0.0
+    answer = np.inf
+    for _ in range(classes):
+        best = np.array([0.0] + [np.min(best[:j] + cost[:j, j]) for j in range(1, size + 1)])
+        answer = min(answer, best[size])
+        best[0] = np.inf  # a band is never empty
+    return float(answer)
+
+
+def position_bits(child: np.ndarray, parent: np.ndarray) -> dict:
+    """Ideal bits of where ``child`` differs from ``parent``: with no context, under the reference
+    exponent (what the default encoding's b = 0 tokens cost ideally), and under K bands of it."""
+    from ulstore.codec import format_of
+
+    fmt = format_of(child.dtype)
+    changed_mask = _bits_view(child) != _bits_view(parent)
+    m, n = int(np.count_nonzero(changed_mask)), int(child.size)
+    e = ((_bits_view(parent) >> fmt.mant_bits) & ((1 << fmt.exp_bits) - 1)).astype(np.int64)
+    count = np.bincount(e, minlength=1 << fmt.exp_bits).astype(np.float64)
+    changed = np.bincount(e[changed_mask], minlength=1 << fmt.exp_bits).astype(np.float64)
+    out = {
+        "changed": m,
+        "elements": n,
+        "uniform": float(_binary_entropy_bits(m, n)),
+        "exponent": float(_binary_entropy_bits(changed, count).sum()),
+    }
+    for k in POSITION_CLASSES:
+        out[f"bands{k}"] = _banded_bits(count, changed, k) if m else 0.0
+    return out
+
+
+def _part_bytes(blob: bytes) -> dict:
+    parts = ulstore.inspect_blob(blob)["parts"]
+    return {label: sum(parts.get(p, 0) for p in names) for label, names in BLOB_PARTS.items()}
+
+
+def sparse_sizes(name: str, parent: dict, child: dict) -> dict:
+    """Bytes of the default and the SPARSE blobs of the last pair, by part, against the ideal bits."""
+    out: dict = {"raw": 0, "ideal_bits": 0.0}
+    for key in ("default", "sparse", "sparse_noe"):
+        out[key] = {label: 0 for label in BLOB_PARTS}
+    pos: dict = {}
+    for k in child:
+        c, p = child[k], parent[k]
+        out["raw"] += c.nbytes
+        out["ideal_bits"] += ulstore.model_entropy_bits(c, p)
+        for key, kw in (
+            ("default", {}),
+            ("sparse", {"sparse": True}),
+            ("sparse_noe", {"sparse": True, "econd": False}),
+        ):
+            blob = ulstore.encode(c, p, **kw)
+            _check(ulstore.decode(blob, p), c, f"ULPack {key}", f"{name} sparse pass tensor {k!r}")
+            for label, v in _part_bytes(blob).items():
+                out[key][label] += v
+        for key, v in position_bits(c, p).items():
+            pos[key] = pos.get(key, 0) + v
+    out["positions"] = pos
+    out["pieces"] = _piece_sizes(name, parent, child)
+    return out
+
+
+def _piece_sizes(name: str, parent: dict, child: dict) -> dict:
+    """Default and SPARSE bytes and ideal bits with the tensors cut into blobs of SPARSE_PIECES elements."""
+    c_all = np.concatenate([child[k].reshape(-1) for k in child])
+    p_all = np.concatenate([parent[k].reshape(-1) for k in child])
+    out = {}
+    for size in SPARSE_PIECES:
+        row = {"elements": size, "blobs": 0, "default": 0, "sparse": 0, "ideal_bits": 0.0}
+        for start in range(0, c_all.size, size):
+            ci, pi = c_all[start : start + size], p_all[start : start + size]
+            row["blobs"] += 1
+            row["ideal_bits"] += ulstore.model_entropy_bits(ci, pi)
+            for key, sparse in (("default", False), ("sparse", True)):
+                blob = ulstore.encode(ci, pi, sparse=sparse)
+                _check(ulstore.decode(blob, pi), ci, f"ULPack {key}", f"{name} piece of {size} at {start}")
+                row[key] += len(blob)
+        out[str(size)] = row
+    return out
+
+
+def sparse_speed(name: str, spec, parent: dict, child: dict, reps: int, budget: float) -> dict:
+    """Single-thread MB/s of the last pair: default and SPARSE encode and decode, ZipNN's, and memcpy.
+
+    The timings are interleaved, one of each per round, best of ``reps`` rounds (fewer once
+    ``budget`` s per timing are used), so that all see the same machine load.
+    """
+    names = list(child)
+    pairs = [(child[k], parent[k]) for k in names]
+    raw_pairs = [(_raw(c), _raw(p)) for c, p in pairs]
+    copies = [np.empty_like(p) for _, p in pairs]
+    peer = make_peers(1).get("zipnn")
+    blobs = {key: ulstore.encode_many(pairs, threads=1, sparse=key == "sparse") for key in ("default", "sparse")}
+    jobs = {"memcpy": lambda: [np.copyto(o, p) for o, (_, p) in zip(copies, pairs)]}
+    for key in blobs:
+        jobs[f"{key}_encode"] = lambda key=key: ulstore.encode_many(pairs, threads=1, sparse=key == "sparse")
+        jobs[f"{key}_decode"] = lambda key=key: ulstore.decode_many(
+            [(b, p) for b, (_, p) in zip(blobs[key], pairs)], threads=1
+        )
+    if peer is not None:
+        blobs["zipnn"] = [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
+        jobs["zipnn_encode"] = lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
+        jobs["zipnn_decode"] = lambda: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(blobs["zipnn"], raw_pairs)]
+    best = {k: float("inf") for k in jobs}
+    results: dict = {}
+    spent = 0.0
+    for _ in range(max(1, reps)):
+        for key, fn in jobs.items():
+            start = time.perf_counter()
+            results[key] = fn()
+            elapsed = time.perf_counter() - start
+            best[key], spent = min(best[key], elapsed), spent + elapsed
+        if budget and spent >= budget * len(jobs):
+            break
+    for key in ("default_decode", "sparse_decode", "zipnn_decode"):
+        for k, d in zip(names, results.get(key, ())):
+            _check(d, child[k], key, f"{name} sparse speed tensor {k!r}")
+    raw = sum(c.nbytes for c, _ in pairs)
+    return {"raw_bytes": raw, **{f"{k}_MBps": raw / t / 1e6 for k, t in best.items()}}
+
+
+def sparse_pass(name: str, spec, parent: dict, child: dict, reps: int, budget: float, speed: bool) -> dict:
+    """Table 4's numbers for one sparse trajectory: sizes by part and by blob size, and (``speed``) MB/s."""
+    out = {"sizes": sparse_sizes(name, parent, child)}
+    if speed:
+        out["speed"] = sparse_speed(name, spec, parent, child, reps, budget)
+    return out
+
+
 # -- tables ---------------------------------------------------------------------
 
 
@@ -757,6 +923,144 @@ def overhead_table(results: dict, markdown: bool) -> str:
     return render("Table 3. Over ideal by blob size", groups, ["%", "B/blob"], rows, markdown, notes)
 
 
+def _per_change(bits: float, changed: int) -> str:
+    return f"{bits / changed:.2f}" if changed else "n/a"
+
+
+def sparse_size_table(results: dict, markdown: bool) -> str:
+    """Table 4: where the bytes of the default and the SPARSE blob of an RL delta go, in bits per change."""
+    groups = [n for n, r in results.items() if r.get("sparse")]
+    rows: list[list[str]] = []
+
+    def add(label, fn):
+        rows.append([label] + [c for n in groups for c in fn(results[n]["sparse"]["sizes"])])
+
+    def blob_cells(sz, fn):
+        return [fn(sz[key]) for key in ("default", "sparse", "sparse_noe")] + [""]
+
+    def total(part):
+        return sum(part.values())
+
+    add(
+        "% of raw",
+        lambda sz: (
+            blob_cells(sz, lambda b: f"{100 * total(b) / sz['raw']:.3f}")[:3]
+            + [f"{100 * sz['ideal_bits'] / 8 / sz['raw']:.3f}"]
+        ),
+    )
+    add(
+        "bits per changed element",
+        lambda sz: (
+            blob_cells(sz, lambda b: _per_change(8 * total(b), sz["positions"]["changed"]))[:3]
+            + [_per_change(sz["ideal_bits"], sz["positions"]["changed"])]
+        ),
+    )
+    add("over ideal (%)", lambda sz: blob_cells(sz, lambda b: f"{100 * (8 * total(b) / sz['ideal_bits'] - 1):+.1f}"))
+    for label in BLOB_PARTS:
+        add(
+            f"  {label}",
+            lambda sz, label=label: blob_cells(sz, lambda b: _per_change(8 * b[label], sz["positions"]["changed"])),
+        )
+    pos_rows = [("  positions ideal, under e_r", "exponent"), ("  positions ideal, no context", "uniform")]
+    pos_rows += [(f"  positions ideal, {k} exponent bands", f"bands{k}") for k in POSITION_CLASSES]
+    for label, key in pos_rows:
+        add(label, lambda sz, key=key: ["", "", "", _per_change(sz["positions"][key], sz["positions"]["changed"])])
+    add(
+        "  residuals ideal (ideal - positions under e_r)",
+        lambda sz: [
+            "",
+            "",
+            "",
+            _per_change(sz["ideal_bits"] - sz["positions"]["exponent"], sz["positions"]["changed"]),
+        ],
+    )
+    first = results[groups[0]]["sparse"]["sizes"]["pieces"]
+    for size in first:
+        add(
+            f"over ideal (%), blobs of {int(size):,} elements",
+            lambda sz, size=size: (
+                [
+                    f"{100 * (8 * sz['pieces'][size][key] / sz['pieces'][size]['ideal_bits'] - 1):+.1f}"
+                    for key in ("default", "sparse")
+                ]
+                + ["", ""]
+            ),
+        )
+    notes = [
+        "The last pair's tensors, one blob each (unless stated): default = ulstore.encode(child, parent); SPARSE = "
+        "encode(..., sparse=True); SPARSE w/o e_r = encode(..., sparse=True, econd=False), what the store writes.",
+        "Parts from inspect_blob, in bits per changed element. ideal = model_entropy_bits (the default's model, free "
+        "tables, perfect coder); its positions = sum over exponents of n_e H(m_e / n_e): what the default's b = 0 "
+        "tokens cost ideally; K bands: the best split of the exponents into K contiguous bands.",
+    ]
+    sub = ["default", "SPARSE", "SP w/o e_r", "ideal"]
+    return render(
+        "Table 4. Sparse deltas: where the bytes go (bits per changed element)", groups, sub, rows, markdown, notes
+    )
+
+
+def _goal(value: float, target: float, text: str) -> str:
+    return f"{text} {'ok' if value >= target else 'MISS'}"
+
+
+def sparse_speed_table(results: dict, markdown: bool, reps: int) -> str:
+    """Table 4b: issue 39's goals on sparse deltas, side by side in one run (single thread)."""
+    groups = [n for n, r in results.items() if r.get("sparse", {}).get("speed")]
+    rows: list[list[str]] = []
+
+    def add(label, fn):
+        rows.append([label] + [c for n in groups for c in fn(results[n]["sparse"])])
+
+    def mbps(sp, what):
+        sd = sp["speed"]
+        return [
+            f"{sd[f'{k}_{what}_MBps']:.0f}" if f"{k}_{what}_MBps" in sd else "n/a"
+            for k in ("default", "sparse", "zipnn")
+        ]
+
+    add("encode MB/s", lambda sp: mbps(sp, "encode"))
+    add("decode MB/s", lambda sp: mbps(sp, "decode"))
+    add("memcpy MB/s (the floor: a decode writes every byte)", lambda sp: ["", "", f"{sp['speed']['memcpy_MBps']:.0f}"])
+
+    def goals(sp, fn):
+        return [fn(sp, k) for k in ("default", "sparse")] + [""]
+
+    def over_ideal(sp, k):
+        sz = sp["sizes"]
+        over = 100 * (8 * sum(sz[k].values()) / sz["ideal_bits"] - 1)
+        return f"{over:+.1f}% {'ok' if over <= 1.0 else 'MISS'}"
+
+    def ratio(a, b, target, fmt="{:.2f}x"):
+        def cell(sp, k):
+            sd = sp["speed"]
+            if b.format(k=k) not in sd and b not in sd:
+                return "n/a"
+            v = sd[a.format(k=k)] / sd[b.format(k=k) if "{k}" in b else b]
+            return _goal(v, target, fmt.format(v))
+
+        return cell
+
+    add("size over ideal (goal <= +1%)", lambda sp: goals(sp, over_ideal))
+    add("decode / ZipNN's (goal >= 2x)", lambda sp: goals(sp, ratio("{k}_decode_MBps", "zipnn_decode_MBps", 2.0)))
+    add("decode / memcpy (goal >= 0.20)", lambda sp: goals(sp, ratio("{k}_decode_MBps", "memcpy_MBps", 0.2)))
+    add("encode / ZipNN's (goal >= 1x)", lambda sp: goals(sp, ratio("{k}_encode_MBps", "zipnn_encode_MBps", 1.0)))
+    notes = [
+        f"One thread, all tensors of the last pair, raw MB/s (1e6 bytes/s), timings interleaved, best of {reps} rounds. "
+        "ULPack: encode_many/decode_many(threads=1), default and sparse=True; ZipNN XOR: one call per tensor, XOR "
+        "included; memcpy: numpy.copyto of every tensor into a preallocated one.",
+        "Goals of issue 39 for one default encoding; 'ok'/'MISS' per column. The size floor is the ideal of Table 4; "
+        "the decode floor is memcpy (a decode into a new array writes every byte of it).",
+    ]
+    return render(
+        "Table 4b. Sparse deltas, one thread: issue 39's goals",
+        groups,
+        ["default", "SPARSE", "ZipNN"],
+        rows,
+        markdown,
+        notes,
+    )
+
+
 # -- main -----------------------------------------------------------------------
 
 
@@ -835,6 +1139,10 @@ def run(args) -> dict:
         }
         r["sizes"] = size_pass(name, spec, states, args.threads)
         r["overhead"] = overhead_pass(name, states[-2], states[-1])
+        if spec.kind in SPARSE_KINDS:
+            r["sparse"] = sparse_pass(
+                name, spec, states[-2], states[-1], args.reps, args.time_budget, not args.no_speed
+            )
         if not args.no_speed:
             r["speed"] = speed_pass(name, spec, states[-2], states[-1], args.threads, args.reps, args.time_budget)
             r["pair_speed"] = pair_speed_pass(name, spec, states, args.reps, args.time_budget)
@@ -878,6 +1186,10 @@ def report(out: dict, markdown: bool) -> str:
         parts.append(pair_speed_table(results, markdown, s["reps"]))
     if any(r.get("overhead") for r in results.values()):
         parts.append(overhead_table(results, markdown))
+    if any(r.get("sparse") for r in results.values()):
+        parts.append(sparse_size_table(results, markdown))
+    if any(r.get("sparse", {}).get("speed") for r in results.values()):
+        parts.append(sparse_speed_table(results, markdown, s["reps"]))
     t = out["runtime_s"]
     parts.append(f"runtime: {t['total']:.1f} s (training/cache {t['data']:.1f} s, measuring {t['measure']:.1f} s)\n")
     return (sep + "\n").join(parts)

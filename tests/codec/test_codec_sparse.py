@@ -397,3 +397,29 @@ def test_lane_states_reach_the_kernels_aligned():
         states = read_fields(rd, m, format_of(np.dtype(np.float32))).states
         assert states.flags.aligned and states.ctypes.data % 4 == 0
     assert misaligned  # some blobs put their states at an unaligned offset
+
+
+def test_inspect_blob_parts_split_a_sparse_blob():
+    """``inspect_blob``'s parts sum to the blob, and a SPARSE blob's positions follow Elias-Fano's sizes."""
+    from pathlib import Path
+
+    from ulstore.codec._elias_fano import sizes
+
+    rng = np.random.default_rng(5)
+    ref = reference(ml_dtypes.bfloat16, 40_000, rng)
+    pos = np.sort(rng.choice(ref.size, 500, replace=False))
+    target = changed_at(ref, pos, rng)
+    for blob in (ulstore.encode(target, ref, sparse=True), ulstore.encode(target, ref), ulstore.encode(target)):
+        info = ulstore.inspect_blob(blob)
+        assert sum(info["parts"].values()) == len(blob) == info["nbytes"]
+        assert info["parts"]["crc"] == 4 and info["parts"]["header"] > 4
+    parts = ulstore.inspect_blob(ulstore.encode(target, ref, sparse=True))["parts"]
+    assert (parts["positions low"], parts["positions high"]) == sizes(ref.size, len(pos))
+    assert parts["residual states"] == 16 and parts["residual words"] > 0 and "payload" not in parts
+    # version 2 (gap section) blobs of the frozen fixtures are split too
+    for path in sorted(Path(__file__).parent.parent.joinpath("fixtures", "ulpack_v1").glob("*_delta_sparse*.ulpk")):
+        blob = path.read_bytes()
+        info = ulstore.inspect_blob(blob)
+        assert sum(info["parts"].values()) == len(blob), path.name
+        if info["mode"] == "sparse":
+            assert "gaps" in info["parts"] and "payload" not in info["parts"], path.name

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow  # real multi-process jobs: the slow lane (CI=true, --slow)
@@ -93,6 +94,37 @@ def test_codec_benchmark_smoke(cache):
         "codec.py", "--preset", "tiny", "--steps", 1, "--only", "rl-bf16", "--reps", 1, "--time-budget", 0, cache=cache
     )
     assert "rl-bf16" in out and "ZipNN" in out
+    for needle in ("Table 4. Sparse deltas", "positions ideal, under e_r", "Table 4b.", "memcpy MB/s"):
+        assert needle in out, needle
+
+
+def test_codec_benchmark_position_floor_is_the_best_band_split():
+    """Table 4's K-band position floor is the minimum over every split into at most K bands (brute force)."""
+    import itertools
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import codec as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rng = np.random.default_rng(3)
+    count = np.zeros(16)
+    count[[1, 2, 4, 5, 6, 9, 12]] = rng.integers(50, 500, size=7)
+    changed = np.floor(count * rng.uniform(0, 0.5, size=16))
+    occupied = np.flatnonzero(count)
+    for k in (1, 2, 3):
+        best = np.inf
+        for cuts in itertools.combinations(range(1, len(occupied)), k - 1):
+            edges = [0, *cuts, len(occupied)]
+            bits = sum(
+                bench._binary_entropy_bits(changed[occupied[a:b]].sum(), count[occupied[a:b]].sum())
+                for a, b in zip(edges, edges[1:])
+            )
+            best = min(best, float(bits))
+        assert abs(bench._banded_bits(count, changed, k) - best) < 1e-6 * best, k
+    full = float(bench._binary_entropy_bits(changed, count).sum())
+    assert bench._banded_bits(count, changed, len(occupied)) == pytest.approx(full)
+    assert bench._banded_bits(count, changed, 1) > full
 
 
 def test_store_benchmark_smoke(cache):

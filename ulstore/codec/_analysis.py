@@ -7,14 +7,27 @@ import numpy as np
 from . import _format as F
 from ._api import _analyze, _intra_mode, _prepare
 from ._backend import kernels
+from ._elias_fano import sizes as ef_sizes
 from ._one_stream import band_of, intra_plan
+from ._section import read_fields
+from ._sparse import GAPS
 
 __all__ = ["inspect_blob", "model_entropy_bits"]
 
 
 def inspect_blob(blob) -> dict:
-    """Header fields of a blob (after its integrity checks), for tools and debugging."""
-    header, _ = F.open_blob(blob)
+    """Header fields of a blob (after its integrity checks), for tools and debugging.
+
+    ``parts`` maps each part of the blob to its bytes (they sum to ``nbytes``):
+    ``header`` and ``crc`` always, the payload as one ``payload`` entry, except in
+    a SPARSE blob, where it is split into ``count`` (the varint m), the changed
+    positions (``positions low`` and ``positions high`` in version 4, the ``gaps``
+    section in version 2) and the residual section's ``residual table``,
+    ``residual states`` (lane states), ``residual words`` (rANS words),
+    ``residual tail`` (raw bits) and ``residual fields`` (scale byte and length
+    varints): what tells where a SPARSE blob's bytes go.
+    """
+    header, rd = F.open_blob(blob)
     mode = {
         F.MODE_RAW: "raw",
         F.MODE_SAME: "same",
@@ -30,7 +43,33 @@ def inspect_blob(blob) -> dict:
         "delta": header.is_delta,
         "econd": not header.flags & F.FLAG_NO_ECOND,
         "nbytes": len(memoryview(blob)),
+        "parts": _parts(header, rd),
     }
+
+
+def _parts(header: F.Header, rd: F.Reader) -> dict:
+    """Bytes per part of a blob whose payload ``rd`` is at (see :func:`inspect_blob`)."""
+    parts = {"header": rd.pos}
+    if header.mode == F.MODE_SPARSE:
+        start = rd.pos
+        m = rd.varint("changed element count", limit=header.size)
+        parts["count"] = rd.pos - start
+        if header.version == 4:
+            parts["positions low"], parts["positions high"] = ef_sizes(header.size, m)
+            rd.take(sum(ef_sizes(header.size, m)), "positions")
+        else:
+            start = rd.pos
+            read_fields(rd, m, GAPS)
+            parts["gaps"] = rd.pos - start
+        start = rd.pos
+        f = read_fields(rd, m, header.fmt)
+        named = {"table": f.table.nbytes, "states": f.states.nbytes, "words": f.words.nbytes, "tail": f.tail.nbytes}
+        parts.update({f"residual {k}": v for k, v in named.items()})
+        parts["residual fields"] = rd.pos - start - sum(named.values())
+    if rd.end > rd.pos:
+        parts["payload"] = rd.end - rd.pos
+    parts["crc"] = F.CRC_BYTES
+    return parts
 
 
 def model_entropy_bits(target, reference=None, *, econd: bool = True) -> float:
