@@ -529,26 +529,63 @@ def _binary_entropy_bits(k, n) -> np.ndarray:
     return n * h
 
 
-def _banded_bits(count: np.ndarray, changed: np.ndarray, classes: int) -> float:
-    """Fewest ideal position bits over every split of the occupied exponents into ``classes`` bands (DP)."""
+def _band_split(count: np.ndarray, changed: np.ndarray, classes: int) -> tuple[float, list[int]]:
+    """The split of the occupied exponents into at most ``classes`` contiguous bands with the fewest
+    ideal position bits (dynamic programming): (those bits, the first exponent of every band but the first)."""
     occupied = np.flatnonzero(count)
     c = np.concatenate([[0.0], np.cumsum(count[occupied])])
     g = np.concatenate([[0.0], np.cumsum(changed[occupied])])
     size = len(occupied)
     cost = _binary_entropy_bits(g[None, :] - g[:, None], c[None, :] - c[:, None])  # cost[i, j]: band [i, j)
-    best = np.full(size + 1, np.inf)
-    best[0] = 0.0
-    answer = np.inf
-    for _ in range(classes):
-        best = np.array([0.0] + [np.min(best[:j] + cost[:j, j]) for j in range(1, size + 1)])
-        answer = min(answer, best[size])
-        best[0] = np.inf  # a band is never empty
-    return float(answer)
+    best = np.full((classes + 1, size + 1), np.inf)
+    back = np.zeros((classes + 1, size + 1), dtype=np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, classes + 1):
+        for j in range(1, size + 1):
+            v = best[k - 1, :j] + cost[:j, j]
+            back[k, j] = int(np.argmin(v))
+            best[k, j] = v[back[k, j]]
+    k = int(np.argmin(best[1:, size])) + 1
+    bits, cuts, j = float(best[k, size]), [], size
+    while k:
+        j = back[k, j]
+        cuts.append(j)
+        k -= 1
+    return bits, [int(occupied[i]) for i in sorted(cuts)[1:]]
+
+
+def _banded_bits(count: np.ndarray, changed: np.ndarray, classes: int) -> float:
+    """Fewest ideal position bits over every split of the occupied exponents into ``classes`` bands."""
+    return _band_split(count, changed, classes)[0]
+
+
+def _token_bits(words: np.ndarray) -> float:
+    """Ideal bits of ``words`` under ULPack's token model in one row: bit length and the two bits
+    below the leading one coded (order-0 entropy of the token), the other low bits raw."""
+    z = words.astype(np.int64)
+    b = np.zeros_like(z)
+    b[z > 0] = np.floor(np.log2(z[z > 0])).astype(np.int64) + 1
+    q1 = np.where(b >= 2, (z >> np.maximum(b - 2, 0)) & 1, 0)
+    q2 = np.where(b >= 3, (z >> np.maximum(b - 3, 0)) & 1, 0)
+    counts = np.bincount(4 * b + 2 * q1 + q2).astype(np.float64)
+    counts = counts[counts > 0]
+    return float(-(counts * np.log2(counts / counts.sum())).sum() + np.maximum(b - 3, 0).sum())
+
+
+def _rank_gap_bits(mask: np.ndarray, band: np.ndarray) -> float:
+    """Ideal bits of the changed positions ``mask`` coded as gaps between their ranks within their
+    band (one token row per band): what a decoder that scans the reference's exponents can read."""
+    bits = 0.0
+    for b in np.unique(band[mask]):
+        ranks = np.flatnonzero(mask[band == b])
+        bits += _token_bits(np.diff(ranks, prepend=-1) - 1)
+    return bits
 
 
 def position_bits(child: np.ndarray, parent: np.ndarray) -> dict:
     """Ideal bits of where ``child`` differs from ``parent``: with no context, under the reference
-    exponent (what the default encoding's b = 0 tokens cost ideally), and under K bands of it."""
+    exponent (what the default encoding's b = 0 tokens cost ideally), under K bands of it, and as
+    gaps between ranks within the best 8 bands, coded as tokens (a design's floor)."""
     from ulstore.codec import format_of
 
     fmt = format_of(child.dtype)
@@ -562,9 +599,13 @@ def position_bits(child: np.ndarray, parent: np.ndarray) -> dict:
         "elements": n,
         "uniform": float(_binary_entropy_bits(m, n)),
         "exponent": float(_binary_entropy_bits(changed, count).sum()),
+        "rank_gaps": 0.0,
     }
     for k in POSITION_CLASSES:
         out[f"bands{k}"] = _banded_bits(count, changed, k) if m else 0.0
+    if m:
+        edges = _band_split(count, changed, max(POSITION_CLASSES))[1]
+        out["rank_gaps"] = _rank_gap_bits(changed_mask, np.searchsorted(np.array(edges, dtype=np.int64), e, "right"))
     return out
 
 
@@ -963,6 +1004,7 @@ def sparse_size_table(results: dict, markdown: bool) -> str:
         )
     pos_rows = [("  positions ideal, under e_r", "exponent"), ("  positions ideal, no context", "uniform")]
     pos_rows += [(f"  positions ideal, {k} exponent bands", f"bands{k}") for k in POSITION_CLASSES]
+    pos_rows += [(f"  positions as rank gaps in {max(POSITION_CLASSES)} bands, token model", "rank_gaps")]
     for label, key in pos_rows:
         add(label, lambda sz, key=key: ["", "", "", _per_change(sz["positions"][key], sz["positions"]["changed"])])
     add(
@@ -991,7 +1033,9 @@ def sparse_size_table(results: dict, markdown: bool) -> str:
         "encode(..., sparse=True); SPARSE w/o e_r = encode(..., sparse=True, econd=False), what the store writes.",
         "Parts from inspect_blob, in bits per changed element. ideal = model_entropy_bits (the default's model, free "
         "tables, perfect coder); its positions = sum over exponents of n_e H(m_e / n_e): what the default's b = 0 "
-        "tokens cost ideally; K bands: the best split of the exponents into K contiguous bands.",
+        "tokens cost ideally; K bands: the best split of the exponents into K contiguous bands; rank gaps: the "
+        "gaps between the ranks of the changed elements within each band, as bit-length tokens (+ 2 bits, the "
+        "rest raw) in one row per band, order-0 ideal, no table cost.",
     ]
     sub = ["default", "SPARSE", "SP w/o e_r", "ideal"]
     return render(
