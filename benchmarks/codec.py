@@ -659,14 +659,8 @@ def _piece_sizes(name: str, parent: dict, child: dict) -> dict:
     return out
 
 
-def sparse_speed(name: str, spec, parent: dict, child: dict, reps: int, budget: float) -> dict:
-    """Single-thread MB/s of the last pair: default and SPARSE encode and decode, ZipNN's, and memcpy.
-
-    The timings are interleaved, one of each per round, best of ``reps`` rounds (fewer once
-    ``budget`` s per timing are used), so that all see the same machine load.
-    """
-    names = list(child)
-    pairs = [(child[k], parent[k]) for k in names]
+def _sparse_jobs(spec, pairs: list) -> dict:
+    """The timed calls of Table 4b, by name (each returns what it decoded, if it decodes)."""
     raw_pairs = [(_raw(c), _raw(p)) for c, p in pairs]
     copies = [np.empty_like(p) for _, p in pairs]
     peer = make_peers(1).get("zipnn")
@@ -678,9 +672,15 @@ def sparse_speed(name: str, spec, parent: dict, child: dict, reps: int, budget: 
             [(b, p) for b, (_, p) in zip(blobs[key], pairs)], threads=1
         )
     if peer is not None:
-        blobs["zipnn"] = [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
+        zipped = [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
         jobs["zipnn_encode"] = lambda: [peer.encode(c, p, spec.dtype) for c, p in raw_pairs]
-        jobs["zipnn_decode"] = lambda: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(blobs["zipnn"], raw_pairs)]
+        jobs["zipnn_decode"] = lambda: [peer.decode(b, p, spec.dtype) for b, (_, p) in zip(zipped, raw_pairs)]
+    return jobs
+
+
+def _interleaved_best(jobs: dict, reps: int, budget: float) -> tuple[dict, dict]:
+    """Best wall time of every job over up to ``reps`` rounds of one call each (fewer once ``budget`` s
+    per job are used), and each job's last result."""
     best = {k: float("inf") for k in jobs}
     results: dict = {}
     spent = 0.0
@@ -692,6 +692,18 @@ def sparse_speed(name: str, spec, parent: dict, child: dict, reps: int, budget: 
             best[key], spent = min(best[key], elapsed), spent + elapsed
         if budget and spent >= budget * len(jobs):
             break
+    return best, results
+
+
+def sparse_speed(name: str, spec, parent: dict, child: dict, reps: int, budget: float) -> dict:
+    """Single-thread MB/s of the last pair: default and SPARSE encode and decode, ZipNN's, and memcpy.
+
+    The timings are interleaved, one of each per round, best of ``reps`` rounds (fewer once
+    ``budget`` s per timing are used), so that all see the same machine load.
+    """
+    names = list(child)
+    pairs = [(child[k], parent[k]) for k in names]
+    best, results = _interleaved_best(_sparse_jobs(spec, pairs), reps, budget)
     for key in ("default_decode", "sparse_decode", "zipnn_decode"):
         for k, d in zip(names, results.get(key, ())):
             _check(d, child[k], key, f"{name} sparse speed tensor {k!r}")

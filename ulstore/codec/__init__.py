@@ -19,7 +19,7 @@ Modules, top to bottom (each imports only those below it)::
 
     _sparse_apply.py       apply_sparse: a version's SPARSE blobs applied in place, all or nothing
     _apply_plan.py         ApplyPlan: what one apply job is given (blobs, arrays, the format's numbers)
-    _analysis.py           inspect_blob, model_entropy_bits
+    _analysis.py           inspect_blob (header fields, bytes per part), model_entropy_bits
     _changed_elements.py   decode_changes / Changes: a delta as the elements it changes
     _api.py                encode / decode of one tensor (blob <-> array)
     _batch.py              encode_many / decode_many on a thread pool
