@@ -122,6 +122,8 @@ class Storage:
 
     kind: str
     url: str
+    #: ``ulstore.open`` options of the ulstore writer (e.g. ``anchor_every``)
+    options: tuple = ()
 
     def writer(self):
         """One writer for every step of a job (None for "fs": its writer is per directory)."""
@@ -129,7 +131,7 @@ class Storage:
             return None
         from ulstore import dcp as udcp
 
-        return udcp.Writer(self.url)
+        return udcp.Writer(self.url, **dict(self.options))
 
     def save(self, state: dict, step: int, writer) -> None:
         import torch.distributed.checkpoint as dcp
@@ -256,13 +258,17 @@ def save_job(rank: int, world: int, storage: Storage, steps: int, *, config, dty
     return times
 
 
-def load_job(rank: int, world: int, storage: Storage, steps: int, *, config, dtype: str = "float32") -> list[float]:
-    """Load each of ``steps`` saved steps into a fresh sharded model; the seconds of each ``dcp.load``."""
+def load_job(
+    rank: int, world: int, storage: Storage, steps: int, *, config, dtype: str = "float32", repeats: int = 1
+) -> list[float]:
+    """Load each of ``steps`` saved steps into a fresh sharded model, ``repeats`` times over (steps in order, then
+    again); the seconds of each ``dcp.load``, ``repeats`` figures per step (rounds one after the other)."""
     model, opt = _build(world, config, dtype)
     times = []
-    for s in range(steps):
-        state = _state(model, opt, -1, math.nan)  # the template: same names and placements
-        t0 = time.perf_counter()
-        storage.load(state, s)
-        times.append(time.perf_counter() - t0)
+    for _ in range(repeats):
+        for s in range(steps):
+            state = _state(model, opt, -1, math.nan)  # the template: same names and placements
+            t0 = time.perf_counter()
+            storage.load(state, s)
+            times.append(time.perf_counter() - t0)
     return times
