@@ -87,26 +87,31 @@ def test_many_small_tensors_round_trip(tmp_path, chunk_bytes):
 
 
 def test_many_tensors_bytes_do_not_depend_on_threads(tmp_path, monkeypatch):
-    """Blobs, tables and step documents are byte-identical with 1 and 2 threads (pack ids aside)."""
+    """Blobs, tables and step documents are byte-identical with 1 and 2 threads, and whether the workers
+    take one chunk or many at a time (pack ids aside)."""
     import ulstore.store.commit._finalize as finalize
+    import ulstore.store.commit._piece_writer as piece_writer
     import ulstore.store.format._packs as packs
 
     states = _steps(3)
     digests = []
     monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
-    for threads in (1, 2):
+    default = piece_writer.BATCH_BYTES
+    for threads, batch in ((1, default), (2, 1), (2, 512), (2, default)):
+        monkeypatch.setattr(piece_writer, "BATCH_BYTES", batch)
         counter = iter(range(10**6))
         monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
-        root = tmp_path / f"t{threads}"
-        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=256, threads=threads)
+        root = tmp_path / f"t{threads}-{batch}"
+        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=threads)
         for k, s in enumerate(states):
             t.commit(k, s, metadata={"k": k})
         t.close()
         digests.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
-    assert digests[0].keys() == digests[1].keys()
     assert sum("pack" in p for p in digests[0]) >= 3 and sum("step" in p for p in digests[0]) >= 3, sorted(digests[0])
-    differ = [p for p in digests[0] if digests[0][p] != digests[1][p]]
-    assert not differ, differ[:5]
+    for other in digests[1:]:
+        assert other.keys() == digests[0].keys()
+        differ = [p for p in digests[0] if digests[0][p] != other[p]]
+        assert not differ, differ[:5]
 
 
 def test_layouts_groups_records_by_name():

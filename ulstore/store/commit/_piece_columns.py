@@ -81,6 +81,7 @@ class _PieceState:
         self.offset, self.pshape, self.chunks = layout
         self.grid = chunk_grid(self.pshape, self.chunks)
         self.n = math.prod(self.grid)
+        self.chunk_nbytes = math.prod(self.chunks) * dtype.itemsize  # at most: edge chunks are smaller
         self.pt: TensorTable | None = parent_table
         self.pp: Piece | None = parent_piece
         self.parent_packs = parent_packs

@@ -4,14 +4,14 @@ One code path for every writer: :meth:`Trajectory.commit` runs one piece
 writer over the whole state; a torch DCP rank runs one over its shards; the
 finalizer (``_finalize.py``) then writes tables, the step document and the ref.
 
-Per chunk, in a bounded window (``2 * threads`` chunks in flight), on worker
-threads: hash the chunk (BLAKE3-128, once); if it equals the parent's
-co-located chunk, reuse the parent's entry (no blob); otherwise find the
-reference (the kept parent's region, or the parent's values decoded through
-the reader), look the blob up in this commit's dedup index, encode, and copy
-the new values into the kept parent in place.  The main thread takes results
-in plan order and appends blobs to the pack stream, so a pack's layout is
-deterministic.
+Per chunk, in a bounded window (``2 * threads`` jobs in flight, each a batch of
+chunks of up to ``BATCH_BYTES``), on worker threads: hash the chunk (BLAKE3-128,
+once); if it equals the parent's co-located chunk, reuse the parent's entry (no
+blob); otherwise find the reference (the kept parent's region, or the parent's
+values decoded through the reader), look the blob up in this commit's dedup
+index, encode, and copy the new values into the kept parent in place.  The main
+thread takes results in plan order and appends blobs to the pack stream, so a
+pack's layout is deterministic.
 
 Dedup: a blob is identified by (content, reference content or none, codec,
 dtype, chunk shape): an in-commit index over the parent's intra entries and
@@ -42,6 +42,11 @@ __all__ = ["PieceRecord", "PieceWriter"]
 
 
 _PLACED = object()
+
+#: Raw bytes of chunks handed to a worker as one job (at most ``chunk_bytes``).  A MoE step has ~10,000 tensors of ~0.1 MB:
+#: one pool hand-off (future, queue, wake-up) per chunk cost as much as encoding it; batching never
+#: changes a blob or a table (results are placed in plan order).
+BATCH_BYTES = 4 << 20
 
 
 class PieceWriter:
@@ -79,7 +84,9 @@ class PieceWriter:
         self.threads = max(1, threads)
         self.executor = executor
         self._pool = cf.ThreadPoolExecutor(self.threads) if self.threads > 1 else None
-        self._window: deque = deque()
+        self._window: deque = deque()  # (chunks, future of their results), in plan order
+        self._batch: list = []  # chunks not yet handed to the pool
+        self._batch_bytes = 0
         self._records: list[PieceRecord] = []
         self._written: set[tuple] = set()
         self._claims: dict = {}
@@ -194,13 +201,31 @@ class PieceWriter:
         if self._pool is None:
             self._place(st, i, self._job(st, i, coord))
             return
-        self._window.append((st, i, self._pool.submit(self._job, st, i, coord)))
+        # a job holds at most one chunk's worth of bytes (``chunk_bytes``, at most BATCH_BYTES), or one
+        # larger chunk: the window's memory bound (its copies of memory-mapped chunks, its blobs) stays
+        # what it was with one chunk per job
+        if self._batch and self._batch_bytes + st.chunk_nbytes > min(BATCH_BYTES, self.chunk_bytes):
+            self._send()
+        self._batch.append((st, i, coord))
+        self._batch_bytes += st.chunk_nbytes
+
+    def _send(self) -> None:
+        """Hand the chunks gathered so far to the pool as one job; keep at most ``2 * threads`` jobs in flight."""
+        if not self._batch:
+            return
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        self._window.append((batch, self._pool.submit(self._jobs, batch)))  # type: ignore[union-attr]
         while len(self._window) >= 2 * self.threads:
             self._take()
 
+    def _jobs(self, batch: list) -> list:
+        """Worker: the chunks of one batch, in order (one hand-off for many small chunks)."""
+        return [self._job(st, i, coord) for st, i, coord in batch]
+
     def _take(self) -> None:
-        st, i, fut = self._window.popleft()
-        self._place(st, i, fut.result())
+        batch, fut = self._window.popleft()
+        for (st, i, _), result in zip(batch, fut.result()):
+            self._place(st, i, result)
 
     def _encode(self, chunk, ref, codec) -> bytes:
         if self.executor is None:
@@ -345,6 +370,7 @@ class PieceWriter:
     def flush(self) -> list[PieceRecord]:
         """Wait for every chunk; returns the records of every piece written so far."""
         try:
+            self._send()
             while self._window:
                 self._take()
         except BaseException:
@@ -363,9 +389,10 @@ class PieceWriter:
     def abort(self) -> None:
         """Give up: the open pack is discarded, closed packs stay as orphans for ``gc``."""
         self._failed = True
-        for _, _, fut in self._window:
+        for _, fut in self._window:
             fut.cancel()
         self._window.clear()
+        self._batch.clear()
         self.stream.abort()
         self._shutdown()
 

@@ -269,14 +269,17 @@ def content_checksum(tensors, files: dict[str, str], metadata: dict) -> str:
     """
     h = blake3.blake3(b"ulstore step content v2\x00")
     ts = sorted(tensors, key=lambda t: t.name)
-    h.update(struct.pack("<Q", len(ts)))
+    # the bytes gathered and hashed in one call (the digest of a stream does not depend on how it
+    # is cut): one update per field cost a C call each, ~10 per tensor on steps of ~10,000 tensors
+    parts = [struct.pack("<Q", len(ts))]
     for t in ts:
         name = t.name.encode("utf-8")
-        h.update(struct.pack("<Q", len(name)) + name + t.dtype.name.encode() + b"\x00")
-        h.update(struct.pack("<QQ", len(t.shape), len(t.pieces)) + _u64s(t.shape))
+        parts.append(struct.pack("<Q", len(name)) + name + t.dtype.name.encode() + b"\x00")
+        parts.append(struct.pack("<QQ", len(t.shape), len(t.pieces)) + _u64s(t.shape))
         for p in t.pieces:
-            h.update(_u64s(p.offset) + _u64s(p.shape) + _u64s(p.chunks))
-            h.update(np.ascontiguousarray(p.content, np.uint8).tobytes())
+            parts.append(_u64s(p.offset) + _u64s(p.shape) + _u64s(p.chunks))
+            parts.append(np.ascontiguousarray(p.content, np.uint8).tobytes())
+    h.update(b"".join(parts))
     h.update(struct.pack("<Q", len(files)))
     for name in sorted(files):
         raw = name.encode("utf-8")
