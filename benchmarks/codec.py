@@ -84,9 +84,10 @@ import time
 import numpy as np
 
 if __package__:
-    from . import _data, _peers
+    from . import _bands, _data, _peers
 else:  # run as a script: python benchmarks/codec.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _bands
     import _data
     import _peers
 
@@ -520,38 +521,8 @@ BLOB_PARTS = {
 }
 
 
-def _binary_entropy_bits(k, n) -> np.ndarray:
-    """n * H(k / n) elementwise: the ideal bits of k positions among n, each element independent."""
-    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
-    q = k / np.maximum(n, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = -(np.where(q > 0, q * np.log2(q), 0.0) + np.where(q < 1, (1 - q) * np.log2(1 - q), 0.0))
-    return n * h
-
-
-def _band_split(count: np.ndarray, changed: np.ndarray, classes: int) -> tuple[float, list[int]]:
-    """The split of the occupied exponents into at most ``classes`` contiguous bands with the fewest
-    ideal position bits (dynamic programming): (those bits, the first exponent of every band but the first)."""
-    occupied = np.flatnonzero(count)
-    c = np.concatenate([[0.0], np.cumsum(count[occupied])])
-    g = np.concatenate([[0.0], np.cumsum(changed[occupied])])
-    size = len(occupied)
-    cost = _binary_entropy_bits(g[None, :] - g[:, None], c[None, :] - c[:, None])  # cost[i, j]: band [i, j)
-    best = np.full((classes + 1, size + 1), np.inf)
-    back = np.zeros((classes + 1, size + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    for k in range(1, classes + 1):
-        for j in range(1, size + 1):
-            v = best[k - 1, :j] + cost[:j, j]
-            back[k, j] = int(np.argmin(v))
-            best[k, j] = v[back[k, j]]
-    k = int(np.argmin(best[1:, size])) + 1
-    bits, cuts, j = float(best[k, size]), [], size
-    while k:
-        j = back[k, j]
-        cuts.append(j)
-        k -= 1
-    return bits, [int(occupied[i]) for i in sorted(cuts)[1:]]
+_binary_entropy_bits = _bands.binary_entropy_bits
+_band_split = _bands.band_split
 
 
 def _banded_bits(count: np.ndarray, changed: np.ndarray, classes: int) -> float:

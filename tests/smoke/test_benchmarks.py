@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,14 @@ def test_codec_benchmark_smoke(cache):
     assert "rl-bf16" in out and "ZipNN" in out
     for needle in ("Table 4. Sparse deltas", "positions ideal, under e_r", "Table 4b.", "memcpy MB/s"):
         assert needle in out, needle
+
+
+@pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")), reason="needs a C compiler")
+def test_band_floor_benchmark_smoke(cache):
+    """The band-rank prototype builds, decodes every split bit for bit (it exits non-zero otherwise)."""
+    out = run_benchmark("band_floor.py", "--preset", "tiny", "--steps", 1, "--reps", 1, cache=cache)
+    assert "x scatter" in out and "memcpy" in out, out
+    assert len([line for line in out.splitlines() if line.split()[:1] in (["1"], ["2"], ["4"], ["8"])]) == 4, out
 
 
 def test_codec_benchmark_position_floor_is_the_best_band_split():
