@@ -9,7 +9,9 @@ break in the middle.
 
 from __future__ import annotations
 
+import inspect
 import uuid
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -58,14 +60,15 @@ def _walk(seed: int, steps: int, fractions, shape=(64, 64), dtype=np.float32) ->
 
 
 class _Calls:
-    """Counts calls of a function of the read path's module (``decode_chunk``, ``apply_sparse``)."""
+    """Counts calls of a function of the read path's module (``apply_sparse``), or the blobs it is given
+    (``decode_blobs``: the blobs decoded whole)."""
 
     def __init__(self, monkeypatch, name: str):
         self.n = 0
         real = getattr(_decode_plan, name)
 
         def counted(*a, **k):
-            self.n += 1
+            self.n += len(a[0]) if name == "decode_blobs" else 1
             return real(*a, **k)
 
         monkeypatch.setattr(_decode_plan, name, counted)
@@ -86,7 +89,7 @@ def _chunks(traj, step) -> int:
 def test_a_sparse_chain_decodes_its_root_once_and_applies_the_rest_in_place(monkeypatch, dtype):
     states = _walk(1, 9, [0.01], dtype=dtype)
     traj = _commit(states)
-    decodes, applies = _Calls(monkeypatch, "decode_chunk"), _Calls(monkeypatch, "apply_sparse")
+    decodes, applies = _Calls(monkeypatch, "decode_blobs"), _Calls(monkeypatch, "apply_sparse")
     got = ulstore.open(traj.url, mode="r").read(9)
     assert_state_equal(got, states[9])
     # "w" is a chain of SPARSE deltas: its 4 roots decoded whole, then one job per step; "b" never changed
@@ -172,3 +175,81 @@ def test_every_backend_reads_the_same_values(backend):
             assert_state_equal(ulstore.open(traj.url, mode="r").read(step), states[step])
     finally:
         ulstore.set_backend(active)
+
+
+# -- hops: calls from Trajectory.read to the kernel (issue 37) ------------------------------------------
+
+
+class _KernelProxy:
+    """The active kernel module, with ``rans_decode3`` (whole decodes) and ``SparseApply.work`` (SPARSE deltas
+    in place) recording the stack they are entered from."""
+
+    def __init__(self, real):
+        self._real = real
+        self.stacks: dict[str, list[list[str]]] = {"rans_decode3": [], "SparseApply.work": []}
+
+    def _record(self, kernel: str) -> None:
+        frames = inspect.stack()[2:]  # from the kernel's caller on (this method and the wrapper left out)
+        self.stacks[kernel].append([f"{Path(f.filename).name}:{f.function}" for f in frames])
+
+    def __getattr__(self, name):
+        real = getattr(self._real, name)
+        if name == "rans_decode3":
+
+            def rans_decode3(*a):
+                self._record("rans_decode3")
+                return real(*a)
+
+            return rans_decode3
+        if name == "SparseApply":
+            proxy = self
+
+            class Job:
+                def __init__(self, *a):
+                    self._job = real(*a)
+
+                def work(self):
+                    proxy._record("SparseApply.work")
+                    return self._job.work()
+
+                def __getattr__(self, attr):
+                    return getattr(self._job, attr)
+
+            return Job
+        return real
+
+
+def _hops(stack: list[str]) -> list[str]:
+    """The frames from the kernel's caller up to ``Trajectory.read`` (its delegating function), inclusive."""
+    end = stack.index("trajectory.py:delegated")
+    return stack[: end + 1]
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_full_read_reaches_the_kernel_in_four_calls(monkeypatch, sparse):
+    """Trajectory.read -> Reader.read -> _Job.run -> codec door (decode_blobs, apply_sparse) -> kernel: the
+    anchor's intra blobs, dense deltas and SPARSE deltas alike."""
+    from ulstore.codec import _backend
+
+    states = _walk(8, 3, [0.01])
+    traj = _commit(states, sparse=sparse)
+    proxy = _KernelProxy(_backend.kernels())
+    monkeypatch.setattr(_backend, "_active", proxy)
+    for step in (0, 3):
+        assert_state_equal(ulstore.open(traj.url, mode="r").read(step), states[step])
+    whole, in_place = proxy.stacks["rans_decode3"], proxy.stacks["SparseApply.work"]
+    assert whole and (bool(in_place) == sparse)
+    for stack in whole:
+        assert _hops(stack) == [
+            "_decode_blobs.py:decode_blobs",
+            "_decode_plan.py:run",
+            "_step_reader.py:read",
+            "trajectory.py:delegated",
+        ]
+    for stack in in_place:
+        assert _hops(stack) == [
+            "_sparse_apply.py:apply_sparse",
+            "_decode_plan.py:run",
+            "_step_reader.py:read",
+            "trajectory.py:delegated",
+        ]

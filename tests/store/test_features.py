@@ -40,6 +40,25 @@ class _Count:
         monkeypatch.setattr(module, name, counted)
 
 
+class _Decodes:
+    """Counts the blobs the read path decodes whole (one at a time, or a list through the codec's door)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        one, many = _decode_plan.decode_chunk, _decode_plan.decode_blobs
+
+        def counted(*a, **k):
+            self.n += 1
+            return one(*a, **k)
+
+        def counted_many(blobs, *a, **k):
+            self.n += len(blobs)
+            return many(blobs, *a, **k)
+
+        monkeypatch.setattr(_decode_plan, "decode_chunk", counted)
+        monkeypatch.setattr(_decode_plan, "decode_blobs", counted_many)
+
+
 # -- pieces ------------------------------------------------------------------------------------------
 
 
@@ -249,7 +268,7 @@ def test_snapshots_alongside_deltas_bound_the_chain(monkeypatch):
     assert all(isinstance(v, memoryview) and v.readonly for v in views)
     assert not any(ulstore.inspect_blob(b)["delta"] for b in snaps)
     ro = ulstore.open(traj.url, mode="r")
-    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
+    decodes = _Decodes(monkeypatch)
     assert_state_equal(ro.read(5), states[5])
     n = sum(len(t.pieces[0].ref) for t in ro._reader.tables(5).values())
     assert decodes.n <= 2 * n  # step 5 walks back to the snapshots of step 4, not to step 0
@@ -551,7 +570,7 @@ def _chunks(traj, step) -> int:
 def test_kept_parent_a_training_loop_never_decodes(monkeypatch):
     states = states_bf16(20)
     traj = ulstore.open(_mem(), mode="w", chunk_bytes=CHUNK, anchor_every=0)
-    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
+    decodes = _Decodes(monkeypatch)
     for i in range(5):
         traj.commit(i, states[i])
     assert decodes.n == 0
@@ -684,7 +703,7 @@ def test_consecutive_reads_cost_one_decode_per_changed_chunk(monkeypatch):
     for i in range(8):
         traj.commit(i, states[i])
     ro = ulstore.open(traj.url, mode="r", cache_bytes=0)
-    decodes = _Count(monkeypatch, _decode_plan, "decode_chunk")
+    decodes = _Decodes(monkeypatch)
     assert_state_equal(ro.read(7), states[7])  # depth 7 from nothing: each chain once
     n = _chunks(traj, 7)
     assert n < decodes.n <= 8 * n

@@ -18,6 +18,7 @@ give the same bytes; :mod:`._backend` picks one.
 Modules, top to bottom (each imports only those below it)::
 
     _sparse_apply.py       apply_sparse: a version's SPARSE blobs applied in place, all or nothing
+    _decode_blobs.py       decode_blobs: many blobs decoded into the caller's buffers (the kernel entered there)
     _apply_plan.py         ApplyPlan: what one apply job is given (blobs, arrays, the format's numbers)
     _analysis.py           inspect_blob (header fields, bytes per part), model_entropy_bits
     _changed_elements.py   decode_changes / Changes: a delta as the elements it changes
@@ -54,6 +55,7 @@ from ._api import HEADER_BOUND, decode, decode_into, encode
 from ._backend import available_backends, backend, set_backend
 from ._batch import decode_many, encode_many
 from ._changed_elements import Changes, content_sum, decode_changes
+from ._decode_blobs import decode_blobs
 from ._dtypes import TORCH_VIA_INT, format_of, tensor_to_numpy
 from ._format import header_bound
 from ._numcodecs import ULPack
@@ -80,6 +82,7 @@ __all__ = [
     "tensor_to_numpy",
     "TORCH_VIA_INT",
     "decode_into",
+    "decode_blobs",
     "is_sparse_blob",
     "apply_sparse",
     "ApplyPlan",

@@ -41,6 +41,8 @@ __all__ = [
     "encode_delta",
     "encode_intra",
     "decode_section3",
+    "section3_args",
+    "status_error",
     "intra_plan",
     "intra_choice",
     "quantize_rows",
@@ -300,7 +302,7 @@ def encode_intra(k, fmt: FloatFormat, x: np.ndarray, sym: np.ndarray, choice) ->
 # -- decoding ---------------------------------------------------------------------------
 
 
-def _status_error(status: int) -> CorruptBlobError:
+def status_error(status: int) -> CorruptBlobError:
     return CorruptBlobError(f"ULPack blob is corrupt: {STATUS3.get(status, f'status {status}')}")
 
 
@@ -325,6 +327,26 @@ def decode_section3(
     ``verify_constant(hash64)`` checks the values of a constant intra tensor
     (the one case with no such bound) from their hash alone.
     """
+    args = section3_args(k, fmt, header, rd, r, emask, verify_constant, out)
+    status = k.rans_decode3(*args)
+    if status:
+        raise status_error(status)
+    out, hashes = args[-2], args[-1]
+    return out, int(hashes[0]), (int(hashes[1]) if r is not None else None)
+
+
+def section3_args(
+    k,
+    fmt: FloatFormat,
+    header: F.Header,
+    rd: F.Reader,
+    r: np.ndarray | None,
+    emask: int,
+    verify_constant=None,
+    out: np.ndarray | None = None,
+) -> tuple:
+    """The arguments of kernel ``rans_decode3`` for a version-3 payload (:func:`decode_section3`'s checks
+    made): its last two are the output words and ``hashes`` (``hash64`` of the values, then of ``r``)."""
     n = header.size
     intra = header.mode == F.MODE_INTRA
     lanes, kk = _read_params(fmt, rd, intra)
@@ -350,26 +372,8 @@ def decode_section3(
     if out is None:
         out = np.empty(n, dtype=fmt.word)
     hashes = np.zeros(2, dtype=np.uint64)
-    status = k.rans_decode3(
-        r if r is not None else out,
-        mode,
-        p_a,
-        p_b,
-        p_c,
-        fmt.mant_bits,
-        emask,
-        slots,
-        lut,
-        lanes,
-        phases,
-        words,
-        states,
-        out,
-        hashes,
-    )
-    if status:
-        raise _status_error(status)
-    return out, int(hashes[0]), (int(hashes[1]) if r is not None else None)
+    ref = r if r is not None else out
+    return ref, mode, p_a, p_b, p_c, fmt.mant_bits, emask, slots, lut, lanes, phases, words, states, out, hashes
 
 
 def _read_params(fmt: FloatFormat, rd: F.Reader, intra: bool) -> tuple[int, int]:

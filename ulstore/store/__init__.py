@@ -26,7 +26,7 @@
     read/               the read path
       _step_reader.py   reading: lazy zarr groups, whole tensors, boxes, files, info, log
       _chunk_reader.py  ChunkReader: chunks, boxes, whole tensors of any step, through decode plans
-      _decode_plan.py   one request: the reference walk, then fetch, decode, check (where a chunk is decoded)
+      _decode_plan.py   one request: the reference walk, then a job: fetch, decode (SPARSE chains in place), check
       _table_reader.py  TableReader: step documents, table blocks, files, bytes; their caches
       _lru.py           the byte-bounded LRU of the reader's caches
       _kept.py          the kept step (one materialised step, overwritten in place)

@@ -4,24 +4,27 @@ A request (:class:`_Plan`) is planned before anything is fetched: :meth:`_Plan.a
 walks the reference chains depth first over table lookups only, with an
 explicit stack (no recursion), cycle detection and hard bounds on depth and
 size, so a crafted reference cycle raises :class:`CorruptManifestError`
-instead of hanging.  :meth:`_Plan.run` then fetches every blob the plan
-needs in coalesced range reads, decodes deps first, checks each decoded
-chunk against its content hash, and frees intermediate chunks as soon as
-nothing else needs them.  :class:`~._chunk_reader.ChunkReader` makes the plans.
+instead of hanging.  :class:`_Job` then runs a request's plans, one batch each: every blob a plan
+needs fetched in coalesced range reads, then decoded wave by wave (deps first): whole
+decodes through the codec's :func:`~ulstore.codec.decode_blobs`, chains of SPARSE deltas
+applied in place on their root by :func:`~ulstore.codec.apply_sparse`.  Each chunk a
+request sees is checked against its content hash, and intermediate values are freed as
+soon as nothing else needs them.  :class:`~._chunk_reader.ChunkReader` makes the plans.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...codec import ApplyPlan, apply_sparse, content_sum, is_sparse_blob
-from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError
-from ..format._chunkcodec import content_digest, decode_chunk
+from ...codec import ApplyPlan, apply_sparse, content_sum, decode_blobs, is_sparse_blob
+from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError, TensorNotFoundError, UlstoreError
+from ..format._chunkcodec import ULPACK, content_digest, decode_chunk
 from ..format._layout import pack_key, step_key
 from ..format._packs import Location
 
@@ -38,7 +41,8 @@ __all__ = [
     "read_tensors",
     "decode_boxes",
     "materialize",
-    "run_batches",
+    "read_job",
+    "materialize_job",
 ]
 
 _MAX_DEPTH = 1 << 16  # no honest reference chain is this long
@@ -126,6 +130,7 @@ class _Plan:
         #: the nodes that were decoded there
         self.outs: dict[Node, np.ndarray] = {}
         self.into: set[Node] = set()
+        self.batch: list = []  # the requests this plan serves (a job's batch)
 
     def content(self, node: Node) -> bytes:
         return self.need[node].content
@@ -256,28 +261,21 @@ class _Plan:
                 stack.append((nxt, None))
 
     def run(self) -> None:
-        """Fetch and decode everything :meth:`add` planned, wave by wave (a chunk's deps one wave before it).
+        """Fetch and decode everything :meth:`add` planned (:class:`_Job`, this plan alone)."""
+        _Job(self.r, [self], _same, _nothing).run()
 
-        A chain of SPARSE deltas is applied in place: its root is decoded once (into the caller's
-        array when it has one), then each wave's SPARSE deltas are applied to the values below them
-        by one compiled job per dtype (:func:`~ulstore.codec.apply_sparse`: each blob's CRC, reference
-        word sum and target checksum checked, all or nothing), in time proportional to the changed
-        elements.  Every other blob is decoded whole against its reference.  A chunk some request
-        sees (a root, or a value the caches keep) is checked against its content hash; the values a
-        chain overwrites in place are checked by the codec's checksums, and by the hash of the chunk
-        at the chain's end.
-        """
-        if not self.order:
-            return
-        blobs = dict(zip(self.order, self.r.fetch([self.need[n].loc for n in self.order])))  # type: ignore[misc]
-        self._route(blobs)
-        for wave in self._waves():
-            for node in wave:
-                if node not in self.applied:
-                    self._decode(node, blobs[node])
-            self._apply_wave([n for n in wave if n in self.applied], blobs)
+    # -- the run, a wave at a time (what :meth:`_Job.run` calls) --
 
-    def _route(self, blobs: dict) -> None:
+    def start(self) -> list[list[Node]]:
+        """Fetch every blob planned; route the chains (:meth:`_route`); the planned nodes by wave."""
+        self.blobs: dict[Node, object] = {}
+        if self.order:
+            locs = [self.need[n].loc for n in self.order]
+            self.blobs = dict(zip(self.order, self.r.fetch(locs)))  # type: ignore[arg-type]
+        self._route()
+        return self._waves()
+
+    def _route(self) -> None:
         """Which nodes are SPARSE deltas applied in place on their reference's values (``applied``), which
         values are overwritten so (``fed``: never checked, cached or kept), and where each chain's root is
         decoded: into the caller's array of the chunk at the chain's end, when it has one."""
@@ -291,7 +289,7 @@ class _Plan:
             if len(need.deps) != 1 or need.lo is not None:
                 continue
             dep = need.deps[0]
-            if dep in blobs and dep not in self.roots and self.uses[dep] == 1 and is_sparse_blob(blobs[node]):
+            if dep in self.blobs and dep not in self.roots and self.uses[dep] == 1 and is_sparse_blob(self.blobs[node]):
                 self.applied.add(node)
                 self.fed.add(dep)
         for node in reversed(self.order):  # the chain's end first: its destination passes down to the root
@@ -311,22 +309,69 @@ class _Plan:
             waves[lv].append(node)
         return waves
 
-    def _decode(self, node: Node, blob) -> None:
+    def begin_wave(self, wave: list[Node]) -> tuple[list[Node], list[Node]]:
+        """``(ULPack blobs to decode whole, SPARSE deltas to apply in place)`` of ``wave``; Zstd chunks
+        (no reference, no ULPack) are decoded here."""
+        whole, applied = [], []
+        for node in wave:
+            if node in self.applied:
+                applied.append(node)
+            elif self.need[node].t.codec == ULPACK:
+                whole.append(node)
+            else:
+                self._decode(node)
+        return whole, applied
+
+    def _reference_of(self, need: _Need) -> np.ndarray | None:
+        if need.deps and need.lo is None:
+            return self.values[need.deps[0]]
+        if not need.deps:
+            return None
+        ref = np.empty(need.shape, need.t.dtype)
+        for d, (clo, chi) in zip(need.deps, need.boxes):
+            _paste(ref, need.lo, self.values[d], clo, chi)
+        return ref
+
+    def _out(self, node: Node) -> np.ndarray | None:
+        """Where to decode ``node``: the caller's array it was routed to, if it fits."""
+        need = self.need[node]
+        out = self.outs.get(node)
+        if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
+            return None
+        return out
+
+    def door_args(self, nodes: list[Node]) -> tuple[list, list, list, list]:
+        """``(blobs, references, outs, shapes)`` of ``nodes`` for :func:`~ulstore.codec.decode_blobs`."""
+        outs = []
+        for node in nodes:
+            out = self._out(node)
+            outs.append(np.empty(self.need[node].shape, self.need[node].t.dtype) if out is None else out)
+        refs = [self._reference_of(self.need[n]) for n in nodes]
+        return [self.blobs[n] for n in nodes], refs, outs, [self.need[n].shape for n in nodes]
+
+    def took(self, nodes: list[Node], outs: list, sums: list) -> None:
+        """What :func:`~ulstore.codec.decode_blobs` decoded into ``outs``: checked, kept, its deps released."""
+        for node, value, s in zip(nodes, outs, sums):
+            if value is self.outs.get(node):
+                self.into.add(node)
+            if node in self.fed:
+                self.sums[node] = content_sum(value) if s is None else s
+            self._done(node, value)
+
+    def one_by_one(self, nodes: list[Node]) -> None:
+        """Decode ``nodes`` one at a time (:func:`decode_chunk`: the error names the blob's pack)."""
+        for node in nodes:
+            self._decode(node)
+
+    def _decode(self, node: Node) -> None:
         """Decode ``node``'s blob whole against its reference's values."""
         need = self.need[node]
         assert need.loc is not None
-        ref = None
-        if need.deps and need.lo is None:
-            ref = self.values[need.deps[0]]
-        elif need.deps:
-            ref = np.empty(need.shape, need.t.dtype)
-            for d, (clo, chi) in zip(need.deps, need.boxes):
-                _paste(ref, need.lo, self.values[d], clo, chi)
-        key = pack_key(need.loc[0])
-        out = self.outs.get(node)
-        if out is not None and (out.shape != need.shape or out.dtype != need.t.dtype):
-            out = None
-        value = decode_chunk(blob, ref, need.t.codec, need.t.dtype, need.shape, key=key, out=out)
+        out = self._out(node)
+        value = decode_chunk(
+            self.blobs[node], self._reference_of(need), need.t.codec, need.t.dtype, need.shape,
+            key=pack_key(need.loc[0]), out=out,
+        )  # fmt: skip
         if out is not None:
             self.into.add(node)
         if node in self.fed:  # a chain goes on from here, in place: what its first SPARSE delta checks
@@ -335,31 +380,33 @@ class _Plan:
             self.sums[node] = content_sum(value)
         self._done(node, value)
 
-    def _apply_wave(self, nodes: list[Node], blobs: dict) -> None:
-        """Apply the SPARSE deltas ``nodes`` in place on their references' values: one job per dtype."""
-        if not nodes:
-            return
+    def apply_plans(self, nodes: list[Node]) -> list[ApplyPlan]:
+        """One :class:`~ulstore.codec.ApplyPlan` per dtype: ``nodes``' SPARSE blobs on their references'
+        values (``nodes`` put in the plans' order)."""
         by_dtype: dict[np.dtype, list[Node]] = {}
         for node in nodes:
             by_dtype.setdefault(self.need[node].t.dtype, []).append(node)
-        groups = list(by_dtype.values())
-        plans = [
+        nodes[:] = [n for g in by_dtype.values() for n in g]
+        return [
             ApplyPlan.of(
-                self.need[g[0]].t.dtype,
-                [blobs[n] for n in g],
+                dtype,
+                [self.blobs[n] for n in g],
                 [self.values[self.need[n].deps[0]].reshape(-1) for n in g],
                 [self.sums[self.need[n].deps[0]] for n in g],
                 shapes=[self.need[n].shape for n in g],
             )
-            for g in groups
+            for dtype, g in by_dtype.items()
         ]
-        done = apply_sparse(plans)
-        if done is None:  # nothing was written: decode each whole, for the precise error (or the values)
+
+    def applied_wave(self, nodes: list[Node], done: list | None) -> None:
+        """What :func:`~ulstore.codec.apply_sparse` did with ``nodes`` (None: nothing; then each is
+        decoded whole, for the precise error, or the values)."""
+        if done is None:
             for node in nodes:
                 self.outs.pop(node, None)
-                self._decode(node, blobs[node])
+                self._decode(node)
             return
-        for node, applied in zip([n for g in groups for n in g], done):
+        for node, applied in zip(nodes, done):
             dep = self.need[node].deps[0]
             if dep in self.into:
                 self.into.add(node)
@@ -390,18 +437,106 @@ class _Plan:
                 self.values.pop(d, None)
 
 
+def _same(plan):
+    return plan
+
+
+def _nothing(*_):
+    return None
+
+
+class _Job:
+    """A request's plans run: each batch planned, fetched, decoded wave by wave, checked and placed.
+
+    ``batches``: what ``plan(batch)`` turns into a :class:`_Plan` (added, not run); ``place(plan)``
+    puts its values where the request wants them; ``result()`` is what :meth:`run` returns.
+    :meth:`run` is where the codec is entered (:func:`~ulstore.codec.decode_blobs` for whole
+    decodes, :func:`~ulstore.codec.apply_sparse` for SPARSE deltas applied in place), so that a
+    read reaches the kernels in few calls.  The caller's thread works too; up to
+    ``reader.threads - 1`` pool threads take the other batches.
+    """
+
+    def __init__(self, reader: TableReader, batches: list, plan, place, result=_nothing):
+        self.r, self.batches, self.plan, self.place, self.result = reader, batches, plan, place, result
+        self._next = 0
+        self._lock = threading.Lock()
+        self.stop = False
+        self.on_close = None  # called by close() (a full read: the kept step's lock)
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None
+
+    def _take(self) -> _Plan | None:
+        """The next batch's plan (None: no batch left, or the job stopped)."""
+        with self._lock:
+            if self.stop or self._next >= len(self.batches):
+                return None
+            i, self._next = self._next, self._next + 1
+        return self.plan(self.batches[i])
+
+    def run(self, helper: bool = False):
+        """Run every batch (on this thread and up to ``threads - 1`` others); return ``result()``."""
+        pool, helpers = self._helpers(helper)
+        ok = False
+        try:
+            while (plan := self._take()) is not None:
+                for wave in plan.start():
+                    whole, in_place = plan.begin_wave(wave)
+                    if whole:
+                        blobs, refs, outs, shapes = plan.door_args(whole)
+                        try:
+                            sums = decode_blobs(blobs, refs, outs, shapes)
+                        except UlstoreError:
+                            plan.one_by_one(whole)  # the error again, naming the blob's pack
+                        else:
+                            plan.took(whole, outs, sums)
+                    if in_place:
+                        plan.applied_wave(in_place, apply_sparse(plan.apply_plans(in_place)))
+                self.place(plan)
+            ok = True
+        finally:
+            self.stop = self.stop or not ok
+            _join(pool, helpers, ok)
+        return None if helper else self.result()
+
+    def _helpers(self, helper: bool) -> tuple:
+        n = 0 if helper else min(self.r.threads, len(self.batches)) - 1
+        if n <= 0:
+            return None, []
+        pool = cf.ThreadPoolExecutor(n)
+        return pool, [pool.submit(self.run, True) for _ in range(n)]
+
+
+def _join(pool, helpers: list, ok: bool) -> None:
+    """Wait for a job's helpers; raise the first one's error (when this thread's work went well)."""
+    if pool is None:
+        return
+    pool.shutdown(wait=True)
+    if ok:
+        for f in helpers:
+            f.result()
+
+
 # -- requests: whole tensors, boxes, chunks into place; each cut into batches of one plan --
 
 
-def read_tensors(
+def read_tensors(reader: TableReader, step: int, names=None, **kw) -> dict[str, np.ndarray]:
+    """Decode whole tensors of ``step`` (all by default) into fresh arrays (:func:`read_job`, run)."""
+    return read_job(reader, step, names, **kw).run()
+
+
+def read_job(
     reader: TableReader,
     step: int,
     names=None,
     *,
     kept: KeptStep | None = None,
     refresh_kept: bool = False,
-) -> dict[str, np.ndarray]:
-    """Decode whole tensors of ``step`` (all by default) into fresh arrays.
+) -> _Job:
+    """The job that decodes whole tensors of ``step`` (all by default) into fresh arrays (its ``run()``
+    returns them, by name).
 
     With ``kept`` (whose lock the caller holds), chunks whose reference
     chain reaches values the kept step holds decode against them; with
@@ -425,11 +560,14 @@ def read_tensors(
             dest = out[n][base] if p.shape else out[n]
             for i, c in enumerate(p.coords()):
                 targets.append(((step, n, j, c), dest, p.region(c), kp, i))
-    materialize(reader, targets, kept=kept)
-    if kept is not None and refresh_kept:
-        kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
-        kept.step, kept.origin = step, "read"
-    return out
+
+    def result() -> dict[str, np.ndarray]:
+        if kept is not None and refresh_kept:
+            kept.retain({n: {p.layout for p in tables[n].pieces} for n in names})
+            kept.step, kept.origin = step, "read"
+        return out
+
+    return materialize_job(reader, targets, kept=kept, result=result)
 
 
 def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
@@ -445,20 +583,29 @@ def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool 
             size = math.prod(b - a for a, b in zip(clo, chi)) * t.dtype.itemsize
             parts.append((((step, name, j, c), out, lo, clo, chi), size))
 
-    def run(batch):
-        plan = _Plan(reader, lru=True, fill_lru=cache)
+    def plan(batch) -> _Plan:
+        p = _Plan(reader, lru=True, fill_lru=cache)
         for node, *_ in batch:
-            plan.add(node)
-        plan.run()
-        for node, out, lo, clo, chi in batch:
-            _paste(out, lo, plan.values[node], clo, chi)
+            p.add(node)
+        p.batch = batch
+        return p
 
-    run_batches(reader.threads, run, list(batched(parts)))
+    def place(p: _Plan) -> None:
+        for node, out, lo, clo, chi in p.batch:
+            _paste(out, lo, p.values[node], clo, chi)
+
+    _Job(reader, list(batched(parts)), plan, place).run()
     return outs
 
 
 def materialize(reader: TableReader, targets, *, kept: KeptStep | None = None, lru: bool = False) -> None:
-    """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``.
+    """Decode chunks into place: ``targets`` = ``(node, dest array or None, region, kept piece or None, index)``
+    (:func:`materialize_job`, run)."""
+    materialize_job(reader, targets, kept=kept, lru=lru).run()
+
+
+def materialize_job(reader: TableReader, targets, *, kept: KeptStep | None = None, lru: bool = False, result=_nothing):
+    """The job that decodes chunks into place (see :func:`materialize`).
 
     Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
     plan, one coalesced fetch each) run on ``threads`` threads.
@@ -473,39 +620,33 @@ def materialize(reader: TableReader, targets, *, kept: KeptStep | None = None, l
         )
     )
 
-    def run(batch):
-        plan = _Plan(reader, kept=kept, lru=lru)
+    def plan(batch) -> _Plan:
+        p = _Plan(reader, kept=kept, lru=lru)
         for node, dest, region, kp, _ in batch:
-            plan.add(node, root=True)
-            if dest is not None and kp is None and not plan.fill_lru:  # decode straight into the caller's array
+            p.add(node, root=True)
+            if dest is not None and kp is None and not p.fill_lru:  # decode straight into the caller's array
                 view = dest[region] if region else dest
                 if view.flags.c_contiguous and view.flags.writeable:
-                    plan.outs[node] = view
-        plan.run()
-        for node, dest, region, kp, i in batch:
-            value = plan.values[node]
-            if node in plan.into:
-                continue
-            if dest is not None:
-                if region:
-                    dest[region] = value
-                else:
-                    dest[...] = value
-            if kp is not None and kp.arrays[i] is not value:
-                if plan.decoded(node):
-                    kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
-                else:
-                    kp.put(i, value, plan.content(node))
+                    p.outs[node] = view
+        p.batch = batch
+        return p
 
-    run_batches(reader.threads, run, batches)
+    return _Job(reader, batches, plan, _placed, result)
 
 
-def run_batches(threads: int, run, batches: list) -> None:
-    """``run(batch)`` for every batch, on up to ``threads`` threads."""
-    if threads == 1 or len(batches) <= 1:
-        for b in batches:
-            run(b)
-    else:
-        with cf.ThreadPoolExecutor(min(threads, len(batches))) as pool:
-            for f in [pool.submit(run, b) for b in batches]:
-                f.result()
+def _placed(plan: _Plan) -> None:
+    """A materialize batch's values where its targets want them (the caller's arrays, the kept step)."""
+    for node, dest, region, kp, i in plan.batch:
+        value = plan.values[node]
+        if node in plan.into:
+            continue
+        if dest is not None:
+            if region:
+                dest[region] = value
+            else:
+                dest[...] = value
+        if kp is not None and kp.arrays[i] is not value:
+            if plan.decoded(node):
+                kp.adopt(i, value, plan.content(node))  # decoded here: nobody else has it
+            else:
+                kp.put(i, value, plan.content(node))

@@ -1,8 +1,8 @@
 """Reading steps: lazy zarr groups, whole tensors, boxes, files, step info and ancestry.
 
-A full read plans and decodes its chunks with ``_decode_plan.py`` (read -> plan -> decode chunk ->
-codec); lazy slices go through the zarr ``Store`` of ``_logical.py`` and :class:`ChunkReader`; the
-change feed is ``_change_feed.py``.
+A full read plans its chunks with ``_decode_plan.py`` and runs the job from here (``Reader.read`` ->
+``_Job.run`` -> the codec's door -> kernel); lazy slices go through the zarr ``Store`` of ``_logical.py``
+and :class:`ChunkReader`; the change feed is ``_change_feed.py``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.objects import MAX_DOCUMENT_BYTES
-from ...errors import CorruptManifestError, InvalidInputError
+from ...errors import CorruptManifestError, IntegrityError, InvalidInputError
 from .._base import MAIN, TrajectoryBase
 from ..format._layout import check_step, step_key
 from ._change_feed import ChangeColumns, ChunkChange, FeedLayout, change_columns, changes_of, feed_layout
-from ._decode_plan import read_tensors
+from ._decode_plan import _Job, read_job
 from ._diff import TensorDiff, diff_steps
 from ._logical import LogicalStore
 from ._missing import StepGroup, explained
@@ -132,22 +132,39 @@ class Reader:
         """
         step = self._t._resolve(step_or_ref)
         with explained(self._t._reader, step):
-            return self._t._reader.settled(lambda: self._read(step, names))
+            # TableReader.settled, written out: the job's run is this frame's call (a read's path to the
+            # kernels is Trajectory.read -> Reader.read -> _Job.run -> codec door -> kernel)
+            for again in (False, True):
+                job = None
+                try:
+                    if again:  # a missing pack, a reference to a step gone: read the step documents anew
+                        self._t._reader.forget_docs()
+                    job = self._job(step, names)
+                    return job.run()
+                except IntegrityError:
+                    if again:
+                        raise
+                finally:
+                    if job is not None:
+                        job.close()
+        raise AssertionError("unreachable")
 
-    def _read(self, step: int, names) -> dict[str, np.ndarray]:
+    def _job(self, step: int, names) -> _Job:
+        """The read's job, with the kept step (its lock held until the job is closed) when it is free."""
         kept = self._t._kept
         last, self._last_read = self._last_read, step
-        if kept.enabled and kept.lock.acquire(blocking=False):
-            try:
-                parent = self._t._reader.doc(step).parent
-                sequential = (
-                    kept.step is not None and kept.step == parent or last is not None and last in (parent, step)
-                )
-                refresh = names is None and kept.origin != "commit" and sequential
-                return read_tensors(self._t._reader, step, names, kept=kept, refresh_kept=refresh)
-            finally:
-                kept.lock.release()
-        return read_tensors(self._t._reader, step, names)
+        if not (kept.enabled and kept.lock.acquire(blocking=False)):
+            return read_job(self._t._reader, step, names)
+        try:
+            parent = self._t._reader.doc(step).parent
+            sequential = kept.step is not None and kept.step == parent or last is not None and last in (parent, step)
+            refresh = names is None and kept.origin != "commit" and sequential
+            job = read_job(self._t._reader, step, names, kept=kept, refresh_kept=refresh)
+        except BaseException:
+            kept.lock.release()
+            raise
+        job.on_close = kept.lock.release
+        return job
 
     def read_box(self, step_or_ref, name: str, offset, shape) -> np.ndarray:
         """The values of tensor ``name`` over the box at ``offset`` of ``shape`` (fresh array).
