@@ -121,15 +121,13 @@ def test_read_boxes_into_the_callers_arrays_decodes_whole_chunks_in_place(monkey
     buffers = [np.full(tuple(d + k % 2 for d in shape), 7, states[2][n].dtype) for k, (n, _, shape) in enumerate(boxes)]
     outs = [b[1:, 1:] if k % 2 else b for k, b in enumerate(buffers)]
     in_place = []
-    real = _decode_plan.decode_chunk
-    monkeypatch.setattr(
-        _decode_plan,
-        "decode_chunk",
-        lambda *a, out=None, **k: (
-            in_place.append(out is not None and any(np.shares_memory(out, b) for b in buffers))
-            or real(*a, out=out, **k)
-        ),
-    )
+    real = _decode_plan.decode_blobs  # the read path's whole decodes, into the buffers it gives
+
+    def decode_blobs(blobs, refs, targets, *a, **k):
+        in_place.extend(any(np.shares_memory(t, b) for b in buffers) for t in targets)
+        return real(blobs, refs, targets, *a, **k)
+
+    monkeypatch.setattr(_decode_plan, "decode_blobs", decode_blobs)
     got = ro.read_boxes(2, boxes, out=outs)
     assert len(got) == len(boxes) and all(g is o for g, o in zip(got, outs))
     for (n, _, _), g, w in zip(boxes, got, want, strict=True):
