@@ -150,6 +150,32 @@ def test_read_boxes_into_the_callers_arrays_decodes_whole_chunks_in_place(monkey
         ro.read_boxes(2, [(n, (0, 0), (rows, cols))], out=[outs[0], outs[0]])
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_read_boxes_into_arrays_is_exact_at_every_depth_of_a_chain(sparse):
+    """read_boxes(out=...) at each depth of a chain (SPARSE deltas applied in place, or dense ones), boxes whole
+    and cut across chunks, in contiguous and strided arrays: the bits committed, NaN payloads and -0.0 included."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    w.reshape(-1)[:4] = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x00000001], np.uint32).view(np.float32)
+    states = [w]
+    traj = ulstore.open(_mem(), mode="w", chunk_bytes=2048)
+    traj.commit(0, {"w": w})
+    for step in range(1, 5):
+        w = w.copy()
+        idx = rng.choice(w.size, w.size // 50, replace=False)
+        w.reshape(-1)[idx] = rng.standard_normal(len(idx)).astype(np.float32)
+        states.append(w)
+        traj.commit(step, {"w": w}, sparse=sparse)
+    boxes = [("w", (0, 0), (64, 48)), ("w", (5, 3), (40, 30)), ("w", (0, 0), (32, 48))]
+    for step, want in enumerate(states):
+        ro = ulstore.open(traj.url, mode="r", cache_bytes=0)  # no kept step, no cache: the whole chain walked
+        outs = [np.empty(shape, np.float32) for _, _, shape in boxes]
+        outs[1] = np.empty((40, 31), np.float32)[:, :30]
+        ro.read_boxes(step, boxes, out=outs)
+        for (_, (r, c), (nr, nc)), got in zip(boxes, outs):
+            np.testing.assert_array_equal(bits(got), bits(want[r : r + nr, c : c + nc]), err_msg=f"step {step}")
+
+
 def test_pieces_from_several_writers_make_one_logical_tensor():
     states = states_bf16(20)
     name = "model.layers.0.mlp.up_proj.weight"
