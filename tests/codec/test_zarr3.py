@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import zarr
 
-import ulstore  # registers the bfloat16 / fp8 zarr data types
 from tests.helpers.bits import FLOAT_FORMATS, awkward_floats, bits_of
-from ulstore.codec import decode
+from ulstore.codec import decode, encode
 from ulstore.codec.zarr3 import ULPack
 from ulstore.errors import CorruptBlobError
 
@@ -105,8 +104,8 @@ def test_damaged_chunk_raises(tmp_path):
 @pytest.mark.parametrize("name", sorted(FLOAT_FORMATS))
 def test_reopens_in_a_fresh_interpreter(tmp_path, name):
     """float16/32/64 in an interpreter that never imported ulstore (zarr finds the codec by its entry point);
-    bfloat16 and fp8 after ``import ulstore``, which registers their data types (zarr 3.1 never loads
-    data types from entry points)."""
+    bfloat16 and fp8 after ``import ulstore.codec.zarr3``, which registers their data types (zarr 3.1 never
+    loads data types from entry points)."""
     x = sample(name, (9, 9, 5))
     write(tmp_path / "a.zarr", x)
     np.save(tmp_path / "want.npy", bits_of(x))
@@ -114,7 +113,7 @@ def test_reopens_in_a_fresh_interpreter(tmp_path, name):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
     code = f"""
         import sys, numpy as np, zarr
-        {"import ulstore" if needs_ulstore else "assert 'ulstore' not in sys.modules"}
+        {"import ulstore.codec.zarr3" if needs_ulstore else "assert 'ulstore' not in sys.modules"}
         a = zarr.open_array({str(tmp_path / "a.zarr")!r}, mode="r")
         got, want = a[...], np.load({str(tmp_path / "want.npy")!r})
         print(type(a.metadata.codecs[0]).__module__, got.dtype, np.array_equal(got.view(want.dtype), want))
@@ -167,7 +166,7 @@ def test_chunk_declaring_another_shape_is_refused(tmp_path):
     x = sample("float32", (8, 7, 3))
     write(tmp_path / "a.zarr", x)
     chunk = tmp_path / "a.zarr" / "c" / "0" / "0" / "0"
-    chunk.write_bytes(ulstore.encode(np.ascontiguousarray(x[:4]).reshape(-1)))
+    chunk.write_bytes(encode(np.ascontiguousarray(x[:4]).reshape(-1)))
     a = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
     with pytest.raises(CorruptBlobError, match="expected"):
         a[:4]

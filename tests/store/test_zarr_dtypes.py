@@ -1,4 +1,4 @@
-"""bfloat16 and fp8 as zarr v3 data types (ulstore.store.read._zarr_dtypes): names, fill values, pickling."""
+"""bfloat16 and fp8 as zarr v3 data types (ulstore.codec.zarr3): names, fill values, pickling."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from zarr.core.dtype import get_data_type_from_json
 
 import ulstore
 from tests.helpers.bits import bits_of
-from ulstore.store.read._zarr_dtypes import ZARR_NAMES, zarr_dtype
+from ulstore.codec.zarr3 import ZARR_NAMES, zarr_dtype
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)

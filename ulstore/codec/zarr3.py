@@ -20,7 +20,7 @@ which spends time on ULPack's output (already entropy-coded) for nothing.
 
 Dtypes: the six formats ULPack codes, float16, bfloat16, float32, float64,
 float8_e4m3fn and float8_e5m2 (bfloat16 and fp8 as the zarr data types of
-:mod:`ulstore.store._zarr_dtypes`, registered by ``import ulstore``); other
+:mod:`ulstore.codec._zarr_dtypes`, registered when this module is imported); other
 dtypes are refused when the array is created.
 
 The numcodecs codec :class:`ulstore.codec.ULPack` (``{"id": "ulpack"}``) is a
@@ -29,8 +29,7 @@ different object for numcodecs users and zarr v2; zarr v3 wants this one.
 Examples
 --------
 >>> import ml_dtypes, numpy as np, zarr
->>> import ulstore  # registers the bfloat16 and fp8 zarr data types
->>> from ulstore.codec.zarr3 import ULPack
+>>> from ulstore.codec.zarr3 import ULPack  # also registers the bfloat16 and fp8 zarr data types
 >>> x = np.linspace(-1, 1, 64, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(8, 8)
 >>> a = zarr.create_array(
 ...     store={}, shape=x.shape, chunks=(4, 8), dtype=x.dtype, serializer=ULPack(), compressors=None
@@ -55,8 +54,9 @@ from zarr.registry import register_codec
 from ..errors import CorruptBlobError, DtypeError
 from ._api import decode, encode
 from ._dtypes import format_of
+from ._zarr_dtypes import ZARR_NAMES, register, zarr_dtype
 
-__all__ = ["ULPack", "CODEC_NAME"]
+__all__ = ["ULPack", "CODEC_NAME", "ZARR_NAMES", "register", "zarr_dtype"]
 
 #: The codec's name in zarr v3 array metadata.
 CODEC_NAME = "ulpack"

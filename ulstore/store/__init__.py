@@ -32,7 +32,6 @@
       _kept.py          the kept step (one materialised step, overwritten in place)
       _logical.py       read-only zarr Store presenting steps as plain arrays
       _missing.py       a tensor a reader names that the step lacks, with the closest names
-      _zarr_dtypes.py   bfloat16 / fp8 as zarr data types
       _change_feed.py   the change feed of a step against its parent
       _diff.py          diff: per tensor, what changed between two steps (only b's changed chunks decoded)
 

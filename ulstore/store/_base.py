@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+from ..codec.zarr3 import register as _register_zarr_dtypes
 from ..core.formatting import missing_step_message, redact_url
 from ..core.objects import ObjectStore
 from ..errors import InvalidInputError, NotFoundError, ReadOnlyError, RefMovedError, StepNotFoundError
@@ -21,7 +22,6 @@ from .format._refs import RefLog
 from .read._chunk_reader import DEFAULT_CACHE_BYTES, ChunkReader
 from .read._kept import KeptStep
 from .read._logical import LogicalStore
-from .read._zarr_dtypes import register as _register_zarr_dtypes
 
 __all__ = ["TrajectoryBase", "MAIN", "ANY"]
 

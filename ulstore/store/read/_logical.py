@@ -51,12 +51,12 @@ import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.dtype.common import HasEndianness
 
+from ...codec.zarr3 import zarr_dtype
 from ...errors import InvalidInputError, NotFoundError, ReadOnlyError
 from ..format._chunk_tables import TensorTable
 from ..format._layout import chunk_grid
 from ..format._stepdoc import StepDoc
 from ._chunk_reader import ChunkReader
-from ._zarr_dtypes import zarr_dtype
 
 __all__ = ["LogicalStore", "array_metadata", "dimension_names"]
 

@@ -65,8 +65,6 @@ import ml_dtypes
 import numpy as np
 from zarr.core.dtype.npy.float import BaseFloat
 
-from ...core.dtypes import ML_DTYPES
-
 __all__ = ["ZARR_NAMES", "Bfloat16", "Float8E5M2", "Float8E4M3FN", "zarr_dtype", "register"]
 
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -189,7 +187,6 @@ class Float8E4M3FN(_MLFloat):
 
 
 _CLASSES: dict[str, type[_MLFloat]] = {"bfloat16": Bfloat16, "float8_e5m2": Float8E5M2, "float8_e4m3fn": Float8E4M3FN}
-assert set(_CLASSES) == set(ML_DTYPES)
 
 #: ml_dtypes name -> zarr v3 data type name.
 ZARR_NAMES: dict[str, str] = {name: cls._zarr_v3_name for name, cls in _CLASSES.items()}
@@ -204,11 +201,11 @@ def register() -> None:
         return
     from zarr.core.dtype import data_type_registry
 
-    for name, cls in _CLASSES.items():
+    for cls in _CLASSES.values():
         if cls._zarr_v3_name in data_type_registry.contents:
             continue
         try:
-            data_type_registry.match_dtype(ML_DTYPES[name])
+            data_type_registry.match_dtype(cls._native)
             continue  # zarr already understands it under another name
         except ValueError:
             pass
