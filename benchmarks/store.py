@@ -59,9 +59,9 @@ import ulstore
 job = json.loads(sys.argv[1])
 if job["kind"] == "read":
     t = ulstore.open(job["url"], mode="r")
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     t.read(job["step"])
-    print(json.dumps({{"seconds": time.perf_counter() - s}}))
+    print(json.dumps({{"seconds": time.perf_counter() - s, "cpu": time.process_time() - c}}))
 else:  # peak memory of one delta commit on top of a kept (or not) parent
     from store import load_states, rss
     states = load_states(job["preset"], 1)  # loaded before tracing: the caller's arrays are not counted
@@ -114,10 +114,14 @@ def _child(job: dict) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
+def _timed(fn, cpu: list | None = None) -> float:
+    """Wall seconds of ``fn()``; appends its process CPU seconds (every thread) to ``cpu`` if given."""
+    c, t = time.process_time(), time.perf_counter()
     fn()
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    if cpu is not None:
+        cpu.append(time.process_time() - c)
+    return wall
 
 
 def _mbs(nbytes: int, seconds: float) -> float:
@@ -239,17 +243,19 @@ def _ratios(states, args, workdir: Path) -> dict:
     url = str(workdir / f"ratios-{uuid.uuid4().hex}")
     traj = ulstore.open(url, mode="w", anchor_every=0, chunk_bytes=args.chunk_bytes)
     anchor = _timed(lambda: traj.commit(0, states[0]))
-    enc, com = [], []
+    enc, com, enc_cpu, com_cpu = [], [], [], []
     for k in range(1, len(states)):
         pairs = [(states[k][n], states[k - 1][n]) for n in states[k]]
-        enc.append(_timed(lambda pairs=pairs: ulstore.encode_many(pairs)))
-        com.append(_timed(lambda k=k: traj.commit(k, states[k])))
+        enc.append(_timed(lambda pairs=pairs: ulstore.encode_many(pairs), enc_cpu))
+        com.append(_timed(lambda k=k: traj.commit(k, states[k]), com_cpu))
         del pairs
     intra = ulstore.encode_many(list(states[0].values()))
-    dec, fresh = [], []
+    dec, fresh, dec_cpu, fresh_cpu = [], [], [], []
     for _ in range(args.reps):
-        dec.append(_timed(lambda: ulstore.decode_many(intra)))
-        fresh.append(_child({"kind": "read", "url": url, "step": 0})["seconds"])
+        dec.append(_timed(lambda: ulstore.decode_many(intra), dec_cpu))
+        got = _child({"kind": "read", "url": url, "step": 0})
+        fresh.append(got["seconds"])
+        fresh_cpu.append(got["cpu"])
     med = statistics.median
     return {
         "raw": raw,
@@ -261,6 +267,8 @@ def _ratios(states, args, workdir: Path) -> dict:
         "read": _mbs(raw, med(fresh)),
         "commit_ratio": med(enc) / med(com),
         "read_ratio": med(dec) / med(fresh),
+        "commit_cpu_ratio": med(enc_cpu) / med(com_cpu),
+        "read_cpu_ratio": med(dec_cpu) / med(fresh_cpu),
     }
 
 
@@ -287,10 +295,12 @@ def moe(args, workdir: Path) -> None:
         ("ulstore.encode_many (delta) MB/s", lambda g: f"{g['encode']:.0f}"),
         ("traj.commit (delta, kept parent) MB/s", lambda g: f"{g['commit']:.0f}"),
         ("  commit / encode_many (goal >= 0.8)", lambda g: f"{g['commit_ratio']:.2f}x"),
+        ("  the same in process CPU time (all threads)", lambda g: f"{g['commit_cpu_ratio']:.2f}x"),
         ("traj.commit of the anchor MB/s", lambda g: f"{g['anchor']:.0f}"),
         ("ulstore.decode_many (anchor) MB/s", lambda g: f"{g['decode']:.0f}"),
         ("traj.read of the anchor (fresh process) MB/s", lambda g: f"{g['read']:.0f}"),
         ("  read / decode_many (goal >= 0.8)", lambda g: f"{g['read_ratio']:.2f}x"),
+        ("  the same in process CPU time (all threads)", lambda g: f"{g['read_cpu_ratio']:.2f}x"),
         ("delta commit peak tracemalloc / step (<= 1.2)", lambda g: f"{g['peak'] / g['raw']:.2f}x"),
         (
             "delta commit peak RSS / step",
