@@ -5,7 +5,8 @@ committed twice with no anchor after step 0 (``anchor_every=0``): with SPARSE de
 (``sparse=True``, what a sync bucket holds: chains applied in place on their root) and
 with dense deltas (the default: every blob of the chain decoded whole).  A fresh process
 then reads step d (``traj.read(d)``) for each depth asked; the figure is the fastest of
-``--reps`` processes, the process start-up left out (only the read is timed).
+``--reps`` processes, the process start-up left out (only the read is timed), and the least CPU
+time of its threads (steadier than wall time on a loaded machine).
 
 Usage::
 
@@ -31,22 +32,23 @@ _CHILD = """
 import json, sys, time, ulstore
 job = json.loads(sys.argv[1])
 traj = ulstore.open(job["url"], mode="r")
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 out = traj.read(job["step"])
-seconds = time.perf_counter() - t
-print(json.dumps({"seconds": seconds, "bytes": sum(v.nbytes for v in out.values())}))
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
+print(json.dumps({"seconds": seconds, "cpu": cpu, "bytes": sum(v.nbytes for v in out.values())}))
 """
 
 
-def _read(url: str, step: int, reps: int) -> tuple[float, int]:
-    """(fastest seconds, raw bytes) of ``traj.read(step)`` in ``reps`` fresh processes."""
-    best, nbytes = float("inf"), 0
+def _read(url: str, step: int, reps: int, cwd: str) -> tuple[float, float, int]:
+    """(fastest seconds, least CPU seconds of its threads, raw bytes) of ``traj.read(step)`` in ``reps`` fresh
+    processes (started in ``cwd``, so that ``PYTHONPATH`` says which ulstore they import)."""
+    best, cpu, nbytes = float("inf"), float("inf"), 0
     for _ in range(reps):
         job = json.dumps({"url": url, "step": step})
-        p = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True, text=True, check=True)
+        p = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True, text=True, check=True, cwd=cwd)
         got = json.loads(p.stdout.strip().splitlines()[-1])
-        best, nbytes = min(best, got["seconds"]), got["bytes"]
-    return best, nbytes
+        best, cpu, nbytes = min(best, got["seconds"]), min(cpu, got["cpu"]), got["bytes"]
+    return best, cpu, nbytes
 
 
 def main(argv=None) -> None:
@@ -64,7 +66,9 @@ def main(argv=None) -> None:
 
     states = load_trajectory("rl", "bfloat16", args.preset, steps=args.steps)
     print(f"chain reads: {args.preset} RL-regime bf16 run, {len(states)} checkpoints, backend {ulstore.backend()}")
-    print(f"  {'deltas':8s} {'depth':>5s} {'read ms':>9s} {'MB/s':>7s} {'vs depth 0':>10s}")
+    print(
+        f"  {'deltas':8s} {'depth':>5s} {'read ms':>9s} {'MB/s':>7s} {'vs depth 0':>10s} {'CPU ms':>8s} {'vs depth 0':>10s}"
+    )
     with tempfile.TemporaryDirectory() as d:
         for sparse in (True, False):
             url = str(Path(d) / ("sparse" if sparse else "dense"))
@@ -73,11 +77,11 @@ def main(argv=None) -> None:
                 traj.commit(i, s, sparse=sparse)
             base = None
             for depth in depths:
-                seconds, nbytes = _read(url, depth, args.reps)
-                base = base or seconds
-                kind = "SPARSE" if sparse else "dense"
+                seconds, cpu, nbytes = _read(url, depth, args.reps, d)
+                base = base or (seconds, cpu)
                 print(
-                    f"  {kind:8s} {depth:5d} {seconds * 1e3:9.1f} {nbytes / seconds / 1e6:7.0f} {seconds / base:9.2f}x"
+                    f"  {'SPARSE' if sparse else 'dense':8s} {depth:5d} {seconds * 1e3:9.1f} {nbytes / seconds / 1e6:7.0f}"
+                    f" {seconds / base[0]:9.2f}x {cpu * 1e3:8.1f} {cpu / base[1]:9.2f}x"
                 )
 
 
