@@ -122,7 +122,9 @@ def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False)
 
     ``mutate(tables, append)`` edits the tables (name -> TensorTable, columns writable);
     ``append(blob_bytes)`` stores new bytes and returns ``(pack number, offset, length)``.
-    ``body(dict)`` edits the step document's fields last.
+    ``body(dict)`` edits the step document's fields last.  The descendants whose step documents copy
+    ``step``'s table directory in their ``chain`` get the new one (as a thorough crafter would: so that
+    reads through chains meet the crafted tables too).
     """
     import dataclasses
 
@@ -177,10 +179,38 @@ def rewrite_step(traj, step, mutate=None, *, body=None, recompute_content=False)
         doc = json.loads(raw)
         del doc["attributes"]["ulstore_checksum"]
         body(doc["attributes"]["ulstore"])
+        if doc["attributes"]["ulstore"]["parent"] != d.parent:  # the chain copied the old parent path: gone
+            doc["attributes"]["ulstore"].pop("chain", None)
         doc["attributes"]["ulstore_checksum"] = digest(canonical_json(doc)).hex()
         raw = canonical_json(doc)
     io.put(step_key(step), raw)
+    _rechain_descendants(io, step, raw)
     return raw
+
+
+def _rechain_descendants(io, step, raw):
+    """Put the step documents whose ``chain`` names ``step`` again with ``step``'s new directory (``raw``)."""
+    from ulstore.errors import CorruptManifestError
+    from ulstore.store.format._layout import step_key
+    from ulstore.store.format._stepdoc import StepDoc
+    from ulstore.store.maintenance._relocate import rechained
+
+    try:
+        new = StepDoc.from_bytes(raw, key=step_key(step), step=step)
+    except CorruptManifestError:
+        return  # crafted into damage: nothing else to keep in line with it
+    docs = {}
+    for key in io.find("steps"):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == "zarr.json" and parts[1].isdigit() and int(parts[1]) != step:
+            try:
+                docs[int(parts[1])] = StepDoc.from_bytes(io.get(key), key=key, step=int(parts[1]))
+            except CorruptManifestError:
+                continue
+    docs[step] = new
+    for d in rechained(docs, []):
+        if any(e.step == step for e in docs[d.step].chain) or any(e.step == step for e in d.chain):
+            io.put(step_key(d.step), d.to_bytes())
 
 
 class Crash(RuntimeError):

@@ -23,7 +23,7 @@ from ..format._chunkcodec import digest, zstd_compress
 from ..format._layout import check_tensor_names, step_key
 from ..format._packs import PackStream
 from ..format._refs import RefState
-from ..format._stepdoc import FileRef, StepDoc, TableRef
+from ..format._stepdoc import FileRef, StepDoc, TableRef, chain_after
 from ..format._table_block import encode_block
 from ._piece_columns import PieceRecord
 
@@ -89,17 +89,21 @@ class Finalizer:
             pid, off, n = stream.append(raw)
             table_refs.append(TableRef(block[0].name, block[-1].name, number(pid), off, n, digest(raw).hex()))
         stream.close()
+        distance = pdoc.anchor_distance + 1 if pdoc is not None and _has_delta(tables) else 0
         doc = StepDoc(
             step=step,
             parent=parent,
             content=content_checksum(tables, {k: f.hash for k, f in file_refs.items()}, metadata),
             parent_content=pdoc.content if pdoc is not None else None,
-            anchor_distance=pdoc.anchor_distance + 1 if pdoc is not None and _has_delta(tables) else 0,
+            anchor_distance=distance,
             packs=tuple(packs),
             tables=tuple(table_refs),
             files=file_refs,
             metadata=metadata,
             created=created or _now(),
+            # a delta names its ancestors' table directories, so that a read of any of its chunks fetches the
+            # table blocks of the whole reference chain in one parallel batch (no document walk)
+            chain=chain_after(pdoc) if distance and pdoc is not None else (),
         )
         key = step_key(step)
 

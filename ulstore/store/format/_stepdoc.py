@@ -10,10 +10,25 @@ any model size::
      "anchor_distance": 3, "created": "...", "metadata": {...user JSON...},
      "packs": ["<32 hex>", ...],            every pack the step's tables, files and entries point into
      "tables": [[first, last, pack, offset, length, "<blake3-128 hex>"], ...],
-     "files": {"config.json": [pack, offset, length, size, "<blake3-128 hex of the content>"]}}
+     "files": {"config.json": [pack, offset, length, size, "<blake3-128 hex of the content>"]},
+     "chain": {"packs": ["<32 hex>", ...],   optional: the table directories of the step's ancestors
+               "steps": [[step, parent, "<content hex>", [pack, ...], [[first, last, pack, offset, length,
+                          "<blake3-128 hex>"], ...]], ...]}}
 
 ``tables`` is the directory of table blocks, sorted by tensor name (``first``
 and ``last`` are the first and last tensor of each block).
+
+``chain`` (written by commits since 2026-12; absent from an anchor and from
+older documents) copies the table directory of each step along the parent
+path back to the nearest anchor: the parent first, then its parent, and so
+on, each with its own pack list (indices into ``chain["packs"]``, in the
+order of that step's ``packs``) and its content checksum.  A reader fetches
+the table blocks of a chunk's whole reference chain in one parallel batch
+instead of walking step documents one by one; each block is still checked
+against its BLAKE3-128, and each decoded chunk against its content hash.
+It is bounded (:data:`MAX_CHAIN_STEPS` steps, :data:`MAX_CHAIN_BLOCKS`
+directory rows): a longer path is cut, and a reader walks the step
+documents beyond the last step listed, as it does for documents without it.
 ``attributes["ulstore_checksum"]`` is the BLAKE3-128 of the canonical JSON of
 the whole document without that field, and the object must be byte for byte
 the canonical JSON: a flipped byte is always an error, never a wrong table.
@@ -21,6 +36,7 @@ the canonical JSON: a flipped byte is always an error, never a wrong table.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -31,7 +47,17 @@ from ._chunkcodec import digest
 from ._layout import MAX_STEP, check_file_names, is_pack_id, tensor_name_problem
 from ._table_block import MAX_BLOCK_RAW
 
-__all__ = ["FORMAT", "StepDoc", "TableRef", "FileRef", "is_hex128"]
+__all__ = [
+    "FORMAT",
+    "StepDoc",
+    "TableRef",
+    "FileRef",
+    "ChainStep",
+    "chain_after",
+    "is_hex128",
+    "MAX_CHAIN_STEPS",
+    "MAX_CHAIN_BLOCKS",
+]
 
 FORMAT = 2
 _HEX128 = re.compile(r"^[0-9a-f]{32}\Z")
@@ -39,6 +65,11 @@ _MAX = 1 << 62
 #: A table block inflates to at most MAX_BLOCK_RAW bytes, so no writer's block is longer than this (Zstd's
 #: worst-case growth, the header): a longer directory entry would have a reader fetch it before its hash check
 _MAX_BLOCK_BYTES = MAX_BLOCK_RAW + (MAX_BLOCK_RAW >> 7) + (1 << 20)
+#: Ancestors a step document's ``chain`` lists at most (a reader walks the documents beyond them).
+MAX_CHAIN_STEPS = 512
+#: Table directory rows all the ``chain`` entries of a document hold together at most: a few hundred KiB of
+#: JSON (a 10k-tensor model has ~10 blocks per step), whatever the chain's length and the model's size.
+MAX_CHAIN_BLOCKS = 4096
 
 
 def _not_canonical(doc, key: str) -> str:
@@ -129,6 +160,149 @@ class FileRef:
         return [self.pack, self.offset, self.length, self.size, self.hash]
 
 
+def _find_table(tables, name: str) -> int | None:
+    """Index of the row of a sorted table directory whose range holds ``name`` (binary search), or None."""
+    lo, hi = 0, len(tables)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tables[mid].last < name:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < len(tables) and tables[lo].first <= name:
+        return lo
+    return None
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """An ancestor's table directory as a step document's ``chain`` lists it: what a reader needs to fetch and
+    check that ancestor's table blocks (and resolve the pack numbers inside them) without its step document.
+
+    ``packs`` and ``tables`` are as in the ancestor's own document; ``content`` is its content checksum.
+    """
+
+    step: int
+    parent: int | None
+    content: str
+    packs: tuple[str, ...]
+    tables: tuple[TableRef, ...]
+
+    def table_for(self, name: str) -> int | None:
+        """Index of the table block that would hold tensor ``name``, or None."""
+        return _find_table(self.tables, name)
+
+    @classmethod
+    def of(cls, d: StepDoc) -> ChainStep:
+        """The entry that names step document ``d``'s directory."""
+        return cls(d.step, d.parent, d.content, d.packs, d.tables)
+
+
+def chain_after(parent: StepDoc) -> tuple[ChainStep, ...]:
+    """The ``chain`` of a delta step committed on ``parent``: ``parent``'s directory, then ``parent``'s own
+    chain, cut at :data:`MAX_CHAIN_STEPS` steps or :data:`MAX_CHAIN_BLOCKS` directory rows."""
+    out: list[ChainStep] = []
+    rows = 0
+    for entry in (ChainStep.of(parent), *parent.chain):
+        rows += len(entry.tables)
+        if len(out) >= MAX_CHAIN_STEPS or rows > MAX_CHAIN_BLOCKS:
+            break
+        out.append(entry)
+    return tuple(out)
+
+
+def _chain_json(chain: tuple[ChainStep, ...]) -> dict:
+    """The ``chain`` field: one pack list for all entries (ancestors share most packs), each entry's packs
+    as indices into it."""
+    packs: list[str] = []
+    index: dict[str, int] = {}
+    steps = []
+    for e in chain:
+        numbers = []
+        for pid in e.packs:
+            if pid not in index:
+                index[pid] = len(packs)
+                packs.append(pid)
+            numbers.append(index[pid])
+        steps.append([e.step, e.parent, e.content, numbers, [t.to_json() for t in e.tables]])
+    return {"packs": packs, "steps": steps}
+
+
+def _count(v, what, top=_MAX) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < top:
+        raise ValueError(f"bad {what}: {v!r}")
+    return v
+
+
+def _directory(rows, n_packs: int) -> tuple[TableRef, ...]:
+    """A table directory from its JSON rows (sorted, non-overlapping, bounded), pack numbers below ``n_packs``."""
+    tables: list[TableRef] = []
+    for first, last, pack, offset, length, h in rows:
+        if tensor_name_problem(first) or tensor_name_problem(last) or not first <= last or not is_hex128(h):
+            raise ValueError("malformed table directory entry")
+        if tables and first <= tables[-1].last:
+            raise ValueError("table directory is not sorted")
+        tables.append(
+            TableRef(
+                first,
+                last,
+                _count(pack, "pack", n_packs),
+                _count(offset, "offset"),
+                _count(length, "length", _MAX_BLOCK_BYTES),
+                h,
+            )
+        )
+    return tuple(tables)
+
+
+def _chain_entry(row, packs: list[str]) -> ChainStep:
+    """One entry of the ``chain`` field, checked on its own (``packs``: the field's pack list)."""
+    s, p, content, numbers, tables = row
+    if not is_hex128(content):
+        raise ValueError("malformed chain content checksum")
+    if not isinstance(numbers, list) or len(set(numbers)) != len(numbers) or len(tables) > MAX_CHAIN_BLOCKS:
+        raise ValueError("malformed chain entry")
+    ids = tuple(packs[_count(i, "chain pack", len(packs))] for i in numbers)
+    parent = None if p is None else _count(p, "chain parent", MAX_STEP)
+    return ChainStep(_count(s, "chain step", MAX_STEP), parent, content, ids, _directory(tables, len(ids)))
+
+
+def _parse_chain(body: dict, step: int, parent: int | None) -> tuple[ChainStep, ...]:
+    """The ``chain`` field checked: bounded, well formed, and a path along parents from ``parent`` (each
+    entry's step is the previous entry's parent; the first is the parent), never through ``step`` or any
+    step twice.  (Its copies of content checksums are cache keys only: ``verify`` checks the hash chain
+    between the documents themselves.)"""
+    if "chain" not in body:
+        return ()
+    chain = body["chain"]
+    if not isinstance(chain, dict) or chain.keys() != {"packs", "steps"}:
+        raise ValueError("malformed chain")
+    packs, rows = chain["packs"], chain["steps"]
+    if not isinstance(packs, list) or not all(is_pack_id(p) for p in packs) or len(set(packs)) != len(packs):
+        raise ValueError("malformed chain pack list")
+    if not isinstance(rows, list) or not 0 < len(rows) <= MAX_CHAIN_STEPS:
+        raise ValueError(f"chain must list 1 to {MAX_CHAIN_STEPS} steps")
+    if parent is None:
+        raise ValueError("a step without a parent has no chain")
+    if parent == step:  # refused with its own message once parsed (StepDoc.from_bytes)
+        return ()
+    out: list[ChainStep] = []
+    seen = {step}
+    expected: int | None = parent
+    n_rows = 0
+    for row in rows:
+        entry = _chain_entry(row, packs)
+        if entry.step != expected or entry.step in seen:
+            raise ValueError(f"chain lists step {entry.step} where the parent path has step {expected}")
+        n_rows += len(entry.tables)
+        if n_rows > MAX_CHAIN_BLOCKS:
+            raise ValueError(f"chain lists more than {MAX_CHAIN_BLOCKS} table blocks")
+        out.append(entry)
+        seen.add(entry.step)
+        expected = entry.parent
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class StepDoc:
     """Everything stored about one step but its chunk tables."""
@@ -143,6 +317,8 @@ class StepDoc:
     files: dict[str, FileRef] = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
     created: str = ""
+    #: the table directories of the ancestors along the parent path (see the module docstring); () for none
+    chain: tuple[ChainStep, ...] = ()
 
     def to_bytes(self) -> bytes:
         """The step's ``zarr.json``: canonical JSON, sealed."""
@@ -159,6 +335,8 @@ class StepDoc:
             "tables": [t.to_json() for t in self.tables],
             "files": {k: f.to_json() for k, f in self.files.items()},
         }
+        if self.chain:  # absent rather than empty: an anchor's document is as before
+            body["chain"] = _chain_json(self.chain)
         attributes: dict = {"ulstore": body}
         doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
         attributes["ulstore_checksum"] = _checksum(canonical_json(doc))
@@ -166,16 +344,19 @@ class StepDoc:
 
     def table_for(self, name: str) -> int | None:
         """Index of the table block that would hold tensor ``name`` (binary search), or None."""
-        lo, hi = 0, len(self.tables)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.tables[mid].last < name:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(self.tables) and self.tables[lo].first <= name:
-            return lo
-        return None
+        return _find_table(self.tables, name)
+
+    @functools.cached_property
+    def chain_positions(self) -> dict[int, tuple[int, ChainStep]]:
+        """step -> (position along the parent path, 1 for the parent; its ``chain`` entry)."""
+        return {e.step: (k + 1, e) for k, e in enumerate(self.chain)}
+
+    def named_packs(self) -> set[str]:
+        """Every pack the document names: its own, and those of its ``chain``."""
+        out = set(self.packs)
+        for e in self.chain:
+            out.update(e.packs)
+        return out
 
     @classmethod
     def from_bytes(cls, data: bytes, *, key: str, step: int | None = None) -> StepDoc:
@@ -218,31 +399,12 @@ class StepDoc:
 
     @classmethod
     def _parse(cls, body: dict) -> StepDoc:
-        def count(v, what, top=_MAX) -> int:
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < top:
-                raise ValueError(f"bad {what}: {v!r}")
-            return v
-
+        count = _count
         packs = body["packs"]
         if not isinstance(packs, list) or not all(is_pack_id(p) for p in packs) or len(set(packs)) != len(packs):
             raise ValueError("malformed pack list")
         n = len(packs)
-        tables: list[TableRef] = []
-        for first, last, pack, offset, length, h in body["tables"]:
-            if tensor_name_problem(first) or tensor_name_problem(last) or not first <= last or not is_hex128(h):
-                raise ValueError("malformed table directory entry")
-            if tables and first <= tables[-1].last:
-                raise ValueError("table directory is not sorted")
-            tables.append(
-                TableRef(
-                    first,
-                    last,
-                    count(pack, "pack", n),
-                    count(offset, "offset"),
-                    count(length, "length", _MAX_BLOCK_BYTES),
-                    h,
-                )
-            )
+        tables = _directory(body["tables"], n)
         files = {}
         check_file_names(body["files"])
         for name, (pack, offset, length, size, h) in body["files"].items():
@@ -256,15 +418,18 @@ class StepDoc:
             raise ValueError("malformed content checksums")
         if not isinstance(body["metadata"], dict) or not isinstance(body["created"], str):
             raise ValueError("malformed metadata")
+        step = count(body["step"], "step", MAX_STEP)
+        parent = None if parent is None else count(parent, "parent", MAX_STEP)
         return cls(
-            step=count(body["step"], "step", MAX_STEP),
-            parent=None if parent is None else count(parent, "parent", MAX_STEP),
+            step=step,
+            parent=parent,
             content=content,
             parent_content=parent_content,
             anchor_distance=count(body["anchor_distance"], "anchor distance"),
             packs=tuple(packs),
-            tables=tuple(tables),
+            tables=tables,
             files=files,
             metadata=body["metadata"],
             created=body["created"],
+            chain=_parse_chain(body, step, parent),
         )

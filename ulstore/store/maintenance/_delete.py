@@ -22,7 +22,7 @@ from ..format._chunkcodec import encode_chunk
 from ..format._layout import check_ref_name, check_step, step_key
 from ..format._packs import PackStream
 from ..format._stepdoc import StepDoc
-from ._relocate import relocated_doc
+from ._relocate import rechained, relocated_doc
 
 __all__ = ["Deleter"]
 
@@ -205,7 +205,8 @@ class Deleter:
 
     @staticmethod
     def _new_anchor_distances(read: dict[int, StepDoc], rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
-        """The step documents to write once ``gone`` is deleted: ``rewritten``, and every step whose anchor distance changes.
+        """The step documents to write once ``gone`` is deleted: ``rewritten``, every step whose anchor distance
+        changes, and every step whose ``chain`` does (:func:`rechained`).
 
         A step's anchor distance is its parent's plus one, unless it is an anchor
         (0), as a commit sets it.  Chunks re-encoded against the deleted step's
@@ -233,7 +234,8 @@ class Deleter:
         for s, d in docs.items():
             if new[s] != d.anchor_distance:
                 out[s] = dataclasses.replace(d, anchor_distance=new[s])
-        return [out[s] for s in sorted(out)]
+        # the chains of the steps below copy directories that change here (and the deleted step's): anew
+        return rechained({s: d for s, d in read.items() if s != gone}, [out[s] for s in sorted(out)])
 
     def _recode(
         self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, recoded, packs: list[str]

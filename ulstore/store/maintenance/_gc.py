@@ -21,7 +21,7 @@ from .._pending import PENDING_DIR
 from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
 from ..format._packs import Location, PackStream
 from ..format._stepdoc import StepDoc
-from ._relocate import relocated_doc
+from ._relocate import rechained, relocated_doc
 
 __all__ = ["GarbageCollector"]
 
@@ -90,7 +90,7 @@ class GarbageCollector:
         retired = self._retired(now)
         reader.forget()
         docs, live = self._scan()
-        listed = {pid for d in docs.values() for pid in d.packs}
+        listed = {pid for d in docs.values() for pid in d.named_packs()}  # (chains: copies of ancestors' lists)
         removed = _unnamed(listing, listed, retired, older_than)
         freed = sum(listing[p][0] for p in removed)
         repack = _mostly_dead(listing, listed, live, repack_below)
@@ -196,6 +196,7 @@ class GarbageCollector:
                 for s in sorted(tables_of)
             ]
             stream.close()
+            new_docs = rechained(docs, new_docs)  # descendants name the moved table blocks in their chains
         except BaseException:
             stream.abort()
             raise
@@ -205,9 +206,9 @@ class GarbageCollector:
             if self._t._io.replace_if(step_key(nd.step), nd.to_bytes(), old.to_bytes()):
                 done += 1
             else:  # rewritten (a delete re-parented it) or removed meanwhile: what it names now stays
-                kept |= gone & set(old.packs)
+                kept |= gone & old.named_packs()
                 now = reader.stored_doc(nd.step)
-                kept |= gone & set(now.packs if now is not None else ())
+                kept |= gone & (now.named_packs() if now is not None else set())
         reader.forget()
         return done, kept
 

@@ -5,19 +5,25 @@ Both :meth:`Trajectory.delete` (re-encoded chunks) and :meth:`Trajectory.gc`
 location of the step through ``move``, re-encodes its table blocks (grouped as
 before) into the new pack and returns the document to PUT.  Its logical
 content, and so its content checksum, never changes.
+
+A document's ``chain`` copies its ancestors' table directories, so once some
+documents change, :func:`rechained` gives every document whose copy went stale
+its chain anew (both gc and delete write those too).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from ..format._chunk_tables import Piece, TensorTable
 from ..format._chunkcodec import digest
 from ..format._packs import PackStream
-from ..format._stepdoc import FileRef, StepDoc, TableRef
+from ..format._stepdoc import FileRef, StepDoc, TableRef, chain_after
 from ..format._table_block import encode_block
 
-__all__ = ["relocated_doc"]
+__all__ = ["relocated_doc", "rechained"]
 
 
 def _blocks_like(d: StepDoc, tables: dict[str, TensorTable]) -> list[list[TensorTable]]:
@@ -102,4 +108,37 @@ def relocated_doc(
         files=files,
         metadata=d.metadata,
         created=d.created,
+        chain=d.chain,  # (as it was: rechained() brings it up to date)
     )
+
+
+def rechained(docs: dict[int, StepDoc], changed: list[StepDoc]) -> list[StepDoc]:
+    """``changed`` (documents about to replace some of ``docs``) and every other document of ``docs`` whose
+    ``chain`` must change with them, each with the chain its parent's new document gives (by step).
+
+    A document that has a chain, or is changed, gets ``chain_after(its parent)`` if it is a delta (anchor
+    distance above 0) whose parent is in ``docs``, else none; one without a chain that is not changed (an
+    anchor, a document older than chains) keeps none.  Parents before children; a parent loop (crafted
+    documents) leaves the documents on it as they are.
+    """
+    final = {**docs, **{d.step: d for d in changed}}
+    out = {d.step: d for d in changed}
+    done: dict[int, StepDoc] = {}
+    for start in sorted(final):
+        path, on_path, s = [], set(), start
+        while s in final and s not in done and s not in on_path:  # up to a step already settled (or the root)
+            path.append(s)
+            on_path.add(s)
+            s = final[s].parent  # type: ignore[assignment]
+        if s in on_path:  # a loop: leave it to verify(), which reports it
+            done.update({x: final[x] for x in path})
+            continue
+        for s in reversed(path):
+            d = final[s]
+            if d.chain or s in out:
+                p = done.get(d.parent) if d.parent is not None else None
+                chain = chain_after(p) if p is not None and d.anchor_distance else ()
+                if chain != d.chain:
+                    d = out[s] = dataclasses.replace(d, chain=chain)
+            done[s] = d
+    return [out[s] for s in sorted(out)]

@@ -52,7 +52,7 @@ class ChunkReader(TableReader):
         CorruptManifestError
             Tables are inconsistent (a reference cycle, a missing reference).
         """
-        t = self.tensor(step, name)
+        t = self.tensor(step, name, chain=True)
         if not 0 <= piece < len(t.pieces):
             raise IndexError(f"piece {piece} of {name!r} does not exist")
         p = t.pieces[piece]
@@ -67,7 +67,7 @@ class ChunkReader(TableReader):
 
     def box(self, step: int, name: str, lo: tuple[int, ...], hi: tuple[int, ...], *, cache: bool = True) -> np.ndarray:
         """The values of ``name`` at ``step`` over the box ``[lo, hi)`` (assembled from its chunks)."""
-        t = self.tensor(step, name)
+        t = self.tensor(step, name, chain=True)
         parts = list(t.overlapping(lo, hi))
         if len(parts) == 1 and parts[0][2] == tuple(lo) and parts[0][3] == tuple(hi):
             return self.chunk(step, name, parts[0][1], parts[0][0], cache=cache)

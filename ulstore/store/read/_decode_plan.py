@@ -131,6 +131,10 @@ class _Plan:
         self.outs: dict[Node, np.ndarray] = {}
         self.into: set[Node] = set()
         self.batch: list = []  # the requests this plan serves (a job's batch)
+        #: step -> (its table directory, the chain positions it was found in, its position there): the
+        #: directory a step document names for an ancestor, or that step's own document
+        self.dirs: dict[int, tuple] = {}
+        self.prefetched: set[tuple[int, str]] = set()
 
     def content(self, node: Node) -> bytes:
         return self.need[node].content
@@ -147,7 +151,7 @@ class _Plan:
     def _expand(self, node: Node) -> list[Node]:
         """Record what ``node`` needs; return the nodes its value depends on."""
         step, name, j, coord = node
-        t = self.r.tensor(step, name)
+        t = self.r.table_in(self._dir(step)[0], name)
         if not 0 <= j < len(t.pieces):
             raise CorruptManifestError(
                 f"reference names piece {j}, which does not exist", step=step, tensor=name, key=step_key(step)
@@ -162,7 +166,7 @@ class _Plan:
         v = self._at_hand(name, need)
         if v is not None:
             return self._have(node, need, v)
-        packs = self.r.doc(step).packs
+        packs = self._dir(step)[0].packs
         ref = int(p.ref[i])
         if self.memo is not None:
             need.memo_key = (name, t.dtype.str, t.shape, p.layout, coord, packs[int(p.pack[i])], int(p.off[i]), ref)
@@ -206,7 +210,7 @@ class _Plan:
                 "chunk is coded against its own step", step=step, tensor=name, key=step_key(step)
             )
         try:
-            rt = self.r.tensor(ref, name)
+            rt = self.r.table_in(self._ancestor(step, ref, name), name)
         except (StepNotFoundError, TensorNotFoundError) as e:
             raise CorruptManifestError(f"reference is missing: {e}", step=step, tensor=name, key=step_key(step)) from e
         if rt.dtype != t.dtype or rt.shape != t.shape:
@@ -223,10 +227,45 @@ class _Plan:
         parts = list(rt.overlapping(*p.box(coord)))
         return [(ref, name, k, c) for k, c, _, _ in parts], p.box(coord)[0], [(clo, chi) for _, _, clo, chi in parts]
 
+    def _dir(self, step: int) -> tuple:
+        """(directory, chain positions, position) of ``step`` in this plan; its own document if not met yet."""
+        got = self.dirs.get(step)
+        if got is None:
+            d = self.r.doc(step)
+            got = self.dirs[step] = (d, d.chain_positions, 0)
+        return got
+
+    def _ancestor(self, step: int, ref: int, name: str):
+        """The table directory of ``ref``, which a chunk of ``step`` is coded against: from the chain that
+        named ``step``'s directory if it lists ``ref`` (further along the parent path than ``step``, else the
+        chain is damaged), else ``ref``'s own document (its blocks for ``name`` and its chain's fetched at once).
+        """
+        _, positions, here = self._dir(step)
+        hit = positions.get(ref)
+        if hit is None:
+            if ref not in self.dirs:
+                self.r.prefetch(ref, (name,))  # a document without a chain, or beyond a cut one: walk on from it
+            return self._dir(ref)[0]
+        k, entry = hit
+        if k <= here:
+            raise CorruptManifestError(
+                f"a chunk of step {step} is coded against step {ref}, which the step document's chain lists as "
+                f"no ancestor of step {step}",
+                step=step,
+                tensor=name,
+                key=step_key(step),
+            )
+        if ref not in self.dirs:
+            self.dirs[ref] = (entry, positions, k)
+        return self.dirs[ref][0]
+
     def add(self, node: Node, *, root: bool = True) -> None:
         """Plan ``node`` and everything it depends on."""
         if root:
             self.roots.add(node)
+            if node[:2] not in self.prefetched:  # the tensor's table blocks along the whole chain, in one batch
+                self.prefetched.add(node[:2])
+                self.r.prefetch(node[0], (node[1],))
         if node in self.state:
             return
         self.state[node] = _GRAY
@@ -542,6 +581,7 @@ def read_job(
     chain reaches values the kept step holds decode against them; with
     ``refresh_kept`` the kept step becomes this step, overwritten in place.
     """
+    reader.prefetch(step, None if names is None else list(names))  # the chain's table blocks: one batch
     tables = reader.tables(step)
     if names is None:
         names = list(tables)
@@ -575,6 +615,7 @@ def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool 
     planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
     threads, each chunk decoded once per batch however many boxes it overlaps."""
     outs, parts = [], []
+    reader.prefetch(step, sorted({name for name, _, _ in requests}))
     for name, lo, hi in requests:
         t = reader.tensor(step, name)
         out = np.empty(tuple(b - a for a, b in zip(lo, hi)), t.dtype)

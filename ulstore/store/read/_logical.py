@@ -208,7 +208,9 @@ class LogicalStore(Store):
 
     def _tensor(self, d: StepDoc, name: str) -> TensorTable | None:
         try:
-            return self.reader.tensor(d.step, name)
+            # a zarr array is opened to read its chunks next: its table blocks along the whole reference
+            # chain come with its own, in one parallel batch (no round trip per step of the chain)
+            return self.reader.tensor(d.step, name, chain=True)
         except NotFoundError:
             return None
 

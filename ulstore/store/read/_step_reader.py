@@ -239,7 +239,7 @@ class Reader:
 
     def _box(self, step: int, name: str, offset, shape) -> tuple[tuple, tuple]:
         """``(lo, hi)`` of the box at ``offset`` of ``shape`` in tensor ``name``; InvalidInputError outside it."""
-        t = self._t._reader.tensor(step, name)
+        t = self._t._reader.tensor(step, name, chain=True)
         lo = tuple(int(o) for o in offset)
         hi = tuple(a + int(n) for a, n in zip(lo, shape))
         if (

@@ -7,6 +7,12 @@ reads; :class:`~._chunk_reader.ChunkReader` adds the decoding.
 Caches (all bounded): step documents (by count); parsed table blocks; and the
 decoded-chunk LRU (keyed by content hash) that decode plans read and fill.
 
+Round trips: a step document names its ancestors' table directories (its
+``chain``), so :meth:`TableReader.prefetch` fetches the table blocks of a
+tensor's whole reference chain in one parallel batch, and :meth:`fetch`
+reads the ranges of different packs in parallel: a read of any step takes
+the same few dependent requests whatever its depth (document, blocks, blobs).
+
 Thread rules: every public method is thread-safe.  A thread waits on another
 only for a step document or table block being loaded (leaves), never inside
 a reference walk, so waits cannot form a cycle.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures as cf
 import threading
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -33,7 +40,7 @@ from ..format._chunk_tables import TensorTable
 from ..format._chunkcodec import digest, zstd_decompress
 from ..format._layout import pack_key, step_key
 from ..format._packs import Location, fetch, own_blob_range
-from ..format._stepdoc import StepDoc
+from ..format._stepdoc import ChainStep, StepDoc
 from ..format._table_block import Block, TableError, parse_block
 from ._lru import _LRU
 
@@ -76,6 +83,11 @@ class _Flight:
 
 #: Packs whose bytes read ahead a reader keeps until they are fetched.
 _MAX_AHEAD_PACKS = 2
+#: Requests of one fetch in flight at once (different packs; S3 serves each range read on its own connection)
+_IO_THREADS = 64
+#: What one prefetch may add to the table block cache (charged as :func:`_charge`): the rest of a very long chain
+#: of a large model is fetched when planned, rather than evicting the blocks the same read fetched first
+_PREFETCH_CHARGE = _TABLE_CACHE_BYTES // 2
 
 
 class TableReader:
@@ -103,6 +115,18 @@ class TableReader:
         # pack id -> view of its first bytes, dropped by the first fetch that reads from it (a follower that
         # catches up reads a step ahead while it applies one: two at most, the older dropped beyond that)
         self._ahead: dict[str, memoryview] = {}
+        self._io_pool: cf.ThreadPoolExecutor | None = None
+
+    def _pool(self) -> cf.ThreadPoolExecutor:
+        """The threads that run the requests of one fetch in parallel (made on first use; fetch jobs submit
+        nothing, so callers on any thread, the pool's own included, never wait on each other)."""
+        pool = self._io_pool
+        if pool is None:
+            with self._lock:
+                if self._io_pool is None:
+                    self._io_pool = cf.ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="ulstore-fetch")
+                pool = self._io_pool
+        return pool
 
     def __getstate__(self) -> dict:
         # where to read and how, not the caches (locks, decoded chunks): a process that
@@ -277,8 +301,11 @@ class TableReader:
             self._blocks.put((doc.step, doc.content, ref.hash), Block.from_tables(tables[lo:hi]), _charge(ref.length))
 
     def _block(self, step: int, bi: int) -> Block:
-        d = self.doc(step)
-        cache_key = (step, d.content, d.tables[bi].hash)
+        return self._block_in(self.doc(step), bi)
+
+    def _block_in(self, d: StepDoc | ChainStep, bi: int) -> Block:
+        """Table block ``bi`` of the directory ``d``: a step document, or an ancestor's entry of one's chain."""
+        cache_key = (d.step, d.content, d.tables[bi].hash)
         hit = self._blocks.get(cache_key)
         if hit is not None:
             return hit
@@ -286,34 +313,87 @@ class TableReader:
         def load():
             ref = d.tables[bi]
             data = self.fetch([(d.packs[ref.pack], ref.offset, ref.length)])[0]
-            block = self._parse_block(step, d, bi, data)
+            block = self._parse_block(d.step, d, bi, data)
             self._blocks.put(cache_key, block, _charge(ref.length))
             return block
 
         return self._once(("block", cache_key), load)
 
     @staticmethod
-    def _parse_block(step: int, d: StepDoc, bi: int, data) -> Block:
+    def _parse_block(step: int, d: StepDoc | ChainStep, bi: int, data) -> Block:
         ref = d.tables[bi]
         key = pack_key(d.packs[ref.pack])
+        # an ancestor's directory comes from a descendant's document: say so (a wrong copy is damage there)
+        where = " (as a descendant's step document lists it)" if isinstance(d, ChainStep) else ""
         if digest(data).hex() != ref.hash:
-            raise CorruptManifestError(f"table block at byte {ref.offset} fails its hash", step=step, key=key)
+            raise CorruptManifestError(f"table block at byte {ref.offset}{where} fails its hash", step=step, key=key)
         try:
             block = parse_block(data, n_packs=len(d.packs))
         except TableError as e:
-            raise CorruptManifestError(f"table block at byte {ref.offset} is malformed: {e}", step=step, key=key) from e
+            raise CorruptManifestError(
+                f"table block at byte {ref.offset}{where} is malformed: {e}", step=step, key=key
+            ) from e
         names = list(block.specs())
         if not names or names[0] != ref.first or names[-1] != ref.last:
-            raise CorruptManifestError("table block holds other tensors than its directory says", step=step, key=key)
+            raise CorruptManifestError(
+                f"table block{where} holds other tensors than its directory says", step=step, key=key
+            )
         return block
 
-    def tensor(self, step: int, name: str) -> TensorTable:
-        """The table of tensor ``name`` at ``step``: one step document and one table block."""
-        bi = self.doc(step).table_for(name)
-        t = self._block(step, bi).tables().get(name) if bi is not None else None
+    def tensor(self, step: int, name: str, *, chain: bool = False) -> TensorTable:
+        """The table of tensor ``name`` at ``step``: one step document and one table block.
+
+        ``chain``: a read of the tensor's values follows: fetch the tensor's table blocks of the step's whole
+        reference chain with it, in one parallel batch (:meth:`prefetch`).
+        """
+        if chain:
+            self.prefetch(step, (name,))
+        return self.table_in(self.doc(step), name)
+
+    def table_in(self, d: StepDoc | ChainStep, name: str) -> TensorTable:
+        """The table of tensor ``name`` in the directory ``d`` (a step document or a chain entry)."""
+        bi = d.table_for(name)
+        t = self._block_in(d, bi).tables().get(name) if bi is not None else None
         if t is None:
-            raise TensorNotFoundError("no such tensor", step=step, tensor=name)
+            raise TensorNotFoundError("no such tensor", step=d.step, tensor=name)
         return t
+
+    def prefetch(self, step: int, names=None) -> None:
+        """Fetch, in one parallel batch, the table blocks of ``step`` and of the ancestors its document's
+        ``chain`` lists that hold tensors ``names`` (all: None) and are not cached yet.
+
+        Nothing but the step document is read before: the chain names every block's place and hash.  At
+        most :data:`_PREFETCH_CHARGE` of cache is filled (nearest steps first); the rest is read when needed.
+        """
+        d = self.doc(step)
+        wanted: dict[tuple, tuple[StepDoc | ChainStep, int]] = {}
+        charge = 0
+        dirs: list[StepDoc | ChainStep] = [d, *d.chain]
+        for dd in dirs:
+            rows: Iterable[int] = (
+                range(len(dd.tables))
+                if names is None
+                else sorted({bi for bi in map(dd.table_for, names) if bi is not None})
+            )
+            for bi in rows:
+                ref = dd.tables[bi]
+                key = (dd.step, dd.content, ref.hash)
+                if key in wanted or self._blocks.get(key) is not None:
+                    continue
+                charge += _charge(ref.length)
+                if charge > _PREFETCH_CHARGE and wanted:
+                    break
+                wanted[key] = (dd, bi)
+            if charge > _PREFETCH_CHARGE:
+                break
+        if not wanted:
+            return
+        items = list(wanted.items())
+        datas = self.fetch(
+            [(dd.packs[dd.tables[bi].pack], dd.tables[bi].offset, dd.tables[bi].length) for _, (dd, bi) in items]
+        )
+        for (key, (dd, bi)), data in zip(items, datas):
+            self._blocks.put(key, self._parse_block(dd.step, dd, bi, data), _charge(dd.tables[bi].length))
 
     def blocks(self, step: int, *, own_blobs: bool = False) -> list[Block]:
         """The table blocks of ``step``, in name order (the missing ones fetched together).
@@ -362,6 +442,7 @@ class TableReader:
     def fetch(self, locations: list[Location], pool: cf.Executor | None = None) -> list[memoryview]:
         """Bytes at (pack, offset, length) locations, with coalesced range reads (and from the bytes
         :meth:`blocks` read ahead, if any: this call drops them)."""
+        pool = pool if pool is not None else self._pool() if len({loc[0] for loc in locations}) > 1 else None
         if not self._ahead:
             return fetch(self.io, locations, pool=pool)
         with self._lock:
