@@ -1,6 +1,6 @@
 """ULPack codec acceptance tests: exact round trips, determinism, bad input, small tensors.
 
-Every value comparison is on the unsigned-integer view of the bits (``bits_of``,
+Every value comparison is on the bits (``assert_bits_equal``,
 ``assert_bit_identical`` in conftest.py): there is no tolerance anywhere, and NaN
 payloads, signed zeros and subnormals count.
 """
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ulstore
-from tests.helpers.bits import bits_of, uint
+from tests.helpers.bits import assert_bits_equal, uint
 from tests.helpers.blobs import reseal
 from ulstore import (
     CorruptBlobError,
@@ -389,7 +389,7 @@ def test_torch_tensors(name, awkward_bits, assert_bit_identical):
         for ref in (rt, rnp):
             out = ulstore.decode(blob, ref)
             assert_bit_identical(out, tnp)
-            assert np.array_equal(bits_of(tt), out.view(uint(dt)))
+            assert_bits_equal(out, tt)
         assert ulstore.encode(tt, rnp, econd=econd) == blob  # mixed torch / numpy
         assert ulstore.encode(tt, None, econd=econd) == ulstore.encode(tnp, None, econd=econd)
     # non-contiguous tensors
@@ -1078,7 +1078,7 @@ def test_model_entropy_bits_order_and_conditioning(name):
     a = ulstore.model_entropy_bits(t, r)
     b = ulstore.model_entropy_bits(t[perm], r[perm])
     # a permutation only reorders the histogram increments: the counts, so the result, are equal
-    assert np.float64(a).view(np.uint64) == np.float64(b).view(np.uint64)
+    assert_bits_equal(np.float64(a), np.float64(b))
     assert a <= ulstore.model_entropy_bits(t, r, econd=False)
     assert a > 0
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ulstore
-from tests.helpers.bits import uint
+from tests.helpers.bits import assert_bits_equal, uint
 from tests.helpers.blobs import reseal
 from ulstore import CorruptBlobError, IntegrityError
 from ulstore.codec import _format as F
@@ -60,7 +60,7 @@ def _roundtrip_all_backends(t, r=None):
     blob = blobs[BACKENDS[0]]
     for be in BACKENDS:
         out = ulstore.decode(blob, r, backend=be)
-        assert np.array_equal(out.view(uint(out.dtype)), np.ascontiguousarray(t).view(uint(t.dtype)))
+        assert_bits_equal(out, t)
     return blob
 
 
@@ -223,7 +223,7 @@ def test_legitimate_constant_and_zero_tensors_still_decode():
         blob = ulstore.encode(x)
         assert len(blob) < 200
         out = ulstore.decode(blob)
-        assert np.array_equal(out.view(uint(out.dtype)), x.view(uint(x.dtype)))
+        assert_bits_equal(out, x)
 
 
 # -- crafted version-3 blobs -------------------------------------------------------------------

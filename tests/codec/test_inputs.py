@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ulstore
-from tests.helpers.bits import bits_of
+from tests.helpers.bits import assert_bits_equal
 from ulstore import ULPack
 from ulstore.errors import InvalidInputError
 
@@ -39,7 +39,7 @@ def test_np_matrix_codes_as_its_array():
     blob = ulstore.encode(m)
     back = ulstore.decode(blob)
     assert type(back) is np.ndarray and back.shape == (2, 2)
-    np.testing.assert_array_equal(bits_of(back), bits_of(np.asarray(m)))
+    assert_bits_equal(back, np.asarray(m))
     assert bytes(ULPack().encode(m)) == bytes(blob)
 
 

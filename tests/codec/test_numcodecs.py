@@ -31,7 +31,7 @@ from numcodecs.tests.common import (
 )
 
 import ulstore
-from tests.helpers.bits import bits_of, uint
+from tests.helpers.bits import assert_bits_equal, uint
 from ulstore import DtypeError, IntegrityError, ReferenceMismatchError, ULPack
 from ulstore.codec._dtypes import FORMATS
 
@@ -41,13 +41,6 @@ GOLDEN = FIXTURES / "ulpack_v3"  # today's
 NUMCODECS_FIXTURES = FIXTURES / "numcodecs"
 DTYPES = {f.name: f.dtype for f in FORMATS}  # the six formats ULPack codes, by name
 CODECS = [ULPack(), ULPack(econd=False)]
-
-
-def _assert_same_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.array_equal(bits_of(got), bits_of(want))
 
 
 def _codec_arrays() -> list[np.ndarray]:
@@ -146,11 +139,11 @@ def test_encode_decode_typed(arr, codec):
     ):
         dec = codec.decode(buf)
         assert isinstance(dec, np.ndarray) and dec.flags.c_contiguous
-        _assert_same_bits(dec, arr)
+        assert_bits_equal(dec, arr)
     out = np.empty_like(arr)
     res = codec.decode(enc_bytes, out=out)
     assert res is out
-    _assert_same_bits(out, arr)
+    assert_bits_equal(out, arr)
     out = bytearray(arr.nbytes)
     codec.decode(enc_bytes, out=out)
     assert bytes(out) == arr.tobytes()
@@ -179,10 +172,10 @@ def test_reference_through_codec(codec):
     t = (r.view(np.uint32) + np.uint32(3)).view(np.float32)
     enc = codec.encode(t, reference=r)
     assert enc == ulstore.encode(t, r, econd=codec.econd)
-    _assert_same_bits(codec.decode(enc, reference=r), t)
+    assert_bits_equal(codec.decode(enc, reference=r), t)
     out = np.empty_like(t)
     codec.decode(enc, out=out, reference=r)
-    _assert_same_bits(out, t)
+    assert_bits_equal(out, t)
     with pytest.raises(ReferenceMismatchError):
         codec.decode(enc)
     with pytest.raises(ReferenceMismatchError):
@@ -229,7 +222,7 @@ def test_decode_into_non_c_contiguous_out(layout):
         return
     res = codec.decode(enc, out=out)
     assert res is out
-    assert np.array_equal(bits_of(out), bits_of(expected)), f"out was not written:\n{out}"
+    assert_bits_equal(out, expected, "out was not written")
 
 
 def test_numcodecs_buffer_order_f_contiguous(tmp_path, monkeypatch):
@@ -340,7 +333,7 @@ def test_golden_blob_decodes_and_reencodes(name, backend):
     # (a) the stored blob decodes to the stored expected values
     out = ulstore.decode(blob, reference, backend=backend)
     assert isinstance(out, np.ndarray) and out.flags.c_contiguous
-    _assert_same_bits(out, target)
+    assert_bits_equal(out, target)
     # (b) today's encoder writes exactly the stored bytes
     again = _reencode(case, target, reference, backend=backend)
     assert again == blob, f"{name}: the encoder no longer writes the same bytes ({len(again)} vs {len(blob)})"
@@ -350,7 +343,7 @@ def test_golden_blob_decodes_and_reencodes(name, backend):
     # and through the numcodecs interface
     codec = ULPack(econd=case["econd"], sparse=sparse)
     assert ensure_bytes(codec.encode(target, reference=reference)) == blob
-    _assert_same_bits(codec.decode(blob, reference=reference), target)
+    assert_bits_equal(codec.decode(blob, reference=reference), target)
 
 
 @pytest.mark.parametrize("backend", ulstore.available_backends())
@@ -368,12 +361,12 @@ def test_golden_v1_blob_decodes(name, backend):
     assert info["version"] == (2 if sparse else 1)
     assert (info["dtype"], info["shape"], info["mode"]) == (case["dtype"], tuple(case["shape"]), case["mode"])
     assert (info["delta"], info["econd"]) == (case["delta"], case["econd"])
-    _assert_same_bits(ulstore.decode(blob, reference, backend=backend), target)
+    assert_bits_equal(ulstore.decode(blob, reference, backend=backend), target)
     codec = ULPack(econd=case["econd"], sparse=sparse)
-    _assert_same_bits(codec.decode(blob, reference=reference), target)
+    assert_bits_equal(codec.decode(blob, reference=reference), target)
     today = ulstore.encode(target, reference, econd=case["econd"], sparse=sparse, backend=backend)
     assert today != blob and ulstore.inspect_blob(today)["version"] == (4 if sparse else 3), name
-    _assert_same_bits(ulstore.decode(today, reference, backend=backend), target)
+    assert_bits_equal(ulstore.decode(today, reference, backend=backend), target)
     if case["mode"] not in ("raw", "same", "sparse"):  # RAW and SAME only lost header bytes
         assert len(today) <= len(blob) + 4, (name, len(today), len(blob))
     if sparse:  # Elias-Fano positions instead of the entropy-coded gaps: a few bytes more, or fewer
@@ -404,7 +397,7 @@ def test_numcodecs_backwards_compatibility(monkeypatch, prefix):
         for a, arr in zip(arrays, loaded):
             i = a.name.split(".")[1]
             stored = (root / f"codec.{j:02d}" / f"encoded.{i}.dat").read_bytes()
-            _assert_same_bits(codec.decode(stored), arr)
+            assert_bits_equal(codec.decode(stored), arr)
             if prefix:  # today's encodings are today's bytes, bit for bit
                 assert ensure_bytes(codec.encode(arr)) == stored
 
@@ -434,7 +427,7 @@ def test_dtype_setting_reads_untyped_buffers():
     assert codec.get_config() == {"id": "ulpack", "econd": True, "dtype": "bfloat16"}
     assert numcodecs.get_codec(codec.get_config()) == codec
     out = codec.decode(codec.encode(x.tobytes()))
-    assert out.dtype == x.dtype and out.tobytes() == x.tobytes()
+    assert_bits_equal(out, x)
     with pytest.raises(ulstore.DtypeError):
         ULPack().encode(x.tobytes())  # no dtype: bytes alone cannot be coded
 
