@@ -253,3 +253,18 @@ def test_a_full_read_reaches_the_kernel_in_four_calls(monkeypatch, sparse):
             "_step_reader.py:read",
             "trajectory.py:delegated",
         ]
+
+
+def test_batches_on_several_threads_read_exactly_and_a_failure_in_any_is_raised(monkeypatch):
+    """Small batches (one chunk or two each) on 3 threads: the caller's thread and two helpers take them."""
+    monkeypatch.setattr(_decode_plan, "BATCH_BYTES", 4096)
+    states = _walk(9, 6, [0.01, 0.3])
+    traj = _commit(states)
+    for step in (0, 6):
+        assert_state_equal(ulstore.open(traj.url, mode="r", threads=3).read(step), states[step])
+    deltas = [e for e in entries(traj, 3) if e["ref"] is not None and e["tensor"] == "w"]
+    pid, off, n = deltas[-1]["blob"]
+    flip_at(traj._io, pack_key(pid), off + n // 2, 0x10)
+    with pytest.raises(CorruptBlobError) as e:
+        ulstore.open(traj.url, mode="r", threads=3).read(6)
+    assert e.value.key == pack_key(pid)
