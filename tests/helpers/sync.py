@@ -11,11 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from ulstore import toytrain
 
-from .bits import flat_bits
+from .bits import assert_bits_equal, flat_bits
 
 __all__ = [
     "E2E_LR",
@@ -55,10 +53,10 @@ def state_digest(state) -> str:
 
 
 def assert_same_bits(got, want) -> None:
-    assert set(got) == set(want)
+    """Two states (name -> array or tensor) hold the same names and, name by name, the same bits."""
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
     for k in want:
-        assert tuple(got[k].shape) == tuple(want[k].shape), k
-        np.testing.assert_array_equal(flat_bits(got[k]), flat_bits(want[k]), err_msg=k)
+        assert_bits_equal(got[k], want[k], k)
 
 
 def rl_states(steps: int, preset: str = "tiny", warmup: int = 20, **overrides) -> list[dict]:

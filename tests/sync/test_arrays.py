@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers.bits import assert_bits_equal
 from ulstore.sync import Follower, Publisher
 from ulstore.sync._arrays import HUGE_PAGE, Spec, allocate, arena
 
@@ -74,7 +75,7 @@ def test_a_followers_state_is_one_mapping_advised_huge_pages(tmp_path):
         assert len(bases) == 1  # one arena
         assert "hg" in _vm_flags(next(iter(f.state.values())).ctypes.data)  # madvise(MADV_HUGEPAGE)
         for k, v in state.items():
-            assert f.state[k].tobytes() == v.tobytes()
+            assert_bits_equal(f.state[k], v, k)
     finally:
         f.close()
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.store import CountingIO
 from tests.helpers.sync import assert_same_bits, columns_taken, delta_modes, rl_states, state_digest
 from ulstore.codec import ApplyPlan
@@ -848,7 +849,7 @@ def test_sync_bucket_is_a_trajectory_for_every_tool(states, tmp_path):
         assert_same_bits(traj.read(v), states[v])
     name = "lm_head.weight"
     lazy = traj[5][name][2:4, 1:7]
-    np.testing.assert_array_equal(lazy.view(np.uint16), states[5][name][2:4, 1:7].view(np.uint16))
+    assert_bits_equal(lazy, states[5][name][2:4, 1:7])
     assert traj.verify().errors == []
     # hash chain: each version names its parent's content checksum
     log = traj.log()
@@ -1019,7 +1020,7 @@ def test_unusable_newest_anchor_falls_back_to_an_older_one(states, url):
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float32"])
 def test_device_binding_writes_through_a_cpu_stand_in(name):
     """The device half of a Binding (CUDA in production) takes whole chunks and changes alike."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from ulstore import decode_changes, encode
     from ulstore.core.torch import to_tensor as numpy_to_tensor
 
@@ -1031,17 +1032,13 @@ def test_device_binding_writes_through_a_cpu_stand_in(name):
     device = numpy_to_tensor(ref.copy())  # what a CUDA tensor would be (fp8: no index_copy_ kernel)
     b = Binding("w", ref.copy(), device=device)
     b.apply(0, ref.size, decode_changes(encode(target, ref, sparse=True), ref))
-
-    def device_bits():
-        return device.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[dt.itemsize]).numpy().view(word)
-
-    for got in (b.mirror.view(word), device_bits()):
-        assert np.array_equal(got, target.view(word))
+    for got in (b.mirror, device):
+        assert_bits_equal(got, target)
     b.write(1000, ref[1000:2000])  # a whole chunk
     want = target.copy()
     want[1000:2000] = ref[1000:2000]
-    for got in (b.mirror.view(word), device_bits()):
-        assert np.array_equal(got, want.view(word))
+    for got in (b.mirror, device):
+        assert_bits_equal(got, want)
 
 
 def follower_a_version_behind(states, url, way: str, anchor_every: int):
@@ -1089,7 +1086,7 @@ def test_device_copies_get_exactly_the_changes_written(states, url, way, monkeyp
     assert taken == [way == "columns"]
     assert_same_bits(f.state, states[target])
     for n, v in states[target].items():
-        assert np.array_equal(device[n], np.asarray(v).reshape(-1).view(np.uint16)), n
+        assert_bits_equal(device[n], np.asarray(v).reshape(-1).view(np.uint16), n)  # the device holds words
 
 
 @pytest.mark.parametrize("way", ["feed", "columns"])
