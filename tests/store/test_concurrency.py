@@ -14,10 +14,10 @@ import threading
 import uuid
 import warnings
 
-import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.interleave import interleave
 from tests.helpers.other_side import other_side
 from tests.helpers.store import CHUNK, assert_state_equal, states_bf16
@@ -326,9 +326,7 @@ result = traj.gc(repack_below=1.0)
     assert other_side(*where, body)["packs"] > 0
     assert_state_equal(ro.read(4), states[4])
     name = sorted(states[5])[0]
-    np.testing.assert_array_equal(
-        np.asarray(ro[5][name][...]).view(np.uint8), np.asarray(states[5][name]).view(np.uint8)
-    )
+    assert_bits_equal(ro[5][name][...], states[5][name], name)
     with pytest.raises(StepNotFoundError):
         ro.read(3)
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import ulstore  # noqa: E402
-from tests.helpers.bits import bits_of  # noqa: E402
+from tests.helpers.bits import assert_bits_equal  # noqa: E402
 from tests.helpers.store import CHUNK, rewrite_step, states_bf16  # noqa: E402
 from ulstore.errors import UlstoreError  # noqa: E402
 
@@ -171,9 +171,7 @@ sys.addaudithook(_OutsideRoot.hook)
 
 def _check(got, want, what):
     """``got`` is exactly ``want`` (dtype, shape and every bit), else fail naming ``what``."""
-    got = np.asarray(got)
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: wrong dtype/shape returned"
-    np.testing.assert_array_equal(bits_of(got), bits_of(want), err_msg=f"{what}: a wrong value was returned")
+    assert_bits_equal(got, want, f"{what}: a wrong value was returned")
 
 
 def _read_everything(url, states):
@@ -299,7 +297,7 @@ def test_a_chunk_longer_than_its_piece_is_clamped_on_write_and_refused_on_read(t
     traj.finalize(0, w.close())
     t = traj._reader.tables(0)["x"]
     assert t.pieces[0].chunks == (10,)
-    np.testing.assert_array_equal(traj[0]["x"][:], np.arange(10, dtype=np.float32))
+    assert_bits_equal(traj[0]["x"][:], np.arange(10, dtype=np.float32))
     assert "outside" in pieces_problem((10,), [((0,), (10,), (11,))])
     assert pieces_problem((10,), [((0,), (10,), (10,))]) is None
     assert pieces_problem((0, 3), [((0, 0), (0, 3), (1, 3))]) is None  # an empty axis has chunks of 1

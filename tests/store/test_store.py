@@ -15,6 +15,7 @@ import pytest
 import zarr
 
 import ulstore
+from tests.helpers.bits import assert_bits_equal
 from tests.helpers.bits import bits_of as bits
 from tests.helpers.store import (
     CHUNK,
@@ -84,8 +85,8 @@ def test_exact_every_step_every_backend(backend_url):
     assert isinstance(g, zarr.Group) and g.attrs["i"] == 20
     w = g["model.layers.0.mlp.up_proj.weight"]
     assert w.dtype == np.dtype(ml_dtypes.bfloat16) and w.chunks[0] < w.shape[0]
-    np.testing.assert_array_equal(bits(w[:]), bits(bf16[20]["model.layers.0.mlp.up_proj.weight"]))
-    np.testing.assert_array_equal(bits(w[5:70, 3]), bits(bf16[20]["model.layers.0.mlp.up_proj.weight"][5:70, 3]))
+    assert_bits_equal(w[:], bf16[20]["model.layers.0.mlp.up_proj.weight"])
+    assert_bits_equal(w[5:70, 3], bf16[20]["model.layers.0.mlp.up_proj.weight"][5:70, 3])
     assert g["optimizer/step"][()] == 20 and g["optimizer"]["step"].shape == ()
     assert g["empty"].shape == (0, 3)
     assert ro[120]["lm_head.weight"].dtype == np.float32
@@ -116,7 +117,7 @@ def test_odd_dtypes_and_edge_chunks():
             bits(got[k].astype(got[k].dtype.newbyteorder("<"))), bits(v.astype(v.dtype.newbyteorder("<"))), err_msg=k
         )
     g = ro[0]
-    np.testing.assert_array_equal(bits(g["f16"][6, :]), bits(state["f16"][6, :]))  # last, padded chunk
+    assert_bits_equal(g["f16"][6, :], state["f16"][6, :])  # last, padded chunk
     assert g["e4m3"].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
 
 
@@ -143,7 +144,7 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     counter = CountingIO(ro._io)
     name = "model.layers.0.mlp.up_proj.weight"
     value = ro[step][name][17, 5]
-    assert bits(np.asarray(value)) == bits(np.asarray(states[step][name][17, 5]))
+    assert_bits_equal(np.asarray(value), np.asarray(states[step][name][17, 5]))
     # per step of the chain: its step document, one table block, at most one blob (range reads of packs)
     assert len(set(counter.docs())) <= depth + 1
     assert len(counter.packs()) <= 2 * (depth + 1)
@@ -153,7 +154,7 @@ def test_one_element_fetches_only_its_chain(tmp_path, depth):
     assert counter.reads == []
     counter.reset()
     other = ro[step][name][60, 0]  # another chunk of the same tensor: only its own chain
-    assert bits(np.asarray(other)) == bits(np.asarray(states[step][name][60, 0]))
+    assert_bits_equal(np.asarray(other), np.asarray(states[step][name][60, 0]))
     # one blob per step of its chain that changed the chunk (a step that left it alone shares the
     # parent's blob), never a step document or table block again: they were all read for the first chunk
     blobs = counter.packs()
@@ -309,10 +310,7 @@ def test_a_commit_lists_no_steps(backend_url):
     traj.commit(2, states[2])
     assert listed == ["pending"]
     for i in range(3):
-        assert (
-            bits(ulstore.open(url, mode="r", storage_options=so).read(i)["w"]).tobytes()
-            == bits(states[i]["w"]).tobytes()
-        )
+        assert_bits_equal(ulstore.open(url, mode="r", storage_options=so).read(i)["w"], states[i]["w"], f"step {i}")
 
 
 def test_a_local_commit_reads_no_listing_that_grows_with_the_run(tmp_path):
@@ -334,7 +332,7 @@ def test_a_local_commit_reads_no_listing_that_grows_with_the_run(tmp_path):
     empty = [d for d, dirs, files in os.walk(root) if not dirs and not files and os.path.dirname(d) != str(root)]
     assert not empty, empty
     for i in range(6):
-        assert bits(ulstore.open(root, mode="r").read(i)["w"]).tobytes() == bits(states[i]["w"]).tobytes()
+        assert_bits_equal(ulstore.open(root, mode="r").read(i)["w"], states[i]["w"], f"step {i}")
 
 
 def test_writer_killed_mid_commit(tmp_path):
@@ -550,7 +548,7 @@ def test_awkward_tensor_names():
     assert_state_equal(ro.read(7), state)
     g = ro[8]
     for n in names:
-        np.testing.assert_array_equal(bits(g[n][1:3, 2]), bits((state[n] + state[n])[1:3, 2]))
+        assert_bits_equal(g[n][1:3, 2], (state[n] + state[n])[1:3, 2], n)
     assert set(g["model"].keys()) == {"layers.0"}
 
 
