@@ -55,6 +55,7 @@ __all__ = [
     "warmup_steps",
     "ensure_cached",
     "load_trajectory",
+    "iter_trajectory",
     "load_spec",
     "progress",
 ]
@@ -253,68 +254,147 @@ def _log(msg: str) -> None:
 def ensure_cached(kind: str, dtypes, preset: str = "bench", steps: int = 5) -> None:
     """Make sure ``steps + 1`` checkpoints of ``kind`` are cached in each of ``dtypes``.
 
-    Trains at most once for all the dtypes that are missing (the first
-    checkpoints of a longer run are those of a shorter one, so a cache with more
-    steps is reused).  Directories are written under a temporary name and then
-    renamed, so a concurrent reader never sees a half-written trajectory.
+    Trains at most once for all the dtypes that are missing, and resumes: the
+    run directory keeps the fp32 master weights, the Adam moments and the
+    minibatch sampler's state (``resume.npz``, saved every
+    :data:`RESUME_EVERY` checkpoints and at the end), so a longer run, or one
+    interrupted, continues where the cache stops instead of training again
+    from init.  The checkpoints are byte-identical to those of one
+    uninterrupted :func:`ulstore.toytrain.train` run.  Each file is written
+    under a temporary name and renamed, and ``meta.json`` (which says how many
+    checkpoints are usable) moves only after its files are in place, so a
+    concurrent reader never sees a half-written trajectory.
     """
     announce_cache()
     dtypes = [_dtype_name(d) for d in ([dtypes] if isinstance(dtypes, str) else dtypes)]
-    missing = [
-        d
-        for d in dict.fromkeys(dtypes)
-        if _cached_steps(_run_dir(kind, preset) / d, _meta(kind, d, preset)) < steps + 1
-    ]
+    have = {d: _cached_steps(_run_dir(kind, preset) / d, _meta(kind, d, preset)) for d in dict.fromkeys(dtypes)}
+    missing = {d: n for d, n in have.items() if n < steps + 1}
     if not missing:
         return
     config = toytrain.ToyConfig.preset(preset)
-    n_warm = warmup_steps(kind, preset)
+    run = _run_dir(kind, preset)
+    trainer = _ResumableRun(kind, config, warmup_steps(kind, preset), run)
+    first = trainer.start(min(missing.values()))
     _log(
-        f"training {kind!r} on preset {preset!r} ({config.num_params / 1e6:.1f}M params, "
-        f"{n_warm} warm-up + {steps} steps) for {', '.join(missing)} ..."
+        f"training {kind!r} on preset {preset!r} ({config.num_params / 1e6:.1f}M params, checkpoints "
+        f"{first}..{steps}{' resumed' if first else ''}) for {', '.join(missing)} ..."
     )
-    start = time.perf_counter()
-    staging = {}
+    t0 = time.perf_counter()
     for d in missing:
-        tmp = _run_dir(kind, preset) / f".{d}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        staging[d] = tmp
-    try:
-        for step, master in _train_fp32(kind, config, steps, n_warm):
-            for d, tmp in staging.items():
-                # the round-to-nearest cast toytrain.train applies when asked for this dtype
+        (run / d).mkdir(parents=True, exist_ok=True)
+    bar = progress(total=steps + 1 - first, desc=f"train {kind}")
+    for step, master in trainer.checkpoints(steps):
+        for d, n in missing.items():
+            if step >= n:  # the files below n are cached (and identical)
                 state = {k: np.ascontiguousarray(v.astype(toytrain.CHECKPOINT_DTYPES[d])) for k, v in master.items()}
-                toytrain.save_safetensors(state, tmp / _step_file(step))
-        for d, tmp in staging.items():
-            meta = {**_meta(kind, d, preset), "checkpoints": steps + 1}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-            final = _run_dir(kind, preset) / d
-            shutil.rmtree(final, ignore_errors=True)
-            try:
-                tmp.rename(final)
-            except OSError:  # another process just built it: use theirs
-                if _cached_steps(final, _meta(kind, d, preset)) < steps + 1:
-                    raise
-    finally:
-        for tmp in staging.values():
-            shutil.rmtree(tmp, ignore_errors=True)
+                _write_atomic(run / d / _step_file(step), lambda tmp, s=state: toytrain.save_safetensors(s, tmp))
+        if step == steps or (step + 1) % RESUME_EVERY == 0:  # the trainer saves its state after this
+            for d in missing:
+                meta = {**_meta(kind, d, preset), "checkpoints": step + 1}
+                _write_atomic(
+                    run / d / "meta.json", lambda tmp, m=meta: Path(tmp).write_text(json.dumps(m, indent=1) + "\n")
+                )
+        bar.update(1)
+    bar.close()
     _mark_ignored(cache_dir())
-    _log(f"trained {kind!r} in {time.perf_counter() - start:.1f} s -> {_run_dir(kind, preset)}")
+    _log(f"trained {kind!r} in {time.perf_counter() - t0:.1f} s -> {run}")
 
 
-def _train_fp32(kind, config, steps, n_warm):
-    """Yield ``(step, fp32 master weights)`` of one toytrain run, one checkpoint at a time."""
-    regimes = getattr(toytrain, "_REGIMES", None)  # (warm-up, warm-up lr, lr, weight decay) by kind
-    if regimes is None or kind not in regimes:
-        # public API (holds the whole run in memory)
-        yield from enumerate(toytrain.trajectory(kind, steps, preset=config, dtype="float32", warmup_steps=n_warm))
-        return
-    _, warm_lr, lr, wd = regimes[kind]
-    for step, master, _loss in toytrain.train(
-        config, steps, lr=lr, warmup_steps=n_warm, warmup_lr=warm_lr, dtype="float32", weight_decay=wd
-    ):
-        yield step, master
+#: Checkpoints between two saves of a run's resume state (fp32 weights and Adam moments: 12 bytes a parameter).
+RESUME_EVERY = 25
+
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: readers see the old file or the new, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class _ResumableRun:
+    """One toytrain run, step by step, that can stop and continue (``resume.npz`` in the run directory).
+
+    The loop is :func:`ulstore.toytrain.train`'s (same sampler, same AdamW,
+    same order of draws), kept here so its state can be saved: the saved
+    state sits after the optimizer step that leads to checkpoint ``next``.
+    """
+
+    def __init__(self, kind: str, config, n_warm: int, run: Path):
+        regimes = toytrain._REGIMES  # (warm-up, warm-up lr, lr, weight decay) by kind
+        _, self.warm_lr, self.lr, wd = regimes[kind]
+        self.config, self.n_warm, self.path = config, n_warm, run / "resume.npz"
+        self.key = json.dumps(
+            {
+                "kind": kind,
+                "config": asdict(config),
+                "warmup": n_warm,
+                "digest": _toytrain_digest(),
+                "python": platform.python_version(),
+                "numpy": np.__version__,
+            },
+            sort_keys=True,
+        )
+        self.data = toytrain.corpus()
+        self.rng = np.random.default_rng([config.seed, 1])
+        self.params = toytrain.init_params(config)
+        self.opt = toytrain._AdamW(self.params, wd)
+        self.next = 0
+
+    def _batch(self):
+        c = self.config
+        starts = self.rng.integers(0, self.data.size - c.context, size=c.batch_size)
+        return self.data[starts[:, None] + np.arange(c.context + 1)].astype(np.intp)
+
+    def start(self, wanted: int) -> int:
+        """Load the saved state if it stands at or before checkpoint ``wanted``; the checkpoint training starts at."""
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                if str(z["key"]) != self.key or int(z["next"]) > wanted:
+                    raise ValueError("another run, or past what is cached")
+                for k in self.params:
+                    self.params[k][...] = z["p/" + k]
+                    self.opt.m[k][...] = z["m/" + k]
+                    self.opt.v[k][...] = z["v/" + k]
+                self.opt.t = int(z["t"])
+                self.rng.bit_generator.state = json.loads(str(z["rng"]))
+                self.next = int(z["next"])
+        except (OSError, ValueError, KeyError):
+            for _ in range(self.n_warm):
+                _, grads = toytrain.loss_and_grads(self.params, self._batch(), self.config)
+                self.opt.step(self.params, grads, self.warm_lr)
+        return self.next
+
+    def checkpoints(self, last: int):
+        """Yield ``(step, fp32 master weights)`` for checkpoints ``next..last`` (the arrays change after the yield)."""
+        while self.next <= last:
+            _, grads = toytrain.loss_and_grads(self.params, self._batch(), self.config)
+            yield self.next, self.params
+            # one step past the last checkpoint too: the saved state then continues the run exactly
+            self.opt.step(self.params, grads, self.lr)
+            self.next += 1
+            if self.next % RESUME_EVERY == 0 or self.next > last:  # after the caller's meta.json: never ahead of it
+                self.save()
+
+    def save(self) -> None:
+        """Write the state (checkpoint ``next`` is the one the run would yield next)."""
+        arrays = {
+            "key": np.array(self.key),
+            "next": np.array(self.next),
+            "t": np.array(self.opt.t),
+            "rng": np.array(json.dumps(self.rng.bit_generator.state)),
+        }
+        for k in self.params:
+            arrays["p/" + k], arrays["m/" + k], arrays["v/" + k] = self.params[k], self.opt.m[k], self.opt.v[k]
+
+        def write(tmp):
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+
+        _write_atomic(self.path, write)
 
 
 def _mark_ignored(root: Path) -> None:
@@ -357,6 +437,18 @@ def load_trajectory(
     dtype = _dtype_name(dtype)
     path = _run_dir(kind, preset) / dtype
     return [load_file(str(path / _step_file(i))) for i in range(steps + 1)]
+
+
+def iter_trajectory(kind: str, dtype: str = "bfloat16", preset: str = "bench", steps: int = 5):
+    """:func:`load_trajectory` one checkpoint at a time (a long bench-size run does not fit in memory at once)."""
+    from safetensors.numpy import load_file
+
+    if steps < 1:
+        raise ValueError("steps must be >= 1 (a trajectory needs at least one step pair)")
+    ensure_cached(kind, [dtype], preset, steps)
+    path = _run_dir(kind, preset) / _dtype_name(dtype)
+    for i in range(steps + 1):
+        yield load_file(str(path / _step_file(i)))
 
 
 def load_spec(spec: TrajectorySpec | str, preset: str = "bench", steps: int = 5) -> list[dict[str, np.ndarray]]:
