@@ -16,13 +16,40 @@ __all__ = ["_cmd_add"]
 
 def _cmd_init(args, ui) -> int:
     traj = _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
-    doc = {"url": args.url, "anchor_every": traj.anchor_every, "chunk_bytes": traj.chunk_bytes, "steps": 0}
+    doc = {
+        "url": args.url,
+        "anchor_every": traj.anchor_every,
+        "anchor_cost": traj.anchor_cost,
+        "chunk_bytes": traj.chunk_bytes,
+        "steps": 0,
+    }
     ui.emit(doc)
-    ui.out(
-        f"initialized an empty trajectory at {args.url} "
-        f"(an anchor every {traj.anchor_every} steps, {binary_bytes(traj.chunk_bytes)} chunks)"
+    policy = (
+        f"an anchor every {traj.anchor_every} steps"
+        if traj.anchor_cost is None
+        else f"an anchor when reading the next step would cost more than {traj.anchor_cost:g}x reading an anchor"
     )
+    ui.out(f"initialized an empty trajectory at {args.url} ({policy}, {binary_bytes(traj.chunk_bytes)} chunks)")
     return EXIT_OK
+
+
+def _anchor_column(info) -> str:
+    """``log``'s anchor column: an anchor and why (``anchor: cost 2.3x>2``, ``anchor: every 16``, ``anchor: root``,
+    ``anchor: asked``), or the distance to the chain's anchor and, under the cost model, the read's cost in
+    anchor reads (``+3 1.4x``)."""
+    a = info.anchoring
+    if info.anchor_distance > 0:
+        ratio = f" {a['cost'] / a['anchor_cost']:.1f}x" if a is not None and a["anchor_cost"] else ""
+        return f"+{info.anchor_distance}{ratio}"
+    why = (a or {}).get("anchor")
+    if not why:
+        return "anchor"
+    policy = why["policy"]
+    if policy == "cost":
+        return f"anchor: cost {why['predicted'] / max(why['limit'] / why['k'], 1):.1f}x>{why['k']:g}"
+    if policy == "every":
+        return f"anchor: every {why['every']}"
+    return f"anchor: {policy}"
 
 
 def _cmd_log(args, ui) -> int:
@@ -49,6 +76,7 @@ def _cmd_log(args, ui) -> int:
             "step": info.step,
             "parent": info.parent,
             "anchor_distance": info.anchor_distance,
+            "anchoring": info.anchoring,
             "tensors": len(shapes),
             "raw_bytes": raw,
             "stored_bytes": stored.get(info.step, 0),
@@ -62,7 +90,7 @@ def _cmd_log(args, ui) -> int:
             [
                 info.step,
                 "-" if info.parent is None else info.parent,
-                "anchor" if info.anchor_distance == 0 else f"+{info.anchor_distance}",
+                _anchor_column(info),
                 len(shapes),
                 human_bytes(raw),
                 human_bytes(doc["stored_bytes"]),

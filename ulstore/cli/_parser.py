@@ -364,7 +364,8 @@ def _settings_args(p) -> None:
         "--anchor-every",
         metavar="N",
         type=_nonneg_int,
-        help="a full anchor every N steps along a chain (new trajectories; default 16)",
+        help="a full anchor every N steps along a chain (new trajectories; default: an anchor when reading the "
+        "next step would cost more than 2x reading an anchor)",
     )
     p.add_argument(
         "--chunk-bytes",

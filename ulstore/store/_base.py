@@ -53,6 +53,7 @@ class TrajectoryBase:
         read_only: bool,
         anchor_every: int,
         chunk_bytes: int,
+        anchor_cost: float | None = None,
         pack_bytes: int = DEFAULT_PACK_BYTES,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         keep_parent: bool | int = True,
@@ -65,6 +66,8 @@ class TrajectoryBase:
         self.read_only = read_only
         self._why_read_only: str | None = None  # what a write says instead of "opened with mode='r'"
         self.anchor_every = anchor_every
+        #: the cost policy's k (None: the fixed count ``anchor_every``), see ``format/_read_cost.py``
+        self.anchor_cost = anchor_cost
         self.chunk_bytes = chunk_bytes
         self.pack_bytes = pack_bytes
         self._executor = executor

@@ -9,9 +9,13 @@ Read me first
   writes new packs (random names) and succeeds.
 - A chunk is coded against the co-located chunk of the *parent* step when the
   tensor kept its shape and dtype; a chunk whose content did not change reuses
-  the parent's entry verbatim (no new blob).  Every ``anchor_every`` steps
-  along the chain, a step is a full anchor: all chunks intra-coded (or reused
-  from an intra entry), so no read walks back further.
+  the parent's entry verbatim (no new blob).  A step is a full anchor (all
+  chunks intra-coded, or reused from an intra entry, so no read walks back
+  further) when reading it as a delta would cost more than ``anchor_cost``
+  (default 2) times reading an anchor, in a model of bytes fetched and decode
+  work kept in each step document: dense runs get frequent anchors, sparse
+  ones rare ones.  ``anchor_every=N`` instead makes every N-th step along a
+  chain an anchor (trajectories created before the cost policy keep theirs).
 - A writer keeps the step it committed last (the kept parent) and codes the
   next commit against it without decoding anything (``keep_parent``).
 - Refs (``main``, ``rl-run-2``) are append-only logs of sealed entries, moved
@@ -68,17 +72,27 @@ from .format._chunk_tables import MAX_CHUNK_BYTES
 from .format._chunkcodec import HASH_NAME
 from .format._layout import ROOT_META, STEPS_META
 from .format._packs import DEFAULT_PACK_BYTES
-from .format._stepdoc import FORMAT
+from .format._read_cost import DEFAULT_ANCHOR_COST, DEFAULT_ANCHOR_EVERY
+from .format._stepdoc import FORMAT, MAX_ANCHOR_K
 from .maintenance._delete import Deleter
 from .maintenance._gc import GarbageCollector
 from .maintenance._integrity import Integrity, VerifyReport
 from .read._chunk_reader import DEFAULT_CACHE_BYTES
 from .read._step_reader import Reader, StepInfo
 
-__all__ = ["open", "Trajectory", "StepInfo", "VerifyReport", "HEAD", "DEFAULT_ANCHOR_EVERY", "DEFAULT_CHUNK_BYTES"]
+__all__ = [
+    "open",
+    "Trajectory",
+    "StepInfo",
+    "VerifyReport",
+    "HEAD",
+    "DEFAULT_ANCHOR_COST",
+    "DEFAULT_ANCHOR_EVERY",
+    "DEFAULT_CHUNK_BYTES",
+]
 
-#: Default distance between full anchors along a chain (bounds a read to 16 blobs per chunk).
-DEFAULT_ANCHOR_EVERY = 16
+# DEFAULT_ANCHOR_COST: the cost policy's k, the default of new trajectories; DEFAULT_ANCHOR_EVERY: the fixed
+# count of trajectories made before it, and what an older ulstore uses on a new one (_read_cost.py)
 #: Default chunk size: big enough that S3 request latency is amortised, small enough for lazy slices.
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -94,6 +108,7 @@ def open(
     anchor_every: int | None = None,
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
+    anchor_cost: float | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     keep_parent: bool | int = True,
     executor: cf.Executor | None = None,
@@ -124,8 +139,16 @@ def open(
         Passed to the fsspec filesystem (credentials, endpoint, ...).
     anchor_every : int, optional
         A full intra-coded step every ``anchor_every`` steps along a chain (0:
-        only the root).  Stored at creation; passing it to an existing
-        trajectory changes it for this session's commits only.
+        only the root) instead of the cost policy.  Stored at creation;
+        passing it to an existing trajectory changes it for this session's
+        commits only.
+    anchor_cost : float, optional
+        The cost policy (the default of new trajectories, with k = 2): a
+        step is an anchor when reading it as a delta would cost more than
+        ``anchor_cost`` times reading its chain's anchor (bytes fetched plus
+        decode work, modelled; ``ulstore log`` shows why a step is an
+        anchor).  Stored at creation; given to an existing trajectory, it
+        holds for this session's commits.  Not with ``anchor_every``.
     chunk_bytes : int, optional
         Target chunk size for new tensors (a tensor keeps its chunk grid along
         its chain).  Stored at creation like ``anchor_every``.
@@ -194,10 +217,18 @@ def open(
     cached = _cache_refusal(io, url) if is_cache(io.fs) else None  # caches are read-only
     if cached is not None and mode in ("r+", "w", "w-", "x"):
         raise ReadOnlyError(f"cannot open {url!r} with mode={mode!r}: {cached}")
-    settings = _stored_settings(io, url, mode, cached, lambda: _new_settings(anchor_every, chunk_bytes, pack_bytes))
+    if anchor_every is not None and anchor_cost is not None:
+        raise InvalidInputError("pass anchor_every (a fixed count) or anchor_cost (the cost policy), not both")
+    anchor_cost = _check_anchor_cost(anchor_cost)
+    settings = _stored_settings(
+        io, url, mode, cached, lambda: _new_settings(anchor_every, chunk_bytes, pack_bytes, anchor_cost)
+    )
     # given settings hold for this session's commits
     if anchor_every is not None:
         settings["anchor_every"] = _check_positive("anchor_every", anchor_every, zero=True)
+        settings.pop("anchor_cost", None)
+    if anchor_cost is not None:
+        settings["anchor_cost"] = anchor_cost
     if chunk_bytes is not None:
         settings["chunk_bytes"] = _check_positive("chunk_bytes", chunk_bytes)
     if pack_bytes is not None:
@@ -209,6 +240,7 @@ def open(
         url=url,
         read_only=mode == "r" or cached is not None,
         anchor_every=settings["anchor_every"],
+        anchor_cost=settings.get("anchor_cost"),
         chunk_bytes=settings["chunk_bytes"],
         pack_bytes=settings["pack_bytes"],
         cache_bytes=cache_bytes,
@@ -328,8 +360,21 @@ def _check_positive(name, value, zero=False, error=InvalidInputError, key=None) 
     return value
 
 
-def _new_settings(anchor_every, chunk_bytes, pack_bytes=None) -> dict:
-    return {
+def _check_anchor_cost(k, error=InvalidInputError, key=None) -> float | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= MAX_ANCHOR_K:
+        raise error(f"anchor_cost must be a number > 0 and <= {MAX_ANCHOR_K:g}, got {k!r}", key=key)
+    return float(k)
+
+
+def _new_settings(anchor_every, chunk_bytes, pack_bytes=None, anchor_cost=None) -> dict:
+    """The settings a new trajectory stores.  Without ``anchor_every``, the cost policy: ``anchor_cost`` (k)
+    beside ``anchor_every`` 16, the fixed count an older ulstore (which knows no ``anchor_cost``) follows."""
+    cost = (
+        {} if anchor_every is not None else {"anchor_cost": DEFAULT_ANCHOR_COST if anchor_cost is None else anchor_cost}
+    )
+    return cost | {
         "format": FORMAT,
         "anchor_every": DEFAULT_ANCHOR_EVERY
         if anchor_every is None
@@ -360,6 +405,8 @@ def _parse_settings(raw: bytes, url: str = "") -> dict:
     out = dict(settings)
     for name, zero in (("anchor_every", True), ("chunk_bytes", False), ("pack_bytes", False)):
         _check_positive(name, out.get(name), zero, error=CorruptManifestError, key=ROOT_META)
+    if "anchor_cost" in out:  # absent: a trajectory made before the cost policy keeps its fixed count
+        _check_anchor_cost(out["anchor_cost"], error=CorruptManifestError, key=ROOT_META)
     return out
 
 

@@ -61,7 +61,7 @@ class Committer:
         executor: cf.Executor | None = None,
         files: Mapping[str, bytes] | None = None,
         snapshot: bool = False,
-        sparse: bool = False,
+        sparse: bool | None = None,
     ) -> int:
         """Store ``state`` as a new, immutable ``step``.
 
@@ -85,7 +85,7 @@ class Committer:
         metadata : dict, optional
             JSON-serializable; becomes the step group's attributes.
         anchor : bool, optional
-            None: follow ``anchor_every``.  True: make this step a full anchor
+            None: follow the trajectory's policy (the cost policy, or ``anchor_every``).  True: make this step a full anchor
             (every chunk intra-coded).  False: forbid intra coding: every float
             tensor must be delta-coded against the parent, so a new tensor or a
             shape or dtype change raises InvalidInputError instead of silently
@@ -99,12 +99,15 @@ class Committer:
         snapshot : bool
             Also store an intra-coded copy (snapshot) of every delta-coded
             chunk: readers start from it instead of walking the chain.
-        sparse : bool
+        sparse : bool, optional
             Code delta chunks in which at most 1/8 of the elements changed, and
             those of at most 4096 elements, by position (ULPack SPARSE): a few
             more bytes than dense deltas, but a holder of the parent applies
             them with :func:`ulstore.decode_changes` in time proportional to the
-            changes (see :meth:`changes`).
+            changes (see :meth:`changes`), and a read applies them in place.
+            Default: True under the cost policy (``anchor_cost``: cheap reads are
+            what lets a sparse run go long between anchors), False under
+            ``anchor_every``.
 
         Returns
         -------
@@ -144,11 +147,12 @@ class Committer:
         metadata = check_metadata(metadata)
         files_ = check_files(files)
         ref = self._t._refs.read(check_ref_name(branch if branch is not None else MAIN))
+        sparse = self._sparse(sparse)
         if self._t._io.exists(step_key(step)):
             doc = self._plan._existing(step, parent, ref)
             return self._plan._complete(step, doc, ref, self._plan._state_content(doc, step, arrays, files_, metadata))
         parent, move = self._plan._prepare(step, parent, ref, branch is not None)
-        is_anchor = self._plan._is_anchor(parent, anchor)
+        is_anchor, why = self._plan._is_anchor(parent, anchor)
         if anchor is False:
             self._plan._check_strict(step, parent, arrays)
         return self._commit(
@@ -156,6 +160,7 @@ class Committer:
             arrays,
             parent=parent,
             is_anchor=is_anchor,
+            why=why,
             strict=anchor is False,
             branch=ref if move else None,
             metadata=metadata,
@@ -172,6 +177,7 @@ class Committer:
         *,
         parent: int | None,
         is_anchor: bool,
+        why: dict | None = None,
         strict: bool = False,
         branch: RefState | None,
         metadata: dict,
@@ -192,7 +198,7 @@ class Committer:
         kept = self._t._kept if owned else None
         held = kept.nbytes if kept is not None else 0
         try:
-            w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor, sparse)
+            w = self._new_writer(step, parent, is_anchor, strict, snapshot, kept, executor, sparse, why)
             try:
                 for name, arr in arrays.items():
                     w.write(name, arr, chunks=(chunks or {}).get(name))
@@ -223,7 +229,13 @@ class Committer:
                 lock.release()
         return step
 
-    def _new_writer(self, step, parent, is_anchor, strict, snapshot, kept, executor, sparse=False) -> PieceWriter:
+    def _sparse(self, sparse: bool | None) -> bool:
+        """``sparse`` as given, else the policy's: SPARSE deltas under the cost policy (their reads are cheap)."""
+        return bool(sparse) if sparse is not None else self._t.anchor_cost is not None
+
+    def _new_writer(
+        self, step, parent, is_anchor, strict, snapshot, kept, executor, sparse=False, why=None
+    ) -> PieceWriter:
         return PieceWriter(
             step=step,
             parent=parent,
@@ -238,6 +250,7 @@ class Committer:
             threads=self._t._threads if executor is not None else self._t._encode_threads,
             executor=executor,
             sparse=sparse,
+            why=why,
         )
 
     # -- the low-level API ------------------------------------------------------------
@@ -251,7 +264,7 @@ class Committer:
         anchor: bool | None = None,
         snapshot: bool = False,
         executor: cf.Executor | None = None,
-        sparse: bool = False,
+        sparse: bool | None = None,
     ) -> PieceWriter:
         """A writer for pieces of tensors of ``step`` (one per process or rank); see ``docs/concepts.md``.
 
@@ -272,10 +285,11 @@ class Committer:
             parent = self._plan._existing(step, parent, ref).parent  # finalize completes it if the content is the same
         else:
             parent, _ = self._plan._prepare(step, parent, ref, branch is not None)
-        is_anchor = self._plan._is_anchor(parent, anchor)
+        is_anchor, why = self._plan._is_anchor(parent, anchor)
+        sparse = self._sparse(sparse)
         kept = self._t._kept if self._t._kept.enabled and self._t._kept.lock.acquire(blocking=False) else None
         w = self._new_writer(
-            step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._t._executor, sparse
+            step, parent, is_anchor, anchor is False, snapshot, kept, executor or self._t._executor, sparse, why
         )
         w.ref = ref
         if kept is not None:

@@ -20,6 +20,7 @@ from .._base import TrajectoryBase
 from ..format._chunk_tables import Piece, TensorTable, content_checksum
 from ..format._chunkcodec import ULPACK, codec_for, content_digest, digest
 from ..format._layout import step_key
+from ..format._read_cost import DEFAULT_ANCHOR_EVERY
 from ..format._refs import RefState
 from ..format._stepdoc import StepDoc
 from ._commit_input import HEAD
@@ -128,14 +129,25 @@ class CommitPlanner:
             tables.append(TensorTable(name, t.dtype, t.shape, t.codec, tuple(pieces)))
         return content_checksum(tables, {n: digest(d).hex() for n, d in files.items()}, metadata)
 
-    def _is_anchor(self, parent: int | None, anchor: bool | None) -> bool:
+    def _is_anchor(self, parent: int | None, anchor: bool | None) -> tuple[bool, dict | None]:
+        """Anchor or delta, and on an anchor why (the step document's ``anchoring`` reason, ``_stepdoc.py``)."""
         if anchor is False and parent is None:
             raise InvalidInputError("anchor=False needs a parent to delta-code against")
-        if anchor is True or parent is None:
-            return True
+        if parent is None:
+            return True, {"policy": "root"}
+        if anchor is True:
+            return True, {"policy": "asked"}
         if anchor is False:
-            return False
-        return self._t.anchor_every > 0 and self._t._reader.doc(parent).anchor_distance + 1 >= self._t.anchor_every
+            return False, None
+        pdoc = self._t._reader.doc(parent)
+        k = self._t.anchor_cost
+        if k is not None and pdoc.anchoring is not None:
+            return _by_cost(pdoc, k)
+        # a fixed count; also a cost policy whose parent has no cost recorded (an older writer's step)
+        every = self._t.anchor_every if k is None else DEFAULT_ANCHOR_EVERY
+        if every > 0 and pdoc.anchor_distance + 1 >= every:
+            return True, {"policy": "every", "every": every}
+        return False, None
 
     def _check_strict(self, step: int, parent, arrays: dict) -> None:
         """``anchor=False``: refuse, before writing anything, tensors that would need intra blobs."""
@@ -158,3 +170,19 @@ class CommitPlanner:
                     step=step,
                     tensor=name,
                 )
+
+
+def _by_cost(pdoc: StepDoc, k: float) -> tuple[bool, dict | None]:
+    """The cost policy: an anchor when reading the next step would cost more than ``k`` x reading the anchor.
+
+    The next step's read is predicted from the parent's: its cost plus what
+    the parent's own blobs added (a delta step adds about what the one before
+    it did; after an anchor no delta is known yet, and the next step is one).
+    """
+    a = pdoc.anchoring
+    assert a is not None
+    predicted = a.cost + (a.step_cost if pdoc.anchor_distance > 0 else 0)
+    limit = int(k * a.anchor_cost)
+    if predicted > limit:
+        return True, {"policy": "cost", "k": k, "predicted": predicted, "limit": limit}
+    return False, None

@@ -23,7 +23,7 @@ from ..format._chunkcodec import digest, zstd_compress
 from ..format._layout import check_tensor_names, step_key
 from ..format._packs import PackStream
 from ..format._refs import RefState
-from ..format._stepdoc import FileRef, StepDoc, TableRef, chain_after
+from ..format._stepdoc import Anchoring, FileRef, StepDoc, TableRef, chain_after
 from ..format._table_block import encode_block
 from ._piece_columns import PieceRecord
 
@@ -104,6 +104,7 @@ class Finalizer:
             # a delta names its ancestors' table directories, so that a read of any of its chunks fetches the
             # table blocks of the whole reference chain in one parallel batch (no document walk)
             chain=chain_after(pdoc) if distance and pdoc is not None else (),
+            anchoring=_anchoring(pdoc, anchor, records),
         )
         key = step_key(step)
 
@@ -196,6 +197,24 @@ def _file_refs(files: dict, pdoc: StepDoc | None, stream: PackStream, number) ->
         pid, off, n = stream.append(zstd_compress(data))
         refs[name] = FileRef(number(pid), off, n, len(data), h)
     return refs
+
+
+def _anchoring(pdoc: StepDoc | None, anchor: bool, records: list[PieceRecord]) -> Anchoring | None:
+    """The step's read-cost model (``_read_cost.py``): an anchor's is its own blobs'; a delta's adds its new
+    blobs' to its parent's.  None if the parent has none (written before the model): the chain's cost is unknown."""
+    own = sum(int(r.cost) for r in records)
+    whys = {repr(r.why) for r in records}
+    if len(whys) > 1:
+        raise InvalidInputError(f"the records of one step disagree on why it is an anchor: {sorted(whys)}")
+    why = records[0].why if records else None
+    if anchor or pdoc is None:
+        if why is None:  # records made without a reason (an older writer's): say what is known
+            why = {"policy": "root"} if pdoc is None else {"policy": "asked"}
+        return Anchoring(own, own, own, why)
+    pa = pdoc.anchoring
+    if pa is None:
+        return None
+    return Anchoring(pa.cost + own, pa.anchor_cost, own, None)
 
 
 def _has_delta(tables: list[TensorTable]) -> bool:

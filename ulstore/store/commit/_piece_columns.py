@@ -46,6 +46,8 @@ class PieceRecord:
     off: np.ndarray
     length: np.ndarray
     snap: np.ndarray | None = None
+    cost: int = 0  # modelled read cost of the piece's new blobs (``_read_cost.py``; an anchor's: all its blobs)
+    why: dict | None = None  # why the step is an anchor (the same in every record of a step), None for a delta
 
     @property
     def layout(self) -> tuple:
@@ -92,6 +94,7 @@ class _PieceState:
         self.locs: list = [None] * self.n
         self.snaps: list = [None] * self.n
         self.left = self.n
+        self.cost = 0  # modelled read cost of the blobs placed so far
 
     def region(self, coord) -> tuple[slice, ...]:
         return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coord, self.chunks, self.pshape))

@@ -33,6 +33,7 @@ from ..format._chunk_tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nb
 from ..format._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
 from ..format._layout import choose_chunks, chunk_grid
 from ..format._packs import Location, PackStream
+from ..format._read_cost import blob_cost, cost_of
 from ..format._refs import RefState
 from ..read._chunk_reader import ChunkReader
 from ..read._kept import KeptStep
@@ -75,9 +76,11 @@ class PieceWriter:
         threads: int,
         executor: cf.Executor | None = None,
         sparse: bool = False,
+        why: dict | None = None,
     ):
         self.step, self.parent, self.parent_content = step, parent, parent_content
         self.sparse = sparse
+        self.why = why  # why the step is an anchor (the step document's anchoring reason), None for a delta
         self.anchor, self.strict, self.snapshot = anchor, strict, snapshot
         self.reader, self.stream, self.kept = reader, stream, kept
         self.chunk_bytes = chunk_bytes
@@ -253,7 +256,8 @@ class PieceWriter:
         if pp is not None and pp.content[i].tobytes() == content:
             if not (self.anchor or self.snapshot) or pp.has_intra(i):
                 self._keep(st, i, region, chunk, content)
-                return ("reuse", content)
+                # an anchor's read cost is its own: an intra entry it reuses is decoded by its reads too
+                return ("reuse", content, blob_cost(int(pp.length[i]), chunk.nbytes, False) if self.anchor else 0)
         ref = ref_content = None
         if st.mode == "colocated":
             assert pp is not None
@@ -273,7 +277,7 @@ class PieceWriter:
         if self.snapshot and ref is not None:
             snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec)
         self._keep(st, i, region, chunk, content)
-        return ("blob", content, key, blob, ref is not None, snap)
+        return ("blob", content, key, blob, ref is not None, snap, _cost(blob, chunk.nbytes))
 
     def _blob(self, key, chunk, ref, codec):
         """The blob for ``key``: a known location, bytes this thread encoded, or None (another owns it)."""
@@ -312,13 +316,14 @@ class PieceWriter:
     def _place(self, st: _PieceState, i: int, result) -> None:
         kind, content = result[0], result[1]
         st.content[i] = np.frombuffer(content, np.uint8)
+        st.cost += result[-1]
         if kind == "reuse":
             assert st.pp is not None
             st.ref[i] = st.pp.ref[i]
             st.locs[i] = st.parent_loc(i)
             st.snaps[i] = st.parent_snap(i)
         else:
-            _, _, key, blob, delta, snap = result
+            _, _, key, blob, delta, snap, _ = result
             st.locs[i] = self._locate(key, blob)
             st.ref[i] = self.parent if delta else -1
             if snap is not None or (self.snapshot and delta):
@@ -357,6 +362,8 @@ class PieceWriter:
                 off,
                 length,
                 snap,
+                cost=st.cost,
+                why=self.why,
             )
         )
         st.arr = None  # the caller's array is no longer needed
@@ -408,6 +415,16 @@ class PieceWriter:
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def _cost(blob, nbytes: int) -> int:
+    """The modelled read cost (``_read_cost.py``) of a chunk's blob: its bytes, its location (an intra entry
+    found in the parent) or None (the same blob, placed by another thread: priced as a full decode of raw size)."""
+    if blob is None:
+        return blob_cost(nbytes, nbytes, False)
+    if isinstance(blob, tuple):
+        return blob_cost(blob[2], nbytes, False)
+    return cost_of(blob, nbytes)
 
 
 def _committable(array, name: str) -> tuple[np.dtype, str]:

@@ -13,7 +13,18 @@ any model size::
      "files": {"config.json": [pack, offset, length, size, "<blake3-128 hex of the content>"]},
      "chain": {"packs": ["<32 hex>", ...],   optional: the table directories of the step's ancestors
                "steps": [[step, parent, "<content hex>", [pack, ...], [[first, last, pack, offset, length,
-                          "<blake3-128 hex>"], ...]], ...]}}
+                          "<blake3-128 hex>"], ...]], ...]},
+     "anchoring": {"cost": c, "anchor_cost": a, "step_cost": s,     optional (absent in older documents):
+                   "anchor": null | {"policy": ..., ...}}}           the read-cost model and why it is an anchor
+
+``anchoring`` (:class:`Anchoring`) carries the modelled cost of reading the
+step (fetch plus decode along its chain, ``_read_cost.py``), that of its
+chain's anchor and what its own blobs add, so the next commit decides
+anchor or delta without walking the chain; on an anchor, ``anchor`` says
+why: ``{"policy": "cost", "k": 2.0, "predicted": p, "limit": l}`` (reading
+the next step would have cost ``p`` > ``l`` = k x the anchor's read),
+``{"policy": "every", "every": 16}`` (``anchor_every``), ``{"policy":
+"root"}`` (no parent) or ``{"policy": "asked"}`` (``commit(anchor=True)``).
 
 ``tables`` is the directory of table blocks, sorted by tensor name (``first``
 and ``last`` are the first and last tensor of each block).
@@ -54,6 +65,8 @@ __all__ = [
     "FileRef",
     "ChainStep",
     "chain_after",
+    "Anchoring",
+    "ANCHOR_POLICIES",
     "is_hex128",
     "MAX_CHAIN_STEPS",
     "MAX_CHAIN_BLOCKS",
@@ -226,6 +239,53 @@ def _chain_json(chain: tuple[ChainStep, ...]) -> dict:
             numbers.append(index[pid])
         steps.append([e.step, e.parent, e.content, numbers, [t.to_json() for t in e.tables]])
     return {"packs": packs, "steps": steps}
+#: Why a step is an anchor, and the fields each reason carries besides ``policy``.
+ANCHOR_POLICIES = {"cost": ("k", "predicted", "limit"), "every": ("every",), "root": (), "asked": ()}
+#: Bound of a stored ``k`` (the cost policy's factor): anything larger is damage, not a setting.
+MAX_ANCHOR_K = 1e6
+
+
+@dataclass(frozen=True)
+class Anchoring:
+    """The read-cost model of one step, and on an anchor why it is one (see the module docstring).
+
+    Costs are integers in the model's units (``_read_cost.py``): about a byte
+    fetched, decode work weighted to match.
+    """
+
+    cost: int  # reading this step: fetch and decode of its chain, anchor included
+    anchor_cost: int  # reading its chain's anchor (this step's own cost if it is one)
+    step_cost: int  # what this step's own blobs add to its parent's cost
+    why: dict | None = None  # an anchor's reason: {"policy": ..., fields of ANCHOR_POLICIES[policy]}
+
+    def to_json(self) -> dict:
+        return {"cost": self.cost, "anchor_cost": self.anchor_cost, "step_cost": self.step_cost, "anchor": self.why}
+
+    @classmethod
+    def of(cls, doc: dict) -> Anchoring | None:
+        """The ``anchoring`` field of a step document's body, checked; None if absent (an older writer's)."""
+        return cls.parse(doc["anchoring"]) if "anchoring" in doc else None
+
+    @classmethod
+    def parse(cls, body) -> Anchoring:
+        """Check a stored ``anchoring`` object field by field (crafted values raise ValueError, naming the field)."""
+        if not isinstance(body, dict) or set(body) != {"cost", "anchor_cost", "step_cost", "anchor"}:
+            raise ValueError(f"malformed anchoring: {str(body)[:100]!r}")
+        cost, anchor_cost, step_cost = (_count(body[f], f"anchoring {f}") for f in ("cost", "anchor_cost", "step_cost"))
+        why = body["anchor"]
+        if why is not None:
+            policy = why.get("policy") if isinstance(why, dict) else None
+            fields = ANCHOR_POLICIES.get(policy) if isinstance(policy, str) else None
+            if fields is None or set(why) != {"policy", *fields}:
+                raise ValueError(f"malformed anchor reason: {str(why)[:100]!r}")
+            if "k" in why:
+                k = why["k"]
+                if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= MAX_ANCHOR_K:
+                    raise ValueError(f"bad anchor k: {k!r}")
+            for f in ("predicted", "limit", "every"):
+                if f in why:
+                    _count(why[f], f"anchor {f}")
+        return cls(cost, anchor_cost, step_cost, why)
 
 
 def _count(v, what, top=_MAX) -> int:
@@ -319,6 +379,7 @@ class StepDoc:
     created: str = ""
     #: the table directories of the ancestors along the parent path (see the module docstring); () for none
     chain: tuple[ChainStep, ...] = ()
+    anchoring: Anchoring | None = None  # None: a document written before the cost model (or by an old writer)
 
     def to_bytes(self) -> bytes:
         """The step's ``zarr.json``: canonical JSON, sealed."""
@@ -337,6 +398,8 @@ class StepDoc:
         }
         if self.chain:  # absent rather than empty: an anchor's document is as before
             body["chain"] = _chain_json(self.chain)
+        if self.anchoring is not None:  # absent otherwise: older documents keep their bytes
+            body["anchoring"] = self.anchoring.to_json()
         attributes: dict = {"ulstore": body}
         doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
         attributes["ulstore_checksum"] = _checksum(canonical_json(doc))
@@ -432,4 +495,5 @@ class StepDoc:
             metadata=body["metadata"],
             created=body["created"],
             chain=_parse_chain(body, step, parent),
+            anchoring=Anchoring.of(body),
         )

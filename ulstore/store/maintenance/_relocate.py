@@ -109,6 +109,7 @@ def relocated_doc(
         metadata=d.metadata,
         created=d.created,
         chain=d.chain,  # (as it was: rechained() brings it up to date)
+        anchoring=d.anchoring,
     )
 
 

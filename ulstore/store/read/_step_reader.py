@@ -42,6 +42,9 @@ class StepInfo:
     metadata: dict = field(default_factory=dict)
     content: str = ""
     parent_content: str | None = None
+    #: the read-cost model and why the step is an anchor, as its step document stores them (``{"cost",
+    #: "anchor_cost", "step_cost", "anchor": None or {"policy": ...}}``), or None (a step written before it)
+    anchoring: dict | None = None
 
 
 class Reader:
@@ -508,4 +511,7 @@ def _check_out(dest, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None
 
 
 def _info(d) -> StepInfo:
-    return StepInfo(d.step, d.parent, d.anchor_distance, d.created, dict(d.metadata), d.content, d.parent_content)
+    anchoring = d.anchoring.to_json() if d.anchoring is not None else None
+    return StepInfo(
+        d.step, d.parent, d.anchor_distance, d.created, dict(d.metadata), d.content, d.parent_content, anchoring
+    )

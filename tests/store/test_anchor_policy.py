@@ -1,0 +1,173 @@
+"""The cost-driven anchor policy: decisions on real trajectories, the reason in the step document, old settings.
+
+A new trajectory makes a step an anchor when reading it as a delta would cost
+more than ``anchor_cost`` (k) times reading its chain's anchor, in the model of
+``ulstore/store/format/_read_cost.py``; every step document records the model's
+figures, and an anchor why it is one (``anchoring``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import ulstore
+from ulstore import cli, toytrain
+from ulstore.core.sealed import canonical_json
+from ulstore.errors import CorruptManifestError, InvalidInputError
+from ulstore.store.format._stepdoc import Anchoring, StepDoc, _checksum
+
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Two real toy trajectories: pretraining (dense: most bf16 weights change each step) and RL (sparse)."""
+    return {kind: toytrain.trajectory(kind, STEPS, preset="tiny") for kind in ("pretrain", "rl")}
+
+
+def _commit_all(url, states, **kw):
+    traj = ulstore.open(url, mode="w", chunk_bytes=1 << 14, **kw)
+    for s, state in enumerate(states):
+        traj.commit(s, state)
+    return traj
+
+
+def _anchors(traj) -> list[int]:
+    return [s for s in traj.steps if traj.info(s).anchor_distance == 0]
+
+
+def test_a_dense_run_anchors_often_and_a_sparse_run_rarely(runs, tmp_path):
+    dense = _commit_all(tmp_path / "dense", runs["pretrain"])
+    sparse = _commit_all(tmp_path / "sparse", runs["rl"])
+    assert dense.anchor_cost == 2.0 and sparse.anchor_cost == 2.0  # the default of new trajectories
+    n_dense, n_sparse = len(_anchors(dense)), len(_anchors(sparse))
+    # a dense delta decodes as much as an anchor: at k=2 about every other step is one
+    assert n_dense >= STEPS // 3, _anchors(dense)
+    assert n_sparse <= 2, _anchors(sparse)
+    # every anchor but the root is one by cost, and its reason holds: the predicted read was above the limit
+    for traj in (dense, sparse):
+        for s in _anchors(traj)[1:]:
+            why = traj.info(s).anchoring["anchor"]
+            assert why["policy"] == "cost" and why["k"] == 2.0 and why["predicted"] > why["limit"], why
+        # and no delta's modelled read goes past k x its anchor's (the policy's promise, on the model)
+        for s in traj.steps:
+            a = traj.info(s).anchoring
+            assert a["cost"] <= 2.0 * a["anchor_cost"] + a["step_cost"], (s, a)
+    # the data read back is exact
+    for s in (0, STEPS // 2, STEPS):
+        got = sparse.read(s)
+        assert all(np.array_equal(got[n].view(np.uint16), runs["rl"][s][n].view(np.uint16)) for n in got)
+
+
+def test_k_moves_the_anchors(runs, tmp_path):
+    tight = _commit_all(tmp_path / "tight", runs["pretrain"], anchor_cost=1.0)
+    loose = _commit_all(tmp_path / "loose", runs["pretrain"], anchor_cost=4.0)
+    assert len(_anchors(tight)) > len(_anchors(loose)) >= 1
+    # k=1: after an anchor a delta is tried (no delta of the chain is known yet), then a dense run anchors again
+    assert all(tight.info(s).anchor_distance <= 1 for s in tight.steps)
+
+
+def test_the_reason_round_trips_through_storage(runs, tmp_path):
+    _commit_all(tmp_path / "t", runs["pretrain"][:6])
+    ro = ulstore.open(tmp_path / "t", mode="r")
+    root = ro.info(0).anchoring
+    assert root["anchor"] == {"policy": "root"} and root["cost"] == root["anchor_cost"] == root["step_cost"] > 0
+    for s in ro.steps:
+        doc = ro._reader.doc(s)
+        again = StepDoc.from_bytes(doc.to_bytes(), key="k", step=s)
+        assert again == doc and again.anchoring == doc.anchoring
+        if doc.anchor_distance:
+            parent = ro._reader.doc(doc.parent).anchoring
+            assert doc.anchoring.cost == parent.cost + doc.anchoring.step_cost  # the running chain cost
+
+
+def test_asked_and_fixed_count_reasons(runs, tmp_path):
+    traj = ulstore.open(tmp_path / "t", mode="w", anchor_every=3)
+    states = runs["rl"]
+    for s in range(7):
+        traj.commit(s, states[s], anchor=True if s == 5 else None)
+    reasons = {s: (traj.info(s).anchoring or {}).get("anchor") for s in traj.steps}
+    assert reasons[0] == {"policy": "root"}
+    assert reasons[3] == {"policy": "every", "every": 3}
+    assert reasons[5] == {"policy": "asked"}
+    assert reasons[1] is None and reasons[4] is None
+
+
+def _sealed(body: dict) -> bytes:
+    doc = {"zarr_format": 3, "node_type": "group", "attributes": {"ulstore": body}}
+    doc["attributes"]["ulstore_checksum"] = _checksum(canonical_json(doc))
+    return canonical_json(doc)
+
+
+@pytest.mark.parametrize(
+    "anchoring",
+    [
+        {"cost": -1, "anchor_cost": 1, "step_cost": 1, "anchor": None},
+        {"cost": 1.5, "anchor_cost": 1, "step_cost": 1, "anchor": None},
+        {"cost": True, "anchor_cost": 1, "step_cost": 1, "anchor": None},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": None, "extra": 0},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": {"policy": "whim"}},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": {"policy": "root", "k": 2}},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": {"policy": "cost", "k": 2}},
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": {"policy": "cost", "k": 0, "predicted": 1, "limit": 0}},
+        {
+            "cost": 1,
+            "anchor_cost": 1,
+            "step_cost": 1,
+            "anchor": {"policy": "cost", "k": 1e300, "predicted": 1, "limit": 0},
+        },
+        {"cost": 1, "anchor_cost": 1, "step_cost": 1, "anchor": {"policy": "every", "every": "16"}},
+        {"cost": 1 << 70, "anchor_cost": 1, "step_cost": 1, "anchor": None},
+        [1, 1, 1, None],
+    ],
+)
+def test_crafted_anchoring_is_refused(runs, tmp_path, anchoring):
+    _commit_all(tmp_path / "t", runs["rl"][:1])
+    doc = ulstore.open(tmp_path / "t", mode="r")._reader.doc(0)
+    body = json.loads(doc.to_bytes())["attributes"]["ulstore"]
+    body["anchoring"] = anchoring
+    with pytest.raises(CorruptManifestError, match="anchor"):
+        StepDoc.from_bytes(_sealed(body), key="steps/0/zarr.json", step=0)
+    # the same document with a well-formed field parses, and without it (an older writer's) too
+    body["anchoring"] = Anchoring(5, 5, 5, {"policy": "cost", "k": 2.0, "predicted": 11, "limit": 10}).to_json()
+    assert StepDoc.from_bytes(_sealed(body), key="k", step=0).anchoring.why["predicted"] == 11
+    del body["anchoring"]
+    assert StepDoc.from_bytes(_sealed(body), key="k", step=0).anchoring is None
+
+
+def test_old_settings_keep_their_behaviour(runs, tmp_path):
+    # a trajectory created with a fixed count stores no cost policy, and anchors every N as before
+    fixed = _commit_all(tmp_path / "fixed", runs["pretrain"][:10], anchor_every=4)
+    assert fixed.anchor_cost is None
+    assert _anchors(fixed) == [0, 4, 8]
+    root = json.loads((tmp_path / "fixed" / "zarr.json").read_bytes())["attributes"]["ulstore"]
+    assert "anchor_cost" not in root and root["anchor_every"] == 4
+    reopened = ulstore.open(tmp_path / "fixed")
+    assert reopened.anchor_cost is None and reopened.anchor_every == 4
+    # a new trajectory stores k beside the fixed count an older ulstore would follow
+    new = _commit_all(tmp_path / "new", runs["rl"][:2])
+    root = json.loads((tmp_path / "new" / "zarr.json").read_bytes())["attributes"]["ulstore"]
+    assert root["anchor_cost"] == 2.0 and root["anchor_every"] == 16
+    assert ulstore.open(tmp_path / "new", anchor_every=5).anchor_cost is None  # an explicit count overrides
+    assert new.info(1).anchoring["anchor"] is None
+    with pytest.raises(InvalidInputError, match="not both"):
+        ulstore.open(tmp_path / "x", mode="w", anchor_every=4, anchor_cost=2.0)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(InvalidInputError, match="anchor_cost"):
+            ulstore.open(tmp_path / "y", mode="w", anchor_cost=bad)
+
+
+def test_log_shows_why_a_step_is_an_anchor(runs, tmp_path, capsys):
+    _commit_all(tmp_path / "t", runs["pretrain"][:6])
+    assert cli.main(["log", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "anchor: root" in out and "anchor: cost " in out and ">2" in out
+    assert cli.main(["log", str(tmp_path / "t"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_step = {d["step"]: d for d in doc["steps"]}
+    assert by_step[0]["anchoring"]["anchor"] == {"policy": "root"}
+    assert any(d["anchoring"]["anchor"] and d["anchoring"]["anchor"]["policy"] == "cost" for d in doc["steps"])
