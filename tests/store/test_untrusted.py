@@ -99,7 +99,16 @@ def test_bad_settings_are_invalid_input(kw):
 
 @pytest.mark.parametrize(
     "damage",
-    ["no chunk_bytes", "anchor_every is a string", "anchor_every negative", "chunk_bytes zero", "attributes a list"],
+    [
+        "no chunk_bytes",
+        "anchor_every is a string",
+        "anchor_every negative",
+        "chunk_bytes zero",
+        "attributes a list",
+        "anchor_cost is a string",
+        "anchor_cost zero",
+        "anchor_cost NaN",
+    ],
 )
 def test_damaged_root_settings_are_named(tmp_path, damage):
     root = str(tmp_path / "t")
@@ -115,6 +124,10 @@ def test_damaged_root_settings_are_named(tmp_path, damage):
         s["anchor_every"] = -2
     elif damage == "chunk_bytes zero":
         s["chunk_bytes"] = 0
+    elif damage.startswith("anchor_cost"):  # the cost policy's k, damaged
+        s["anchor_cost"] = {"anchor_cost is a string": "2", "anchor_cost zero": 0, "anchor_cost NaN": float("nan")}[
+            damage
+        ]
     else:
         doc["attributes"] = [1]
     open(path, "w").write(json.dumps(doc))
