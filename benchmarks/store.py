@@ -489,7 +489,12 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--chunk-bytes", type=int, default=4 << 20)
     p.add_argument("--no-s3", action="store_true")
-    p.add_argument("--only", default="speed,memory,s3,1t", help="parts: speed,memory,s3,1t,moe (moe: issue 39)")
+    p.add_argument(
+        "--only", default="speed,memory,s3,1t", help="parts: speed,memory,s3,1t,moe,depth (moe: issue 39; depth: 35)"
+    )
+    p.add_argument("--depth-preset", default="small", choices=["tiny", "small", "bench"], help="depth: model size")
+    p.add_argument("--depth-steps", type=int, default=300, help="depth: steps of each trajectory")
+    p.add_argument("--depth-reps", type=int, default=3, help="depth: reads per step in its fresh process (min)")
     from _data import cache_options
 
     cache_options(p)
@@ -500,6 +505,9 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as d:
             moe(args, Path(d))
         print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+        return
+    if parts <= {"depth", "1t"}:  # sections with their own data
+        _own_data(parts, args, t0)
         return
     states = load_states(args.preset, args.steps)
     params = sum(v.size for v in states[0].values())
@@ -522,6 +530,21 @@ def main(argv=None) -> None:
         s3(states, args)
     if "1t" in parts:
         manifest_1t()
+    if "depth" in parts:
+        import _depth
+
+        _depth.run(args)
+    print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+
+
+def _own_data(parts: set, args, t0: float) -> None:
+    print(f"ulstore store benchmark: {os.cpu_count()} cores, backend {ulstore.backend()}")
+    if "1t" in parts:
+        manifest_1t()
+    if "depth" in parts:
+        import _depth
+
+        _depth.run(args)
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
 
 

@@ -1,0 +1,405 @@
+"""``benchmarks/store.py --only depth``: reading any step, at any depth, against storing near the pure chain (issue 35).
+
+Per trajectory (two real toytrain runs of ``--depth-steps`` steps, bf16: the
+RL regime, lr 3e-6 after warm-up, and dense pretraining, lr 1e-3), measured
+before anything is chosen:
+
+1. the pure chain: one root anchor plus every step's delta, as
+   ``ulstore.encode_many`` makes them (dense deltas; SPARSE deltas beside);
+   an anchor's size;
+2. union growth: the delta from step t to t+k (bytes, dense and SPARSE, and
+   changed elements) as k grows: whether deltas against an older step
+   (long-range references, snapshots) could beat anchors;
+3. the cost model of ``ulstore/store/format/_read_cost.py`` (bytes fetched
+   plus decode work) calibrated against decode and apply timings here, and
+   from it the best storage/read trade-off each policy family reaches against
+   the acceptance bounds (slowest full read <= 2.0x the fastest; stored bytes
+   <= 1.25x the pure chain on RL, <= 1.10x on dense), or the floor where both
+   cannot hold at once;
+4. the trajectory stored with the default policy: stored bytes vs the pure
+   chain, anchors and why; the full read of a step at each depth from a fresh
+   process (one subprocess per read; the time is taken inside it, from
+   ``ulstore.open`` to the arrays returned, the interpreter's start and imports
+   excluded), modelled cost beside it; and the GETs of a one-element lazy slice
+   per depth on a moto S3 server on 127.0.0.1 (a copy of the same trajectory).
+
+The figures go side by side with the bounds; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+import ulstore
+from ulstore.codec import ApplyPlan, apply_sparse, content_sum, is_sparse_blob
+from ulstore.store.format._read_cost import APPLY_PER_BYTE, DECODE_PER_BYTE, blob_cost
+
+HERE = Path(__file__).resolve().parent
+
+#: (toytrain regime, what it is, the storage bound vs the pure chain)
+RUNS = (("rl", "RL regime: lr 3e-6 after warm-up (sparse)", 1.25), ("pretrain", "pretraining: lr 1e-3 (dense)", 1.10))
+READ_BOUND = 2.0
+UNION_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+_READ_CHILD = r"""
+import json, sys, time
+import ulstore
+job = json.loads(sys.argv[1])
+best = None
+for _ in range(job["reps"]):
+    s = time.perf_counter()
+    t = ulstore.open(job["url"], mode="r")
+    t.read(job["step"])
+    took = time.perf_counter() - s
+    best = took if best is None else min(best, took)
+    del t
+print(json.dumps({"seconds": best}))
+"""
+
+
+def _fresh_read(url: str, step: int, reps: int) -> float:
+    """Seconds of a full read of ``step`` in a new process: from ``ulstore.open`` to the arrays (min of ``reps``
+    opens in that process, each with cold ulstore caches)."""
+    p = subprocess.run(
+        [sys.executable, "-c", _READ_CHILD, json.dumps({"url": url, "step": step, "reps": reps})],
+        capture_output=True,
+        text=True,
+    )
+    if p.returncode:
+        raise RuntimeError(p.stderr[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def _bits_changed(a: np.ndarray, b: np.ndarray) -> int:
+    return int(np.count_nonzero(a.view(np.uint16) != b.view(np.uint16)))
+
+
+def _step_costs(blobs: list, raw: list[int]) -> int:
+    return sum(blob_cost(len(b), n, is_sparse_blob(b)) for b, n in zip(blobs, raw))
+
+
+# -- 1-2. measured before choosing ------------------------------------------------------------------------------
+
+
+def measure(states: list[dict]) -> dict:
+    """Pure-chain bytes, anchors, SPARSE deltas, changed elements, modelled costs, per step; union growth."""
+    names = list(states[0])
+    raw = [states[0][n].nbytes for n in names]
+    out: dict = {"raw": sum(raw), "elements": sum(states[0][n].size for n in names)}
+    anchors, dense, sparse, changed, c_anchor, c_dense, c_sparse = [], [], [], [], [], [], []
+    for t, state in enumerate(states):
+        if t % 25 == 0:  # an anchor's size drifts slowly: sampled
+            intra = ulstore.encode_many([state[n] for n in names])
+            anchors.append(sum(map(len, intra)))
+            c_anchor.append(_step_costs(intra, raw))
+        if t == 0:
+            out["root"] = anchors[0]
+            continue
+        prev = states[t - 1]
+        d = ulstore.encode_many([(state[n], prev[n]) for n in names])
+        s = ulstore.encode_many([(state[n], prev[n]) for n in names], sparse=True)
+        dense.append(sum(map(len, d)))
+        sparse.append(sum(map(len, s)))
+        c_dense.append(_step_costs(d, raw))
+        c_sparse.append(_step_costs(s, raw))
+        changed.append(sum(_bits_changed(state[n], prev[n]) for n in names))
+    out |= {
+        "anchor": float(np.mean(anchors)),
+        "dense": np.array(dense),
+        "sparse": np.array(sparse),
+        "changed": np.array(changed),
+        "c_anchor": float(np.mean(c_anchor)),
+        "c_dense": np.array(c_dense),
+        "c_sparse": np.array(c_sparse),
+    }
+    out["pure"] = out["root"] + int(out["dense"].sum())
+    out["union"] = _union(states, names, raw)
+    out["calibration"] = _calibrate(states, names, raw)
+    return out
+
+
+def _union(states, names, raw) -> dict:
+    """The delta from a base step to base + k, for k in UNION_KS: bytes (dense, SPARSE), changed elements, costs."""
+    rows = {}
+    bases = [b for b in (1, len(states) // 3) if b + 1 < len(states)]
+    for k in UNION_KS:
+        got = []
+        for b in bases:
+            if b + k >= len(states):
+                continue
+            x, r = states[b + k], states[b]
+            d = ulstore.encode_many([(x[n], r[n]) for n in names])
+            s = ulstore.encode_many([(x[n], r[n]) for n in names], sparse=True)
+            ch = sum(_bits_changed(x[n], r[n]) for n in names)
+            got.append((sum(map(len, d)), sum(map(len, s)), ch, _step_costs(d, raw), _step_costs(s, raw)))
+        if got:
+            rows[k] = tuple(float(np.mean(c)) for c in zip(*got))
+    return rows
+
+
+def _calibrate(states, names, raw, reps: int = 3) -> dict:
+    """ns per byte, one thread: a full decode (per byte out), a dense delta, a SPARSE apply in place (per blob
+    byte), a read of the blob bytes from memory; what the model's weights stand for."""
+    t = min(len(states) - 1, 30)
+    x, r = states[t], states[t - 1]
+    intra = ulstore.encode_many([x[n] for n in names])
+    dense = ulstore.encode_many([(x[n], r[n]) for n in names])
+    sparse = [b for b in ulstore.encode_many([(x[n], r[n]) for n in names], sparse=True)]
+    pairs = [(b, n) for b, n in zip(sparse, names) if is_sparse_blob(b)]
+
+    def best(fn) -> float:
+        out = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - s)
+        return min(out)
+
+    total = sum(raw)
+    t_intra = best(lambda: ulstore.decode_many(intra, threads=1))
+    t_dense = best(lambda: ulstore.decode_many([(b, r[n]) for b, n in zip(dense, names)], threads=1))
+    applied = []
+    for _ in range(reps):
+        arrs = [r[n].copy() for _, n in pairs]
+        plan = ApplyPlan.of(arrs[0].dtype, [b for b, _ in pairs], arrs, [content_sum(a) for a in arrs],
+                            shapes=[a.shape for a in arrs])  # fmt: skip
+        s = time.perf_counter()
+        apply_sparse(plan)
+        applied.append(time.perf_counter() - s)
+    sparse_bytes = max(1, sum(len(b) for b, _ in pairs))
+    joined = b"".join(intra)
+    t_copy = best(lambda: bytearray(joined))
+    return {
+        "intra_ns_per_byte": t_intra / total * 1e9,
+        "dense_ns_per_byte": t_dense / total * 1e9,
+        "apply_ns_per_blob_byte": min(applied) / sparse_bytes * 1e9,
+        "memory_ns_per_byte": t_copy / len(joined) * 1e9,
+    }
+
+
+# -- 3. the trade-off each policy family reaches -----------------------------------------------------------------
+
+
+def frontier(m: dict, bound: float) -> list[tuple]:
+    """Per policy family: the least stored bytes (vs the pure chain) whose modelled slowest read is within
+    READ_BOUND of an anchor's, and the least read ratio whose storage is within ``bound``.
+
+    Families: a chain of dense deltas or of SPARSE deltas with an anchor every N steps; a star (every step a
+    delta against its chain's anchor: the long-range reference, union growth) of dense or SPARSE deltas.
+    Modelled in the units of ``_read_cost.py``; N from 1 to the run's length.
+    """
+    steps = len(m["dense"])
+    pure, anchor, ca = m["pure"], m["anchor"], m["c_anchor"]
+    union_k = np.array(sorted(m["union"]), float)
+
+    def union(col: int, k: int) -> float:  # measured at UNION_KS, linear in between (and beyond: extrapolated)
+        ys = np.array([m["union"][int(j)][col] for j in union_k])
+        if k <= union_k[-1]:
+            return float(np.interp(k, union_k, ys))
+        slope = (ys[-1] - ys[-2]) / (union_k[-1] - union_k[-2])
+        return float(ys[-1] + slope * (k - union_k[-1]))
+
+    families = {
+        "chain, dense deltas": lambda n: _chain(m["dense"], m["c_dense"], n, steps, anchor, ca),
+        "chain, SPARSE deltas": lambda n: _chain(m["sparse"], m["c_sparse"], n, steps, anchor, ca),
+        "star, dense deltas (vs anchor)": lambda n: _star(
+            lambda k: union(0, k), lambda k: union(3, k), n, steps, anchor, ca
+        ),  # fmt: skip
+        "star, SPARSE deltas (vs anchor)": lambda n: _star(
+            lambda k: union(1, k), lambda k: union(4, k), n, steps, anchor, ca
+        ),  # fmt: skip
+    }
+    rows = []
+    for name, fn in families.items():
+        pts = [(n, *fn(n)) for n in range(1, steps + 2)]  # (N, stored bytes, read ratio)
+        ok_read = [p for p in pts if p[2] <= READ_BOUND]
+        ok_store = [p for p in pts if p[1] / pure <= bound]
+        best_store = min(ok_read, key=lambda p: p[1]) if ok_read else None
+        best_read = min(ok_store, key=lambda p: p[2]) if ok_store else None
+        rows.append((name, best_store, best_read))
+    return rows
+
+
+def _chain(delta, cost, n: int, steps: int, anchor: float, ca: float) -> tuple[float, float]:
+    """(stored bytes, slowest read / anchor read) of a chain with an anchor every ``n`` steps."""
+    stored, worst, run = 0.0, 1.0, 0.0
+    for t in range(steps + 1):
+        if t % n == 0:
+            stored += anchor
+            run = ca
+        else:
+            stored += delta[t - 1]
+            run += cost[t - 1]
+        worst = max(worst, run / ca)
+    return stored, worst
+
+
+def _star(nbytes, cost, n: int, steps: int, anchor: float, ca: float) -> tuple[float, float]:
+    """The same for a star: each step a delta against its chain's anchor, ``k`` steps back."""
+    stored, worst = 0.0, 1.0
+    for t in range(steps + 1):
+        k = t % n
+        if k == 0:
+            stored += anchor
+        else:
+            stored += nbytes(k)
+            worst = max(worst, (ca + cost(k)) / ca)
+    return stored, worst
+
+
+# -- 4. the default policy, stored and read ----------------------------------------------------------------------
+
+
+def store_default(states: list[dict], url: str) -> ulstore.Trajectory:
+    traj = ulstore.open(url, mode="w")
+    for t, state in enumerate(states):
+        traj.commit(t, state)
+    return traj
+
+
+def by_depth(traj) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for s in traj.steps:
+        out.setdefault(traj.info(s).anchor_distance, []).append(s)
+    return out
+
+
+def _sample_depths(depths: list[int], most: int = 12) -> list[int]:
+    if len(depths) <= most:
+        return depths
+    idx = np.unique(np.linspace(0, len(depths) - 1, most).round().astype(int))
+    return [depths[i] for i in idx]
+
+
+def s3_gets(local: str, steps: list[int], name: str, states) -> dict[int, int]:
+    """GET requests of a one-element lazy slice of each step, on a moto S3 copy of the trajectory at ``local``."""
+    import boto3
+    import s3fs
+    from moto.server import ThreadedMotoServer
+    from store import _S3Log
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
+                                                                          "region_name": "us-east-1"}}  # fmt: skip
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket="bench")  # fmt: skip
+        root = f"bench/{uuid.uuid4().hex}"
+        s3fs.S3FileSystem(**opts).put(local.rstrip("/") + "/", root, recursive=True)
+        out = {}
+        for s in steps:
+            ro = ulstore.open(f"s3://{root}", mode="r", storage_options=opts)
+            log = _S3Log(ro._io.fs)
+            value = ro[s][name][(0,) * states[s][name].ndim]
+            want = states[s][name][(0,) * states[s][name].ndim]
+            assert np.asarray(value).view(np.uint16) == np.asarray(want).view(np.uint16)
+            out[s] = sum(1 for c in log.calls if c[0] == "get_object")
+        return out
+    finally:
+        server.stop()
+
+
+def _print_measures(m: dict, bound: float) -> None:
+    raw, pure = m["raw"], m["pure"]
+    print(
+        f"  pure chain: root anchor {m['root'] / 1e6:.2f} MB + {len(m['dense'])} dense deltas "
+        f"{m['dense'].sum() / 1e6:.2f} MB = {pure / 1e6:.2f} MB (a delta {100 * m['dense'].mean() / raw:.2f}% of raw; "
+        f"SPARSE deltas {m['sparse'].mean() / m['dense'].mean():.2f}x a dense one)"
+    )
+    print(
+        f"  an anchor: {m['anchor'] / 1e6:.2f} MB ({100 * m['anchor'] / raw:.0f}% of raw = "
+        f"{m['anchor'] / m['dense'].mean():.0f} dense deltas); changed per step "
+        f"{100 * m['changed'].mean() / m['elements']:.2f}% of elements"
+    )
+    cal = m["calibration"]
+    print(
+        f"  calibration (one thread, ns/byte): intra decode {cal['intra_ns_per_byte']:.2f}, dense delta decode "
+        f"{cal['dense_ns_per_byte']:.2f} (per byte out), SPARSE apply {cal['apply_ns_per_blob_byte']:.2f} (per blob "
+        f"byte), memory read {cal['memory_ns_per_byte']:.3f}; model weights: decode {DECODE_PER_BYTE}, "
+        f"apply {APPLY_PER_BYTE}, fetch 1"
+    )
+    print("  union growth, step t -> t+k (mean over two bases):")
+    print(f"    {'k':>4s} {'dense MB':>9s} {'SPARSE MB':>10s} {'changed %':>10s} {'vs k x one step':>16s}")
+    for k, (d, s, ch, _, _) in sorted(m["union"].items()):
+        print(
+            f"    {k:4d} {d / 1e6:9.3f} {s / 1e6:10.3f} {100 * ch / m['elements']:10.2f} "
+            f"{ch / (k * m['changed'].mean()):15.2f}x"
+        )
+    print(f"  modelled trade-offs (bounds: read <= {READ_BOUND}x the anchor's, stored <= {bound}x the pure chain):")
+    for name, best_store, best_read in frontier(m, bound):
+        a = f"N={best_store[0]}: stored {best_store[1] / pure:.2f}x" if best_store else "none"
+        b = f"N={best_read[0]}: read {best_read[2]:.2f}x" if best_read else "none"
+        print(
+            f"    {name:34s} least storage with read <= {READ_BOUND}: {a:24s} least read with storage <= {bound}: {b}"
+        )
+
+
+def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states) -> None:
+    st = traj.stats()
+    depth = by_depth(traj)
+    anchors = [s for s in traj.steps if traj.info(s).anchor_distance == 0]
+    policies: dict = {}
+    for s in anchors:
+        why = (traj.info(s).anchoring or {}).get("anchor") or {"policy": "?"}
+        policies[why["policy"]] = policies.get(why["policy"], 0) + 1
+    print(
+        f"  stored with the default policy (k={traj.anchor_cost}): {st['stored_bytes'] / 1e6:.2f} MB = "
+        f"{st['stored_bytes'] / m['pure']:.2f}x the pure chain (bound {bound}x; blobs alone "
+        f"{st['blob_bytes'] / m['pure']:.2f}x); {len(anchors)} anchors ({policies}), depths 0..{max(depth)}"
+    )
+    picks = [depth[d][len(depth[d]) // 2] for d in _sample_depths(sorted(depth))]
+    name = max(states[0], key=lambda n: states[0][n].size)
+    gets = s3_gets(traj.url, picks, name, states) if s3 else {}
+    times = {s: _fresh_read(traj.url, s, reps) for s in picks}
+    fastest = min(times.values())
+    print(f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'modelled':>9s} {'GETs':>5s}")
+    for s in picks:
+        a = traj.info(s).anchoring or {}
+        model = a["cost"] / a["anchor_cost"] if a.get("anchor_cost") else float("nan")
+        g = gets.get(s, "-")
+        print(
+            f"    {traj.info(s).anchor_distance:5d} {s:5d} {times[s] * 1e3:8.1f} {times[s] / fastest:9.2f}x "
+            f"{model:8.2f}x {g!s:>5s}"
+        )
+    worst = max(times.values()) / fastest
+    print(
+        f"  slowest / fastest full read: {worst:.2f}x (bound {READ_BOUND}x); stored {st['stored_bytes'] / m['pure']:.2f}x"
+        f" (bound {bound}x); GETs of a one-element slice: {min(gets.values()) if gets else '-'}.."
+        f"{max(gets.values()) if gets else '-'} (bound 4)"
+    )
+
+
+def run(args) -> None:
+    """The depth section: every trajectory measured, modelled, stored with the default policy, read per depth."""
+    from _data import load_trajectory
+
+    print(
+        f"\n== depth: two real toytrain runs, preset {args.depth_preset!r}, {args.depth_steps} steps, bf16 "
+        "(reads: a fresh process each, timed inside from ulstore.open to the arrays returned)"
+    )
+    for kind, what, bound in RUNS:
+        t0 = time.perf_counter()
+        states = load_trajectory(kind, "bfloat16", args.depth_preset, args.depth_steps)
+        print(
+            f"\n-- {kind}: {what}; {len(states)} checkpoints of {sum(v.nbytes for v in states[0].values()) / 1e6:.1f} MB"
+        )
+        m = measure(states)
+        _print_measures(m, bound)
+        with tempfile.TemporaryDirectory() as d:
+            traj = store_default(states, str(Path(d) / kind))
+            _print_store(traj, m, bound, args.depth_reps, not args.no_s3, states)
+        print(f"  ({time.perf_counter() - t0:.0f} s)")
+        del states
