@@ -131,7 +131,13 @@ def test_init_and_add_steps_from_names(tmp_path):
     paths = write_steps(tmp_path)
     url = tmp_path / "traj"
     p = run("init", url, "--anchor-every", 8, "--json", check=0)
-    assert json.loads(p.stdout) == {"url": str(url), "anchor_every": 8, "chunk_bytes": 4 << 20, "steps": 0}
+    assert json.loads(p.stdout) == {
+        "url": str(url),
+        "anchor_every": 8,
+        "anchor_cost": None,  # a fixed count given: no cost policy
+        "chunk_bytes": 4 << 20,
+        "steps": 0,
+    }
     p = run("init", url)
     assert_one_line_error(p, "already exists")
     p = run("add", url, *reversed(paths), "--json", check=0)
