@@ -339,12 +339,30 @@ def _print_measures(m: dict, bound: float) -> None:
             f"{ch / (k * m['changed'].mean()):15.2f}x"
         )
     print(f"  modelled trade-offs (bounds: read <= {READ_BOUND}x the anchor's, stored <= {bound}x the pure chain):")
-    for name, best_store, best_read in frontier(m, bound):
+    rows = frontier(m, bound)
+    for name, best_store, best_read in rows:
         a = f"N={best_store[0]}: stored {best_store[1] / pure:.2f}x" if best_store else "none"
         b = f"N={best_read[0]}: read {best_read[2]:.2f}x" if best_read else "none"
         print(
             f"    {name:34s} least storage with read <= {READ_BOUND}: {a:24s} least read with storage <= {bound}: {b}"
         )
+    _print_floor(rows, pure, bound)
+
+
+def _print_floor(rows: list, pure: float, bound: float) -> None:
+    """Whether a family holds both bounds; if none does, the floor: the best each bound allows of the other."""
+    both = [r[0] for r in rows if r[1] is not None and r[1][1] / pure <= bound]
+    if both:
+        print(f"  both bounds hold at once (modelled): {', '.join(both)}")
+        return
+    by_store = min((r for r in rows if r[1]), key=lambda r: r[1][1], default=None)
+    by_read = min((r for r in rows if r[2]), key=lambda r: r[2][2], default=None)
+    fs = f"{by_store[1][1] / pure:.2f}x ({by_store[0]}, N={by_store[1][0]})" if by_store else "none"
+    fr = f"{by_read[2][2]:.2f}x ({by_read[0]}, N={by_read[2][0]})" if by_read else "none"
+    print(
+        f"  FLOOR (modelled): no family measured holds both bounds on this data; with reads <= {READ_BOUND}x "
+        f"the least storage is {fs}; with storage <= {bound}x the least read is {fr}"
+    )
 
 
 def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states) -> None:
