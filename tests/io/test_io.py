@@ -487,7 +487,8 @@ def test_storage_report_counts_chunks_coded_against_another_sharding(tmp_path):
     states = [{"w": rng.standard_normal((24, 8)).astype(np.float32)}]
     for _ in range(3):
         states.append({"w": states[-1]["w"] + np.float32(1e-3) * rng.standard_normal((24, 8), dtype=np.float32)})
-    traj = ulstore.open(tmp_path / "t", mode="w", chunk_bytes=128)  # 4 rows of 8 floats per chunk
+    # 4 rows of 8 floats per chunk; a fixed count keeps every step a delta (every element changes each step)
+    traj = ulstore.open(tmp_path / "t", mode="w", chunk_bytes=128, anchor_every=16)
     _save_in_bands(traj, 0, states[0], [12])  # two ranks
     _save_in_bands(traj, 1, states[1], [12])  # the same two bands: co-located references
     _save_in_bands(traj, 2, states[2], [8, 16])  # three ranks: every band is new
