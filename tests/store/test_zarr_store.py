@@ -375,7 +375,7 @@ def test_open_accepts_a_filesystem_or_a_mapper(tmp_path, monkeypatch):
 
 def test_a_zarr_write_to_a_step_document_is_named(tmp_path):
     path = str(tmp_path / "t")
-    traj = ulstore.open(path, mode="w")
+    traj = ulstore.open(path, mode="w", anchor_every=16)  # a chain (the cost policy anchors unrelated states)
     for step in range(3):
         traj.commit(step, _state(step))
     zarr.open_group(path, mode="r+")["steps/1"].attrs["note"] = "best so far"
