@@ -239,6 +239,8 @@ def _chain_json(chain: tuple[ChainStep, ...]) -> dict:
             numbers.append(index[pid])
         steps.append([e.step, e.parent, e.content, numbers, [t.to_json() for t in e.tables]])
     return {"packs": packs, "steps": steps}
+
+
 #: Why a step is an anchor, and the fields each reason carries besides ``policy``.
 ANCHOR_POLICIES = {"cost": ("k", "predicted", "limit"), "every": ("every",), "root": (), "asked": ()}
 #: Bound of a stored ``k`` (the cost policy's factor): anything larger is damage, not a setting.
