@@ -145,9 +145,9 @@ def _chain_body(edit):
     "edit, error, match",
     [
         (lambda steps, _: steps[0][4][0].__setitem__(5, "0" * 32), CorruptManifestError, "fails its hash"),
-        (lambda steps, _: steps[0][4][0].__setitem__(4, 1 << 40), CorruptManifestError, "bad length"),
+        (lambda steps, _: steps[0][4][0].__setitem__(4, 1 << 40), CorruptManifestError, "bad pack, offset or length"),
         (lambda steps, _: steps[0][4][0].__setitem__(3, 1 << 30), IntegrityError, "shorter"),
-        (lambda steps, _: steps[0][4][0].__setitem__(2, 7), CorruptManifestError, "bad pack"),
+        (lambda steps, _: steps[0][4][0].__setitem__(2, 7), CorruptManifestError, "bad pack, offset or length"),
         (lambda steps, _: steps.reverse(), CorruptManifestError, "parent path"),
         (lambda steps, _: steps.insert(0, [9, 3, "0" * 32, [0], []]), CorruptManifestError, "parent path"),
         (lambda steps, _: steps.__setitem__(1, list(steps[0])), CorruptManifestError, "parent path"),

@@ -317,6 +317,34 @@ def _directory(rows, n_packs: int) -> tuple[TableRef, ...]:
     return tuple(tables)
 
 
+def _copied_directory(rows, n_packs: int) -> tuple[TableRef, ...]:
+    """A table directory as a ``chain`` copies it: :func:`_directory`'s bounds and order, with cheaper checks of
+    names and hashes (a document may hold thousands of rows; a reader compares each with the block it fetches:
+    the block's hash, and its first and last tensor names, which the block's own parse checks)."""
+    tables: list[TableRef] = []
+    prev = None
+    for first, last, pack, offset, length, h in rows:
+        if (
+            type(first) is not str
+            or type(last) is not str
+            or not first <= last
+            or (prev is not None and first <= prev)
+            or type(h) is not str
+            or len(h) != 32
+        ):
+            raise ValueError("malformed or unsorted table directory entry in the chain")
+        if (
+            type(pack) is not int
+            or type(offset) is not int
+            or type(length) is not int
+            or not (0 <= pack < n_packs and 0 <= offset < _MAX and 0 <= length < _MAX_BLOCK_BYTES)
+        ):
+            raise ValueError(f"bad pack, offset or length in the chain: {[pack, offset, length]!r}")
+        tables.append(TableRef(first, last, pack, offset, length, h))
+        prev = last
+    return tuple(tables)
+
+
 def _chain_entry(row, packs: list[str]) -> ChainStep:
     """One entry of the ``chain`` field, checked on its own (``packs``: the field's pack list)."""
     s, p, content, numbers, tables = row
@@ -326,7 +354,7 @@ def _chain_entry(row, packs: list[str]) -> ChainStep:
         raise ValueError("malformed chain entry")
     ids = tuple(packs[_count(i, "chain pack", len(packs))] for i in numbers)
     parent = None if p is None else _count(p, "chain parent", MAX_STEP)
-    return ChainStep(_count(s, "chain step", MAX_STEP), parent, content, ids, _directory(tables, len(ids)))
+    return ChainStep(_count(s, "chain step", MAX_STEP), parent, content, ids, _copied_directory(tables, len(ids)))
 
 
 def _parse_chain(body: dict, step: int, parent: int | None) -> tuple[ChainStep, ...]:
