@@ -244,7 +244,7 @@ class _Plan:
         hit = positions.get(ref)
         if hit is None:
             if ref not in self.dirs:
-                self.r.prefetch(ref, (name,))  # a document without a chain, or beyond a cut one: walk on from it
+                self.r.prefetch_for(ref, name)  # a document without a chain, or beyond a cut one: walk on from it
             return self._dir(ref)[0]
         k, entry = hit
         if k <= here:
@@ -265,7 +265,7 @@ class _Plan:
             self.roots.add(node)
             if node[:2] not in self.prefetched:  # the tensor's table blocks along the whole chain, in one batch
                 self.prefetched.add(node[:2])
-                self.r.prefetch(node[0], (node[1],))
+                self.r.prefetch_for(node[0], node[1])
         if node in self.state:
             return
         self.state[node] = _GRAY

@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures as cf
 import threading
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -116,6 +115,8 @@ class TableReader:
         # catches up reads a step ahead while it applies one: two at most, the older dropped beyond that)
         self._ahead: dict[str, memoryview] = {}
         self._io_pool: cf.ThreadPoolExecutor | None = None
+        # step -> (its document, the blocks whose chain :meth:`prefetch_for` fetched already)
+        self._chained: dict[int, tuple[StepDoc, set[int]]] = {}
 
     def _pool(self) -> cf.ThreadPoolExecutor:
         """The threads that run the requests of one fetch in parallel (made on first use; fetch jobs submit
@@ -347,7 +348,7 @@ class TableReader:
         reference chain with it, in one parallel batch (:meth:`prefetch`).
         """
         if chain:
-            self.prefetch(step, (name,))
+            self.prefetch_for(step, name)
         return self.table_in(self.doc(step), name)
 
     def table_in(self, d: StepDoc | ChainStep, name: str) -> TensorTable:
@@ -358,24 +359,48 @@ class TableReader:
             raise TensorNotFoundError("no such tensor", step=d.step, tensor=name)
         return t
 
+    def prefetch_for(self, step: int, name: str) -> None:
+        """:meth:`prefetch` of tensor ``name`` of ``step``: once per table block of a step document (a full
+        read plans thousands of tensors and each asks here: a long chain's look-ups repeated per tensor would
+        cost more than the decoding)."""
+        self.prefetch(step, (name,))
+
     def prefetch(self, step: int, names=None) -> None:
-        """Fetch, in one parallel batch, the table blocks of ``step`` and of the ancestors its document's
-        ``chain`` lists that hold tensors ``names`` (all: None) and are not cached yet.
+        """Fetch, in one parallel batch, the table blocks of ``step`` that hold tensors ``names`` (all: None)
+        and the blocks of the ancestors its document's ``chain`` lists over the same tensor range, those not
+        cached yet.
 
         Nothing but the step document is read before: the chain names every block's place and hash.  At
         most :data:`_PREFETCH_CHARGE` of cache is filled (nearest steps first); the rest is read when needed.
+        Each block of the step is done once per document (the blocks it covers may leave the cache later:
+        then they are read when needed).
         """
         d = self.doc(step)
+        own = range(len(d.tables)) if names is None else {bi for bi in map(d.table_for, names) if bi is not None}
+        with self._lock:
+            held = self._chained.get(step)
+            if held is None or held[0] is not d:  # (a document read anew: its chain may differ)
+                held = self._chained[step] = (d, set())
+                while len(self._chained) > _MAX_DOCS:
+                    del self._chained[next(iter(self._chained))]
+            todo = sorted(set(own) - held[1])
+        if not todo:
+            return
+        self._prefetch_spans(d, [(d.tables[bi].first, d.tables[bi].last) for bi in todo])
+        with self._lock:
+            held[1].update(todo)
+
+    def _prefetch_spans(self, d: StepDoc, spans: list[tuple[str, str]]) -> None:
+        """The blocks of ``d`` and of its chain's entries whose tensor range meets one of ``spans``, in one batch."""
         wanted: dict[tuple, tuple[StepDoc | ChainStep, int]] = {}
         charge = 0
         dirs: list[StepDoc | ChainStep] = [d, *d.chain]
         for dd in dirs:
-            rows: Iterable[int] = (
-                range(len(dd.tables))
-                if names is None
-                else sorted({bi for bi in map(dd.table_for, names) if bi is not None})
-            )
-            for bi in rows:
+            rows: set[int] = set()
+            for first, last in spans:
+                lo = bisect.bisect_left(dd.tables, first, key=lambda t: t.last)
+                rows.update(range(lo, bisect.bisect_right(dd.tables, last, key=lambda t: t.first)))
+            for bi in sorted(rows):
                 ref = dd.tables[bi]
                 key = (dd.step, dd.content, ref.hash)
                 if key in wanted or self._blocks.get(key) is not None:
