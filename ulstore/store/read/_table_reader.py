@@ -467,7 +467,8 @@ class TableReader:
     def fetch(self, locations: list[Location], pool: cf.Executor | None = None) -> list[memoryview]:
         """Bytes at (pack, offset, length) locations, with coalesced range reads (and from the bytes
         :meth:`blocks` read ahead, if any: this call drops them)."""
-        pool = pool if pool is not None else self._pool() if len({loc[0] for loc in locations}) > 1 else None
+        if pool is None and not self.io.local and len({loc[0] for loc in locations}) > 1:
+            pool = self._pool()  # an object store: one round trip for all the packs (local disk: no latency to hide)
         if not self._ahead:
             return fetch(self.io, locations, pool=pool)
         with self._lock:
