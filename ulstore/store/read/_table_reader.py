@@ -226,6 +226,8 @@ class TableReader:
 
     def forget(self, steps=None) -> None:
         """Drop cached step documents and tables (all, or of ``steps``): after they were rewritten."""
+        with self._lock:
+            self._chained.clear()  # (the blocks dropped below may be those a prefetch fetched for another step)
         if steps is None:
             with self._lock:
                 self._docs.clear()
