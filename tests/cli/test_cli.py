@@ -312,6 +312,8 @@ def test_demo_tiny(tmp_path):
     ):
         assert fragment in out, fragment
     assert ulstore.open(tmp_path / "ulstore-demo", mode="r").steps == [0, 1, 2, 3, 4]
+    # why its anchors are anchors: the default policy (read cost), not a fixed count it does not follow
+    assert "would cost more than 2x reading an anchor" in " ".join(out.split()), out
     # the tour of the directory names what is there
     listed = re.findall(r"^  ([a-z]+)/", out.split("The data lives in", 1)[1], flags=re.M)
     assert listed and all((tmp_path / "ulstore-demo" / d).is_dir() for d in listed), listed

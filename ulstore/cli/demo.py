@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import textwrap
 import time
 from pathlib import Path
 
@@ -293,8 +294,12 @@ def _compare_sizes(traj, report: dict, trained: _Run, n_params: int, n1: int, st
     which = (
         f"Steps {', '.join(map(str, anchors))} are anchors" if len(anchors) > 1 else f"Step {anchors[0]} is an anchor"
     )
-    echo(f"  {which} (coded without a reference, so that no read")
-    echo(f"  walks back more than {traj.anchor_every} steps); all others are deltas against their parent.")
+    if traj.anchor_cost is None:
+        why = f"so that no read walks back more than {traj.anchor_every} steps"
+    else:
+        why = f"where reading the next delta would cost more than {traj.anchor_cost:g}x reading an anchor"
+    text = f"{which} (coded without a reference, {why}); all others are deltas against their parent."
+    echo(textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  "))
     echo("")
     return sizes, phase_rows, anchors
 
