@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = toytrain.ToyConfig.preset(args.preset)
 
-    traj = ulstore.open(args.out, mode="w")
+    traj = ulstore.open(args.out, mode="w", anchor_every=16)  # the fixed cadence this example is about
     base = train_base(traj, cfg, args.base_steps)
     finetuned = {
         branch: finetune(traj, cfg, branch, lr, 1000 * (i + 1), base, args)
@@ -111,7 +111,7 @@ def compare(traj, base: int, finetuned: dict[str, list[dict]]) -> tuple[bool, bo
         steps = [info.step for info in traj.log(branch) if info.step > base]
         anchors = [s for s in steps if traj.info(s).anchor_distance == 0]
         as_branch = sum(report[s]["stored_bytes"] for s in steps)
-        alone = ulstore.open(f"memory://finetune-alone-{branch}", mode="w")
+        alone = ulstore.open(f"memory://finetune-alone-{branch}", mode="w", anchor_every=16)
         for k, state in enumerate(states, 1):
             alone.commit(k, state)
         alone_bytes = alone.stats()["stored_bytes"]
