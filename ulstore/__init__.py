@@ -66,25 +66,11 @@ __all__ = [
 _SUBMODULES = ("io", "sync", "dcp", "toytrain", "cli", "store", "codec", "core")
 #: the public names and the subpackage each comes from, imported on first use: ``ulstore --help`` and
 #: ``import ulstore.errors`` then cost no codec import (ml_dtypes alone is ~0.3 s of a cold start)
-_LAZY = dict.fromkeys(("open", "upgrade", "Trajectory"), "store") | dict.fromkeys(
-    (
-        "encode",
-        "decode",
-        "encode_many",
-        "decode_many",
-        "decode_changes",
-        "content_sum",
-        "Changes",
-        "inspect_blob",
-        "model_entropy_bits",
-        "header_bound",
-        "ULPack",
-        "backend",
-        "set_backend",
-        "available_backends",
-    ),
-    "codec",
-)
+_LAZY = {
+    name: "store" if name in ("open", "upgrade", "Trajectory") else "codec"
+    for name in __all__
+    if name not in _errors_all
+}
 
 
 def __getattr__(name):
