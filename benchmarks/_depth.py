@@ -29,7 +29,6 @@ The figures go side by side with the bounds; nothing is asserted.
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 import tempfile
@@ -282,21 +281,10 @@ def _sample_depths(depths: list[int], most: int = 12) -> list[int]:
 
 def s3_gets(local: str, steps: list[int], name: str, states) -> dict[int, int]:
     """GET requests of a one-element lazy slice of each step, on a moto S3 copy of the trajectory at ``local``."""
-    import boto3
     import s3fs
-    from moto.server import ThreadedMotoServer
-    from store import _S3Log
+    from store import _S3Log, moto_bucket
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
-                                                                          "region_name": "us-east-1"}}  # fmt: skip
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="bench")  # fmt: skip
+    with moto_bucket() as opts:
         root = f"bench/{uuid.uuid4().hex}"
         s3fs.S3FileSystem(**opts).put(local.rstrip("/") + "/", root, recursive=True)
         out = {}
@@ -308,8 +296,6 @@ def s3_gets(local: str, steps: list[int], name: str, states) -> dict[int, int]:
             assert np.asarray(value).view(np.uint16) == np.asarray(want).view(np.uint16)
             out[s] = sum(1 for c in log.calls if c[0] == "get_object")
         return out
-    finally:
-        server.stop()
 
 
 def _print_measures(m: dict, bound: float) -> None:

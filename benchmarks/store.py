@@ -30,6 +30,7 @@ bytes, not S3 latency.  Nothing here is asserted; the targets are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -344,7 +345,9 @@ class _S3Log:
         return ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
 
 
-def s3(states, args) -> None:
+@contextlib.contextmanager
+def moto_bucket():
+    """A moto S3 server on 127.0.0.1 with bucket ``bench``; yields the s3fs storage options that reach it."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -361,11 +364,17 @@ def s3(states, args) -> None:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         ).create_bucket(Bucket="bench")
-        so = {
+        yield {
             "key": "testing",
             "secret": "testing",
             "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
         }
+    finally:
+        server.stop()
+
+
+def s3(states, args) -> None:
+    with moto_bucket() as so:
         url = f"s3://bench/{uuid.uuid4().hex}"
         traj = ulstore.open(url, mode="w", storage_options=so, anchor_every=0, chunk_bytes=args.chunk_bytes)
         log = _S3Log(traj._io.fs)
@@ -403,8 +412,6 @@ def s3(states, args) -> None:
                 np.array_equal(g.view(np.uint16), states[0][n].view(np.uint16)) for g, (n, _, _) in zip(got, boxes)
             )
             print(f"  step 0 read as {len(boxes)} boxes, {way}: {len(log.calls)} requests, {seconds * 1e3:.0f} ms")
-    finally:
-        server.stop()
 
 
 # -- 4. the 1T manifest --------------------------------------------------------------------------------
