@@ -149,6 +149,18 @@ def test_init_and_add_steps_from_names(tmp_path):
     assert traj.steps == [100, 200, 300] and traj.head() == 300 and traj.anchor_every == 8
 
 
+def test_init_takes_the_cost_policys_k_or_a_fixed_count_not_both(tmp_path):
+    p = run("init", tmp_path / "k", "--anchor-cost", "3.5", "--json", check=0)
+    assert json.loads(p.stdout)["anchor_cost"] == 3.5
+    assert ulstore.open(tmp_path / "k", mode="r").anchor_cost == 3.5
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        p = run("init", tmp_path / f"bad{bad}", "--anchor-cost", bad)
+        assert p.returncode == 2 and "expected a positive number" in p.stderr, (bad, p.stderr)
+    p = run("init", tmp_path / "both", "--anchor-cost", "2", "--anchor-every", "8")
+    assert p.returncode == 2 and "not allowed with argument" in p.stderr, p.stderr
+    assert not (tmp_path / "both").exists()
+
+
 def test_add_directory_branch_parent_and_step(tmp_path, store):
     # a sharded HF directory named by step, on a branch off step 200
     state = {f"layer{i}": np.full((8, 8), i, np.float32) for i in range(3)}

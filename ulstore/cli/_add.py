@@ -74,7 +74,8 @@ def _open_or_init(args) -> tuple[object, bool, bool]:
                 f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"
             ) from None
     existed = _exists(args)
-    return _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes), True, existed
+    settings = {"anchor_every": args.anchor_every, "anchor_cost": args.anchor_cost, "chunk_bytes": args.chunk_bytes}
+    return _open(args, "w-", **settings), True, existed
 
 
 def _refuse_existing(traj, jobs: list[tuple[int, str]]) -> None:

@@ -15,7 +15,7 @@ __all__ = ["_cmd_add"]
 
 
 def _cmd_init(args, ui) -> int:
-    traj = _open(args, "w-", anchor_every=args.anchor_every, chunk_bytes=args.chunk_bytes)
+    traj = _open(args, "w-", anchor_every=args.anchor_every, anchor_cost=args.anchor_cost, chunk_bytes=args.chunk_bytes)
     doc = {
         "url": args.url,
         "anchor_every": traj.anchor_every,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 
 from . import _commands as C
@@ -360,12 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings_args(p) -> None:
-    p.add_argument(
+    anchors = p.add_mutually_exclusive_group()
+    anchors.add_argument(
         "--anchor-every",
         metavar="N",
         type=_nonneg_int,
         help="a full anchor every N steps along a chain (new trajectories; default: an anchor when reading the "
         "next step would cost more than 2x reading an anchor)",
+    )
+    anchors.add_argument(
+        "--anchor-cost",
+        metavar="K",
+        type=_positive_float,
+        help="an anchor when reading the next step as a delta would cost more than K times reading an anchor "
+        "(new trajectories; default 2: larger K, fewer anchors, smaller and slower to read)",
     )
     p.add_argument(
         "--chunk-bytes",
@@ -395,6 +404,16 @@ def _positive_int(text: str) -> int:
     value = _nonneg_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
