@@ -14,6 +14,12 @@
  * bytes (best of REPS) of memcpy, of the decode into a new array, of the in-place apply (no copy),
  * and ns per change of the in-place apply and of a plain scatter of the known changes (the floor
  * of any in-place apply).  Exits 1 if a decode differs from TGT.  Built by benchmarks/band_floor.py.
+ *
+ * Keyed bands: if the bands are those of a key that changes rarely (the chain's anchor, whose
+ * exponents a RL chain keeps: band_floor.py measures the bits that costs), a reader builds an
+ * index of each band's members once per key and then applies every delta of the chain in time
+ * proportional to its changes: rank -> position by one lookup.  Also printed: the index build per
+ * element (once per key) and that apply per change ("keyed_apply"), its index 4 bytes an element.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -95,6 +101,29 @@ static size_t decode(const uint16_t *ref, uint16_t *out, size_t n, const uint8_t
   return v;
 }
 
+/* The members of each band in position order: idx[start[b] .. start[b + 1]). */
+static void build_index(const uint16_t *key, size_t n, const uint8_t *edges, int k, uint32_t *idx, size_t *start) {
+  size_t fill[MAX_BANDS + 1] = {0};
+  for (size_t i = 0; i < n; i++) fill[band_of(key[i], edges, k) + 1]++;
+  for (int b = 0; b < k; b++) fill[b + 1] += fill[b];
+  memcpy(start, fill, sizeof(size_t) * (size_t)(k + 1));
+  for (size_t i = 0; i < n; i++) idx[fill[band_of(key[i], edges, k)]++] = (uint32_t)i;
+}
+
+/* The in-place apply on a built index: band-major rank gaps (sentinel-ended) and new words. */
+static void apply_keyed(uint16_t *out, const uint32_t *idx, const size_t *start, int k, uint32_t *const *gaps,
+                        const uint16_t *vals) {
+  size_t v = 0;
+  for (int b = 0; b < k; b++) {
+    const uint32_t *members = idx + start[b], *g = gaps[b];
+    size_t r = (size_t)-1;
+    for (uint32_t gap = *g++; gap != 0xFFFFFFFFu; gap = *g++) {
+      r += (size_t)gap + 1;
+      out[members[r]] = vals[v++];
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 7) {
     fprintf(stderr, "usage: %s REF TGT N K EDGES REPS\n", argv[0]);
@@ -133,8 +162,29 @@ int main(int argc, char **argv) {
         rank[b]++;
       }
   for (int b = 0; b < k; b++) gaps[b][count[b]] = 0xFFFFFFFFu; /* no more changes in this band */
+  /* the keyed encoder: the same changes, band-major (the order apply_keyed meets them) */
+  uint32_t *kgaps[MAX_BANDS];
+  uint16_t *kvals = malloc(n * 2 + 2);
+  size_t kv = 0;
+  for (int b = 0; b < k; b++) {
+    size_t c = 0;
+    uint32_t r = 0, prev = (uint32_t)-1;
+    kgaps[b] = malloc(sizeof(uint32_t) * (count[b] + 1));
+    for (size_t j = 0; j < n; j++) {
+      if (band_of(ref[j], edges, k) != b) continue;
+      if (ref[j] != tgt[j]) {
+        kgaps[b][c++] = r - prev - 1;
+        prev = r;
+        kvals[kv++] = tgt[j];
+      }
+      r++;
+    }
+    kgaps[b][c] = 0xFFFFFFFFu;
+  }
+  uint32_t *idx = malloc(sizeof(uint32_t) * n);
+  size_t start[MAX_BANDS + 1];
   uint16_t *out = aligned_alloc(64, n * 2 + 64), *work = aligned_alloc(64, n * 2 + 64);
-  double t_copy = 1e30, t_dec = 1e30, t_apply = 1e30, t_scatter = 1e30;
+  double t_copy = 1e30, t_dec = 1e30, t_apply = 1e30, t_scatter = 1e30, t_index = 1e30, t_keyed = 1e30;
   for (int r = 0; r < reps; r++) {
     double t0 = cpu_now();
     memcpy(work, ref, n * 2);
@@ -152,6 +202,16 @@ int main(int argc, char **argv) {
     for (size_t c = 0; c < m; c++) work[pos[c]] = pos_words[c];
     double t6 = cpu_now();
     if (memcmp(work, tgt, n * 2)) return 1;
+    double t7 = cpu_now();
+    build_index(ref, n, edges, k, idx, start);
+    double t8 = cpu_now();
+    memcpy(work, ref, n * 2);
+    double t9 = cpu_now();
+    apply_keyed(work, idx, start, k, kgaps, kvals);
+    double t10 = cpu_now();
+    if (memcmp(work, tgt, n * 2)) return 1;
+    t_index = t8 - t7 < t_index ? t8 - t7 : t_index;
+    t_keyed = t10 - t9 < t_keyed ? t10 - t9 : t_keyed;
     t_copy = t1 - t0 < t_copy ? t1 - t0 : t_copy;
     t_dec = t2 - t1 < t_dec ? t2 - t1 : t_dec;
     t_apply = t4 - t3 < t_apply ? t4 - t3 : t_apply;
@@ -162,5 +222,6 @@ int main(int argc, char **argv) {
          n * 2 / t_apply / 1e6);
   printf("apply_ns_per_change %.2f\nscatter_ns_per_change %.2f\n", m ? t_apply / m * 1e9 : 0.0,
          m ? t_scatter / m * 1e9 : 0.0);
+  printf("index_ns_per_element %.3f\nkeyed_apply_ns_per_change %.2f\n", t_index / n * 1e9, m ? t_keyed / m * 1e9 : 0.0);
   return 0;
 }

@@ -101,10 +101,15 @@ def test_codec_benchmark_smoke(cache):
 
 @pytest.mark.skipif(not (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")), reason="needs a C compiler")
 def test_band_floor_benchmark_smoke(cache):
-    """The band-rank prototype builds, decodes every split bit for bit (it exits non-zero otherwise)."""
-    out = run_benchmark("band_floor.py", "--preset", "tiny", "--steps", 1, "--reps", 1, cache=cache)
-    assert "x scatter" in out and "memcpy" in out, out
-    assert len([line for line in out.splitlines() if line.split()[:1] in (["1"], ["2"], ["4"], ["8"])]) == 4, out
+    """The band-rank prototype builds, decodes every split bit for bit, keyed or not (it exits non-zero otherwise),
+    and the keyed-bands table has a row per depth the run reaches."""
+    args = ("--preset", "tiny", "--steps", 1, "--reps", 1, "--keyed-preset", "tiny", "--keyed-steps", 40)
+    out = run_benchmark("band_floor.py", *args, cache=cache)
+    floor, keyed = out.split("bands keyed to the anchor")
+    assert "x scatter" in floor and "keyed apply" in floor and "memcpy" in floor, out
+    assert len([line for line in floor.splitlines() if line.split()[:1] in (["1"], ["2"], ["4"], ["8"])]) == 4, out
+    depths = [line.split()[0] for line in keyed.splitlines()[2:] if line.strip()]
+    assert depths == ["1", "4", "16"], out  # 41 states: the anchor at 41 // 3 = 13, depths to 27 fit, 32 does not
 
 
 def test_codec_benchmark_position_floor_is_the_best_band_split():
