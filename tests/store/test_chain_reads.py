@@ -21,7 +21,7 @@ import ulstore
 from tests.helpers.store import assert_state_equal, entries, flip_at
 from ulstore.errors import CorruptBlobError
 from ulstore.store.format._layout import pack_key
-from ulstore.store.read import _decode_plan
+from ulstore.store.read import _column_plan, _decode_plan
 
 CHUNK = 4096  # 1024 float32 elements a chunk: a (64, 64) tensor is 4 chunks
 
@@ -159,7 +159,8 @@ def test_a_chain_end_that_fails_its_content_hash_is_refused(monkeypatch):
     states = _walk(6, 5, [0.01])
     traj = _commit(states)
     real = _decode_plan.content_digest
-    monkeypatch.setattr(_decode_plan, "content_digest", lambda v: bytes(16) if v.size == 1024 else real(v))
+    for module in (_decode_plan, _column_plan):  # the general plan's check, and the column plan's
+        monkeypatch.setattr(module, "content_digest", lambda v: bytes(16) if v.size == 1024 else real(v))
     with pytest.raises(CorruptBlobError, match="content hash"):
         ulstore.open(traj.url, mode="r").read(5)
 
@@ -268,3 +269,23 @@ def test_batches_on_several_threads_read_exactly_and_a_failure_in_any_is_raised(
     with pytest.raises(CorruptBlobError) as e:
         ulstore.open(traj.url, mode="r", threads=3).read(6)
     assert e.value.key == pack_key(pid)
+
+
+def test_co_located_sparse_chains_are_walked_by_columns_and_the_rest_by_nodes_fetching_each_blob_once(monkeypatch):
+    """A chain of SPARSE deltas over blocks of one layout is planned by columns (no node-by-node walk); a chain
+    with a dense delta is handed to the general plan with the blobs already fetched (no byte read twice)."""
+    from ulstore.store.read._table_reader import TableReader
+
+    walked, fetched = [], []
+    real_add, real_fetch = _decode_plan._Plan.add, TableReader.fetch
+    monkeypatch.setattr(_decode_plan._Plan, "add", lambda self, *a, **k: walked.append(a) or real_add(self, *a, **k))
+    monkeypatch.setattr(
+        TableReader, "fetch", lambda self, locs, *a, **k: fetched.extend(locs) or real_fetch(self, locs, *a, **k)
+    )
+    states = _walk(11, 6, [0.01, 0.02])
+    for sparse, nodes in ((True, False), ([i != 3 for i in range(7)], True)):
+        traj = _commit(states, sparse=sparse)
+        walked.clear(), fetched.clear()
+        assert_state_equal(ulstore.open(traj.url, mode="r").read(6), states[6])
+        assert bool(walked) == nodes
+        assert fetched and len(fetched) == len(set(fetched))

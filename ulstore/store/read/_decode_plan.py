@@ -27,6 +27,7 @@ from ...errors import CorruptBlobError, CorruptManifestError, StepNotFoundError,
 from ..format._chunkcodec import ULPACK, content_digest, decode_chunk
 from ..format._layout import pack_key, step_key
 from ..format._packs import Location
+from ._column_plan import ColumnPlan, column_plan
 
 if TYPE_CHECKING:
     from ._kept import KeptStep
@@ -135,6 +136,8 @@ class _Plan:
         #: directory a step document names for an ancestor, or that step's own document
         self.dirs: dict[int, tuple] = {}
         self.prefetched: set[tuple[int, str]] = set()
+        #: blobs fetched already, by location (a :class:`~._column_plan.ColumnPlan` that handed the batch over)
+        self.have: dict = {}
 
     def content(self, node: Node) -> bytes:
         return self.need[node].content
@@ -310,7 +313,9 @@ class _Plan:
         self.blobs: dict[Node, object] = {}
         if self.order:
             locs = [self.need[n].loc for n in self.order]
-            self.blobs = dict(zip(self.order, self.r.fetch(locs)))  # type: ignore[arg-type]
+            todo = [loc for loc in locs if loc not in self.have]
+            got = dict(zip(todo, self.r.fetch(todo))) if todo else {}  # type: ignore[arg-type]
+            self.blobs = {n: self.have[loc] if loc in self.have else got[loc] for n, loc in zip(self.order, locs)}
         self._route()
         return self._waves()
 
@@ -672,11 +677,16 @@ def materialize_job(reader: TableReader, targets, *, kept: KeptStep | None = Non
         p.batch = batch
         return p
 
+    if (kept is None or not kept.tensors) and not lru:  # nothing at hand to stop a chain at: its columns
+        return _Job(reader, batches, lambda batch: column_plan(reader, batch, plan), _placed, result)
     return _Job(reader, batches, plan, _placed, result)
 
 
-def _placed(plan: _Plan) -> None:
+def _placed(plan: _Plan | ColumnPlan) -> None:
     """A materialize batch's values where its targets want them (the caller's arrays, the kept step)."""
+    if isinstance(plan, ColumnPlan):
+        plan.place()
+        return
     for node, dest, region, kp, i in plan.batch:
         value = plan.values[node]
         if node in plan.into:

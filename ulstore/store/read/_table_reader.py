@@ -304,9 +304,9 @@ class TableReader:
             self._blocks.put((doc.step, doc.content, ref.hash), Block.from_tables(tables[lo:hi]), _charge(ref.length))
 
     def _block(self, step: int, bi: int) -> Block:
-        return self._block_in(self.doc(step), bi)
+        return self.block_in(self.doc(step), bi)
 
-    def _block_in(self, d: StepDoc | ChainStep, bi: int) -> Block:
+    def block_in(self, d: StepDoc | ChainStep, bi: int) -> Block:
         """Table block ``bi`` of the directory ``d``: a step document, or an ancestor's entry of one's chain."""
         cache_key = (d.step, d.content, d.tables[bi].hash)
         hit = self._blocks.get(cache_key)
@@ -356,7 +356,7 @@ class TableReader:
     def table_in(self, d: StepDoc | ChainStep, name: str) -> TensorTable:
         """The table of tensor ``name`` in the directory ``d`` (a step document or a chain entry)."""
         bi = d.table_for(name)
-        t = self._block_in(d, bi).tables().get(name) if bi is not None else None
+        t = self.block_in(d, bi).tables().get(name) if bi is not None else None
         if t is None:
             raise TensorNotFoundError("no such tensor", step=d.step, tensor=name)
         return t
