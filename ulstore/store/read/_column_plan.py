@@ -49,6 +49,28 @@ def _layout(block: Block) -> tuple:
     )
 
 
+class _Layout:
+    """The layout of a chain's first block, which each ancestor's block must have (_Other if not)."""
+
+    def __init__(self, block: Block) -> None:
+        self.first = block
+        self._key: tuple | None = None
+
+    def block(self, reader: TableReader, entry) -> Block:
+        """The block of the ancestor directory ``entry`` that holds the first block's tensors, checked."""
+        assert self.first.heads is not None
+        bi = entry.table_for(self.first.heads.tensors[0][0])
+        block = reader.block_in(entry, bi) if bi is not None else None
+        if block is None or block.heads is None:
+            raise _Other
+        if block.heads is not self.first.heads:  # (the same header bytes parse to the same object: mostly so)
+            if self._key is None:
+                self._key = _layout(self.first)
+            if _layout(block) != self._key:
+                raise _Other
+        return block
+
+
 def _index(coord: tuple, grid: tuple) -> int | None:
     """Position of chunk ``coord`` in C order of ``grid`` (None: outside it)."""
     if len(coord) != len(grid):
@@ -109,6 +131,32 @@ class ColumnPlan:
         """The chains of ``members`` (chunks of table block ``bi`` of ``step``), a level at a time."""
         d = self.r.doc(step)
         block = self.r.block_in(d, bi)
+        cols, ulpack = self._columns(block, members)
+        positions = d.chain_positions
+        who = np.array(members, np.int64)
+        layout = _Layout(block)
+        frontier = [(d, 0, block, np.arange(len(members)))]
+        while frontier:
+            nxt: dict[int, list] = {}
+            for dd, here, b, idx in frontier:
+                refs = self._level_locations(dd, b, cols[idx], who[idx])
+                more = refs >= 0
+                if not more.any():
+                    continue
+                if not ulpack[idx[more]].all():
+                    raise _Other  # a zstd chunk naming a reference: the general plan's error
+                for ref in set(refs[more].tolist()):
+                    hit = positions.get(ref)
+                    if hit is None or hit[0] <= here:  # beyond a cut chain, or damage: the general plan
+                        raise _Other
+                    if ref not in nxt:
+                        nxt[ref] = [hit[1], hit[0], layout.block(self.r, hit[1]), []]
+                    nxt[ref][3].append(idx[more & (refs == ref)])
+            frontier = [(e, k, b, np.concatenate(parts)) for e, k, b, parts in nxt.values()]
+
+    def _columns(self, block: Block, members: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The column of each of ``members`` in ``block`` and whether it is a ULPack chunk; their dtypes, codecs
+        and content hashes noted."""
         if block.heads is None:
             raise _Other
         tensors = {t[0]: t for t in block.heads.tensors}
@@ -127,36 +175,7 @@ class ColumnPlan:
             cols[k], ulpack[k] = first + i, codec == ULPACK
             self.dtype[g], self.codec[g] = dtype, codec
             self.content[g] = block.content[first + i].tobytes()
-        layout = None
-        positions = d.chain_positions
-        who = np.array(members, np.int64)
-        frontier = [(d, 0, block, np.arange(len(members)))]
-        while frontier:
-            nxt: dict[int, list] = {}
-            for dd, here, b, idx in frontier:
-                refs = self._level_locations(dd, b, cols[idx], who[idx])
-                more = refs >= 0
-                if not more.any():
-                    continue
-                if not ulpack[idx[more]].all():
-                    raise _Other  # a zstd chunk naming a reference: the general plan's error
-                for ref in np.unique(refs[more]).tolist():
-                    hit = positions.get(ref)
-                    if hit is None or hit[0] <= here:  # beyond a cut chain, or damage: the general plan
-                        raise _Other
-                    k, entry = hit
-                    if ref not in nxt:
-                        rb = entry.table_for(block.heads.tensors[0][0])
-                        rblock = self.r.block_in(entry, rb) if rb is not None else None
-                        if rblock is None or rblock.heads is None:
-                            raise _Other
-                        if rblock.heads is not block.heads:
-                            layout = _layout(block) if layout is None else layout
-                            if _layout(rblock) != layout:
-                                raise _Other
-                        nxt[ref] = [entry, k, rblock, []]
-                    nxt[ref][3].append(idx[more & (refs == ref)])
-            frontier = [(e, k, b, np.concatenate(parts)) for e, k, b, parts in nxt.values()]
+        return cols, ulpack
 
     def _level_locations(self, d, block: Block, cols: np.ndarray, who: np.ndarray) -> np.ndarray:
         """Append each chunk's blob at this step to its chain (a snapshot, where there is one, ends it); the
