@@ -393,10 +393,11 @@ def _entries(raw, pos: int, total: int, n_packs: int) -> tuple[np.ndarray, np.nd
     ref, pack, length = ref.astype(np.int64), pack.astype(np.int64), length.astype(np.int64)
     through = np.cumsum(gap + length) - length  # gaps through i, lengths before i, from the block's start
     if total:
-        starts = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
-        if len(starts) > 1:  # each run from its own start: what the runs before it summed taken off
+        cuts = np.flatnonzero(pack[1:] != pack[:-1])
+        if len(cuts):  # each run from its own start: what the runs before it summed taken off
+            starts = np.concatenate(([0], cuts + 1))
             before = (through - gap)[starts]
-            through -= np.repeat(before, np.diff(np.r_[starts, total]))
+            through -= np.repeat(before, np.diff(np.append(starts, total)))
         if through.min() < 0 or (through + length).max() >= _MAX_DIM:
             raise TableError("an entry has a bad offset")
     return ref, pack, through, length

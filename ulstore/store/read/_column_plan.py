@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...codec import ApplyPlan, content_sum, is_sparse_blob
+from ...codec import ApplyPlan, content_sum, is_sparse_blob, target_meta
 from ...errors import CorruptBlobError
 from ..format._chunkcodec import ULPACK, content_digest, decode_chunk
 from ..format._layout import chunk_grid, pack_key
@@ -71,6 +71,11 @@ class _Layout:
         return block
 
 
+def _word(dtype: np.dtype) -> np.dtype:
+    """The unsigned words an apply job reads an array of ``dtype`` as."""
+    return np.dtype(f"<u{dtype.itemsize}")
+
+
 def _index(coord: tuple, grid: tuple) -> int | None:
     """Position of chunk ``coord`` in C order of ``grid`` (None: outside it)."""
     if len(coord) != len(grid):
@@ -103,6 +108,8 @@ class ColumnPlan:
         self.values: list = [None] * n
         self.sums: list = [None] * n
         self.out: list = [None] * n  # the caller's array a chunk decodes into, when it fits
+        self.words: list = [None] * n  # a chain's value as the apply job's words (a view of it)
+        self.metas: list = [None] * n
         self._level = 0
 
     # -- the walk, over the blocks' columns --
@@ -264,6 +271,9 @@ class ColumnPlan:
                 value = value.copy()
             s = content_sum(value) if s is None else s
         self.values[g], self.sums[g] = value, s
+        if len(self.chain[g]) > 1:  # what each level's apply job is given: the words, the blobs' target shape
+            self.words[g] = value.reshape(-1).view(_word(value.dtype))
+            self.metas[g] = target_meta(value.dtype, self.shape[g])
 
     def _blob(self, g: int):
         """The delta of chunk ``g`` at the current level (its chain's, counted from the root)."""
@@ -275,13 +285,14 @@ class ColumnPlan:
         for g in nodes:
             by_dtype.setdefault(self.dtype[g], []).append(g)
         nodes[:] = [g for grp in by_dtype.values() for g in grp]
+        words, sums, metas = self.words, self.sums, self.metas
         return [
             ApplyPlan.of(
                 dtype,
                 [self._blob(g) for g in grp],
-                [self.values[g].reshape(-1) for g in grp],
-                [self.sums[g] for g in grp],
-                shapes=[self.shape[g] for g in grp],
+                [words[g] for g in grp],
+                [sums[g] for g in grp],
+                metas=[metas[g] for g in grp],
             )
             for dtype, grp in by_dtype.items()
         ]
