@@ -142,24 +142,28 @@ class ColumnPlan:
         positions = d.chain_positions
         who = np.array(members, np.int64)
         layout = _Layout(block)
-        frontier = [(d, 0, block, np.arange(len(members)))]
-        while frontier:
-            nxt: dict[int, list] = {}
-            for dd, here, b, idx in frontier:
-                refs = self._level_locations(dd, b, cols[idx], who[idx])
-                more = refs >= 0
-                if not more.any():
-                    continue
-                if not ulpack[idx[more]].all():
-                    raise _Other  # a zstd chunk naming a reference: the general plan's error
-                for ref in set(refs[more].tolist()):
-                    hit = positions.get(ref)
-                    if hit is None or hit[0] <= here:  # beyond a cut chain, or damage: the general plan
-                        raise _Other
-                    if ref not in nxt:
-                        nxt[ref] = [hit[1], hit[0], layout.block(self.r, hit[1]), []]
-                    nxt[ref][3].append(idx[more & (refs == ref)])
-            frontier = [(e, k, b, np.concatenate(parts)) for e, k, b, parts in nxt.values()]
+        # step by step up the chain (position 0 is the step itself): the chunks that reach a step from any
+        # later one are one gather there
+        pending: dict[int, list] = {0: [d, block, [np.arange(len(members))]]}
+        while pending:
+            here = min(pending)
+            dd, b, parts = pending.pop(here)
+            idx = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            refs = self._level_locations(dd, b, cols[idx], who[idx])
+            more = refs >= 0
+            if not more.any():
+                continue
+            if not ulpack[idx[more]].all():
+                raise _Other  # a zstd chunk naming a reference: the general plan's error
+            steps = set(refs[more].tolist())
+            for ref in steps:
+                hit = positions.get(ref)
+                if hit is None or hit[0] <= here:  # beyond a cut chain, or damage: the general plan
+                    raise _Other
+                k, entry = hit
+                if k not in pending:
+                    pending[k] = [entry, layout.block(self.r, entry), []]
+                pending[k][2].append(idx[more] if len(steps) == 1 else idx[more & (refs == ref)])
 
     def _columns(self, block: Block, members: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The column of each of ``members`` in ``block`` and whether it is a ULPack chunk; their dtypes, codecs
