@@ -10,6 +10,7 @@ break in the middle.
 from __future__ import annotations
 
 import inspect
+import threading
 import uuid
 from pathlib import Path
 
@@ -289,3 +290,78 @@ def test_co_located_sparse_chains_are_walked_by_columns_and_the_rest_by_nodes_fe
         assert_state_equal(ulstore.open(traj.url, mode="r").read(6), states[6])
         assert bool(walked) == nodes
         assert fetched and len(fetched) == len(set(fetched))
+
+
+# -- one step on every decode thread (issue 35: a dense chain's read used one thread of two) ------------------
+
+
+def test_batched_cuts_a_small_read_into_one_part_per_thread_in_order():
+    """At least SPLIT_BYTES a part: one list per thread, about equal bytes, items in order, each once."""
+    split = _decode_plan.SPLIT_BYTES
+    items = [(i, split // 4 + 1000 * (i % 3)) for i in range(40)]  # ~10 SPLIT_BYTES, uneven sizes
+    total = sum(n for _, n in items)
+    for parts in (1, 2, 3, 7):
+        got = list(_decode_plan.batched(items, parts))
+        assert [i for b in got for i in b] == [i for i, _ in items]
+        assert len(got) == parts
+        sizes = [sum(items[i][1] for i in b) for b in got]
+        assert max(sizes) - min(sizes) <= 2 * max(n for _, n in items)  # about equal: within an item or two
+        assert abs(sum(sizes) - total) == 0
+    few = [(i, split // 8) for i in range(12)]  # 1.5 SPLIT_BYTES: two parts would be under SPLIT_BYTES
+    assert len(list(_decode_plan.batched(few, 2))) == 1
+    assert list(_decode_plan.batched([], 2)) == [] and list(_decode_plan.batched([("z", 0)], 2)) == [["z"]]
+
+
+def test_batched_keeps_batches_under_batch_bytes(monkeypatch):
+    monkeypatch.setattr(_decode_plan, "BATCH_BYTES", 10_000)
+    items = [(i, 900) for i in range(100)]
+    got = list(_decode_plan.batched(items, 2))
+    assert len(got) == 9 and all(sum(900 for _ in b) <= 10_000 + 900 for b in got)
+
+
+class _ThreadsProxy(_KernelProxy):
+    """The kernel module, recording the threads ``rans_decode3`` and ``SparseApply.work`` run on.  The first
+    thread in waits (up to 10 s) for a second one, so that a thread that would decode everything before a
+    helper starts does not hide the helper (a read on one thread fails the test in 10 s a read, not hangs it)."""
+
+    def __init__(self, real):
+        super().__init__(real)
+        self.threads: set[str] = set()
+        self._two = threading.Event()
+
+    def clear(self) -> None:
+        self.threads.clear()
+        self._two.clear()
+
+    def _record(self, kernel: str) -> None:
+        name = threading.current_thread().name
+        if name in self.threads:
+            return
+        self.threads.add(name)
+        if len(self.threads) >= 2:
+            self._two.set()
+        self._two.wait(10)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_step_is_decoded_on_every_decode_thread_exactly(monkeypatch, sparse):
+    """A step far under BATCH_BYTES is cut into one batch per decode thread: the kernel is entered from two
+    threads, the values exact, and a damaged blob in the second batch is still raised, naming its pack."""
+    from ulstore.codec import _backend
+
+    states = _walk(10, 3, [0.02, 0.6], shape=(256, 64))
+    traj = _commit(states, sparse=sparse)
+    monkeypatch.setattr(_decode_plan, "SPLIT_BYTES", 8 * CHUNK)  # the (256, 64) float32 tensor: 16 chunks
+    monkeypatch.setattr(_decode_plan, "decode_workers", lambda reader: 2)
+    proxy = _ThreadsProxy(_backend.kernels())
+    monkeypatch.setattr(_backend, "_active", proxy)
+    for step in (0, 3):
+        proxy.clear()
+        assert_state_equal(ulstore.open(traj.url, mode="r", threads=2).read(step), states[step])
+        assert len(proxy.threads) == 2
+    last = [e for e in entries(traj, 3) if e["tensor"] == "w"][-1]  # the end of the tensor: the second batch
+    pid, off, n = last["blob"]
+    flip_at(traj._io, pack_key(pid), off + n // 2, 0x10)
+    with pytest.raises(CorruptBlobError) as e:
+        ulstore.open(traj.url, mode="r", threads=2).read(3)
+    assert e.value.key == pack_key(pid)

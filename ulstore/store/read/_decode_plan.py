@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -39,6 +40,8 @@ __all__ = [
     "_paste",
     "BATCH_BYTES",
     "batched",
+    "decode_workers",
+    "SPLIT_BYTES",
     "read_tensors",
     "decode_boxes",
     "materialize",
@@ -66,18 +69,44 @@ def _paste(out: np.ndarray, lo, value: np.ndarray, clo, chi) -> None:
 
 
 BATCH_BYTES = 32 << 20  # raw bytes of one unit of work of a read
+#: the least raw bytes a read is cut into batches for its threads (about 2 ms of decoding: below that a
+#: second thread costs more to start, plan and fetch for than it saves)
+SPLIT_BYTES = 1 << 20
 
 
-def batched(items: Iterable[tuple]) -> Iterator[list]:
-    """``(item, raw bytes)`` pairs cut into lists of about ``BATCH_BYTES`` (one plan and coalesced fetch each)."""
+def decode_workers(reader: TableReader) -> int:
+    """How many threads decode one read at once: ``reader.threads``, at most one per processor this
+    process may run on (decoding is CPU-bound; ``threads`` beyond that hide I/O latency, not compute)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(reader.threads, cpus))
+
+
+def batched(items: Iterable[tuple], parts: int = 1) -> Iterator[list]:
+    """``(item, raw bytes)`` pairs cut, in order, into lists of at most about ``BATCH_BYTES`` (one plan and
+    coalesced fetch each), and into at least ``parts`` lists of about equal bytes (one per thread that
+    decodes them) when each holds ``SPLIT_BYTES`` or more: a step smaller than ``BATCH_BYTES`` is still
+    decoded by every thread, not by one while the others wait.
+    """
+    pairs = list(items)
+    total = sum(n for _, n in pairs)
+    count = max(1, -(-total // BATCH_BYTES), min(parts, total // SPLIT_BYTES))
+    if total == 0 or count == 1:
+        if pairs:
+            yield [item for item, _ in pairs]
+        return
     cur: list = []
-    size = 0
-    for item, n in items:
-        cur.append(item)
-        size += n
-        if size >= BATCH_BYTES:
+    k = done = 0
+    for item, n in pairs:
+        at = min(count - 1, (2 * done + n) * count // (2 * total))  # the batch the item's middle byte falls in
+        if at != k and cur:
             yield cur
-            cur, size = [], 0
+            cur = []
+        k = at
+        cur.append(item)
+        done += n
     if cur:
         yield cur
 
@@ -617,8 +646,9 @@ def read_job(
 
 def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool = True) -> list[np.ndarray]:
     """The values over each box ``(name, lo, hi)`` of ``step``, fresh arrays: the chunks of all of them
-    planned together, in batches of about ``_BATCH_BYTES`` (one coalesced fetch each) on ``threads``
-    threads, each chunk decoded once per batch however many boxes it overlaps."""
+    planned together, in batches (:func:`batched`: at most about ``BATCH_BYTES``, one per decode thread at
+    least; one coalesced fetch each) on ``threads`` threads, each chunk decoded once per batch however many
+    boxes it overlaps."""
     outs, parts = [], []
     reader.prefetch(step, sorted({name for name, _, _ in requests}))
     for name, lo, hi in requests:
@@ -640,7 +670,7 @@ def decode_boxes(reader: TableReader, step: int, requests: list, *, cache: bool 
         for node, out, lo, clo, chi in p.batch:
             _paste(out, lo, p.values[node], clo, chi)
 
-    _Job(reader, list(batched(parts)), plan, place).run()
+    _Job(reader, list(batched(parts, decode_workers(reader))), plan, place).run()
     return outs
 
 
@@ -653,18 +683,15 @@ def materialize(reader: TableReader, targets, *, kept: KeptStep | None = None, l
 def materialize_job(reader: TableReader, targets, *, kept: KeptStep | None = None, lru: bool = False, result=_nothing):
     """The job that decodes chunks into place (see :func:`materialize`).
 
-    Work is split into batches of about ``_BATCH_BYTES`` raw bytes (one
-    plan, one coalesced fetch each) run on ``threads`` threads.
+    Work is split into batches (:func:`batched`: at most about ``BATCH_BYTES`` raw bytes, and one per
+    decode thread at least; one plan, one coalesced fetch each) run on ``threads`` threads.
     """
-    batches = list(
-        batched(
-            (
-                tgt,
-                math.prod(s.stop - s.start for s in tgt[2]) * (tgt[3] if tgt[1] is None else tgt[1]).dtype.itemsize,
-            )
-            for tgt in targets
-        )
+    targets = list(targets)
+    sizes = (
+        math.prod(s.stop - s.start for s in region) * (kp if dest is None else dest).dtype.itemsize
+        for _, dest, region, kp, _ in targets
     )
+    batches = list(batched(zip(targets, sizes), decode_workers(reader)))
 
     def plan(batch) -> _Plan:
         p = _Plan(reader, kept=kept, lru=lru)
