@@ -40,7 +40,8 @@ import numpy as np
 
 import ulstore
 from ulstore.codec import ApplyPlan, apply_sparse, content_sum, is_sparse_blob
-from ulstore.store.format._read_cost import APPLY_PER_BYTE, DECODE_PER_BYTE, blob_cost
+from ulstore.store.format import _read_cost as rc
+from ulstore.store.format._read_cost import cost_of, own_blobs
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,8 +83,10 @@ def _bits_changed(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.count_nonzero(a.view(np.uint16) != b.view(np.uint16)))
 
 
-def _step_costs(blobs: list, raw: list[int]) -> int:
-    return sum(blob_cost(len(b), n, is_sparse_blob(b)) for b, n in zip(blobs, raw))
+def _step_costs(blobs: list, raw: list[int], delta: bool) -> int:
+    """The modelled read cost of one step's blobs (``delta``: coded against the step before; an anchor's
+    includes the fixed cost of a read)."""
+    return sum(cost_of(b, n, delta) for b, n in zip(blobs, raw)) + (0 if delta else rc.PER_READ)
 
 
 # -- 1-2. measured before choosing ------------------------------------------------------------------------------
@@ -99,7 +102,7 @@ def measure(states: list[dict]) -> dict:
         if t % 25 == 0:  # an anchor's size drifts slowly: sampled
             intra = ulstore.encode_many([state[n] for n in names])
             anchors.append(sum(map(len, intra)))
-            c_anchor.append(_step_costs(intra, raw))
+            c_anchor.append(_step_costs(intra, raw, False))
         if t == 0:
             out["root"] = anchors[0]
             continue
@@ -108,8 +111,8 @@ def measure(states: list[dict]) -> dict:
         s = ulstore.encode_many([(state[n], prev[n]) for n in names], sparse=True)
         dense.append(sum(map(len, d)))
         sparse.append(sum(map(len, s)))
-        c_dense.append(_step_costs(d, raw))
-        c_sparse.append(_step_costs(s, raw))
+        c_dense.append(_step_costs(d, raw, True))
+        c_sparse.append(_step_costs(s, raw, True))
         changed.append(sum(_bits_changed(state[n], prev[n]) for n in names))
     out |= {
         "anchor": float(np.mean(anchors)),
@@ -139,7 +142,7 @@ def _union(states, names, raw) -> dict:
             d = ulstore.encode_many([(x[n], r[n]) for n in names])
             s = ulstore.encode_many([(x[n], r[n]) for n in names], sparse=True)
             ch = sum(_bits_changed(x[n], r[n]) for n in names)
-            got.append((sum(map(len, d)), sum(map(len, s)), ch, _step_costs(d, raw), _step_costs(s, raw)))
+            got.append((sum(map(len, d)), sum(map(len, s)), ch, _step_costs(d, raw, True), _step_costs(s, raw, True)))
         if got:
             rows[k] = tuple(float(np.mean(c)) for c in zip(*got))
     return rows
@@ -147,7 +150,8 @@ def _union(states, names, raw) -> dict:
 
 def _calibrate(states, names, raw, reps: int = 3) -> dict:
     """ns per byte, one thread: a full decode (per byte out), a dense delta, a SPARSE apply in place (per blob
-    byte), a read of the blob bytes from memory; what the model's weights stand for."""
+    byte), a read of the blob bytes from a warm local file (the model's unit, a byte fetched); what the model's
+    per-byte weights stand for (:func:`fixed_terms` adds the fixed ones, from full reads)."""
     t = min(len(states) - 1, 30)
     x, r = states[t], states[t - 1]
     intra = ulstore.encode_many([x[n] for n in names])
@@ -176,12 +180,21 @@ def _calibrate(states, names, raw, reps: int = 3) -> dict:
         applied.append(time.perf_counter() - s)
     sparse_bytes = max(1, sum(len(b) for b, _ in pairs))
     joined = b"".join(intra)
-    t_copy = best(lambda: bytearray(joined))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "pack"
+        path.write_bytes(joined)
+
+        def fetch() -> None:
+            with open(path, "rb", buffering=0) as f:
+                f.readinto(bytearray(len(joined)))
+
+        fetch()  # warm: the page cache holds it, as it holds a pack read before
+        t_fetch = best(fetch)
     return {
         "intra_ns_per_byte": t_intra / total * 1e9,
         "dense_ns_per_byte": t_dense / total * 1e9,
         "apply_ns_per_blob_byte": min(applied) / sparse_bytes * 1e9,
-        "memory_ns_per_byte": t_copy / len(joined) * 1e9,
+        "fetch_ns_per_byte": t_fetch / len(joined) * 1e9,
     }
 
 
@@ -311,11 +324,14 @@ def _print_measures(m: dict, bound: float) -> None:
         f"{100 * m['changed'].mean() / m['elements']:.2f}% of elements"
     )
     cal = m["calibration"]
+    unit = cal["fetch_ns_per_byte"]
     print(
-        f"  calibration (one thread, ns/byte): intra decode {cal['intra_ns_per_byte']:.2f}, dense delta decode "
-        f"{cal['dense_ns_per_byte']:.2f} (per byte out), SPARSE apply {cal['apply_ns_per_blob_byte']:.2f} (per blob "
-        f"byte), memory read {cal['memory_ns_per_byte']:.3f}; model weights: decode {DECODE_PER_BYTE}, "
-        f"apply {APPLY_PER_BYTE}, fetch 1"
+        f"  calibration, per-byte terms (one thread, ns/byte, min of 3): intra decode {cal['intra_ns_per_byte']:.3f}, "
+        f"dense delta decode {cal['dense_ns_per_byte']:.3f} (per byte out), SPARSE apply "
+        f"{cal['apply_ns_per_blob_byte']:.3f} (per blob byte), fetch from a warm local file {unit:.3f} (the unit); "
+        f"in units: intra {cal['intra_ns_per_byte'] / unit:.2f}, dense {cal['dense_ns_per_byte'] / unit:.2f}, "
+        f"apply {cal['apply_ns_per_blob_byte'] / unit:.2f} (constants: intra {rc.INTRA_PER_BYTE:g}, dense "
+        f"{rc.DENSE_PER_BYTE:g}, apply {rc.APPLY_PER_BYTE:g})"
     )
     print("  union growth, step t -> t+k (mean over two bases):")
     print(f"    {'k':>4s} {'dense MB':>9s} {'SPARSE MB':>10s} {'changed %':>10s} {'vs k x one step':>16s}")
@@ -332,15 +348,17 @@ def _print_measures(m: dict, bound: float) -> None:
         print(
             f"    {name:34s} least storage with read <= {READ_BOUND}: {a:24s} least read with storage <= {bound}: {b}"
         )
-    _print_floor(rows, pure, bound)
+    return _print_floor(rows, pure, bound)
 
 
-def _print_floor(rows: list, pure: float, bound: float) -> None:
-    """Whether a family holds both bounds; if none does, the floor: the best each bound allows of the other."""
+def _print_floor(rows: list, pure: float, bound: float) -> dict:
+    """Whether a family holds both bounds; if none does, the floor: the best each bound allows of the other
+    (returned: ``store``, the least storage with reads within READ_BOUND; ``read``, the least read with storage
+    within ``bound``; as text)."""
     both = [r[0] for r in rows if r[1] is not None and r[1][1] / pure <= bound]
     if both:
         print(f"  both bounds hold at once (modelled): {', '.join(both)}")
-        return
+        return {"store": "none (both hold)", "read": "none (both hold)"}
     by_store = min((r for r in rows if r[1]), key=lambda r: r[1][1], default=None)
     by_read = min((r for r in rows if r[2]), key=lambda r: r[2][2], default=None)
     fs = f"{by_store[1][1] / pure:.2f}x ({by_store[0]}, N={by_store[1][0]})" if by_store else "none"
@@ -349,9 +367,96 @@ def _print_floor(rows: list, pure: float, bound: float) -> None:
         f"  FLOOR (modelled): no family measured holds both bounds on this data; with reads <= {READ_BOUND}x "
         f"the least storage is {fs}; with storage <= {bound}x the least read is {fr}"
     )
+    return {"store": fs, "read": fr}
 
 
-def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states) -> None:
+def _picks(depth: dict[int, list[int]]) -> list[int]:
+    """Steps to read: one at each of up to 12 depths, more at each when there are few (a dense run's depths 0
+    and 1: three of each, so the fit of :func:`fixed_terms` has more than one read of each kind)."""
+    depths = _sample_depths(sorted(depth))
+    per = max(1, 6 // len(depths))
+    out = []
+    for d in depths:
+        steps = depth[d]
+        idx = np.unique(np.linspace(0, len(steps) - 1, min(per, len(steps)) + 2).round().astype(int)[1:-1])
+        out.extend(steps[i] for i in (idx if len(idx) else [len(steps) // 2]))
+    return out
+
+
+def read_terms(traj, step: int) -> dict:
+    """What the model counts in a full read of ``step``: blobs, bytes fetched, bytes a full decode outputs
+    (intra, dense delta), SPARSE blob bytes; along the parent path back to the anchor, as a commit prices it."""
+    r = traj._reader
+    out = {"depth": r.doc(step).anchor_distance, "blobs": 0, "fetched": 0, rc.INTRA: 0, rc.DENSE: 0, rc.SPARSE: 0}
+    s = step
+    while True:
+        d = r.doc(s)
+        anchor = d.anchor_distance == 0 or d.parent is None
+        pd = None if anchor else r.doc(d.parent)  # type: ignore[arg-type]
+        ptables = None if pd is None else r.tables(pd.step)
+        for n, nbytes, kind in own_blobs(r.tables(s), d.packs, ptables, pd.packs if pd else (), r.fetch):
+            out["blobs"] += 1
+            out["fetched"] += n
+            out[kind] += n if kind == rc.SPARSE else nbytes
+        if anchor:
+            return out
+        s = d.parent  # type: ignore[assignment]
+
+
+def calibration_reads(url: str, steps: list[int], reps: int = 5) -> dict[int, float]:
+    """Seconds of a full read of each step in this process, from a new ``ulstore.open`` (cold ulstore caches),
+    min of ``reps``: the reads the model's fixed terms are fitted to (more repeats than the fresh-process reads
+    afford, on a loaded machine)."""
+    out = {}
+    for s in steps:
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ulstore.open(url, mode="r").read(s)
+            best = min(best, time.perf_counter() - t0)
+        out[s] = best
+    return out
+
+
+def fixed_terms(times: dict[int, float], terms: dict[int, dict], cal: dict, per_blob_ns: float | None = None) -> dict:
+    """The model's fixed terms fitted to full reads (ns), by least squares over the steps read.
+
+    What a read takes beyond its blobs' modelled byte work (the per-byte terms of ``cal``) is fitted as
+    ``per_read + per_blob x blobs``.  Given ``per_blob`` (from the RL run, whose deltas are SPARSE), the dense
+    run's reads fit ``dense`` instead: what a dense delta's read costs per byte out in the read path, which
+    decodes the anchor's chunk and then the delta against it (the kernel's own figure is in ``cal``).
+    """
+    unit = cal["fetch_ns_per_byte"]
+    steps = sorted(times)
+    ns = np.array([times[s] * 1e9 for s in steps])
+    blobs = np.array([terms[s]["blobs"] for s in steps], float)
+    dense = np.array([terms[s][rc.DENSE] for s in steps], float)
+    work = np.array(
+        [
+            unit * terms[s]["fetched"]
+            + cal["intra_ns_per_byte"] * terms[s][rc.INTRA]
+            + cal["apply_ns_per_blob_byte"] * terms[s][rc.SPARSE]
+            for s in steps
+        ]
+    )
+    out: dict = {}
+    if per_blob_ns is None or not dense.any():
+        rest = ns - work - cal["dense_ns_per_byte"] * dense
+        slope, out["per_read"] = np.polyfit(blobs, rest, 1) if len(set(blobs)) > 1 else (0.0, float(rest.mean()))
+        out["per_blob"] = float(slope) if per_blob_ns is None else per_blob_ns
+        if per_blob_ns is not None:
+            out["per_read"] = float((rest - per_blob_ns * blobs).mean())
+        return out
+    rest = ns - work - per_blob_ns * blobs
+    slope, intercept = np.polyfit(dense, rest, 1) if len(set(dense)) > 1 else (cal["dense_ns_per_byte"], 0.0)
+    return {"per_blob": per_blob_ns, "per_read": float(intercept), "dense": float(slope)}
+
+
+def _ok(value: float, bound: float) -> str:
+    return "ok" if value <= bound else "MISS"
+
+
+def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor: dict, fit: dict) -> None:
     st = traj.stats()
     depth = by_depth(traj)
     anchors = [s for s in traj.steps if traj.info(s).anchor_distance == 0]
@@ -364,25 +469,73 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states) -> No
         f"{st['stored_bytes'] / m['pure']:.2f}x the pure chain (bound {bound}x; blobs alone "
         f"{st['blob_bytes'] / m['pure']:.2f}x); {len(anchors)} anchors ({policies}), depths 0..{max(depth)}"
     )
-    picks = [depth[d][len(depth[d]) // 2] for d in _sample_depths(sorted(depth))]
+    picks = _picks(depth)
     name = max(states[0], key=lambda n: states[0][n].size)
     gets = s3_gets(traj.url, picks, name, states) if s3 else {}
     times = {s: _fresh_read(traj.url, s, reps) for s in picks}
+    terms = {s: read_terms(traj, s) for s in picks}
     fastest = min(times.values())
-    print(f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'modelled':>9s} {'GETs':>5s}")
+    print(
+        f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'modelled':>9s} {'blobs':>6s} "
+        f"{'GETs':>5s}"
+    )
     for s in picks:
         a = traj.info(s).anchoring or {}
         model = a["cost"] / a["anchor_cost"] if a.get("anchor_cost") else float("nan")
         g = gets.get(s, "-")
         print(
             f"    {traj.info(s).anchor_distance:5d} {s:5d} {times[s] * 1e3:8.1f} {times[s] / fastest:9.2f}x "
-            f"{model:8.2f}x {g!s:>5s}"
+            f"{model:8.2f}x {terms[s]['blobs']:6d} {g!s:>5s}"
         )
-    worst = max(times.values()) / fastest
+    cal = m["calibration"]
+    got = fixed_terms(calibration_reads(traj.url, picks), terms, cal, fit.get("per_blob"))
+    fit.setdefault("per_blob", got["per_blob"])
+    fit.setdefault("runs", []).append((cal, got))
+    unit = cal["fetch_ns_per_byte"]
+    dense = (
+        f", dense delta read {got['dense']:.3f} ns/byte out = {got['dense'] / unit:.2f} units" if "dense" in got else ""
+    )
     print(
-        f"  slowest / fastest full read: {worst:.2f}x (bound {READ_BOUND}x); stored {st['stored_bytes'] / m['pure']:.2f}x"
-        f" (bound {bound}x); GETs of a one-element slice: {min(gets.values()) if gets else '-'}.."
-        f"{max(gets.values()) if gets else '-'} (bound 4)"
+        "  calibration, fixed terms (least squares over these steps' reads in this process, min of 5): per read "
+        f"{got['per_read'] / 1e3:.0f} us = "
+        f"{got['per_read'] / unit:.0f} units, per blob {got['per_blob'] / 1e3:.1f} us = {got['per_blob'] / unit:.0f} "
+        f"units{' (from the RL run)' if 'dense' in got else ''}{dense} (constants: per read {rc.PER_READ}, per blob "
+        f"{rc.PER_BLOB}, dense {rc.DENSE_PER_BYTE:g})"
+    )
+    worst = max(times.values()) / fastest
+    stored = st["stored_bytes"] / m["pure"]
+    most = max(gets.values()) if gets else None
+    print("  acceptance (bound, measured, floor of the other bound modelled on this data):")
+    print(
+        f"    read: slowest / fastest full read {worst:.2f}x <= {READ_BOUND}x: {_ok(worst, READ_BOUND)} "
+        f"(floor: with storage <= {bound}x the least read is {floor['read']})"
+    )
+    print(
+        f"    storage: {stored:.2f}x the pure chain <= {bound}x: {_ok(stored, bound)} (floor: with reads <= "
+        f"{READ_BOUND}x the least storage is {floor['store']})"
+    )
+    if most is not None:  # the bound counts dependent round trips; the GETs of one round run in parallel
+        print(
+            f"    round trips: GETs of a one-element slice {min(gets.values())}..{most} (the bound, 4 dependent "
+            "round trips, is on rounds, not GETs: the chain's table blocks are fetched in one parallel round)"
+        )
+
+
+def _print_calibration(fit: dict) -> None:
+    """The model's constants as both runs measured them, in its units (a byte fetched from a warm local file)."""
+    runs = fit.get("runs", [])
+    if not runs:
+        return
+    unit = float(np.mean([c["fetch_ns_per_byte"] for c, _ in runs]))
+    intra = float(np.mean([c["intra_ns_per_byte"] for c, _ in runs])) / unit
+    apply = float(np.mean([c["apply_ns_per_blob_byte"] for c, _ in runs])) / unit
+    dense = [g["dense"] for _, g in runs if "dense" in g]
+    per_read = float(np.mean([g["per_read"] for _, g in runs])) / unit
+    print(
+        f"\n== calibration measured (units of a byte fetched, {unit:.3f} ns): INTRA_PER_BYTE {intra:.2f}, "
+        f"DENSE_PER_BYTE {(dense[0] / unit if dense else float('nan')):.2f} (read path), APPLY_PER_BYTE {apply:.2f}, "
+        f"PER_BLOB {fit['per_blob'] / unit:.0f}, PER_READ {per_read:.0f}; in use: {rc.INTRA_PER_BYTE:g}, "
+        f"{rc.DENSE_PER_BYTE:g}, {rc.APPLY_PER_BYTE:g}, {rc.PER_BLOB}, {rc.PER_READ}"
     )
 
 
@@ -394,6 +547,7 @@ def run(args) -> None:
         f"\n== depth: two real toytrain runs, preset {args.depth_preset!r}, {args.depth_steps} steps, bf16 "
         "(reads: a fresh process each, timed inside from ulstore.open to the arrays returned)"
     )
+    fit: dict = {}  # the fixed terms fitted so far (the RL run's per-blob term prices the dense run's)
     for kind, what, bound in RUNS:
         t0 = time.perf_counter()
         states = load_trajectory(kind, "bfloat16", args.depth_preset, args.depth_steps)
@@ -401,9 +555,10 @@ def run(args) -> None:
             f"\n-- {kind}: {what}; {len(states)} checkpoints of {sum(v.nbytes for v in states[0].values()) / 1e6:.1f} MB"
         )
         m = measure(states)
-        _print_measures(m, bound)
+        floor = _print_measures(m, bound)
         with tempfile.TemporaryDirectory() as d:
             traj = store_default(states, str(Path(d) / kind))
-            _print_store(traj, m, bound, args.depth_reps, not args.no_s3, states)
+            _print_store(traj, m, bound, args.depth_reps, not args.no_s3, states, floor, fit)
         print(f"  ({time.perf_counter() - t0:.0f} s)")
         del states
+    _print_calibration(fit)

@@ -22,6 +22,7 @@ from ..format._chunk_tables import TensorTable, content_checksum, pieces_problem
 from ..format._chunkcodec import digest, zstd_compress
 from ..format._layout import check_tensor_names, step_key
 from ..format._packs import PackStream
+from ..format._read_cost import PER_READ
 from ..format._refs import RefState
 from ..format._stepdoc import Anchoring, FileRef, StepDoc, TableRef, chain_after
 from ..format._table_block import encode_block
@@ -200,8 +201,9 @@ def _file_refs(files: dict, pdoc: StepDoc | None, stream: PackStream, number) ->
 
 
 def _anchoring(pdoc: StepDoc | None, anchor: bool, records: list[PieceRecord]) -> Anchoring | None:
-    """The step's read-cost model (``_read_cost.py``): an anchor's is its own blobs'; a delta's adds its new
-    blobs' to its parent's.  None if the parent has none (written before the model): the chain's cost is unknown."""
+    """The step's read-cost model (``_read_cost.py``): an anchor's is its own blobs' plus the fixed cost of a
+    read (``PER_READ``); a delta's adds its new blobs' to its parent's.  None if the parent has none (written
+    before the model): the chain's cost is unknown."""
     own = sum(int(r.cost) for r in records)
     whys = {repr(r.why) for r in records}
     if len(whys) > 1:
@@ -210,6 +212,7 @@ def _anchoring(pdoc: StepDoc | None, anchor: bool, records: list[PieceRecord]) -
     if anchor or pdoc is None:
         if why is None:  # records made without a reason (an older writer's): say what is known
             why = {"policy": "root"} if pdoc is None else {"policy": "asked"}
+        own += PER_READ
         return Anchoring(own, own, own, why)
     pa = pdoc.anchoring
     if pa is None:

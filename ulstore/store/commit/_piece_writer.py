@@ -33,7 +33,7 @@ from ..format._chunk_tables import MAX_CHUNK_BYTES, Piece, TensorTable, chunk_nb
 from ..format._chunkcodec import ULPACK, check_committable, content_digest, encode_chunk
 from ..format._layout import choose_chunks, chunk_grid
 from ..format._packs import Location, PackStream
-from ..format._read_cost import blob_cost, cost_of
+from ..format._read_cost import INTRA, blob_cost, cost_of
 from ..format._refs import RefState
 from ..read._chunk_reader import ChunkReader
 from ..read._kept import KeptStep
@@ -95,6 +95,7 @@ class PieceWriter:
         self._claims: dict = {}
         self._claims_lock = threading.Lock()
         self._placed: dict = {}
+        self._costs: dict = {}  # dedup key -> the modelled read cost of its blob (set before its Future's result)
         self._intra: dict = {}  # dedup key of an intra blob -> Location, from the parent's entries
         self._failed = False
         self.closed = False
@@ -257,7 +258,7 @@ class PieceWriter:
             if not (self.anchor or self.snapshot) or pp.has_intra(i):
                 self._keep(st, i, region, chunk, content)
                 # an anchor's read cost is its own: an intra entry it reuses is decoded by its reads too
-                return ("reuse", content, blob_cost(int(pp.length[i]), chunk.nbytes, False) if self.anchor else 0)
+                return ("reuse", content, blob_cost(int(pp.length[i]), chunk.nbytes, INTRA) if self.anchor else 0)
         ref = ref_content = None
         if st.mode == "colocated":
             assert pp is not None
@@ -277,7 +278,7 @@ class PieceWriter:
         if self.snapshot and ref is not None:
             snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec)
         self._keep(st, i, region, chunk, content)
-        return ("blob", content, key, blob, ref is not None, snap, _cost(blob, chunk.nbytes))
+        return ("blob", content, key, blob, ref is not None, snap, self._cost(key, blob))
 
     def _blob(self, key, chunk, ref, codec):
         """The blob for ``key``: a known location, bytes this thread encoded, or None (another owns it)."""
@@ -288,11 +289,25 @@ class PieceWriter:
         fut = self._claims[key]
         try:
             blob = self._encode(chunk, ref, codec)
+            self._costs[key] = cost_of(blob, chunk.nbytes, ref is not None)
         except BaseException as e:
             fut.set_exception(e)
             raise
         fut.set_result(blob)
         return blob
+
+    def _cost(self, key, blob) -> int:
+        """The modelled read cost (``_read_cost.py``) of the blob of ``key``: bytes this thread encoded, an intra
+        entry found in the parent (a location), or None (the same blob, encoded by another thread: its cost,
+        once that thread has it)."""
+        if isinstance(blob, tuple):
+            return blob_cost(blob[2], math.prod(key[4]) * np.dtype(key[3]).itemsize, INTRA)
+        if blob is None:
+            with self._claims_lock:
+                owner = self._claims.get(key)
+            if isinstance(owner, cf.Future):
+                owner.result()  # the owner is encoding it now (it claimed it in its own job): its cost is set first
+        return self._costs[key]
 
     def _keep(self, st: _PieceState, i, region, chunk, content) -> None:
         if st.kp is not None:
@@ -415,16 +430,6 @@ class PieceWriter:
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:
             self.abort()
-
-
-def _cost(blob, nbytes: int) -> int:
-    """The modelled read cost (``_read_cost.py``) of a chunk's blob: its bytes, its location (an intra entry
-    found in the parent) or None (the same blob, placed by another thread: priced as a full decode of raw size)."""
-    if blob is None:
-        return blob_cost(nbytes, nbytes, False)
-    if isinstance(blob, tuple):
-        return blob_cost(blob[2], nbytes, False)
-    return cost_of(blob, nbytes)
 
 
 def _committable(array, name: str) -> tuple[np.dtype, str]:
