@@ -200,6 +200,12 @@ def _cmd_export(args, ui) -> int:
     return EXIT_OK
 
 
+def _warnings(report, ui) -> None:
+    """A verify report's warnings (derived fields of step documents that disagree: the data reads exactly)."""
+    for w in report.warnings:
+        ui.out(f"  warning: {w['key']}: {w['error']}: {w['message']}")
+
+
 def _cmd_verify(args, ui) -> int:
     traj = _open_existing(args)
     step = resolve(traj, args.url, args.step).step if args.step is not None else None
@@ -214,13 +220,15 @@ def _cmd_verify(args, ui) -> int:
             "chunks": report.chunks,
             "blobs": report.blobs,
             "errors": report.errors,
+            "warnings": report.warnings,
         }
     )
     if report.ok:
         ui.out(
             f"OK: {plural(report.steps, 'step')}, {plural(report.chunks, 'chunk')}, {plural(report.blobs, 'blob')} "
-            "re-read and checked"
+            "re-read and checked" + (f"; {plural(len(report.warnings), 'warning')}" if report.warnings else "")
         )
+        _warnings(report, ui)
         return EXIT_OK
     ui.out(
         f"DAMAGED: {plural(len(report.errors), 'object')} failed the checks "
@@ -229,6 +237,7 @@ def _cmd_verify(args, ui) -> int:
     for e in report.errors:
         where = ", ".join(f"{k} {e[k]}" for k in ("step", "tensor") if e.get(k) is not None)
         ui.out(f"  {e.get('key') or '-'}: {e['error']}: {e['message']}{f' ({where})' if where else ''}")
+    _warnings(report, ui)
     if ui.json:
         first = report.errors[0]
         report_error(

@@ -21,7 +21,9 @@ from ..format._chunk_tables import Piece, TensorTable
 from ..format._chunkcodec import encode_chunk
 from ..format._layout import check_ref_name, check_step, step_key
 from ..format._packs import PackStream
+from ..format._read_cost import HEADER_BYTES
 from ..format._stepdoc import StepDoc
+from ._recost import Recoster
 from ._relocate import rechained, relocated_doc
 
 __all__ = ["Deleter"]
@@ -153,36 +155,21 @@ class Deleter:
         pdoc = reader.doc(dead.parent) if dead.parent is not None else None
         stream = PackStream(self._t._io, self._t.pack_bytes)
         recoded: dict = {}
-        rewritten: list[StepDoc] = []
+        heads: dict = {}  # (pack id, offset) -> first bytes of a blob written here (its kind, for the costs)
+        new_tables: dict[int, dict] = {}
+        new_packs: dict[int, list[str]] = {}
         try:
             for s, d in read.items():
                 beat()  # a long delete renews its marker's lease: gc keeps deferring to it
-                if s == step:
+                if s == step or not any(step in b.refs() for b in reader.blocks(s)):
                     continue
-                stale = any(step in b.refs() for b in reader.blocks(s))
-                if not stale and d.parent != step:
-                    continue
-                if not stale:  # re-parented only: its tables stay where they are (no new pack)
-                    parent_content = pdoc.content if pdoc is not None else None
-                    rewritten.append(dataclasses.replace(d, parent=dead.parent, parent_content=parent_content))
-                    continue
-                tables = reader.tables(s)
-                packs = list(d.packs)
-                tables = {
-                    n: self._recode(s, t, step, dead, dead_tables.get(n), stream, recoded, packs)
-                    for n, t in tables.items()
+                new_packs[s] = list(d.packs)
+                new_tables[s] = {
+                    n: self._recode(s, t, step, dead, dead_tables.get(n), stream, (recoded, heads), new_packs[s])
+                    for n, t in reader.tables(s).items()
                 }
-                rewritten.append(
-                    relocated_doc(
-                        dataclasses.replace(d, packs=tuple(packs)),
-                        tables,
-                        stream,
-                        lambda pid, off, n: (pid, off, n),
-                        parent=dead.parent,
-                        parent_content=pdoc.content if pdoc is not None else None,
-                        reparent=d.parent == step,
-                    )
-                )
+            pcontent = pdoc.content if pdoc is not None else None
+            rewritten = self._rewritten(read, step, pcontent, (new_tables, new_packs, heads), stream)
             stream.close()
         except BaseException:
             stream.abort()
@@ -202,6 +189,36 @@ class Deleter:
             return not self._t._io.exists(step_key(step))  # gone: another delete finished it; else changed: again
         reader.forget([step])
         return True
+
+    def _rewritten(self, read: dict[int, StepDoc], gone: int, pcontent, recoded: tuple, stream) -> list[StepDoc]:
+        """The step documents a delete of ``gone`` rewrites (before anchor distances and chains): its children
+        re-parented (``pcontent``: its parent's content), the steps whose tables changed (``recoded``: new
+        tables and pack lists by step, the first bytes of the blobs written; more if a step is re-anchored)
+        with their table blocks written into ``stream``, and every step whose read-cost figures change
+        (:class:`Recoster`)."""
+        tables, packs, heads = recoded
+        dead = read[gone]
+        retabled = set(tables)
+        docs = {
+            s: dataclasses.replace(d, parent=dead.parent, parent_content=pcontent) if d.parent == gone else d
+            for s, d in read.items()
+            if s != gone
+        }
+        changed = set(tables) | {s for s, d in read.items() if d.parent == gone}
+        recost = Recoster(self._t._reader, docs, tables, packs, heads, stream, changed, self._t.anchor_cost)
+        anchoring = recost.run()
+        out = []
+        for s, d in docs.items():
+            nd = dataclasses.replace(d, anchoring=anchoring[s])
+            if s in recost.anchored:
+                nd = dataclasses.replace(nd, anchor_distance=0)
+            if s in retabled or s in recost.retabled or s in recost.anchored:
+                nd = relocated_doc(
+                    dataclasses.replace(nd, packs=tuple(packs[s])), tables[s], stream, lambda pid, off, n: (pid, off, n)
+                )
+            if nd != read[s]:
+                out.append(nd)
+        return out
 
     @staticmethod
     def _new_anchor_distances(read: dict[int, StepDoc], rewritten: list[StepDoc], gone: int) -> list[StepDoc]:
@@ -238,14 +255,16 @@ class Deleter:
         return rechained({s: d for s, d in read.items() if s != gone}, [out[s] for s in sorted(out)])
 
     def _recode(
-        self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, recoded, packs: list[str]
+        self, s, t: TensorTable, step, dead: StepDoc, dt: TensorTable | None, stream, memo, packs: list[str]
     ) -> TensorTable:
         """``t`` (of step ``s``) with every chunk coded against ``step`` re-encoded (or, where the chunk carries
         a snapshot, its snapshot made its entry).
 
-        Pack numbers index ``packs`` (step ``s``'s list, extended here with new packs).
+        Pack numbers index ``packs`` (step ``s``'s list, extended here with new packs); ``memo``: the blobs
+        re-encoded so far (shared by the steps that share an entry) and the first bytes of each by location.
         """
         reader = self._t._reader
+        recoded, heads = memo
         pieces = []
         for j, p in enumerate(t.pieces):
             rows = np.flatnonzero(p.ref == step)
@@ -289,7 +308,9 @@ class Deleter:
                     value = reader.chunk(s, t.name, coord, j)
                     lo, hi = p.box(coord)
                     refv = reader.box(new_ref, t.name, lo, hi) if new_ref >= 0 else None
-                    loc = recoded[key] = stream.append(encode_chunk(value, refv, t.codec))
+                    blob = encode_chunk(value, refv, t.codec)
+                    loc = recoded[key] = stream.append(blob)
+                    heads[loc[:2]] = bytes(memoryview(blob)[:HEADER_BYTES])
                 ref[i] = new_ref
                 pack[i], off[i], length[i] = number(loc[0]), loc[1], loc[2]
             pieces.append(Piece(p.offset, p.shape, p.chunks, p.content, ref, pack, off, length, snap))

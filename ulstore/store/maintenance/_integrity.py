@@ -12,7 +12,8 @@ from .._base import TrajectoryBase
 from ..format._chunk_tables import TensorTable, content_checksum
 from ..format._chunkcodec import content_digest, decode_chunk
 from ..format._layout import PACK_SUFFIX, PACKS_DIR, is_pack_id, pack_key, step_key
-from ..format._stepdoc import StepDoc
+from ..format._read_cost import PER_READ, own_cost
+from ..format._stepdoc import StepDoc, chain_after
 from ..read._chunk_reader import ChunkReader
 from ..read._decode_plan import _Plan, batched
 from ..read._lru import _LRU
@@ -26,13 +27,22 @@ class VerifyReport:
 
     ``errors`` lists one dict per bad object: ``key`` (the damaged pack,
     step document or ref), ``step``, ``tensor``, ``error`` (class name) and
-    ``message``.
+    ``message``.  ``warnings`` lists, in the same form (``error`` names the
+    kind: ``StaleChain``, ``StaleReadCost``), step documents whose derived
+    fields disagree with what they derive from: a ``chain`` that is not the
+    parent's directory and chain (reads never trust it for values: each chunk
+    is checked against its step's own content hash, so a stale one can only
+    cost speed, or fail a read whose old blocks are gone), or ``anchoring``
+    figures that are not those the walk recomputes (they only steer where
+    anchors go; figures written by another version of the cost model differ
+    too).  Warnings do not make ``ok`` false.
     """
 
     steps: int = 0
     chunks: int = 0
     blobs: int = 0
     errors: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -177,6 +187,7 @@ class Integrity:
                 s,
             )
         report.blobs = len(blobs)
+        report.warnings.extend(_warnings(fresh, [s for s in steps if step_key(s) not in bad]))
         if bad and raise_on_error:
             first = next(iter(bad.values()))
             listing = "; ".join(f"{d['key']}: {d['error']}" for d in report.errors)
@@ -330,6 +341,64 @@ class Integrity:
             "ratio": raw / stored if stored else float("nan"),
             "manifest_bytes_per_chunk": manifest_bytes / chunks if chunks else float("nan"),
         }
+
+
+def _warnings(fresh: ChunkReader, steps: list[int]) -> list[dict]:
+    """:func:`_derived_fields` of ``steps`` (read and undamaged)."""
+    out = []
+    for s in steps:
+        try:
+            out.extend(_derived_fields(fresh, s))
+        except (IntegrityError, StepNotFoundError):
+            continue  # gone meanwhile, or its parent is damaged or gone: reported with the parent
+    return out
+
+
+def _warning(kind: str, s: int, message: str) -> dict:
+    return {"key": step_key(s), "step": s, "tensor": None, "error": kind, "message": message}
+
+
+def _derived_fields(fresh: ChunkReader, s: int) -> list[dict]:
+    """Warnings about step ``s``'s ``chain`` and ``anchoring``, compared with what they are derived from: its
+    parent's document, and its tables priced by the read-cost model (``_read_cost.py``)."""
+    d = fresh.doc(s)
+    pd = fresh.doc(d.parent) if d.parent is not None else None
+    out = []
+    if d.chain and pd is not None and d.anchor_distance > 0 and d.chain != chain_after(pd):
+        out.append(
+            _warning(
+                "StaleChain",
+                s,
+                f"the step document's chain (ancestor table directories, {len(d.chain)} steps) is not step "
+                f"{d.parent}'s directory and chain: reads check every chunk against the step's own content hashes, "
+                "so values stay exact, but a read may fetch stale table blocks (and fail once gc removed them)",
+            )
+        )
+    a = d.anchoring
+    if a is None:
+        return out
+    anchor = a.why is not None or pd is None
+    if not anchor and (pd is None or pd.anchoring is None):
+        want = None
+    elif anchor:
+        own = own_cost(fresh.tables(s), d.packs, None, (), fresh.fetch) + PER_READ
+        want = (own, own, own)
+    else:
+        assert pd is not None and pd.anchoring is not None
+        own = own_cost(fresh.tables(s), d.packs, fresh.tables(pd.step), pd.packs, fresh.fetch)
+        want = (pd.anchoring.cost + own, pd.anchoring.anchor_cost, own)
+    got = (a.cost, a.anchor_cost, a.step_cost)
+    if got != want:
+        out.append(
+            _warning(
+                "StaleReadCost",
+                s,
+                f"stored read-cost figures (cost, anchor cost, own) {got} are not those its tables and parent give "
+                f"{want if want is not None else '(none: the parent has no figures)'}: they steer where the next "
+                "anchors go, not what a read returns (figures of another version of the cost model differ too)",
+            )
+        )
+    return out
 
 
 def _since(reader: ChunkReader, s: int) -> str:
