@@ -218,6 +218,8 @@ def measure_tensor(child: np.ndarray, parent: np.ndarray, dtype: str, where: str
         blob = ulstore.encode(child, parent, econd=econd)
         _check(ulstore.decode(blob, parent), child, METHODS[key], where)
         out[key] = len(blob)
+        if econd:
+            out.update(_blob_parts(blob))
     for key, peer in _thread_peers().items():
         blob = peer.encode(c_raw, p_raw, dtype)
         _check(peer.decode(blob, p_raw, dtype), child, METHODS[key], where)
@@ -225,6 +227,39 @@ def measure_tensor(child: np.ndarray, parent: np.ndarray, dtype: str, where: str
     out["entropy_bits"] = ulstore.model_entropy_bits(child, parent)
     out["entropy_noe_bits"] = ulstore.model_entropy_bits(child, parent, econd=False)
     return out
+
+
+#: Parts of a blob (``inspect_blob``) by the row of Table 1c they are counted in; the rest
+#: (rANS words, or a RAW blob's payload) is the coded data.
+_PART_ROWS = {
+    "header": "part_fixed",
+    "crc": "part_fixed",
+    "params": "part_table",
+    "table": "part_table",
+    "lane states": "part_states",
+}
+
+
+def _blob_parts(blob: bytes) -> dict:
+    """A blob's bytes by Table 1c's rows: fixed fields (header, CRC), tables, lane states, coded data."""
+    out = dict.fromkeys(("part_fixed", "part_table", "part_states", "part_coded"), 0)
+    for part, nbytes in ulstore.inspect_blob(blob)["parts"].items():
+        out[_PART_ROWS.get(part, "part_coded")] += nbytes
+    return out
+
+
+def _wide_symbol_entropy_bits(x: np.ndarray, k: int = 7) -> float:
+    """Ideal bits of an INTRA-like model whose symbol is the exponent and the top ``k`` mantissa
+    bits (today's format allows k <= 3 and 256 symbols): what coding more mantissa bits would reach."""
+    from ulstore.codec._dtypes import format_of
+
+    fmt = format_of(x.dtype)
+    k = min(k, fmt.mant_bits)
+    w = _bits_view(x).astype(np.uint64)
+    sym = (w >> np.uint64(fmt.mant_bits - k)) & np.uint64((1 << (fmt.exp_bits + k)) - 1)
+    c = np.bincount(sym.astype(np.int64)).astype(np.float64)
+    c = c[c > 0]
+    return float(-(c * np.log2(c / c.sum())).sum()) + x.size * (fmt.mant_bits - k + 1)
 
 
 def _exponent_entropy_bits(x: np.ndarray) -> float:
@@ -246,11 +281,16 @@ def measure_intra(child: np.ndarray, dtype: str, where: str) -> dict:
     blob = ulstore.encode(child)
     _check(ulstore.decode(blob), child, "ULPack intra", where)
     out["ulpack"] = len(blob)
+    out.update(_blob_parts(blob))
     for key, peer in _thread_peers().items():
         pblob = peer.encode(c_raw, zeros, dtype)
         _check(peer.decode(pblob, zeros, dtype), child, f"{METHODS[key]} intra", where)
         out[key] = len(pblob)
+    if "zipnn" in out:  # the tensors ZipNN codes smaller, and by how many bytes
+        out["zipnn_wins"] = int(out["zipnn"] < len(blob))
+        out["zipnn_wins_bytes"] = max(0, len(blob) - out["zipnn"])
     out["exp_entropy_bits"] = _exponent_entropy_bits(child)
+    out["entropy_k7_bits"] = _wide_symbol_entropy_bits(child)
     out["entropy_bits"] = ulstore.model_entropy_bits(child)
     return out
 
@@ -815,6 +855,55 @@ def intra_table(results: dict, markdown: bool) -> str:
     return render("Table 1b. Intra (anchor) size", groups, ["% raw", "bits/w"], rows, markdown, notes)
 
 
+def _over_cells(t: dict, key: str) -> str:
+    """Bytes of row ``key`` of Table 1c (the coded data: over the ideal) as % of the ideal."""
+    ideal = t["entropy_bits"] / 8
+    if not ideal or "part_fixed" not in t:
+        return "n/a"
+    value = t[key] - ideal if key == "part_coded" else t[key]
+    return f"{100 * value / ideal:+.2f}" if key in ("part_coded", "ulpack") else f"{100 * value / ideal:.2f}"
+
+
+def excess_table(results: dict, markdown: bool) -> str:
+    """Table 1c: where ULPack's bytes over its model's ideal go, delta and intra, and intra against ZipNN."""
+    groups = [n for n, r in results.items() if "intra" in r["sizes"]]
+    both = {n: (results[n]["sizes"]["total"], results[n]["sizes"]["intra"]) for n in groups}
+    rows = []
+
+    def add(label, cell, which=(0, 1)):
+        rows.append([label] + [cell(t[i]) if i in which else "" for t in both.values() for i in (0, 1)])
+
+    add("ULPack over ideal (%)", lambda t: f"{100 * (t['ulpack'] / (t['entropy_bits'] / 8) - 1):+.2f}")
+    add("  header, CRC (% of ideal)", lambda t: _over_cells(t, "part_fixed"))
+    add("  tables and params byte (% of ideal)", lambda t: _over_cells(t, "part_table"))
+    add("  rANS lane states (% of ideal)", lambda t: _over_cells(t, "part_states"))
+    add("  coded data over ideal (% of ideal)", lambda t: _over_cells(t, "part_coded"))
+    add("delta goal: over ideal <= +1%", lambda t: _goal_cell(t["ulpack"] * 8 <= 1.01 * t["entropy_bits"]), (0,))
+    add("ULPack intra (% raw)", lambda t: f"{100 * t['ulpack'] / t['raw']:.3f}", (1,))
+    add("ZipNN (% raw)", lambda t: f"{100 * t['zipnn'] / t['raw']:.3f}" if "zipnn" in t else "n/a", (1,))
+    add("intra goal: <= ZipNN", lambda t: _goal_cell(t["ulpack"] <= t["zipnn"]) if "zipnn" in t else "n/a", (1,))
+    add("tensors ZipNN codes smaller", lambda t: f"{t.get('zipnn_wins', 0)}" if "zipnn" in t else "n/a", (1,))
+    add("  bytes ZipNN saves on them", lambda t: f"{t.get('zipnn_wins_bytes', 0)}" if "zipnn" in t else "n/a", (1,))
+    add(
+        "ideal, symbol with 7 mantissa bits (% raw)", lambda t: f"{100 * t['entropy_k7_bits'] / 8 / t['raw']:.3f}", (1,)
+    )
+    add("ideal, today's model (% raw)", lambda t: f"{100 * t['entropy_bits'] / 8 / t['raw']:.3f}", (1,))
+    notes = [
+        "Parts from inspect_blob over all pairs (delta) and the last checkpoint (intra), as % of the ideal "
+        "(model_entropy_bits); 'coded data' is the rANS words (symbols and raw bits together; a RAW blob's values) "
+        "less the ideal: table quantisation and the coder's flush.",
+        "7 mantissa bits: the ideal of an intra model whose symbol is the exponent and the top 7 mantissa bits "
+        "(today's INTRA symbols carry at most 3): what a format change coding more of the mantissa would reach.",
+    ]
+    return render(
+        "Table 1c. Over the ideal, part by part; intra against ZipNN", groups, ["delta", "intra"], rows, markdown, notes
+    )
+
+
+def _goal_cell(ok: bool) -> str:
+    return "ok" if ok else "MISS"
+
+
 def _mbps_cells(results: dict, label: str) -> list:
     """Encode and decode MB/s of run ``label`` (``ulpack_x1``...) in each group."""
     cells = []
@@ -1226,6 +1315,7 @@ def report(out: dict, markdown: bool) -> str:
     parts = [("  \n" if markdown else "\n").join(head) + "\n", size_table(results, markdown, s["steps"])]
     if any("intra" in r["sizes"] for r in results.values()):
         parts.append(intra_table(results, markdown))
+        parts.append(excess_table(results, markdown))
     if all("speed" in r for r in results.values()):
         parts.append(speed_table(results, markdown, s["threads"], s["reps"]))
     if any(r.get("pair_speed") for r in results.values()):

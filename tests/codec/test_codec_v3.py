@@ -341,6 +341,34 @@ def test_model_entropy_bits_follows_the_intra_model():
     assert ulstore.model_entropy_bits(z) <= 8 * len(ulstore.encode(z))
 
 
+def test_inspect_blob_splits_a_one_stream_payload():
+    """A version-3 RANS or INTRA blob's parts are its params byte, table, lane states (4 bytes a
+    lane: 4 or 32 lanes) and rANS words; they sum to the blob, and the table is what a blob of the
+    same data with more contexts grows by."""
+    rng = np.random.default_rng(8)
+    ref = normal(ml_dtypes.bfloat16, 60_000, rng, scale=0.02)
+    target = steps(ref, rng, 0.05, 2)
+    wide = normal(np.float32, 300_000, rng)
+    for blob, lanes in (
+        (ulstore.encode(target, ref), 4),
+        (ulstore.encode(target, ref, econd=False), 4),
+        (ulstore.encode(ref), 4),
+        (ulstore.encode(wide), 32),
+    ):
+        info = ulstore.inspect_blob(blob)
+        parts = info["parts"]
+        assert info["mode"] in ("rans", "intra") and "payload" not in parts
+        assert sum(parts.values()) == len(blob) == info["nbytes"]
+        assert parts["params"] == 1 and parts["lane states"] == 4 * lanes and parts["words"] % 2 == 0
+        assert parts["table"] > 0 and parts["words"] > 0
+    econd = ulstore.inspect_blob(ulstore.encode(target, ref))["parts"]
+    flat = ulstore.inspect_blob(ulstore.encode(target, ref, econd=False))["parts"]
+    assert econd["table"] > flat["table"]  # one row per band context against one row
+    # RAW and SAME blobs keep one payload entry (or none)
+    assert "payload" in ulstore.inspect_blob(ulstore.encode(ref[:3]))["parts"]
+    assert set(ulstore.inspect_blob(ulstore.encode(ref, ref))["parts"]) == {"header", "crc"}
+
+
 # -- the version-3 kernels against their twins, directly -----------------------------------
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import _format as F
-from ._api import _analyze, _intra_mode, _prepare
+from ._api import _analyze, _econd_mask, _intra_mode, _prepare
 from ._backend import kernels
 from ._elias_fano import sizes as ef_sizes
-from ._one_stream import band_of, intra_plan
+from ._one_stream import band_of, intra_plan, section3_parts
 from ._section import read_fields
 from ._sparse import GAPS
 
@@ -25,7 +25,10 @@ def inspect_blob(blob) -> dict:
     section in version 2) and the residual section's ``residual table``,
     ``residual states`` (lane states), ``residual words`` (rANS words),
     ``residual tail`` (raw bits) and ``residual fields`` (scale byte and length
-    varints): what tells where a SPARSE blob's bytes go.
+    varints): what tells where a SPARSE blob's bytes go.  A version-3 RANS or
+    INTRA payload is split into ``params`` (its one byte), ``table``,
+    ``lane states`` and ``words`` (the rANS words: coded symbols and raw bits
+    together): what its tables and fixed fields cost beside the coded data.
     """
     header, rd = F.open_blob(blob)
     mode = {
@@ -66,6 +69,9 @@ def _parts(header: F.Header, rd: F.Reader) -> dict:
         named = {"table": f.table.nbytes, "states": f.states.nbytes, "words": f.words.nbytes, "tail": f.tail.nbytes}
         parts.update({f"residual {k}": v for k, v in named.items()})
         parts["residual fields"] = rd.pos - start - sum(named.values())
+    elif header.version == 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
+        econd = not header.flags & F.FLAG_NO_ECOND
+        parts.update(section3_parts(kernels(), header.fmt, header, rd, _econd_mask(header.fmt, header.is_delta, econd)))
     if rd.end > rd.pos:
         parts["payload"] = rd.end - rd.pos
     parts["crc"] = F.CRC_BYTES

@@ -42,6 +42,7 @@ __all__ = [
     "encode_intra",
     "decode_section3",
     "section3_args",
+    "section3_parts",
     "status_error",
     "intra_plan",
     "intra_choice",
@@ -374,6 +375,20 @@ def section3_args(
     hashes = np.zeros(2, dtype=np.uint64)
     ref = r if r is not None else out
     return ref, mode, p_a, p_b, p_c, fmt.mant_bits, emask, slots, lut, lanes, phases, words, states, out, hashes
+
+
+def section3_parts(k, fmt: FloatFormat, header: F.Header, rd: F.Reader, emask: int) -> dict:
+    """Bytes per field of a version-3 RANS or INTRA payload (``rd`` at its start; read to its end):
+    ``params``, ``table``, ``lane states`` and ``words`` (the rANS words: coded symbols and raw bits)."""
+    intra = header.mode == F.MODE_INTRA
+    lanes, kk = _read_params(fmt, rd, intra)
+    start = rd.pos
+    _read_table(k, fmt, rd, intra, kk, emask)
+    parts = {"params": 1, "table": rd.pos - start, "lane states": 4 * lanes}
+    rd.take(4 * lanes, "lane states")
+    parts["words"] = rd.end - rd.pos
+    rd.take(rd.end - rd.pos, "rANS words")
+    return parts
 
 
 def _read_params(fmt: FloatFormat, rd: F.Reader, intra: bool) -> tuple[int, int]:
