@@ -341,6 +341,31 @@ def test_model_entropy_bits_follows_the_intra_model():
     assert ulstore.model_entropy_bits(z) <= 8 * len(ulstore.encode(z))
 
 
+def _rl_step(n, rng, step):
+    """A bf16 RL-like step: the same tiny update on every fp32 master weight, so that only the
+    small weights (low exponents) change in bf16."""
+    master = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    move = (step * np.sign(rng.standard_normal(n))).astype(np.float32)
+    return (master + move).astype(ml_dtypes.bfloat16), master.astype(ml_dtypes.bfloat16)
+
+
+def test_sparse_delta_band_gives_changed_contexts_rows(monkeypatch):
+    """In a sparse delta the encoder's band also covers contexts with few elements but many
+    changes (``choose_band``): smaller than the band of >= 256 elements, the same bytes from
+    every backend, and the decoder needs nothing new.  A dense delta keeps that band."""
+    rng = np.random.default_rng(11)
+    t, r = _rl_step(50_000, rng, 1e-6)
+    assert 0.01 < np.mean(t.view(np.uint16) != r.view(np.uint16)) < 1 / 16
+    chosen = _roundtrip_all_backends(t, r)
+    dense_t = steps(r, rng, 0.7, 9)
+    dense = ulstore.encode(dense_t, r)
+    choose = _one_stream.choose_band
+    monkeypatch.setattr(_one_stream, "choose_band", lambda k, h, n_c, tot, sparse: choose(k, h, n_c, tot, False))
+    by_count = ulstore.encode(t, r)
+    assert len(chosen) < len(by_count)
+    assert ulstore.encode(dense_t, r) == dense
+
+
 def test_inspect_blob_splits_a_one_stream_payload():
     """A version-3 RANS or INTRA blob's parts are its params byte, table, lane states (4 bytes a
     lane: 4 or 32 lanes) and rANS words; they sum to the blob, and the table is what a blob of the
