@@ -54,21 +54,22 @@ _READ_CHILD = r"""
 import json, sys, time
 import ulstore
 job = json.loads(sys.argv[1])
-best = None
+best = cpu = None
 for _ in range(job["reps"]):
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     t = ulstore.open(job["url"], mode="r")
     t.read(job["step"])
-    took = time.perf_counter() - s
+    took, used = time.perf_counter() - s, time.process_time() - c
     best = took if best is None else min(best, took)
+    cpu = used if cpu is None else min(cpu, used)
     del t
-print(json.dumps({"seconds": best}))
+print(json.dumps({"seconds": best, "cpu": cpu}))
 """
 
 
-def _fresh_read(url: str, step: int, reps: int) -> float:
-    """Seconds of a full read of ``step`` in a new process: from ``ulstore.open`` to the arrays (min of ``reps``
-    opens in that process, each with cold ulstore caches)."""
+def _fresh_read(url: str, step: int, reps: int) -> tuple[float, float]:
+    """Seconds of a full read of ``step`` in a new process, wall and CPU (the process's threads): from
+    ``ulstore.open`` to the arrays (each the min of ``reps`` opens in that process, each with cold ulstore caches)."""
     p = subprocess.run(
         [sys.executable, "-c", _READ_CHILD, json.dumps({"url": url, "step": step, "reps": reps})],
         capture_output=True,
@@ -76,7 +77,8 @@ def _fresh_read(url: str, step: int, reps: int) -> float:
     )
     if p.returncode:
         raise RuntimeError(p.stderr[-2000:])
-    return json.loads(p.stdout.strip().splitlines()[-1])["seconds"]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    return got["seconds"], got["cpu"]
 
 
 def _bits_changed(a: np.ndarray, b: np.ndarray) -> int:
@@ -472,12 +474,14 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
     picks = _picks(depth)
     name = max(states[0], key=lambda n: states[0][n].size)
     gets = s3_gets(traj.url, picks, name, states) if s3 else {}
-    times = {s: _fresh_read(traj.url, s, reps) for s in picks}
+    measured = {s: _fresh_read(traj.url, s, reps) for s in picks}
+    times = {s: w for s, (w, _) in measured.items()}
+    cpu = {s: c for s, (_, c) in measured.items()}
     terms = {s: read_terms(traj, s) for s in picks}
     fastest = min(times.values())
     print(
-        f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'modelled':>9s} {'blobs':>6s} "
-        f"{'GETs':>5s}"
+        f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'CPU ms':>7s} {'modelled':>9s} "
+        f"{'blobs':>6s} {'GETs':>5s}"
     )
     for s in picks:
         a = traj.info(s).anchoring or {}
@@ -485,8 +489,9 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
         g = gets.get(s, "-")
         print(
             f"    {traj.info(s).anchor_distance:5d} {s:5d} {times[s] * 1e3:8.1f} {times[s] / fastest:9.2f}x "
-            f"{model:8.2f}x {terms[s]['blobs']:6d} {g!s:>5s}"
+            f"{cpu[s] * 1e3:7.1f} {model:8.2f}x {terms[s]['blobs']:6d} {g!s:>5s}"
         )
+    _print_per_link(traj, picks, cpu)
     cal = m["calibration"]
     got = fixed_terms(calibration_reads(traj.url, picks), terms, cal, fit.get("per_blob"))
     fit.setdefault("per_blob", got["per_blob"])
@@ -519,6 +524,17 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
             f"    round trips: GETs of a one-element slice {min(gets.values())}..{most} (the bound, 4 dependent "
             "round trips, is on rounds, not GETs: the chain's table blocks are fetched in one parallel round)"
         )
+
+
+def _print_per_link(traj, picks: list[int], cpu: dict[int, float]) -> None:
+    """What each step of a chain adds to a full read's CPU time: (deepest - an anchor's) / depth (CPU, not wall:
+    on a shared machine wall times move with the load)."""
+    depth = {s: traj.info(s).anchor_distance for s in picks}
+    anchors = [cpu[s] for s in picks if depth[s] == 0]
+    deep = max(picks, key=depth.__getitem__)
+    if anchors and depth[deep]:
+        per = (cpu[deep] - min(anchors)) / depth[deep]
+        print(f"  per link (CPU): {per * 1e3:.2f} ms ((depth {depth[deep]} - depth 0) / {depth[deep]})")
 
 
 def _print_calibration(fit: dict) -> None:
