@@ -556,8 +556,16 @@ BLOB_PARTS = {
     "positions": ("positions low", "positions high", "gaps"),
     "residual tokens (rANS words)": ("residual words",),
     "residual tails (raw bits)": ("residual tail",),
-    "tables, lane states, lengths": ("residual table", "residual states", "residual fields"),
-    "payload (tokens of every element)": ("payload",),
+    "tables, lane states, lengths": (
+        "residual table",
+        "residual states",
+        "residual fields",
+        "params",
+        "table",
+        "lane states",
+    ),
+    # a default (RANS) blob's rANS words, or a RAW blob's values
+    "payload (tokens of every element)": ("payload", "words"),
 }
 
 
