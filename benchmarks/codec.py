@@ -35,6 +35,13 @@ beside the order-0 entropy of the exponent field (per tensor: what an ideal
 coder of the exponent alone, each value independent, would spend) and the ideal
 size under ULPack's intra model.
 
+Table 1c splits ULPack's bytes over its model's ideal into parts (``inspect_blob``):
+header and CRC, tables, rANS lane states and the coded data over the ideal,
+for the deltas of Table 1 and the intra blobs of Table 1b, with issue 39's
+goals (delta <= +1% over the ideal, intra <= ZipNN), the tensors ZipNN codes
+smaller, and the ideal of an intra symbol with 7 mantissa bits (a format
+change's floor).
+
 Table 2 times encoding and decoding of all tensors of ONE step pair per
 trajectory (the last one), as raw MB/s (1 MB = 1e6 bytes) of wall time
 (``time.perf_counter``), best of ``--reps`` runs: ULPack via
