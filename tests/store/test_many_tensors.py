@@ -123,3 +123,91 @@ def test_layouts_groups_records_by_name():
 
     records = [R("a", 1), R("b", 2), R("a", 3), R("c", 4)]
     assert _layouts(records, ["a", "b", "d"]) == {"a": {1, 3}, "b": {2}, "d": set()}
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_tied_tensors_are_one_blob_whatever_the_threads(tmp_path, monkeypatch, snapshot):
+    """Tensors of equal values (tied weights) in one commit share one blob (and one snapshot), whichever worker
+    encodes it first, and the stored bytes do not depend on the threads or on how chunks are batched."""
+    import ulstore.store.commit._finalize as finalize
+    import ulstore.store.commit._piece_writer as piece_writer
+    import ulstore.store.format._packs as packs
+
+    rng = np.random.default_rng(7)
+    base = _steps(3)
+    names = sorted(n for n in base[0] if base[0][n].dtype == BF16 and base[0][n].ndim == 2)
+    tie = {f"tied.{k}": names[int(rng.integers(0, 4 + 4 * k))] for k in range(len(names) // 4)}
+    states = [s | {t: s[n] for t, n in tie.items()} for s in base]  # tied names: the same arrays
+    monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
+    digests, blobs = [], []
+    for threads, batch in ((1, piece_writer.BATCH_BYTES), (2, 1), (2, 300), (2, piece_writer.BATCH_BYTES)):
+        monkeypatch.setattr(piece_writer, "BATCH_BYTES", batch)
+        counter = iter(range(10**6))
+        monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
+        root = tmp_path / f"t{threads}-{batch}"
+        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=threads)
+        for k, s in enumerate(states):
+            t.commit(k, s, snapshot=snapshot and k > 0)
+        blobs.append(t.stats()["blobs"])
+        for k, s in enumerate(states):
+            got = ulstore.open(str(root), mode="r").read(k)
+            assert all(_same(np.asarray(got[n]), s[n]) for n in s), k
+        t.close()
+        digests.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
+    assert len(set(blobs)) == 1, blobs
+    for other in digests[1:]:
+        assert other == digests[0]
+    # a tied tensor adds no blob: the same commits without the tied names store as many
+    root = tmp_path / "untied"
+    t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=2)
+    for k, s in enumerate(base):
+        t.commit(k, s, snapshot=snapshot and k > 0)
+    assert t.stats()["blobs"] == blobs[0]
+
+
+def test_a_blob_claimed_by_a_later_job_is_placed_where_the_first_chunk_is(tmp_path, monkeypatch):
+    """A later job that encodes a shared blob first (the earlier one held up) gives it to the earlier chunk:
+    the pack holds it once, at the earlier chunk's place, as with one thread (intra, delta and snapshot)."""
+    import time
+
+    import ulstore.store.commit._finalize as finalize
+    import ulstore.store.commit._piece_writer as piece_writer
+    import ulstore.store.format._packs as packs
+
+    rng = np.random.default_rng(3)
+    x = (0.02 * rng.standard_normal((32, 32))).astype(BF16)
+    y = x.copy()
+    y.view(np.uint16)[::5] += np.uint16(1)
+    states = [{"a": x, "b": x, "c": x[:4]}, {"a": y, "b": y, "c": x[:4]}]
+    monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
+    monkeypatch.setattr(piece_writer, "BATCH_BYTES", 1)  # one chunk a job
+    real_jobs, real_claimed = piece_writer.PieceWriter._jobs, piece_writer.PieceWriter._claimed
+    claimed = []
+
+    def held_up(self, job):
+        if any(st.name == "a" for st, _, _ in job.chunks):
+            time.sleep(0.3)  # "b"'s job claims the blob first
+        return real_jobs(self, job)
+
+    def counted(self, key):
+        claimed.append(key)
+        return real_claimed(self, key)
+
+    monkeypatch.setattr(piece_writer.PieceWriter, "_jobs", held_up)
+    monkeypatch.setattr(piece_writer.PieceWriter, "_claimed", counted)
+    trees = []
+    for threads in (1, 2):
+        counter = iter(range(10**6))
+        monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
+        root = tmp_path / f"t{threads}"
+        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1 << 20, threads=threads)
+        t.commit(0, states[0])
+        t.commit(1, states[1], snapshot=True)
+        assert t.stats()["blobs"] == 2 + 2, t.stats()  # a's intra and c's; a's delta and its snapshot
+        for k, s in enumerate(states):
+            got = ulstore.open(str(root), mode="r").read(k)
+            assert all(_same(np.asarray(got[n]), s[n]) for n in s), k
+        t.close()
+        trees.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
+    assert len(claimed) == 3, claimed  # the intra blob, the delta and its snapshot
+    assert trees[1] == trees[0]

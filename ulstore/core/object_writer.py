@@ -25,6 +25,9 @@ from .backends import Calling
 
 __all__ = ["ObjectWriter", "WriteTarget"]
 
+#: Write buffer of a local object (bytes): small appends are gathered into few system calls.
+_FILE_BUFFER = 1 << 20
+
 
 class WriteTarget(Protocol):
     """What a writer uses of the object client that opens it (``ObjectStore`` is one)."""
@@ -60,7 +63,9 @@ class ObjectWriter:
         with store._calling("PUT", key):
             if store.local:
                 self._tmp = os.path.join(store.local_tmp_dir(), uuid.uuid4().hex)
-                self._f = builtins.open(self._tmp, "wb")
+                # a large buffer: a commit appends thousands of small blobs, one system call (and one release
+                # of the GIL, which the workers then hold for up to a switch interval) each with the default
+                self._f = builtins.open(self._tmp, "wb", buffering=_FILE_BUFFER)
             elif store.memory:
                 self._f = io.BytesIO()
             else:

@@ -50,7 +50,10 @@ class Finalizer:
         """The tensor tables of ``records`` (checked, see :meth:`_gather`) and the packs they point into."""
         tensors, packs = self._gather(step, records, parent, pdoc, anchor)
         index = {p: i for i, p in enumerate(packs)}
-        tables = [TensorTable(n, t[0], t[1], t[2], tuple(r.piece(index) for r in t[3])) for n, t in tensors.items()]
+        remaps: dict[tuple, np.ndarray] = {}  # one pack-number map per list of pack ids (most records share a few)
+        tables = [
+            TensorTable(n, t[0], t[1], t[2], tuple(r.piece(index, remaps) for r in t[3])) for n, t in tensors.items()
+        ]
         return tables, packs
 
     def _finalize(
@@ -122,7 +125,8 @@ class Finalizer:
                 self._t._reader.forget([parent])  # a retry reads the parent anew
             return None if stored is None else stored.content
 
-        refers = {int(r) for t in tables for p in t.pieces for r in np.unique(p.ref) if r >= 0}
+        refs = [p.ref for t in tables for p in t.pieces]
+        refers = {int(r) for r in np.unique(np.concatenate(refs)) if r >= 0} if refs else set()
         self._t._pending.publish(
             step,
             parent,
@@ -159,6 +163,7 @@ class Finalizer:
         check_tensor_names(tensors)
         packs: list[str] = []
         seen: set[str] = set()
+        last: tuple = ()
         out = {}
         for name in sorted(tensors):
             dtype, shape, codec, rs = tensors[name]
@@ -170,10 +175,12 @@ class Finalizer:
                 n = math.prod(-(-s // c) for s, c in zip(r.piece_shape, r.chunks))
                 if not (len(r.content) == len(r.ref) == len(r.pack) == len(r.off) == len(r.length) == n):
                     raise InvalidInputError("a record's columns do not match its chunk grid", step=step, tensor=name)
-                for pid in r.packs:
-                    if pid not in seen:
-                        seen.add(pid)
-                        packs.append(pid)
+                if r.packs != last:  # (consecutive records mostly name the same packs)
+                    last = r.packs
+                    for pid in r.packs:
+                        if pid not in seen:
+                            seen.add(pid)
+                            packs.append(pid)
             out[name] = (dtype, shape, codec, rs)
         return out, packs
 

@@ -53,9 +53,14 @@ class PieceRecord:
     def layout(self) -> tuple:
         return self.offset, self.piece_shape, self.chunks
 
-    def piece(self, index: dict[str, int]) -> Piece:
-        """This record as a :class:`Piece` whose pack numbers index a step's pack list (``index``: id -> number)."""
-        remap = np.array([index[p] for p in self.packs] or [0], np.int64)
+    def piece(self, index: dict[str, int], remaps: dict | None = None) -> Piece:
+        """This record as a :class:`Piece` whose pack numbers index a step's pack list (``index``: id -> number;
+        ``remaps``: the maps made so far for this ``index``, by pack list, shared between records)."""
+        remap = remaps.get(self.packs) if remaps is not None else None
+        if remap is None:
+            remap = np.array([index[p] for p in self.packs] or [0], np.int64)
+            if remaps is not None:
+                remaps[self.packs] = remap
         snap = None
         if self.snap is not None:
             snap = self.snap.copy()
@@ -83,6 +88,7 @@ class _PieceState:
         self.offset, self.pshape, self.chunks = layout
         self.grid = chunk_grid(self.pshape, self.chunks)
         self.n = math.prod(self.grid)
+        self.whole = tuple(slice(0, s) for s in self.pshape)  # the region of the one chunk when n == 1
         self.chunk_nbytes = math.prod(self.chunks) * dtype.itemsize  # at most: edge chunks are smaller
         self.pt: TensorTable | None = parent_table
         self.pp: Piece | None = parent_piece

@@ -35,6 +35,7 @@ from ..format._layout import choose_chunks, chunk_grid
 from ..format._packs import Location, PackStream
 from ..format._read_cost import INTRA, blob_cost, cost_of
 from ..format._refs import RefState
+from ..format._stepdoc import StepDoc
 from ..read._chunk_reader import ChunkReader
 from ..read._kept import KeptStep
 from ._piece_columns import PieceRecord, _PieceState
@@ -48,6 +49,16 @@ _PLACED = object()
 #: one pool hand-off (future, queue, wake-up) per chunk cost as much as encoding it; batching never
 #: changes a blob or a table (results are placed in plan order).
 BATCH_BYTES = 4 << 20
+
+
+class _Job:
+    """A batch of chunks handed to the pool as one task: ``(piece, index, coord)`` each, and its future."""
+
+    __slots__ = ("chunks", "future")
+
+    def __init__(self, chunks: list):
+        self.chunks = chunks
+        self.future: cf.Future | None = None
 
 
 class PieceWriter:
@@ -92,11 +103,20 @@ class PieceWriter:
         self._batch_bytes = 0
         self._records: list[PieceRecord] = []
         self._written: set[tuple] = set()
+        # dedup key -> the job that encodes its blob (``_Job``; the writer itself when one thread encodes
+        # inline), then _PLACED once the blob is in the pack.  No lock: a claim is one ``dict.setdefault``
+        # (atomic for these keys: bytes, str, tuples), and a chunk that loses a claim is placed from its
+        # owner's results (the main thread waits for that job, already running, when it gets there)
         self._claims: dict = {}
-        self._claims_lock = threading.Lock()
+        self._parent_doc: StepDoc | None = None  # the parent's step document, read at the first piece
         self._placed: dict = {}
-        self._costs: dict = {}  # dedup key -> the modelled read cost of its blob (set before its Future's result)
+        self._costs: dict = {}  # dedup key -> the modelled read cost of its blob (set by the worker that encoded it)
         self._intra: dict = {}  # dedup key of an intra blob -> Location, from the parent's entries
+        # the parent pieces written so far, indexed into ``_intra`` when an intra chunk first looks there (a
+        # delta commit of colocated chunks never does): appended by the main thread, indexed under the lock
+        self._intra_todo: list[_PieceState] = []
+        self._intra_done = 0
+        self._intra_lock = threading.Lock()
         self._failed = False
         self.closed = False
         #: the branch as read when :meth:`Trajectory.piece_writer` made this writer: a
@@ -130,10 +150,10 @@ class PieceWriter:
         kp = None
         if self.kept is not None:
             kp = self.kept.ensure(name, dtype, shape, layout, math.prod(chunk_grid(pshape, layout[2])))
-        parent_packs = self.reader.doc(self.parent).packs if self.parent is not None else ()
+        parent_packs = self._parent_doc.packs if self._parent_doc is not None else ()
         st = _PieceState(name, array, dtype, shape, codec, layout, parent, pp, parent_packs, mode, kp)
         if pp is not None:
-            self._index_intra(st)
+            self._intra_todo.append(st)
         if mode == "colocated" and kp is not None:
             self._load_parent(st, pj)
         if st.n == 0:
@@ -173,25 +193,45 @@ class PieceWriter:
     def _parent_table(self, name: str) -> TensorTable | None:
         if self.parent is None:
             return None
+        if self._parent_doc is None:  # one document for every piece: the tables and the pack list agree
+            self._parent_doc = self.reader.doc(self.parent)
         try:
-            return self.reader.tensor(self.parent, name)
+            return self.reader.table_in(self._parent_doc, name)
         except KeyError:  # TensorNotFoundError
             return None
 
     def _index_intra(self, st: _PieceState) -> None:
+        """Add the parent piece's intra entries (intra blobs and snapshots) to the dedup index."""
         pp = st.pp
         assert pp is not None
-        for i, coord in enumerate(pp.coords()):
-            intra = st.parent_snap(i) or (st.parent_loc(i) if pp.ref[i] < 0 else None)
-            if intra is None:
-                continue
-            key = (pp.content[i].tobytes(), None, st.codec, st.dtype.str, pp.region_shape(coord))
+        has = pp.ref < 0
+        if pp.snap is not None:
+            has |= pp.snap[:, 0] >= 0
+        at = np.flatnonzero(has)  # none when the parent is a delta without snapshots: nothing to look at
+        if not len(at):
+            return
+        coords = pp.coords() if pp.n > 1 else [(0,) * len(pp.grid)]
+        for i in at.tolist():
+            intra = st.parent_snap(i) or st.parent_loc(i)
+            key = (pp.content[i].tobytes(), None, st.codec, st.dtype.str, pp.region_shape(coords[i]))
             self._intra.setdefault(key, intra)
+
+    def _intra_entry(self, key) -> Location | None:
+        """The parent's intra entry (blob or snapshot) for dedup key ``key``, among the pieces written so far."""
+        if self._intra_done < len(self._intra_todo):
+            with self._intra_lock:
+                todo = self._intra_todo
+                while self._intra_done < len(todo):
+                    self._index_intra(todo[self._intra_done])
+                    self._intra_done += 1
+        return self._intra.get(key)
 
     def _load_parent(self, st: _PieceState, pj) -> None:
         """Make the kept piece hold the parent's values where it does not yet (decodes each chain once)."""
         kp, pp = st.kp, st.pp
         assert kp is not None and pp is not None and self.parent is not None
+        if kp.content.tobytes() == pp.content.tobytes():  # the usual case: the kept step is the parent
+            return
         stale = np.flatnonzero((kp.content != pp.content).any(axis=1))
         if not len(stale):
             return
@@ -203,7 +243,7 @@ class PieceWriter:
 
     def _submit(self, st: _PieceState, i: int, coord) -> None:
         if self._pool is None:
-            self._place(st, i, self._job(st, i, coord))
+            self._place(st, i, self._job(st, i, coord, self))
             return
         # a job holds at most one chunk's worth of bytes (``chunk_bytes``, at most BATCH_BYTES), or one
         # larger chunk: the window's memory bound (its copies of memory-mapped chunks, its blobs) stays
@@ -217,101 +257,94 @@ class PieceWriter:
         """Hand the chunks gathered so far to the pool as one job; keep at most ``2 * threads`` jobs in flight."""
         if not self._batch:
             return
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
-        self._window.append((batch, self._pool.submit(self._jobs, batch)))  # type: ignore[union-attr]
+        job = _Job(self._batch)
+        self._batch, self._batch_bytes = [], 0
+        job.future = self._pool.submit(self._jobs, job)  # type: ignore[union-attr]
+        self._window.append(job)
         while len(self._window) >= 2 * self.threads:
             self._take()
 
-    def _jobs(self, batch: list) -> list:
+    def _jobs(self, job: _Job) -> list:
         """Worker: the chunks of one batch, in order (one hand-off for many small chunks)."""
-        return [self._job(st, i, coord) for st, i, coord in batch]
+        run = self._job
+        return [run(st, i, coord, job) for st, i, coord in job.chunks]
 
     def _take(self) -> None:
-        batch, fut = self._window.popleft()
-        for (st, i, _), result in zip(batch, fut.result()):
-            self._place(st, i, result)
+        job = self._window.popleft()
+        place = self._place
+        assert job.future is not None
+        for (st, i, _), result in zip(job.chunks, job.future.result()):
+            place(st, i, result)
 
     def _encode(self, chunk, ref, codec) -> bytes:
         if self.executor is None:
             return encode_chunk(chunk, ref, codec, self.sparse)
         return self.executor.submit(encode_chunk, chunk, ref, codec, self.sparse).result()
 
-    def _claim(self, key):
-        """None if this thread now owns ``key`` (a Future is registered for its blob), else the owner's marker."""
-        with self._claims_lock:
-            got = self._claims.get(key)
-            if got is None:
-                self._claims[key] = cf.Future()
-            return got
+    def _job(self, st: _PieceState, i: int, coord, owner):
+        """Worker: hash, reuse or encode one chunk; returns what the main thread places.
 
-    def _job(self, st: _PieceState, i: int, coord):
-        """Worker: hash, reuse or encode one chunk; returns what the main thread places."""
-        region = st.region(coord)
-        chunk = st.arr[region] if region else st.arr
-        if isinstance(chunk, np.memmap):  # a file that could change under us: hash and encode one private copy
-            chunk = np.array(chunk, copy=True, order="C")
-        chunk = np.ascontiguousarray(chunk).reshape(tuple(s.stop - s.start for s in region))
-        content = content_digest(chunk)
-        pp = st.pp
+        ``owner``: the job this chunk is part of (the writer itself when chunks are done inline), which a
+        blob's claim names."""
+        region, chunk = _chunk_of(st, coord)
         shape = chunk.shape
+        content = content_digest(chunk)
+        pp, kp = st.pp, st.kp
         if pp is not None and pp.content[i].tobytes() == content:
             if not (self.anchor or self.snapshot) or pp.has_intra(i):
-                self._keep(st, i, region, chunk, content)
+                if kp is not None:
+                    kp.put(i, chunk, content)
                 # an anchor's read cost is its own: an intra entry it reuses is decoded by its reads too
                 return ("reuse", content, blob_cost(int(pp.length[i]), chunk.nbytes, INTRA) if self.anchor else 0)
-        ref = ref_content = None
+        ref, ref_content = self._reference(st, i, coord, region)
+        key = (content, ref_content, st.codec, st.dtype.str, shape)
+        blob = self._blob(key, chunk, ref, st.codec, owner)
+        snap = None
+        if self.snapshot and ref is not None:
+            snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec, owner)
+        if kp is not None:
+            kp.put(i, chunk, content)
+        return ("blob", content, key, blob, ref is not None, snap, self._cost(key, blob, chunk.nbytes))
+
+    def _reference(self, st: _PieceState, i: int, coord, region) -> tuple[np.ndarray | None, bytes | None]:
+        """Worker: the values chunk ``i`` is coded against and their content hash ((None, None): intra)."""
         if st.mode == "colocated":
+            pp, kp = st.pp, st.kp
             assert pp is not None
             ref_content = pp.content[i].tobytes()
-            ref = st.kp.get(i, ref_content) if st.kp is not None else None
+            ref = kp.get(i, ref_content) if kp is not None else None
             if ref is None:
                 pj = st.pt.find_piece(st.layout)  # type: ignore[union-attr]
                 ref = self.reader.chunk(self.parent, st.name, coord, pj, cache=False)  # type: ignore[arg-type]
-        elif st.mode == "box":
+            return ref, ref_content
+        if st.mode == "box":
             lo = tuple(o + r.start for o, r in zip(st.offset, region))
             hi = tuple(o + r.stop for o, r in zip(st.offset, region))
             ref = self.reader.box(self.parent, st.name, lo, hi, cache=False)  # type: ignore[arg-type]
-            ref_content = content_digest(ref)
-        key = (content, ref_content, st.codec, st.dtype.str, shape)
-        blob = self._blob(key, chunk, ref, st.codec)
-        snap = None
-        if self.snapshot and ref is not None:
-            snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec)
-        self._keep(st, i, region, chunk, content)
-        return ("blob", content, key, blob, ref is not None, snap, self._cost(key, blob))
+            return ref, content_digest(ref)
+        return None, None
 
-    def _blob(self, key, chunk, ref, codec):
-        """The blob for ``key``: a known location, bytes this thread encoded, or None (another owns it)."""
-        if key[1] is None and key in self._intra:
-            return self._intra[key]
-        if self._claim(key) is not None:
+    def _blob(self, key, chunk, ref, codec, owner):
+        """The blob for ``key``: a known location, bytes this thread encoded, or None (another chunk's claim:
+        an earlier chunk of this job, or another job's, whose results hold the bytes)."""
+        if key[1] is None:
+            loc = self._intra_entry(key)
+            if loc is not None:
+                return loc
+        claims = self._claims
+        if claims.get(key) is not None or claims.setdefault(key, owner) is not owner:
             return None
-        fut = self._claims[key]
-        try:
-            blob = self._encode(chunk, ref, codec)
-            self._costs[key] = cost_of(blob, chunk.nbytes, ref is not None)
-        except BaseException as e:
-            fut.set_exception(e)
-            raise
-        fut.set_result(blob)
+        blob = self._encode(chunk, ref, codec)
+        self._costs[key] = cost_of(blob, chunk.nbytes, ref is not None)
         return blob
 
-    def _cost(self, key, blob) -> int:
-        """The modelled read cost (``_read_cost.py``) of the blob of ``key``: bytes this thread encoded, an intra
-        entry found in the parent (a location), or None (the same blob, encoded by another thread: its cost,
-        once that thread has it)."""
+    def _cost(self, key, blob, nbytes: int) -> int | None:
+        """The modelled read cost (``_read_cost.py``) of the blob of ``key``: bytes this thread encoded, or an intra
+        entry found in the parent (a location); None for a blob another chunk claimed (the main thread prices it
+        when it places it: its encoder has set its cost by then)."""
         if isinstance(blob, tuple):
-            return blob_cost(blob[2], math.prod(key[4]) * np.dtype(key[3]).itemsize, INTRA)
-        if blob is None:
-            with self._claims_lock:
-                owner = self._claims.get(key)
-            if isinstance(owner, cf.Future):
-                owner.result()  # the owner is encoding it now (it claimed it in its own job): its cost is set first
-        return self._costs[key]
-
-    def _keep(self, st: _PieceState, i, region, chunk, content) -> None:
-        if st.kp is not None:
-            st.kp.put(i, chunk, content)
+            return blob_cost(blob[2], nbytes, INTRA)
+        return None if blob is None else self._costs[key]
 
     def _locate(self, key, got) -> Location:
         """Main thread: the location of the blob ``got`` stands for (appending it the first time)."""
@@ -321,17 +354,28 @@ class PieceWriter:
         if loc is not None:
             return loc
         if got is None:
-            got = self._claims[key].result()
+            got = self._claimed(key)
         loc = self.stream.append(got)
         self._placed[key] = loc
-        with self._claims_lock:
-            self._claims[key] = _PLACED  # the bytes are in the pack: drop them
+        self._claims[key] = _PLACED  # the bytes are in the pack: drop them
         return loc
 
+    def _claimed(self, key) -> bytes:
+        """The blob of ``key`` from the results of the job that claimed it (a later one in the window: waited for)."""
+        owner = self._claims[key]
+        assert isinstance(owner, _Job) and owner.future is not None
+        for result in owner.future.result():
+            if result[0] == "blob":
+                if result[2] == key and isinstance(result[3], bytes):
+                    return result[3]
+                snap = result[5]
+                if isinstance(snap, bytes) and key[1] is None and result[2][0] == key[0] and result[2][2:] == key[2:]:
+                    return snap  # the snapshot (intra) blob of a delta-coded chunk
+        raise AssertionError("a claimed blob is missing from its job's results")
+
     def _place(self, st: _PieceState, i: int, result) -> None:
-        kind, content = result[0], result[1]
+        kind, content, cost = result[0], result[1], result[-1]
         st.content[i] = np.frombuffer(content, np.uint8)
-        st.cost += result[-1]
         if kind == "reuse":
             assert st.pp is not None
             st.ref[i] = st.pp.ref[i]
@@ -340,23 +384,34 @@ class PieceWriter:
         else:
             _, _, key, blob, delta, snap, _ = result
             st.locs[i] = self._locate(key, blob)
-            st.ref[i] = self.parent if delta else -1
+            if cost is None:  # a blob another chunk encoded (placed now, so its cost is known)
+                cost = self._costs[key]
+            if delta:
+                st.ref[i] = self.parent
             if snap is not None or (self.snapshot and delta):
                 st.snaps[i] = self._locate((content, None, *key[2:]), snap)
+        st.cost += cost
         st.left -= 1
         if st.left == 0:
             self._finish_piece(st)
 
     def _finish_piece(self, st: _PieceState) -> None:
         ids: dict[str, int] = {}
-        for loc in st.locs + [s for s in st.snaps if s is not None]:
+        locs = st.locs
+        for loc in locs:
             ids.setdefault(loc[0], len(ids))
-        pack = np.array([ids[loc[0]] for loc in st.locs], np.int64)
-        off = np.array([loc[1] for loc in st.locs], np.int64)
-        length = np.array([loc[2] for loc in st.locs], np.int64)
         snap = None
         if any(s is not None for s in st.snaps):
+            for s in st.snaps:
+                if s is not None:
+                    ids.setdefault(s[0], len(ids))
             snap = np.array([(ids[s[0]], s[1], s[2]) if s is not None else (-1, -1, -1) for s in st.snaps], np.int64)
+        if len(locs) == 1:  # (its pack is the first of ``ids``)
+            pack, off, length = np.zeros(1, np.int64), np.array(locs[0][1:2], np.int64), np.array(locs[0][2:], np.int64)
+        else:
+            pack = np.array([ids[loc[0]] for loc in locs], np.int64)
+            off = np.array([loc[1] for loc in locs], np.int64)
+            length = np.array([loc[2] for loc in locs], np.int64)
         self._records.append(
             PieceRecord(
                 self.step,
@@ -411,8 +466,9 @@ class PieceWriter:
     def abort(self) -> None:
         """Give up: the open pack is discarded, closed packs stay as orphans for ``gc``."""
         self._failed = True
-        for _, fut in self._window:
-            fut.cancel()
+        for job in self._window:
+            if job.future is not None:
+                job.future.cancel()
         self._window.clear()
         self._batch.clear()
         self.stream.abort()
@@ -432,6 +488,23 @@ class PieceWriter:
             self.abort()
 
 
+def _chunk_of(st: _PieceState, coord) -> tuple[tuple[slice, ...], np.ndarray]:
+    """The region of chunk ``coord`` of a piece and its values, C-contiguous in the chunk's shape (a private
+    copy of a memory-mapped file's: it could change under us between the hash and the encode)."""
+    if st.n == 1:  # a piece of one chunk (most tensors of a many-tensor model): no region to cut
+        region = st.whole
+        chunk = st.arr
+    else:
+        region = st.region(coord)
+        chunk = st.arr[region] if region else st.arr
+    if isinstance(chunk, np.memmap):
+        chunk = np.array(chunk, copy=True, order="C")
+    elif not chunk.flags.c_contiguous:
+        chunk = np.ascontiguousarray(chunk)
+    shape = tuple(s.stop - s.start for s in region)
+    return region, chunk if chunk.shape == shape else chunk.reshape(shape)
+
+
 def _committable(array, name: str) -> tuple[np.dtype, str]:
     """The dtype of ``array`` and the codec its chunks take (DtypeError naming the tensor if none)."""
     try:
@@ -442,6 +515,9 @@ def _committable(array, name: str) -> tuple[np.dtype, str]:
 
 def _placement(name: str, piece_shape, shape, offset) -> tuple[tuple, tuple, tuple]:
     """(piece shape, tensor shape, offset) of a piece, checked to lie inside its tensor (defaults: the whole)."""
+    if shape is None and offset is None:  # the whole tensor (a commit's pieces): nothing to check
+        pshape = tuple(map(int, piece_shape))
+        return pshape, pshape, (0,) * len(pshape)
     pshape = tuple(int(n) for n in piece_shape)
     shape = pshape if shape is None else tuple(int(n) for n in shape)
     offset = (0,) * len(shape) if offset is None else tuple(int(o) for o in offset)
