@@ -75,6 +75,38 @@ def test_add_below_its_parent_warns_that_the_branch_moves_back(tmp_path):
     assert "warning" not in p.stderr and p.returncode == 1
 
 
+def test_add_in_another_dtype_says_the_dtype_moved_not_the_names(tmp_path):
+    """A checkpoint saved in fp32 after bf16 ones keeps every name: the warning names the dtype change
+    (renaming would not help), and a shape change too; a checkpoint with other names still gets the rename hint."""
+    import ml_dtypes
+    import numpy as np
+
+    from ulstore.io import checkpoints as ckpt
+
+    w = np.random.default_rng(1).normal(0, 0.02, (64, 32)).astype(np.float32)
+    files = {
+        "step_1.safetensors": {"w": w.astype(ml_dtypes.bfloat16), "b": w[0].astype(ml_dtypes.bfloat16)},
+        "step_2.safetensors": {"w": w, "b": w[0]},  # every name kept, fp32 now
+        "step_3.safetensors": {"w": w[:32], "b": w[0]},  # fp32 kept, w lost half its rows
+        "step_4.safetensors": {"x.w": w[:32], "x.b": w[0]},  # renamed
+    }
+    for name, state in files.items():
+        ckpt.save_safetensors(state, tmp_path / name, None)
+    url = tmp_path / "traj"
+    run("add", url, tmp_path / "step_1.safetensors", "--init", check=0)
+    p = run("add", url, tmp_path / "step_2.safetensors", check=0)
+    (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:")]
+    assert "'w' bfloat16 64x32 -> float32 64x32" in warning and "rename" not in warning, warning
+    assert "in the parent's dtype" in warning
+    p = run("add", url, tmp_path / "step_3.safetensors", check=0)
+    (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:")]
+    assert "1 of them another dtype or shape ('w' float32 64x32 -> float32 32x32)" in warning, warning
+    assert "parent's dtype to" not in warning and "rename" not in warning
+    p = run("add", url, tmp_path / "step_4.safetensors", check=0)
+    (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:")]
+    assert "--rename-prefix x.=" in warning, warning
+
+
 def test_long_commands_show_what_they_are_doing_on_a_terminal(tmp_path):
     url = tmp_path / "traj"
     run("add", url, *write_steps(tmp_path), "--init", check=0)

@@ -162,7 +162,7 @@ def _relay(ui, warning, path) -> None:
     """A warning from the io layer, in the CLI's words."""
     from .. import io as uio
 
-    if not isinstance(warning, uio.FewSharedNamesWarning):
+    if not isinstance(warning, uio.FewSharedNamesWarning) or warning.changed:  # (a dtype or shape moved: as said)
         ui.warn(str(warning))
         return
     text = (

@@ -13,7 +13,15 @@ from ..store import HEAD
 from . import checkpoints as _ck
 from ._dirstate import directory_extras
 from ._names import _GENERIC_NAMES, CHECKPOINT_KEY, checkpoint_format, step_from_path
-from ._rename import MIN_SHARED, FewSharedNamesWarning, name_overlap, rename_prefixes, suggest_prefixes
+from ._rename import (
+    MIN_SHARED,
+    FewSharedNamesWarning,
+    describe_retyped,
+    name_overlap,
+    rename_prefixes,
+    retyped,
+    suggest_prefixes,
+)
 
 __all__ = ["import_checkpoint"]
 
@@ -155,6 +163,19 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
     ours = {n: (tuple(a.shape), _np_dtype(a)) for n, a in tensors.items()}
     shared = name_overlap(theirs, ours)
     if shared >= MIN_SHARED or name_overlap(ours, theirs) >= MIN_SHARED:
+        return
+    changed = retyped(theirs, ours)
+    if changed and name_overlap(theirs, ours | {n: theirs[n] for n in changed}) >= MIN_SHARED:
+        # the names line up; the dtype or shape moved (bf16 weights saved as fp32): renaming would not help
+        text = (
+            f"{path}: its tensors have the names of parent step {parent_step}'s but {len(changed)} of them another "
+            f"dtype or shape ({describe_retyped(changed)}), so those are stored whole instead of as deltas (a delta "
+            "needs its parent's dtype and shape"
+        )
+        if any(old[1] != new[1] for old, new in changed.values()):
+            text += "; save the checkpoint in the parent's dtype to keep delta-coding"
+        text += ")"
+        warnings.warn(FewSharedNamesWarning(text, shared=shared, parent=parent_step, changed=changed), stacklevel=3)
         return
     hint = suggest_prefixes(theirs, ours)
     after = shared
