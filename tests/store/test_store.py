@@ -537,6 +537,34 @@ def test_bad_input_errors(tmp_path):
         ulstore.open(str(tmp_path / "t"), mode="w-")
 
 
+def test_mode_w_replaces_a_trajectory_and_refuses_to_delete_anything_else(tmp_path):
+    """``open(url, mode="w")`` starts over on a trajectory (or nothing); a directory of checkpoint files,
+    a file, or another Zarr hierarchy given by mistake is refused, named, and left as it was."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for i in range(5):
+        (ckpts / f"step_{i}.safetensors").write_bytes(b"x" * (i + 1))
+    with pytest.raises(InvalidInputError, match=r"holds 5 entries \('step_0.safetensors'.* and 2 more\)"):
+        ulstore.open(ckpts, mode="w")
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"step_{i}.safetensors" for i in range(5)]
+    with pytest.raises(InvalidInputError, match="is a file, not a trajectory"):
+        ulstore.open(ckpts / "step_3.safetensors", mode="w")
+    assert (ckpts / "step_3.safetensors").read_bytes() == b"xxxx"
+    zarr_dir = tmp_path / "arrays"
+    zarr_dir.mkdir()
+    (zarr_dir / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    with pytest.raises(InvalidInputError, match="not a ulstore trajectory"):
+        ulstore.open(zarr_dir, mode="w")
+    assert (zarr_dir / "zarr.json").exists()
+    # a trajectory is replaced, an empty directory or a missing path is created
+    traj = ulstore.open(tmp_path / "t", mode="w")
+    traj.commit(0, {"w": np.ones(3, np.float32)})
+    assert ulstore.open(tmp_path / "t", mode="w").steps == []
+    (tmp_path / "empty").mkdir()
+    assert ulstore.open(tmp_path / "empty", mode="w").steps == []
+    assert ulstore.open(tmp_path / "new" / "run", mode="w").steps == []
+
+
 def test_awkward_tensor_names():
     names = ["model/layers.0/attn.q_proj.weight", "日本語/重み", "a.b.c", "emoji🙂", "x/c/0"]
     rng = np.random.default_rng(3)

@@ -53,7 +53,7 @@ import os
 
 from ..core.backends import access_failure, cached_url, is_cache
 from ..core.formatting import redact_url
-from ..core.objects import MAX_DOCUMENT_BYTES, ObjectStore
+from ..core.objects import MAX_DOCUMENT_BYTES, TMP_DIR, ObjectStore
 from ..core.sealed import canonical_json
 from ..errors import (
     ConflictError,
@@ -133,8 +133,10 @@ def open(
         ``url`` is then a path on it.  Not with ``storage_options``.
     mode : {"r", "r+", "a", "w", "w-"}, default "a"
         ``"r"`` read only, must exist; ``"r+"`` read/write, must exist; ``"a"``
-        read/write, created if missing; ``"w"`` create, **deleting** anything
-        at ``url``; ``"w-"`` (or ``"x"``) create, fail if it exists.
+        read/write, created if missing; ``"w"`` create, **deleting** the
+        trajectory at ``url`` (anything else there, a directory of checkpoint
+        files say, is refused, not deleted); ``"w-"`` (or ``"x"``) create,
+        fail if it exists.
     storage_options : dict, optional
         Passed to the fsspec filesystem (credentials, endpoint, ...).
     anchor_every : int, optional
@@ -188,7 +190,8 @@ def open(
     ConflictError
         ``mode`` is "w-" and a trajectory exists.
     InvalidInputError
-        Bad ``mode`` or settings, or ``url`` holds a Zarr hierarchy that is not a trajectory.
+        Bad ``mode`` or settings, or ``url`` holds a Zarr hierarchy that is not a trajectory, or
+        ``mode`` is "w" and ``url`` holds anything but a trajectory (files, a directory of them).
     ReadOnlyError
         ``url`` reads through a cache (``simplecache::``, ``filecache::``, ``blockcache::``) and
         ``mode`` is "r+", "w" or "w-", or "a" with nothing there to open: caches are read-only (open
@@ -258,6 +261,7 @@ def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, n
     trajectory), unless ``mode`` or a cache (``cached``: why it is read-only) forbids it."""
     with _access_errors(url):  # no credentials, access denied, unreachable: a StorageAccessError saying so
         if mode == "w":
+            _check_replaceable(io, url)
             io.remove_tree()
         raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
         if raw is None:
@@ -284,6 +288,37 @@ def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, n
     if mode in ("w-", "x"):
         raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
     return _parse_settings(raw, url)
+
+
+def _check_replaceable(io: ObjectStore, url: str) -> None:
+    """Refuse mode "w" where it would delete something that is not a trajectory.
+
+    ``mode="w"`` starts over by deleting everything at ``url``: that is what a user asks for on a
+    trajectory (or on nothing), not on a directory of checkpoint files or a file given by mistake
+    (``ulstore.open("checkpoints", mode="w")``).  Anything else there is refused, named, and left alone.
+    """
+    raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+    if raw is not None:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            doc = None
+        attributes = doc.get("attributes") if isinstance(doc, dict) else None
+        if isinstance(attributes, dict) and isinstance(attributes.get("ulstore"), dict):
+            return  # a trajectory (of any format): replacing it is what mode "w" is for
+        what = f"{url!r} holds a Zarr hierarchy (zarr.json) that is not a ulstore trajectory"
+    elif io.fs.isfile(io.root):
+        what = f"{url!r} is a file, not a trajectory"
+    else:
+        found = [k for k in io.list("") if k != TMP_DIR]
+        if not found:
+            return
+        shown = ", ".join(repr(k) for k in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        what = f"{url!r} holds {len(found)} entr{'y' if len(found) == 1 else 'ies'} ({shown}) and no trajectory"
+    raise InvalidInputError(
+        f"refusing to open {url!r} with mode='w', which deletes what is there first: {what}; give the trajectory "
+        "a path of its own (a new directory), or delete what is there yourself first"
+    )
 
 
 def _cache_refusal(io: ObjectStore, url: str) -> str:
