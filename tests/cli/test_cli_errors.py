@@ -177,6 +177,26 @@ def test_missing_step_shows_the_steps_that_exist(tmp_path, store):
     assert_one_line_error(p, "no step 55", "the nearest are 40, 50, 60, 70", "12 steps from 10 to 120", "ulstore log")
 
 
+def test_checkpoints_given_where_a_trajectory_goes_are_named_with_the_add_that_imports_them(tmp_path):
+    """A newcomer's first try: ``ulstore log ckpts/`` on the checkpoints themselves.  The error says what
+    the path holds and the ``ulstore add`` that makes a trajectory of it, not ``ulstore init ckpts``."""
+    ckpts = tmp_path / "ckpts"
+    paths = write_steps(ckpts, steps=(100, 200))
+    (ckpts / "notes.txt").write_text("lr 1e-3")
+    p = run("log", ckpts)
+    assert_one_line_error(p, "a directory of checkpoint files", f"ulstore add --init runs/NAME {ckpts}/*.safetensors")
+    assert "ulstore init" not in p.stderr
+    assert_one_line_error(run("ls", paths[0], 100), "a checkpoint file", f"ulstore add --init runs/NAME {paths[0]}")
+    trainer = tmp_path / "out"
+    (trainer / "checkpoint-500").mkdir(parents=True)
+    assert_one_line_error(run("diff", trainer, 1, 2), "Trainer checkpoints", f"{trainer}/checkpoint-*/")
+    # the advice works
+    run("add", "--init", tmp_path / "runs" / "a", *sorted(ckpts.glob("*.safetensors")), check=0)
+    # anything else that is not a trajectory still gets the init hint
+    (tmp_path / "other").mkdir()
+    assert_one_line_error(run("log", tmp_path / "other"), "no trajectory at", "ulstore init")
+
+
 def test_torch_weights_only_error_reaches_the_user_plainly(tmp_path, store):
     torch = pytest.importorskip("torch")
     path = tmp_path / "step_000400.pt"
