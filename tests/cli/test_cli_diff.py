@@ -51,6 +51,33 @@ def test_diff_text(url, capsys):
     assert out[-1] == "step 3 against step 0: 3 of 5 tensors changed, 48 of 288 elements (16.67%)"
 
 
+def test_diff_text_shows_what_a_tensor_of_another_dtype_or_shape_was(tmp_path, capsys):
+    """bf16 weights saved as fp32 next time, or an embedding grown by a row: the table says from what to
+    what, and the summary counts them instead of "0 of 0 elements"."""
+    w = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    traj = ulstore.open(tmp_path / "t", mode="w")
+    traj.commit(0, {"w": w.astype(np.float16), "emb": w})
+    traj.commit(1, {"w": w, "emb": np.concatenate([w, w[:1]])})
+    out = _main(capsys, "diff", str(tmp_path / "t"), "0", "1").out.splitlines()
+    rows = {line.split()[0]: line.split()[1:4] for line in out[1:-1]}
+    assert rows == {
+        "w": [
+            "float16->float32",
+            "6x4",
+            "new",
+        ],
+        "emb": ["float32", "6x4->7x4", "reshaped"],
+    }, out
+    assert out[-1] == (
+        "step 1 against step 0: 2 of 2 tensors changed (2 of another dtype or shape: not compared element by element)"
+    )
+    traj.commit(2, {"w": w, "new": w})
+    assert _main(capsys, "diff", str(tmp_path / "t"), "1", "2").out.splitlines()[-1] == (
+        "step 2 against step 1: 2 of 3 tensors changed, 0 of 24 elements (0.00%) (1 added, 1 removed: "
+        "not compared element by element)"
+    )
+
+
 def test_diff_plot_draws_every_step_between(url, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     from ulstore.cli import _plot

@@ -101,6 +101,11 @@ def test_added_removed_reshaped_and_the_order(traj):
     assert status["gone"] == ("removed", 1.0, None)
     assert status["new"] == ("added", 1.0, None)
     assert status["resh"] == ("reshaped", 1.0, None)
+    (resh,) = [x for x in d if x.name == "resh"]  # what it was in step 10 rides along; the others have none
+    a, b = traj.tensors(10)["resh"], traj.tensors(20)["resh"]
+    assert (resh.shape_a, resh.dtype_a) == (tuple(a[0]), a[1].name) and (resh.shape, resh.dtype) == (b[0], b[1].name)
+    assert resh.to_dict()["shape_a"] == list(a[0])
+    assert all(x.shape_a is None and x.dtype_a is None for x in d if x.status != "reshaped")
     keys = [(-x.fraction_changed, -(x.rel_l2 if x.rel_l2 is not None else math.inf), x.name) for x in d]
     assert keys == sorted(keys) and d[-1].name == "same"
     assert d[0].to_dict()["shape"] == list(d[0].shape)

@@ -363,9 +363,16 @@ def _cmd_diff(args, ui) -> int:
     if args.top and len(diffs) > args.top:
         ui.out(f"... {len(diffs) - args.top} more (--top 0 lists all)")
     share = f" ({100 * total['changed'] / total['elements']:.2f}%)" if total["elements"] else ""
+    elements = f", {total['changed']:,} of {total['elements']:,} elements{share}" if total["elements"] else ""
+    kinds = [
+        f"{n} {what}"
+        for status, what in (("added", "added"), ("removed", "removed"), ("reshaped", "of another dtype or shape"))
+        if (n := sum(1 for d in diffs if d.status == status))
+    ]
+    whole = f" ({', '.join(kinds)}: not compared element by element)" if kinds else ""
     ui.out(
-        f"step {b} against step {a}: {total['tensors_changed']} of {plural(total['tensors'], 'tensor')} changed, "
-        f"{total['changed']:,} of {total['elements']:,} elements{share}"
+        f"step {b} against step {a}: {total['tensors_changed']} of {plural(total['tensors'], 'tensor')} changed"
+        f"{elements}{whole}"
     )
     if args.plot:
         ui.out(f"plot of {plural(len(path) - 1, 'step')} written to {args.plot}")
@@ -385,15 +392,24 @@ def _diff_total(diffs) -> dict:
 
 def _diff_row(d) -> list:
     """One tensor's line of the diff table."""
+    shape = "x".join(map(str, d.shape)) or "scalar"
+    was_shape = None if d.shape_a is None else "x".join(map(str, d.shape_a)) or "scalar"
     return [
         d.name,
-        d.dtype,
-        "x".join(map(str, d.shape)) or "scalar",
-        f"{100 * d.fraction_changed:.2f}%" if d.status == "compared" else d.status,
+        d.dtype if d.dtype_a in (None, d.dtype) else f"{d.dtype_a}->{d.dtype}",  # a reshaped tensor: from -> to
+        shape if was_shape in (None, shape) else f"{was_shape}->{shape}",
+        f"{100 * d.fraction_changed:.2f}%" if d.status == "compared" else _status_word(d),
         "-" if d.rel_l2 is None else f"{d.rel_l2:.3g}",
         "-" if d.max_abs_change is None else f"{d.max_abs_change:.3g}",
         d.nonfinite or "",
     ]
+
+
+def _status_word(d) -> str:
+    """The changed column of a tensor not compared element by element: added, removed, reshaped, new dtype."""
+    if d.status == "reshaped" and d.shape_a is not None and tuple(d.shape_a) == tuple(d.shape):
+        return "new dtype"
+    return d.status
 
 
 def _plot_path(traj, ui, path: list[int], out, title: str, metric) -> None:

@@ -9,6 +9,7 @@ compared in float64 (complex128 for complex), a bounded block at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
@@ -28,9 +29,10 @@ class TensorDiff:
 
     ``status`` is ``"compared"`` (same shape and dtype in both steps),
     ``"added"`` (only in ``b``), ``"removed"`` (only in ``a``) or
-    ``"reshaped"`` (its shape or dtype changed).  Only compared tensors have
-    numbers; the others count as wholly changed (``fraction_changed`` 1.0)
-    and have ``rel_l2`` and ``max_abs_change`` None.
+    ``"reshaped"`` (its shape or dtype changed; ``dtype`` and ``shape`` are
+    ``b``'s, ``dtype_a`` and ``shape_a`` what it was in ``a``).  Only compared
+    tensors have numbers; the others count as wholly changed
+    (``fraction_changed`` 1.0) and have ``rel_l2`` and ``max_abs_change`` None.
 
     ``changed``: elements whose bit patterns differ (a NaN that keeps its
     payload is unchanged; -0.0 against 0.0 is a change).  ``rel_l2``:
@@ -53,11 +55,15 @@ class TensorDiff:
     rel_l2: float | None
     max_abs_change: float | None
     nonfinite: int = 0
+    dtype_a: str | None = None  # a reshaped tensor's dtype and shape in step a (None for the others)
+    shape_a: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
-        """A plain dict (``shape`` as a list), as ``ulstore diff --json`` prints each tensor."""
+        """A plain dict (shapes as lists), as ``ulstore diff --json`` prints each tensor."""
         d = asdict(self)
         d["shape"] = list(self.shape)
+        if self.shape_a is not None:
+            d["shape_a"] = list(self.shape_a)
         return d
 
 
@@ -128,7 +134,9 @@ def diff_steps(traj, a: int, b: int, names=None) -> list[TensorDiff]:
         elif name not in specs_a:
             out.append(_whole(name, "added", *specs_b[name]))
         elif specs_a[name] != specs_b[name]:
-            out.append(_whole(name, "reshaped", *specs_b[name]))
+            shape_a, dtype_a = specs_a[name]
+            was = {"dtype_a": dtype_a.name, "shape_a": tuple(shape_a)}
+            out.append(dataclasses.replace(_whole(name, "reshaped", *specs_b[name]), **was))
         else:
             common.append(name)
     boxes = _changed_boxes(reader, a, b, common)
