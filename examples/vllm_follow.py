@@ -1,6 +1,6 @@
 """A vLLM engine follows a training run through a ulstore bucket (the ``ulstore`` weight-transfer backend).
 
-    pip install 'ulstore[vllm]'
+    pip install -e '.[vllm]'        # from the checkout (ulstore is not on the package index)
     python examples/vllm_follow.py --steps 3
 
 A tiny Llama-style model trains in this process (fp32 master weights, AdamW);
