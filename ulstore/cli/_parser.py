@@ -159,9 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--step is given: step_001200.safetensors and checkpoint-1200/ are step 1200.\n"
         "Each step is committed atomically; file metadata and tied tensors are kept so\n"
         "that `ulstore export` gives the same tensors back.  A step is delta-coded\n"
-        "against the tensors of its parent that have the same names: add warns when\n"
-        "the names match under half of the parent's bytes, and --rename-prefix lines\n"
-        "them up.",
+        "against the tensors of its parent that have the same names, dtypes and shapes:\n"
+        "add warns when under half of the parent's bytes match, and says why (other\n"
+        "names: --rename-prefix lines them up; another dtype or shape: it names them).",
         "  ulstore add runs/a ckpts/step_*.safetensors\n"
         "  ulstore add runs/a out/checkpoint-1200/\n"
         "  ulstore add runs/a sft.pt --step 5000 --parent 1200 --branch sft\n"
