@@ -217,7 +217,9 @@ def test_export_every_format_byte_exact(tmp_path, store):
     assert doc["format"] == "sharded" and len(doc["files"]) >= 3
     # existing output: refused, untouched; --force replaces it
     before = (tmp_path / "x" / "m.npz").read_bytes()
-    assert_one_line_error(run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists")
+    assert_one_line_error(
+        run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists", "pass overwrite=True (CLI: --force)"
+    )
     assert (tmp_path / "x" / "m.npz").read_bytes() == before
     run("export", store, 300, tmp_path / "x" / "m.npz", "--force", check=0)
     assert_one_line_error(run("export", store, 999, tmp_path / "y.safetensors"), "no step 999", "100, 200, 300")

@@ -236,7 +236,9 @@ def export_checkpoint(
     fmt = output_format(out, format=format, max_shard_size=max_shard_size)
     out = Path(out)
     if out.exists() and not overwrite and not (out.is_dir() and fmt == "sharded" and not any(out.iterdir())):
-        raise InvalidInputError(f"{out}: already exists; choose another name or overwrite it (CLI: --force)")
+        raise InvalidInputError(
+            f"{out}: already exists; choose another name, or pass overwrite=True (CLI: --force) to replace it"
+        )
     ck, meta, tensors = _read(traj, step, progress)
     file_meta = dict(ck.metadata)
     if meta.get("format") == "sharded" and ck.index_text is None and fmt != "sharded":
