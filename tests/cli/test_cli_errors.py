@@ -197,6 +197,14 @@ def test_checkpoints_given_where_a_trajectory_goes_are_named_with_the_add_that_i
     assert_one_line_error(run("log", tmp_path / "other"), "no trajectory at", "ulstore init")
 
 
+def test_ls_without_a_step_lists_the_head_and_an_empty_trajectory_says_it_has_no_steps(tmp_path, store):
+    head = run("ls", store, check=0).stdout.splitlines()[-1]
+    assert head == run("ls", store, "main", check=0).stdout.splitlines()[-1] and head.endswith("(step 300)"), head
+    run("init", tmp_path / "empty", check=0)
+    for argv in (["ls", tmp_path / "empty"], ["export", tmp_path / "empty", 5, tmp_path / "x.safetensors"]):
+        assert_one_line_error(run(*argv), f"{tmp_path / 'empty'} has no steps yet", "ulstore add")
+
+
 def test_torch_weights_only_error_reaches_the_user_plainly(tmp_path, store):
     torch = pytest.importorskip("torch")
     path = tmp_path / "step_000400.pt"

@@ -207,10 +207,18 @@ def build_parser() -> argparse.ArgumentParser:
         "ls",
         "list the tensors of a step",
         "List the tensors of a step: name, dtype, shape, size (nothing is decoded).",
-        "  ulstore ls runs/a 1200\n  ulstore ls runs/a main --json",
+        "  ulstore ls runs/a            # the head of branch main\n  ulstore ls runs/a 1200\n"
+        "  ulstore ls runs/a sft --json",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
-    p.add_argument("step", metavar="STEP", type=_step_or_ref, help="a step or a ref (branch) name")
+    p.add_argument(
+        "step",
+        metavar="STEP",
+        type=_step_or_ref,
+        nargs="?",
+        default="main",
+        help="a step or a ref (branch) name (default: main, the newest step of branch main)",
+    )
 
     p = command(
         "export",

@@ -37,5 +37,8 @@ def resolve(traj, url: str, step_or_ref):
 
 def missing_step_message(traj, url: str, wanted) -> str:
     """What to tell a user who named a step or ref that does not exist: the steps or refs that do."""
+    steps = traj.steps
+    if not steps:  # a fresh trajectory: no step is "missing", there are none yet
+        return f"{url} has no steps yet (import checkpoints with `ulstore add {url} CHECKPOINT...`)"
     refs = traj.refs if isinstance(wanted, str) else ()
-    return _missing_step_message(url, wanted, traj.steps, refs, listing=f"`ulstore log {url}` lists them")
+    return _missing_step_message(url, wanted, steps, refs, listing=f"`ulstore log {url}` lists them")
