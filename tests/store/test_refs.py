@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -627,11 +628,13 @@ def test_crafted_refs_give_a_step_or_a_named_error(entries, legacy):
     if legacy is not None:
         io.put("refs/main.json", legacy)
     ro = ulstore.open(url, mode="r")
-    for op in (lambda: ro.head(), lambda: ro.refs, lambda: ro.read("main"), lambda: ro.log("main")):
-        try:
-            op()
-        except UlstoreError:
-            pass
+    with warnings.catch_warnings():  # refs lists the others and warns of a damaged one: expected here, every time
+        warnings.filterwarnings("ignore", r"ref 'main' left out of the refs", UserWarning)
+        for op in (lambda: ro.head(), lambda: ro.refs, lambda: ro.read("main"), lambda: ro.log("main")):
+            try:
+                op()
+            except UlstoreError:
+                pass
     head = None
     try:
         head = ro.head()
