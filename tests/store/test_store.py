@@ -547,6 +547,12 @@ def test_mode_w_replaces_a_trajectory_and_refuses_to_delete_anything_else(tmp_pa
     with pytest.raises(InvalidInputError, match=r"holds 5 entries \('step_0.safetensors'.* and 2 more\)"):
         ulstore.open(ckpts, mode="w")
     assert sorted(p.name for p in ckpts.iterdir()) == [f"step_{i}.safetensors" for i in range(5)]
+    # reading it says what is there and how checkpoint files become a trajectory, not "create one here"
+    with pytest.raises(NotFoundError, match=r"it holds 5 entries .*import_checkpoint") as caught:
+        ulstore.open(ckpts, mode="r")
+    assert "mode='a'" not in str(caught.value)
+    with pytest.raises(NotFoundError, match="create one"):
+        ulstore.open(tmp_path / "nothing-here", mode="r")
     with pytest.raises(InvalidInputError, match="is a file, not a trajectory"):
         ulstore.open(ckpts / "step_3.safetensors", mode="w")
     assert (ckpts / "step_3.safetensors").read_bytes() == b"xxxx"

@@ -267,9 +267,14 @@ def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, n
         if raw is None:
             if mode in ("r", "r+"):
                 _check_bucket(io, url)
-                raise NotFoundError(
-                    f"no trajectory at {url!r} (open with mode='a' or 'w' to create one)", key=ROOT_META
+                what = _what_else(io)
+                hint = (
+                    f": it {what}; checkpoint files are imported into a trajectory of their own with "
+                    "ulstore.io.import_checkpoint(traj, path) (CLI: ulstore add)"
+                    if what is not None
+                    else " (open with mode='a' or 'w' to create one)"
                 )
+                raise NotFoundError(f"no trajectory at {url!r}{hint}", key=ROOT_META)
             if cached is not None:
                 _check_bucket(io, url)
                 raise ReadOnlyError(f"no trajectory at {url!r}, and none can be created there: {cached}")
@@ -307,18 +312,26 @@ def _check_replaceable(io: ObjectStore, url: str) -> None:
         if isinstance(attributes, dict) and isinstance(attributes.get("ulstore"), dict):
             return  # a trajectory (of any format): replacing it is what mode "w" is for
         what = f"{url!r} holds a Zarr hierarchy (zarr.json) that is not a ulstore trajectory"
-    elif io.fs.isfile(io.root):
-        what = f"{url!r} is a file, not a trajectory"
     else:
-        found = [k for k in io.list("") if k != TMP_DIR]
-        if not found:
+        what = _what_else(io)
+        if what is None:
             return
-        shown = ", ".join(repr(k) for k in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        what = f"{url!r} holds {len(found)} entr{'y' if len(found) == 1 else 'ies'} ({shown}) and no trajectory"
+        what = f"{url!r} {what}, not a trajectory"
     raise InvalidInputError(
         f"refusing to open {url!r} with mode='w', which deletes what is there first: {what}; give the trajectory "
         "a path of its own (a new directory), or delete what is there yourself first"
     )
+
+
+def _what_else(io: ObjectStore) -> str | None:
+    """What is at the root of ``io``, where no trajectory is ("is a file", "holds 3 entries (...)"), or None."""
+    if io.fs.isfile(io.root):
+        return "is a file"
+    found = [k for k in io.list("") if k != TMP_DIR]
+    if not found:
+        return None
+    shown = ", ".join(repr(k) for k in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return f"holds {len(found)} entr{'y' if len(found) == 1 else 'ies'} ({shown})"
 
 
 def _cache_refusal(io: ObjectStore, url: str) -> str:
