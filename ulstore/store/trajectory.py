@@ -313,10 +313,10 @@ def _check_replaceable(io: ObjectStore, url: str) -> None:
             return  # a trajectory (of any format): replacing it is what mode "w" is for
         what = f"{url!r} holds a Zarr hierarchy (zarr.json) that is not a ulstore trajectory"
     else:
-        what = _what_else(io)
-        if what is None:
+        there = _what_else(io)
+        if there is None:
             return
-        what = f"{url!r} {what}, not a trajectory"
+        what = f"{url!r} {there}, not a trajectory"
     raise InvalidInputError(
         f"refusing to open {url!r} with mode='w', which deletes what is there first: {what}; give the trajectory "
         "a path of its own (a new directory), or delete what is there yourself first"
