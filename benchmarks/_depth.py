@@ -151,7 +151,7 @@ def _union(states, names, raw) -> dict:
 
 
 def _calibrate(states, names, raw, reps: int = 3) -> dict:
-    """ns per byte, one thread: a full decode (per byte out), a dense delta, a SPARSE apply in place (per blob
+    """ns per byte (CPU), one thread: a full decode (per byte out), a dense delta, a SPARSE apply in place (per blob
     byte), a read of the blob bytes from a warm local file (the model's unit, a byte fetched); what the model's
     per-byte weights stand for (:func:`fixed_terms` adds the fixed ones, from full reads)."""
     t = min(len(states) - 1, 30)
@@ -161,12 +161,12 @@ def _calibrate(states, names, raw, reps: int = 3) -> dict:
     sparse = [b for b in ulstore.encode_many([(x[n], r[n]) for n in names], sparse=True)]
     pairs = [(b, n) for b, n in zip(sparse, names) if is_sparse_blob(b)]
 
-    def best(fn) -> float:
+    def best(fn) -> float:  # CPU time: on a shared machine wall time moves with the load
         out = []
         for _ in range(reps):
-            s = time.perf_counter()
+            s = time.process_time()
             fn()
-            out.append(time.perf_counter() - s)
+            out.append(time.process_time() - s)
         return min(out)
 
     total = sum(raw)
@@ -177,9 +177,9 @@ def _calibrate(states, names, raw, reps: int = 3) -> dict:
         arrs = [r[n].copy() for _, n in pairs]
         plan = ApplyPlan.of(arrs[0].dtype, [b for b, _ in pairs], arrs, [content_sum(a) for a in arrs],
                             shapes=[a.shape for a in arrs])  # fmt: skip
-        s = time.perf_counter()
+        s = time.process_time()
         apply_sparse(plan)
-        applied.append(time.perf_counter() - s)
+        applied.append(time.process_time() - s)
     sparse_bytes = max(1, sum(len(b) for b, _ in pairs))
     joined = b"".join(intra)
     with tempfile.TemporaryDirectory() as d:
@@ -328,7 +328,7 @@ def _print_measures(m: dict, bound: float) -> None:
     cal = m["calibration"]
     unit = cal["fetch_ns_per_byte"]
     print(
-        f"  calibration, per-byte terms (one thread, ns/byte, min of 3): intra decode {cal['intra_ns_per_byte']:.3f}, "
+        f"  calibration, per-byte terms (one thread, CPU ns/byte, min of 3): intra decode {cal['intra_ns_per_byte']:.3f}, "
         f"dense delta decode {cal['dense_ns_per_byte']:.3f} (per byte out), SPARSE apply "
         f"{cal['apply_ns_per_blob_byte']:.3f} (per blob byte), fetch from a warm local file {unit:.3f} (the unit); "
         f"in units: intra {cal['intra_ns_per_byte'] / unit:.2f}, dense {cal['dense_ns_per_byte'] / unit:.2f}, "
@@ -406,16 +406,16 @@ def read_terms(traj, step: int) -> dict:
 
 
 def calibration_reads(url: str, steps: list[int], reps: int = 5) -> dict[int, float]:
-    """Seconds of a full read of each step in this process, from a new ``ulstore.open`` (cold ulstore caches),
-    min of ``reps``: the reads the model's fixed terms are fitted to (more repeats than the fresh-process reads
-    afford, on a loaded machine)."""
+    """CPU seconds of a full read of each step in this process (all its threads), from a new ``ulstore.open``
+    (cold ulstore caches), min of ``reps``: the reads the model's fixed terms are fitted to (CPU, not wall: on a
+    shared machine wall times move with the load; more repeats than the fresh-process reads afford)."""
     out = {}
     for s in steps:
         best = float("inf")
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             ulstore.open(url, mode="r").read(s)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.process_time() - t0)
         out[s] = best
     return out
 
@@ -501,7 +501,7 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
         f", dense delta read {got['dense']:.3f} ns/byte out = {got['dense'] / unit:.2f} units" if "dense" in got else ""
     )
     print(
-        "  calibration, fixed terms (least squares over these steps' reads in this process, min of 5): per read "
+        "  calibration, fixed terms (least squares over these steps' reads in this process, CPU, min of 5): per read "
         f"{got['per_read'] / 1e3:.0f} us = "
         f"{got['per_read'] / unit:.0f} units, per blob {got['per_blob'] / 1e3:.1f} us = {got['per_blob'] / unit:.0f} "
         f"units{' (from the RL run)' if 'dense' in got else ''}{dense} (constants: per read {rc.PER_READ}, per blob "

@@ -66,8 +66,25 @@ def test_k_moves_the_anchors(runs, tmp_path):
     tight = _commit_all(tmp_path / "tight", runs["pretrain"], anchor_cost=1.0)
     loose = _commit_all(tmp_path / "loose", runs["pretrain"], anchor_cost=4.0)
     assert len(_anchors(tight)) > len(_anchors(loose)) >= 1
-    # k=1: after an anchor a delta is tried (no delta of the chain is known yet), then a dense run anchors again
+    # k=1: after the root a delta is tried (no delta is known yet); then a dense run anchors, and keeps anchoring
     assert all(tight.info(s).anchor_distance <= 1 for s in tight.steps)
+
+
+def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
+    """After an anchor by cost the next step is predicted with the delta estimate that made it one, not as free:
+    a dense run whose one delta already reads more than k x an anchor tries a delta once, then anchors every
+    step (no delta after each anchor whose read would break the bound); each anchor's reason carries it on."""
+    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1.05)
+    first = traj.info(1).anchoring
+    assert traj.info(1).anchor_distance == 1 and first["cost"] > 1.05 * first["anchor_cost"]  # the one delta tried
+    assert _anchors(traj) == [0, *range(2, STEPS + 1)]
+    for s in range(3, STEPS + 1):
+        why, before = traj.info(s).anchoring["anchor"], traj.info(s - 1).anchoring
+        assert why["policy"] == "cost" and why["predicted"] > why["limit"]
+        # the estimate carried on: what the parent's read costs, plus the delta estimate of the anchor before it
+        assert why["predicted"] - before["cost"] == traj.info(s - 1).anchoring["anchor"]["predicted"] - (
+            traj.info(s - 2).anchoring["cost"]
+        )
 
 
 def test_the_reason_round_trips_through_storage(runs, tmp_path):

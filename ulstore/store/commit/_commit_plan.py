@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from ...errors import ConflictError, InvalidInputError, NotFoundError, StepExistsError
+from ...errors import ConflictError, InvalidInputError, NotFoundError, StepExistsError, StepNotFoundError
 from .._base import TrajectoryBase
 from ..format._chunk_tables import Piece, TensorTable, content_checksum
 from ..format._chunkcodec import ULPACK, codec_for, content_digest, digest
@@ -142,7 +142,7 @@ class CommitPlanner:
         pdoc = self._t._reader.doc(parent)
         k = self._t.anchor_cost
         if k is not None and pdoc.anchoring is not None:
-            return _by_cost(pdoc, k)
+            return _by_cost(pdoc, k, self._t._reader.doc)
         # a fixed count; also a cost policy whose parent has no cost recorded (an older writer's step)
         every = self._t.anchor_every if k is None else DEFAULT_ANCHOR_EVERY
         if every > 0 and pdoc.anchor_distance + 1 >= every:
@@ -172,17 +172,41 @@ class CommitPlanner:
                 )
 
 
-def _by_cost(pdoc: StepDoc, k: float) -> tuple[bool, dict | None]:
+def _by_cost(pdoc: StepDoc, k: float, doc) -> tuple[bool, dict | None]:
     """The cost policy: an anchor when reading the next step would cost more than ``k`` x reading the anchor.
 
     The next step's read is predicted from the parent's: its cost plus what
-    the parent's own blobs added (a delta step adds about what the one before
-    it did; after an anchor no delta is known yet, and the next step is one).
+    the next delta is expected to add (:func:`_next_delta`).
     """
     a = pdoc.anchoring
     assert a is not None
-    predicted = a.cost + (a.step_cost if pdoc.anchor_distance > 0 else 0)
+    predicted = a.cost + _next_delta(pdoc, doc)
     limit = int(k * a.anchor_cost)
     if predicted > limit:
         return True, {"policy": "cost", "k": k, "predicted": predicted, "limit": limit}
     return False, None
+
+
+def _next_delta(pdoc: StepDoc, doc) -> int:
+    """What a delta on ``pdoc`` is expected to add to its read: what ``pdoc``'s own blobs added, if it is a
+    delta (a step adds about what the one before it did).  After an anchor by cost, the estimate that made it
+    one (its reason's ``predicted`` less its parent's cost, read with ``doc``): a dense run whose deltas each
+    cost more than k - 1 anchors keeps anchoring every step instead of trying a delta after each anchor (whose
+    read would break the bound).  After any other anchor (the root, ``anchor=True``, a fixed count), or an
+    anchor whose parent has no figures, no delta is known yet: 0, and the next step is one.
+
+    (A run that turns sparse after such a dense phase keeps its anchors until a delta is tried:
+    ``commit(anchor=False)`` once, and the policy goes on from that delta's cost.)
+    """
+    a = pdoc.anchoring
+    assert a is not None
+    if pdoc.anchor_distance > 0:
+        return a.step_cost
+    why = a.why or {}
+    if why.get("policy") != "cost" or pdoc.parent is None:
+        return 0
+    try:
+        before = doc(pdoc.parent).anchoring
+    except StepNotFoundError:  # deleted since: nothing known
+        return 0
+    return max(0, why["predicted"] - before.cost) if before is not None else 0
