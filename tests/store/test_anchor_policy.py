@@ -44,8 +44,9 @@ def test_a_dense_run_anchors_often_and_a_sparse_run_rarely(runs, tmp_path):
     sparse = _commit_all(tmp_path / "sparse", runs["rl"])
     assert dense.anchor_cost == 2.0 and sparse.anchor_cost == 2.0  # the default of new trajectories
     n_dense, n_sparse = len(_anchors(dense)), len(_anchors(sparse))
-    # a dense delta decodes as much as an anchor: at k=2 about every other step is one
-    assert n_dense >= STEPS // 3, _anchors(dense)
+    # a dense delta decodes as much as an anchor (and more work per byte): a chain of a few steps reaches k=2 (at
+    # this tiny size the fixed cost of a read is most of an anchor's, so a few, not one); a sparse one goes long
+    assert n_dense >= max(STEPS // 6, 2 * n_sparse), _anchors(dense)
     assert n_sparse <= 2, _anchors(sparse)
     # every anchor but the root is one by cost, and its reason holds: the predicted read was above the limit
     for traj in (dense, sparse):
@@ -71,20 +72,24 @@ def test_k_moves_the_anchors(runs, tmp_path):
 
 
 def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
-    """After an anchor by cost the next step is predicted with the delta estimate that made it one, not as free:
-    a dense run whose one delta already reads more than k x an anchor tries a delta once, then anchors every
-    step (no delta after each anchor whose read would break the bound); each anchor's reason carries it on."""
+    """A delta tried with no delta cost known (after the root) is priced before its commit point: over the limit,
+    the step is written as an anchor by cost instead; after an anchor by cost the next step is predicted with
+    the estimate that made it one, so a dense run whose one delta already reads more than k x an anchor anchors
+    every step, and no step reads past the bound (each anchor's reason carries the estimate on)."""
     traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1.05)
-    first = traj.info(1).anchoring
-    assert traj.info(1).anchor_distance == 1 and first["cost"] > 1.05 * first["anchor_cost"]  # the one delta tried
-    assert _anchors(traj) == [0, *range(2, STEPS + 1)]
-    for s in range(3, STEPS + 1):
+    assert _anchors(traj) == list(range(STEPS + 1))
+    for s in range(1, STEPS + 1):
         why, before = traj.info(s).anchoring["anchor"], traj.info(s - 1).anchoring
-        assert why["policy"] == "cost" and why["predicted"] > why["limit"]
-        # the estimate carried on: what the parent's read costs, plus the delta estimate of the anchor before it
-        assert why["predicted"] - before["cost"] == traj.info(s - 1).anchoring["anchor"]["predicted"] - (
-            traj.info(s - 2).anchoring["cost"]
-        )
+        assert why["policy"] == "cost" and why["predicted"] > why["limit"] == int(1.05 * before["anchor_cost"])
+        if s > 1:  # the estimate carried on: the delta estimate of the anchor before it
+            assert (
+                why["predicted"] - before["cost"] == before["anchor"]["predicted"] - traj.info(s - 2).anchoring["cost"]
+            )
+    # the same run under the default k: deltas where they fit, and none reads past 2x its anchor in the model
+    loose = _commit_all(tmp_path / "loose", runs["rl"])
+    for s in loose.steps:
+        a = loose.info(s).anchoring
+        assert a["anchor"] is not None or a["cost"] <= 2.0 * a["anchor_cost"] + a["step_cost"], (s, a)
 
 
 def test_the_reason_round_trips_through_storage(runs, tmp_path):

@@ -161,6 +161,7 @@ class Committer:
             parent=parent,
             is_anchor=is_anchor,
             why=why,
+            probe=self._plan._probe_limit(parent, anchor, is_anchor),
             strict=anchor is False,
             branch=ref if move else None,
             metadata=metadata,
@@ -187,12 +188,20 @@ class Committer:
         chunks: dict | None = None,
         created: str | None = None,
         sparse: bool = False,
+        probe: tuple[int, float, int] | None = None,
     ) -> int:
         """One piece writer over ``arrays``, then the finalizer (holding the kept step meanwhile).
 
         The kept step is used only if no other writer or reader of this object
         holds it now (never wait: an unclosed piece writer must not hang a commit).
+        ``probe`` (``_probe_limit``: a delta tried with no delta cost known): if the delta written reads more
+        than its limit, it is written again as an anchor by cost before the commit point (the blobs written
+        first are garbage for ``gc``).
         """
+        if probe is not None:
+            over = self._over_limit(step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse)
+            if over is not None:
+                is_anchor, why = True, over
         lock = self._t._kept.lock
         owned = self._t._kept.enabled and lock.acquire(blocking=False)
         kept = self._t._kept if owned else None
@@ -228,6 +237,21 @@ class Committer:
             if owned:
                 lock.release()
         return step
+
+    def _over_limit(self, step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse) -> dict | None:
+        """Write ``arrays`` as a delta on ``parent`` (no kept step, nothing published) and price it: the anchor
+        reason ``{"policy": "cost", ...}`` if its read would cost more than the limit of ``probe``, else None
+        (its blobs are garbage either way: the step is then written for real, as a delta or an anchor)."""
+        cost, k, limit = probe
+        w = self._new_writer(step, parent, False, strict, snapshot, None, executor, sparse, None)
+        try:
+            for name, arr in arrays.items():
+                w.write(name, arr, chunks=(chunks or {}).get(name))
+            own = sum(int(r.cost) for r in w.flush())
+        finally:
+            w.abort()
+        predicted = cost + own
+        return {"policy": "cost", "k": k, "predicted": predicted, "limit": limit} if predicted > limit else None
 
     def _sparse(self, sparse: bool | None) -> bool:
         """``sparse`` as given, else the policy's: SPARSE deltas under the cost policy (their reads are cheap)."""

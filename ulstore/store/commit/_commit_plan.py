@@ -149,6 +149,20 @@ class CommitPlanner:
             return True, {"policy": "every", "every": every}
         return False, None
 
+    def _probe_limit(self, parent: int | None, anchor: bool | None, is_anchor: bool) -> tuple[int, float, int] | None:
+        """For a delta the cost policy tries with no delta cost known (after the root, ``anchor=True`` or a fixed
+        count's anchor: :func:`_next_delta` is 0), ``(parent's cost, k, limit)``: a commit checks the delta it
+        wrote against the limit before its commit point, and writes the step as an anchor instead if it is over
+        (its read would break the bound).  None otherwise."""
+        k = self._t.anchor_cost
+        if is_anchor or anchor is not None or k is None or parent is None:
+            return None
+        pdoc = self._t._reader.doc(parent)
+        a = pdoc.anchoring
+        if a is None or pdoc.anchor_distance > 0 or _next_delta(pdoc, self._t._reader.doc):
+            return None
+        return a.cost, k, int(k * a.anchor_cost)
+
     def _check_strict(self, step: int, parent, arrays: dict) -> None:
         """``anchor=False``: refuse, before writing anything, tensors that would need intra blobs."""
         for name, arr in arrays.items():

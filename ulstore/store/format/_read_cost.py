@@ -69,20 +69,21 @@ __all__ = [
     "kind_of",
 ]
 
-# Measured 2026-12-07 (docs/performance.md, "Any step, any depth"): a byte read from a warm local file took
-# 0.102 ns of CPU; an intra decode 3.76 ns per byte out; a dense delta's read 7.1 ns per byte out (anchor chunk,
-# then the delta against it); a SPARSE apply in place 12 ns per blob byte and 12 us fixed per blob and link; the
-# rest of an anchor's 16.0 ms read 2.0 ms.  Rounded up on the deltas' side (a margin for the read bound).
+# Measured 2026-12-07 on both depth-bench runs, CPU time (docs/performance.md, "Any step, any depth"): a byte
+# read from a warm local file 0.106 ns (the unit); an intra decode 3.6-3.8 ns per byte out; a dense delta's read
+# 6.6-7.1 ns per byte out (the anchor's chunk, then the delta against it); a SPARSE chain 0.57-0.78 ms per link
+# of ~25 blobs and ~40 KB (the apply about 0.5 of it: ~12-16 ns per blob byte, 7-12 us per blob); the rest of an
+# anchor's 16-20 ms read 2-4 ms.  A SPARSE link priced at the top of that range (a margin for the read bound).
 #: Work of a full intra decode (or a Zstd blob's) per byte of output, in bytes-fetched units.
-INTRA_PER_BYTE = 37
+INTRA_PER_BYTE = 35
 #: Work of a dense delta's decode against its reference, per byte of output.
-DENSE_PER_BYTE = 72
+DENSE_PER_BYTE = 65
 #: Work of applying a SPARSE blob in place, per byte of blob.
 APPLY_PER_BYTE = 130
 #: Fixed work per blob read (its table entry, the plan's bookkeeping, the range, the content check).
-PER_BLOB = 130_000
+PER_BLOB = 100_000
 #: Fixed work of a read of one step (its document, table directory, the read's set-up): on the anchor.
-PER_READ = 19_000_000
+PER_READ = 30_000_000
 #: The cost policy's default ``k``: a new anchor when reading the next step would cost more than k x reading
 #: an anchor (2: the slowest full read of a chain stays within about 2x its anchor's).
 DEFAULT_ANCHOR_COST = 2.0
