@@ -208,7 +208,8 @@ def frontier(m: dict, bound: float) -> list[tuple]:
     READ_BOUND of an anchor's, and the least read ratio whose storage is within ``bound``.
 
     Families: a chain of dense deltas or of SPARSE deltas with an anchor every N steps; a star (every step a
-    delta against its chain's anchor: the long-range reference, union growth) of dense or SPARSE deltas.
+    delta against its chain's anchor: the long-range reference, union growth) of dense or SPARSE deltas; and
+    each chain anchored where the read bound would break (:func:`_greedy`: the least storage of a chain).
     Modelled in the units of ``_read_cost.py``; N from 1 to the run's length.
     """
     steps = len(m["dense"])
@@ -240,7 +241,28 @@ def frontier(m: dict, bound: float) -> list[tuple]:
         best_store = min(ok_read, key=lambda p: p[1]) if ok_read else None
         best_read = min(ok_store, key=lambda p: p[2]) if ok_store else None
         rows.append((name, best_store, best_read))
+    for name, delta, cost in (
+        ("chain, dense deltas", m["dense"], m["c_dense"]),
+        ("chain, SPARSE deltas", m["sparse"], m["c_sparse"]),
+    ):
+        stored, worst = _greedy(delta, cost, steps, anchor, ca)  # an anchor where the bound would break: the
+        rows.append((f"{name}, anchored by cost", ("by cost", stored, worst), None))  # fewest anchors a chain needs
     return rows
+
+
+def _greedy(delta, cost, steps: int, anchor: float, ca: float) -> tuple[float, float]:
+    """(stored bytes, slowest read / anchor read) of a chain that anchors where the next delta would take a read
+    past READ_BOUND x an anchor's (the cost policy with the model exact): no cadence needs fewer anchors."""
+    stored, worst, run = anchor, 1.0, ca
+    for t in range(1, steps + 1):
+        if run + cost[t - 1] > READ_BOUND * ca:
+            stored += anchor
+            run = ca
+        else:
+            stored += delta[t - 1]
+            run += cost[t - 1]
+        worst = max(worst, run / ca)
+    return stored, worst
 
 
 def _chain(delta, cost, n: int, steps: int, anchor: float, ca: float) -> tuple[float, float]:
@@ -454,6 +476,18 @@ def fixed_terms(times: dict[int, float], terms: dict[int, dict], cal: dict, per_
     return {"per_blob": per_blob_ns, "per_read": float(intercept), "dense": float(slope)}
 
 
+def _dense_terms(states, cal: dict, per_blob_ns: float) -> dict:
+    """:func:`fixed_terms` of a run whose default policy stored no dense delta (every step an anchor): fitted to
+    the reads of 8 of its steps stored apart, an anchor every other step and dense deltas between."""
+    with tempfile.TemporaryDirectory() as d:
+        t = ulstore.open(str(Path(d) / "dense"), mode="w", anchor_every=2)
+        for s in range(8):
+            t.commit(s, states[s], sparse=False)
+        steps = list(range(8))
+        terms = {s: read_terms(t, s) for s in steps}
+        return fixed_terms(calibration_reads(t.url, steps), terms, cal, per_blob_ns)
+
+
 def _ok(value: float, bound: float) -> str:
     return "ok" if value <= bound else "MISS"
 
@@ -494,6 +528,8 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
     _print_per_link(traj, picks, cpu)
     cal = m["calibration"]
     got = fixed_terms(calibration_reads(traj.url, picks), terms, cal, fit.get("per_blob"))
+    if fit.get("per_blob") is not None and not any(t[rc.DENSE] for t in terms.values()):
+        got = _dense_terms(states, cal, fit["per_blob"])  # no dense delta stored: measure some apart
     fit.setdefault("per_blob", got["per_blob"])
     fit.setdefault("runs", []).append((cal, got))
     unit = cal["fetch_ns_per_byte"]
@@ -514,6 +550,13 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
     print(
         f"    read: slowest / fastest full read {worst:.2f}x <= {READ_BOUND}x: {_ok(worst, READ_BOUND)} "
         f"(floor: with storage <= {bound}x the least read is {floor['read']})"
+    )
+    cpu_worst = max(cpu.values()) / min(cpu.values())
+    spread = [times[s] / cpu[s] for s in picks]
+    print(
+        f"    read, CPU time (what the load moves least): slowest / fastest {cpu_worst:.2f}x <= {READ_BOUND}x: "
+        f"{_ok(cpu_worst, READ_BOUND)} (wall / CPU of these reads {min(spread):.2f}..{max(spread):.2f}: the "
+        "machine's noise)"
     )
     print(
         f"    storage: {stored:.2f}x the pure chain <= {bound}x: {_ok(stored, bound)} (floor: with reads <= "
