@@ -20,21 +20,22 @@ weights are fixed numbers (the same input always gives the same anchors, so
 the same blobs).
 
 How the weights were measured (``python benchmarks/store.py --only depth``
-prints the calibration of its run, on both bench trajectories): the unit is
-the time to read one byte from a warm local file (one large read of a pack's
-worth of blobs, min of 3).  ``INTRA_PER_BYTE`` is one thread's intra decode
-of a step's chunks (``decode_many``, min of 3) per byte out, and
+prints the calibration of its run, on both bench trajectories; CPU time
+throughout, since on a shared machine wall time moves with the load): the
+unit is the time to read one byte from a warm local file (one large read of a
+step's blobs, min of 3).  ``INTRA_PER_BYTE`` is one thread's intra decode of
+a step's chunks (``decode_many``, min of 3) per byte out, and
 ``APPLY_PER_BYTE`` its SPARSE apply in place (``apply_sparse``) per blob
 byte, each divided by the unit.  The fixed terms come from full reads of the
 stored RL trajectory (one step per depth, each from a new ``ulstore.open``,
 min of 5): what each read takes beyond its blobs' modelled byte work, fitted
 by least squares as ``PER_READ + PER_BLOB x blobs read``.  ``DENSE_PER_BYTE``
-comes from the dense run's reads the same way, with that ``PER_BLOB``: the
-slope against the bytes its dense deltas decode to (the read path's figure:
-it decodes the anchor's chunk, then the delta against it; it is above the
-kernel's, which the bench prints too).  The constants below are those
-figures, rounded, from the run recorded in docs/performance.md ("Any step,
-any depth"); re-measure them when the read path changes.
+comes from dense reads the same way, with that ``PER_BLOB``: the slope
+against the bytes its dense deltas decode to (the read path's figure: it
+decodes the anchor's chunk, then the delta against it; above the kernel's,
+which the bench prints too).  The constants below are those figures, rounded,
+from the runs recorded in docs/performance.md ("Any step, any depth");
+re-measure them when the read path changes.
 
 A step's cost is its parent's plus its own blobs' (an entry it shares with
 its parent adds nothing; an anchor's cost is its own plus ``PER_READ``), so
