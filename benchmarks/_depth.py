@@ -543,8 +543,12 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
         f"units{' (from the RL run)' if 'dense' in got else ''}{dense} (constants: per read {rc.PER_READ}, per blob "
         f"{rc.PER_BLOB}, dense {rc.DENSE_PER_BYTE:g})"
     )
-    worst = max(times.values()) / fastest
-    stored = st["stored_bytes"] / m["pure"]
+    _print_acceptance(times, cpu, st["stored_bytes"] / m["pure"], gets, bound, floor)
+
+
+def _print_acceptance(times: dict, cpu: dict, stored: float, gets: dict, bound: float, floor: dict) -> None:
+    """Each bound with ok/MISS, measured (wall and CPU reads, stored bytes vs the pure chain), the floor beside."""
+    worst = max(times.values()) / min(times.values())
     most = max(gets.values()) if gets else None
     print("  acceptance (bound, measured, floor of the other bound modelled on this data):")
     print(
@@ -552,7 +556,7 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
         f"(floor: with storage <= {bound}x the least read is {floor['read']})"
     )
     cpu_worst = max(cpu.values()) / min(cpu.values())
-    spread = [times[s] / cpu[s] for s in picks]
+    spread = [times[s] / cpu[s] for s in times]
     print(
         f"    read, CPU time (what the load moves least): slowest / fastest {cpu_worst:.2f}x <= {READ_BOUND}x: "
         f"{_ok(cpu_worst, READ_BOUND)} (wall / CPU of these reads {min(spread):.2f}..{max(spread):.2f}: the "

@@ -195,8 +195,7 @@ class Committer:
         The kept step is used only if no other writer or reader of this object
         holds it now (never wait: an unclosed piece writer must not hang a commit).
         ``probe`` (``_probe_limit``: a delta tried with no delta cost known): if the delta written reads more
-        than its limit, it is written again as an anchor by cost before the commit point (the blobs written
-        first are garbage for ``gc``).
+        than its limit, it is written as an anchor by cost instead (the delta is encoded to be priced, not stored).
         """
         if probe is not None:
             over = self._over_limit(step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse)
@@ -239,11 +238,11 @@ class Committer:
         return step
 
     def _over_limit(self, step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse) -> dict | None:
-        """Write ``arrays`` as a delta on ``parent`` (no kept step, nothing published) and price it: the anchor
+        """Encode ``arrays`` as a delta on ``parent`` (no kept step, nothing stored) and price it: the anchor
         reason ``{"policy": "cost", ...}`` if its read would cost more than the limit of ``probe``, else None
-        (its blobs are garbage either way: the step is then written for real, as a delta or an anchor)."""
+        (the step is then written for real, as a delta or an anchor)."""
         cost, k, limit = probe
-        w = self._new_writer(step, parent, False, strict, snapshot, None, executor, sparse, None)
+        w = self._new_writer(step, parent, False, strict, snapshot, None, executor, sparse, None, _Sizes())
         try:
             for name, arr in arrays.items():
                 w.write(name, arr, chunks=(chunks or {}).get(name))
@@ -258,7 +257,7 @@ class Committer:
         return bool(sparse) if sparse is not None else self._t.anchor_cost is not None
 
     def _new_writer(
-        self, step, parent, is_anchor, strict, snapshot, kept, executor, sparse=False, why=None
+        self, step, parent, is_anchor, strict, snapshot, kept, executor, sparse=False, why=None, stream=None
     ) -> PieceWriter:
         return PieceWriter(
             step=step,
@@ -268,7 +267,7 @@ class Committer:
             strict=strict,
             snapshot=snapshot,
             reader=self._t._reader,
-            stream=PackStream(self._t._io, self._t.pack_bytes),
+            stream=stream if stream is not None else PackStream(self._t._io, self._t.pack_bytes),
             kept=kept,
             chunk_bytes=self._t.chunk_bytes,
             threads=self._t._threads if executor is not None else self._t._encode_threads,
@@ -417,3 +416,21 @@ def _layouts(records, names) -> dict[str, set]:
         if r.name in out:
             out[r.name].add(r.layout)
     return out
+
+
+class _Sizes:
+    """A pack stream that keeps nothing: what a delta priced before it is written (``_over_limit``) appends to."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def append(self, data) -> tuple[str, int, int]:
+        n = memoryview(data).nbytes
+        self.offset += n
+        return "0" * 32, self.offset - n, n
+
+    def close(self) -> list[str]:
+        return []
+
+    def abort(self) -> None:
+        pass
