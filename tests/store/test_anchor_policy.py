@@ -17,6 +17,7 @@ import ulstore
 from ulstore import cli, toytrain
 from ulstore.core.sealed import canonical_json
 from ulstore.errors import CorruptManifestError, InvalidInputError
+from ulstore.store.commit._commit_plan import retry_due
 from ulstore.store.format._stepdoc import Anchoring, StepDoc, _checksum
 
 STEPS = 24
@@ -81,7 +82,8 @@ def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
     for s in range(1, STEPS + 1):
         why, before = traj.info(s).anchoring["anchor"], traj.info(s - 1).anchoring
         assert why["policy"] == "cost" and why["predicted"] > why["limit"] == int(1.05 * before["anchor_cost"])
-        if s > 1:  # the estimate carried on: the delta estimate of the anchor before it
+        # the estimate carried on (the delta estimate of the anchor before it), unless this step re-priced a delta
+        if s > 1 and not retry_due(traj._reader.doc(s - 1)):
             assert (
                 why["predicted"] - before["cost"] == before["anchor"]["predicted"] - traj.info(s - 2).anchoring["cost"]
             )
@@ -90,6 +92,29 @@ def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
     for s in loose.steps:
         a = loose.info(s).anchoring
         assert a["anchor"] is not None or a["cost"] <= 2.0 * a["anchor_cost"] + a["step_cost"], (s, a)
+
+
+def test_a_run_that_turns_sparse_after_a_dense_phase_goes_back_to_deltas(runs, tmp_path):
+    """After anchors by cost, about one step in RETRY_ONE_IN tries a delta again: once the changes are few, it
+    fits, and the run goes on as deltas (the retry is drawn from the parent's content hash: deterministic).
+    At k = 1.2 one dense delta of the tiny model reads over the limit; a sparse one, a small part of an anchor, fits."""
+    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1.2)
+    assert _anchors(traj) == list(range(STEPS + 1))  # the dense phase: every step an anchor
+    rng = np.random.default_rng(7)
+    state = {n: a.copy() for n, a in runs["pretrain"][-1].items()}
+    tried = []
+    for s in range(STEPS + 1, STEPS + 1 + 4 * 16):
+        tried.append(retry_due(traj._reader.doc(s - 1)))
+        for a in state.values():  # a few low bits flip: an RL-like step
+            w = a.reshape(-1).view(np.uint16)
+            w[rng.integers(0, w.size, max(1, w.size // 500))] ^= 1
+        traj.commit(s, state)
+        if traj.info(s).anchor_distance:
+            break
+    else:
+        raise AssertionError(f"no delta in {4 * 16} sparse steps after the dense phase; retries drawn: {tried}")
+    assert tried[-1] and sum(tried) == 1, tried  # the delta came at the first retry, and only there
+    assert np.array_equal(traj.read(s)[next(iter(state))].view(np.uint16), next(iter(state.values())).view(np.uint16))
 
 
 def test_the_reason_round_trips_through_storage(runs, tmp_path):

@@ -201,6 +201,20 @@ def _by_cost(pdoc: StepDoc, k: float, doc) -> tuple[bool, dict | None]:
     return False, None
 
 
+#: After an anchor by cost, about one step in this many tries a delta again (:func:`_next_delta`): a dense
+#: run pays one extra delta encode per this many steps, and a run that turned sparse is found within about as many.
+RETRY_ONE_IN = 16
+
+
+def retry_due(pdoc: StepDoc) -> bool:
+    """Whether the step after the anchor ``pdoc`` tries a delta again: a 1-in-:data:`RETRY_ONE_IN` draw from
+    its content hash (hex; anything else never draws)."""
+    try:
+        return int(pdoc.content[-4:], 16) % RETRY_ONE_IN == 0
+    except ValueError:
+        return False
+
+
 def _next_delta(pdoc: StepDoc, doc) -> int:
     """What a delta on ``pdoc`` is expected to add to its read: what ``pdoc``'s own blobs added, if it is a
     delta (a step adds about what the one before it did).  After an anchor by cost, the estimate that made it
@@ -209,15 +223,17 @@ def _next_delta(pdoc: StepDoc, doc) -> int:
     read would break the bound).  After any other anchor (the root, ``anchor=True``, a fixed count), or an
     anchor whose parent has no figures, no delta is known yet: 0, and the next step is one.
 
-    (A run that turns sparse after such a dense phase keeps its anchors until a delta is tried:
-    ``commit(anchor=False)`` once, and the policy goes on from that delta's cost.)
+    A run that turns sparse after such a dense phase would keep anchoring on that old estimate, so about
+    one step in :data:`RETRY_ONE_IN` after an anchor by cost tries (and prices) a delta again: 0, as after any
+    other anchor.  Which one is drawn from the parent's content hash: deterministic for the same input, with
+    no counter to store (``commit(anchor=False)`` forces a delta at once).
     """
     a = pdoc.anchoring
     assert a is not None
     if pdoc.anchor_distance > 0:
         return a.step_cost
     why = a.why or {}
-    if why.get("policy") != "cost" or pdoc.parent is None:
+    if why.get("policy") != "cost" or pdoc.parent is None or retry_due(pdoc):
         return 0
     try:
         before = doc(pdoc.parent).anchoring
