@@ -190,6 +190,14 @@ def test_checkpoints_given_where_a_trajectory_goes_are_named_with_the_add_that_i
     trainer = tmp_path / "out"
     (trainer / "checkpoint-500").mkdir(parents=True)
     assert_one_line_error(run("diff", trainer, 1, 2), "Trainer checkpoints", f"{trainer}/checkpoint-*/")
+    # init or add --init would put a trajectory among the checkpoints; add without its trajectory argument
+    # takes the first checkpoint for it: usage errors that say so, and nothing is written
+    p = run("init", ckpts)
+    assert_one_line_error(p, "a trajectory goes in a directory of its own", "ulstore add --init runs/NAME", status=2)
+    p = run("add", "--init", ckpts, paths[0])
+    assert_one_line_error(p, "add's first argument is the trajectory", status=2)
+    assert_one_line_error(run("add", *paths), f"{str(paths[0])!r} is a checkpoint file", status=2)
+    assert sorted(q.name for q in ckpts.iterdir()) == sorted([*(q.name for q in paths), "notes.txt"])
     # the advice works
     run("add", "--init", tmp_path / "runs" / "a", *sorted(ckpts.glob("*.safetensors")), check=0)
     # anything else that is not a trajectory still gets the init hint

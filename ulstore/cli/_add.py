@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..core.formatting import human_bytes
 from ._exit import EXIT_OK, UsageError
-from ._opening import _nbytes, _open, _storage_options
+from ._opening import _checkpoints_at, _nbytes, _open, _storage_options
 from ._steps import resolve
 
 __all__ = ["_cmd_add"]
@@ -69,6 +69,12 @@ def _open_or_init(args) -> tuple[object, bool, bool]:
     except NotFoundError as e:
         if e.key != "zarr.json":  # not the root document missing: a missing bucket, say (its own words)
             raise
+        found = _checkpoints_at(args.url)
+        if found is not None:  # `ulstore add ckpts/*.safetensors`: the trajectory argument forgotten
+            raise UsageError(
+                f"{args.url!r} is {found[0]}, not a trajectory: add's first argument is the trajectory to add to "
+                f"(`ulstore add --init runs/NAME {found[1]}`)"
+            ) from None
         if not args.init:
             raise NotFoundError(
                 f"no trajectory at {args.url!r} (create it with `ulstore init {args.url}` or pass --init)"

@@ -6,7 +6,7 @@ from ..core.formatting import binary_bytes, human_bytes, plural
 from ..errors import IntegrityError, InvalidInputError
 from ._add import _cmd_add
 from ._exit import EXIT_ERROR, EXIT_OK, UsageError
-from ._opening import _nbytes, _open, _open_existing, _storage_options
+from ._opening import _checkpoints_at, _nbytes, _open, _open_existing, _storage_options
 from ._plot import check_matplotlib, plot_diff, plot_report
 from ._steps import resolve
 from ._ui import report_error, table
@@ -15,6 +15,13 @@ __all__ = ["_cmd_add"]
 
 
 def _cmd_init(args, ui) -> int:
+    found = _checkpoints_at(args.url)
+    if found is not None:  # `ulstore init ckpts/`: the trajectory would land among the checkpoints it should hold
+        raise UsageError(
+            f"{args.url!r} is {found[0]}: a trajectory goes in a directory of its own "
+            f"(`ulstore init runs/NAME`, then `ulstore add runs/NAME {found[1]}`; or both: "
+            f"`ulstore add --init runs/NAME {found[1]}`)"
+        )
     traj = _open(args, "w-", anchor_every=args.anchor_every, anchor_cost=args.anchor_cost, chunk_bytes=args.chunk_bytes)
     doc = {
         "url": args.url,
