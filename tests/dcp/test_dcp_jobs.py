@@ -158,7 +158,9 @@ def test_later_steps_are_deltas_as_small_as_unsharded_commits(run, tmp_path):
 def test_a_rank_killed_mid_save_leaves_no_step_and_a_job_restarted_on_more_ranks_saves_it(tmp_path):
     """Rank 1 of 2 dies while writing step 3 (after other ranks closed packs); a job on 4 ranks
     resumes from step 2 and saves steps 3 and 4, coding step 3 against step 2's other sharding."""
-    storage = jobs.Storage("ulstore", str(tmp_path / "traj"), {"pack_bytes": 1 << 20})
+    # anchor_every: step 3 must be a delta against step 2's other sharding, what this test is about (under the
+    # read-cost default this dense toy state anchors: one dense delta reads over 2x an anchor)
+    storage = jobs.Storage("ulstore", str(tmp_path / "traj"), {"pack_bytes": 1 << 20, "anchor_every": 16})
     outcomes = jobs.run_job(
         2,
         jobs.save_job,
