@@ -253,23 +253,20 @@ def frontier(m: dict, bound: float) -> list[tuple]:
 def _greedy(delta, cost, steps: int, anchor: float, ca: float) -> tuple[float, float]:
     """(stored bytes, slowest read / anchor read) of a chain that anchors where the next delta would take a read
     past READ_BOUND x an anchor's (the cost policy with the model exact): no cadence needs fewer anchors."""
-    stored, worst, run = anchor, 1.0, ca
-    for t in range(1, steps + 1):
-        if run + cost[t - 1] > READ_BOUND * ca:
-            stored += anchor
-            run = ca
-        else:
-            stored += delta[t - 1]
-            run += cost[t - 1]
-        worst = max(worst, run / ca)
-    return stored, worst
+    return _walk(delta, cost, steps, anchor, ca, lambda t, run: run + cost[t - 1] > READ_BOUND * ca)
 
 
 def _chain(delta, cost, n: int, steps: int, anchor: float, ca: float) -> tuple[float, float]:
     """(stored bytes, slowest read / anchor read) of a chain with an anchor every ``n`` steps."""
+    return _walk(delta, cost, steps, anchor, ca, lambda t, run: t % n == 0)
+
+
+def _walk(delta, cost, steps: int, anchor: float, ca: float, anchors) -> tuple[float, float]:
+    """(stored bytes, slowest read / anchor read) of a chain of steps 0..steps whose step 0 and every step where
+    ``anchors(t, read so far)`` holds are anchors (bytes ``anchor``, read ``ca``), the rest deltas."""
     stored, worst, run = 0.0, 1.0, 0.0
     for t in range(steps + 1):
-        if t % n == 0:
+        if t == 0 or anchors(t, run):
             stored += anchor
             run = ca
         else:

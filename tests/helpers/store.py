@@ -14,6 +14,7 @@ from .bits import assert_bits_equal
 __all__ = [
     "states_bf16",
     "states_fp32",
+    "commit_states",
     "assert_state_equal",
     "CountingIO",
     "env_threads",
@@ -43,6 +44,16 @@ def states_bf16(steps: int = 20):
 def states_fp32(steps: int = 20):
     """A real fp32 pre-training trajectory of the tiny model."""
     return _trajectory("pretrain", steps, "float32")
+
+
+def commit_states(url, states, chunk_bytes: int = 1 << 14, **options):
+    """A new trajectory at ``url`` with ``states[s]`` committed as step ``s``, in order; returned open."""
+    import ulstore
+
+    traj = ulstore.open(url, mode="w", chunk_bytes=chunk_bytes, **options)
+    for s, state in enumerate(states):
+        traj.commit(s, state)
+    return traj
 
 
 def assert_state_equal(got: dict, want: dict) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ulstore
+from tests.helpers.store import commit_states
 from ulstore import cli, toytrain
 from ulstore.core.sealed import canonical_json
 from ulstore.errors import CorruptManifestError, InvalidInputError
@@ -29,11 +30,7 @@ def runs():
     return {kind: toytrain.trajectory(kind, STEPS, preset="tiny") for kind in ("pretrain", "rl")}
 
 
-def _commit_all(url, states, **kw):
-    traj = ulstore.open(url, mode="w", chunk_bytes=1 << 14, **kw)
-    for s, state in enumerate(states):
-        traj.commit(s, state)
-    return traj
+_commit_all = commit_states  # chunks of 16 KiB: several a tensor of the tiny model
 
 
 def _anchors(traj) -> list[int]:

@@ -86,23 +86,31 @@ def test_many_small_tensors_round_trip(tmp_path, chunk_bytes):
             assert not bad, f"step {k}: {bad[:5]}"
 
 
+def _open_pinned(root, monkeypatch, threads: int, batch: int):
+    """A new trajectory at ``root`` on ``threads`` commit threads whose workers take ``batch`` bytes at a time,
+    its pack ids numbered 0, 1, ... (so two runs' trees compare byte for byte)."""
+    import ulstore.store.commit._piece_writer as piece_writer
+    import ulstore.store.format._packs as packs
+
+    monkeypatch.setattr(piece_writer, "BATCH_BYTES", batch)
+    counter = iter(range(10**6))
+    monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
+    return ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=threads)
+
+
 def test_many_tensors_bytes_do_not_depend_on_threads(tmp_path, monkeypatch):
     """Blobs, tables and step documents are byte-identical with 1 and 2 threads, and whether the workers
     take one chunk or many at a time (pack ids aside)."""
     import ulstore.store.commit._finalize as finalize
     import ulstore.store.commit._piece_writer as piece_writer
-    import ulstore.store.format._packs as packs
 
     states = _steps(3)
     digests = []
     monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
     default = piece_writer.BATCH_BYTES
     for threads, batch in ((1, default), (2, 1), (2, 512), (2, default)):
-        monkeypatch.setattr(piece_writer, "BATCH_BYTES", batch)
-        counter = iter(range(10**6))
-        monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
         root = tmp_path / f"t{threads}-{batch}"
-        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=threads)
+        t = _open_pinned(root, monkeypatch, threads, batch)
         for k, s in enumerate(states):
             t.commit(k, s, metadata={"k": k})
         t.close()
@@ -131,7 +139,6 @@ def test_tied_tensors_are_one_blob_whatever_the_threads(tmp_path, monkeypatch, s
     encodes it first, and the stored bytes do not depend on the threads or on how chunks are batched."""
     import ulstore.store.commit._finalize as finalize
     import ulstore.store.commit._piece_writer as piece_writer
-    import ulstore.store.format._packs as packs
 
     rng = np.random.default_rng(7)
     base = _steps(3)
@@ -141,11 +148,8 @@ def test_tied_tensors_are_one_blob_whatever_the_threads(tmp_path, monkeypatch, s
     monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
     digests, blobs = [], []
     for threads, batch in ((1, piece_writer.BATCH_BYTES), (2, 1), (2, 300), (2, piece_writer.BATCH_BYTES)):
-        monkeypatch.setattr(piece_writer, "BATCH_BYTES", batch)
-        counter = iter(range(10**6))
-        monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
         root = tmp_path / f"t{threads}-{batch}"
-        t = ulstore.open(str(root), mode="w", anchor_every=0, chunk_bytes=1024, threads=threads)
+        t = _open_pinned(root, monkeypatch, threads, batch)
         for k, s in enumerate(states):
             t.commit(k, s, snapshot=snapshot and k > 0)
         blobs.append(t.stats()["blobs"])
