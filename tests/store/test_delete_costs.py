@@ -152,6 +152,79 @@ def test_a_fixed_count_trajectory_keeps_its_anchors_and_true_costs(runs, tmp_pat
     traj.delete(4)
     traj.delete(6)
     check(traj, states, k=np.inf)
+    check_depths(traj, 4)
+
+
+def check_depths(traj, every: int) -> list[int]:
+    """Every remaining step's chain is within the fixed count (distances below ``every``, as commits make them),
+    its stored distance is its parent's plus one, and every anchor has a reason; the anchors by distance (a
+    commit's or a delete's: reason "every")."""
+    ro = ulstore.open(traj.url, mode="r")
+    made = []
+    for s in ro.steps:
+        i = ro.info(s)
+        assert i.anchor_distance < every, (s, i.anchor_distance)
+        if i.anchor_distance:
+            assert i.anchor_distance == ro.info(i.parent).anchor_distance + 1, s
+            assert ro._reader.doc(s).anchoring is None or i.anchoring["anchor"] is None, s
+        elif i.anchoring is not None:
+            why = i.anchoring["anchor"]
+            assert why is not None, s
+            if why == {"policy": "every", "every": every}:
+                made.append(s)
+    return made
+
+
+@pytest.mark.parametrize("kind", ["rl", "pretrain"])
+def test_deleting_anchors_of_a_fixed_count_trajectory_keeps_chains_within_it(runs, tmp_path, kind):
+    """rm of an anchor re-parents its children onto the end of the chain before: the step whose distance would
+    reach N becomes an anchor (reason "every"), so every remaining step reads exactly within N steps, through
+    deletes, gc and a reopen."""
+    states, n = runs[kind], 4
+    traj = _commit_all(tmp_path / "t", states, anchor_every=n)
+    assert [s for s in traj.steps if traj.info(s).anchor_distance == 0] == list(range(0, len(states), n))
+    every = set(check_depths(traj, n))
+    traj.delete(4)  # its child 5 would be 3 + 1 = 4 steps from anchor 0
+    assert set(check_depths(traj, n)) == every - {4} | {5}
+    check(traj, states, k=np.inf)
+    traj.delete(0)  # the root: its child is the root now
+    traj.delete(8)  # 9 onto 7 (anchor 5): distance 3; 10 would reach 4
+    assert set(check_depths(traj, n)) == every - {4, 8} | {5, 10}
+    traj.gc()
+    check(traj, states, k=np.inf)
+    check_depths(traj, n)
+
+
+def test_a_fixed_count_re_anchor_that_re_encodes_its_deltas(runs, tmp_path):
+    """With a delta deleted before it, a deleted anchor's child lands at distance 3 (its chunks intra, taken from
+    the anchor) and the grandchild, coded against it, reaches N = 4: its delta chunks are re-encoded intra, and
+    its descendants' entries that were those blobs follow."""
+    states = runs["rl"]
+    traj = _commit_all(tmp_path / "t", states, anchor_every=4)
+    traj.delete(3)
+    traj.delete(4)
+    assert traj.info(5).anchor_distance == 3
+    assert check_depths(traj, 4) == [6, *range(8, len(states), 4)]
+    check(traj, states, k=np.inf)
+    traj.gc()
+    check(traj, states, k=np.inf)
+
+
+def test_a_fixed_count_trajectory_written_before_the_cost_model(runs, tmp_path):
+    """Step documents with no ``anchoring`` (an older writer's): a delete still keeps chains within N, and the
+    step it re-anchors says why."""
+    states = runs["rl"][:10]
+    traj = _commit_all(tmp_path / "t", states, anchor_every=4)
+    for s in traj.steps:
+        _rewrite(traj, s, anchoring=None)
+    traj = ulstore.open(traj.url, mode="r+")
+    traj.delete(4)
+    assert check_depths(traj, 4) == [5]  # the others (no anchoring) say nothing
+    assert traj.info(6).anchoring is None  # below the new anchor, unknown as before
+    for s in traj.steps:
+        assert_state_equal(ulstore.open(traj.url, mode="r").read(s), states[s])
+    report = ulstore.open(traj.url, mode="r").verify(raise_on_error=False)
+    assert report.ok and not report.warnings, (report.errors, report.warnings)
 
 
 # -- verify: derived fields of a step document that disagree with what they derive from ----------------------

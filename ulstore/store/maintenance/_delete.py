@@ -205,7 +205,9 @@ class Deleter:
             if s != gone
         }
         changed = set(tables) | {s for s, d in read.items() if d.parent == gone}
-        recost = Recoster(self._t._reader, docs, tables, packs, heads, stream, changed, self._t.anchor_cost)
+        k = self._t.anchor_cost  # the cost policy's k; without it the fixed count bounds chains by distance
+        every = self._t.anchor_every if k is None else None
+        recost = Recoster(self._t._reader, docs, tables, packs, heads, stream, changed, k, every)
         anchoring = recost.run()
         out = []
         for s, d in docs.items():

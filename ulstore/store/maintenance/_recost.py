@@ -20,6 +20,15 @@ chunks are re-encoded intra against nothing, their unchanged ones share the
 deleted anchor's intra blobs, and re-parented onto the end of the chain
 before, they would read it all over again.  Nothing is decoded to re-anchor a
 step whose chunks are all intra already.
+
+A fixed-count trajectory (``anchor_every=N``: no ``k``) bounds chains by
+distance instead: a commit makes a step an anchor when its distance from its
+chain's anchor would reach N.  A delete that removes an anchor re-parents its
+children onto the end of the chain before, whose distances would then run
+past N; the step whose distance would reach N is materialised the same way
+(reason ``{"policy": "every", "every": N}``), so every remaining step's chain
+stays within N steps, as its commits made it.  Usually that is the deleted
+anchor's first child, whose chunks are all intra already: nothing is decoded.
 """
 
 from __future__ import annotations
@@ -42,12 +51,17 @@ class Recoster:
     are read with ``reader``, as stored); ``heads``: the first bytes of the blobs the delete wrote into
     ``stream`` (not readable until it closes); ``changed``: the steps whose tables or parent changed (what
     their blobs add is recomputed; the others' stored figure is kept); ``k``: the cost policy's factor (None:
-    a fixed-count trajectory, nothing is re-anchored).
+    a fixed-count trajectory, re-anchored by distance instead); ``every``: the fixed count's N (a step whose
+    distance from its anchor would reach it is re-anchored; None or 0: no bound by distance).
     """
 
-    def __init__(self, reader, docs: dict[int, StepDoc], tables: dict, packs: dict, heads: dict, stream, changed, k):
+    def __init__(
+        self, reader, docs: dict[int, StepDoc], tables: dict, packs: dict, heads: dict, stream, changed, k, every=None
+    ):
         self.reader, self.docs, self.tables, self.packs = reader, docs, tables, packs
         self.heads, self.stream, self.changed, self.k = heads, stream, set(changed), k
+        self.every = every or None
+        self.distance: dict[int, int] = {}  # every step's distance from its anchor, as the delete leaves it
         self.anchored: set[int] = set()  # steps made anchors here
         self.retabled: set[int] = set()  # steps whose tables materialising changed (beyond ``changed``)
 
@@ -101,6 +115,10 @@ class Recoster:
     def _one(self, s: int, new: dict) -> Anchoring | None:
         d = self.docs[s]
         a = d.anchoring
+        if self._too_far(s):
+            self._materialise(s)
+            mine = self.own(s, True)
+            return Anchoring(mine, mine, mine, {"policy": "every", "every": self.every})
         if a is None:
             return None  # written before the cost model: unknown, as a commit on it would have it
         if a.why is not None or d.parent is None:  # an anchor stays one (a root: its chunks are all intra now)
@@ -114,9 +132,26 @@ class Recoster:
         limit = int(self.k * pa.anchor_cost) if self.k is not None else None
         if limit is not None and cost > limit and cost > a.cost:
             self._materialise(s)
+            self.distance[s] = 0
             mine = self.own(s, True)
             return Anchoring(mine, mine, mine, {"policy": "cost", "k": self.k, "predicted": cost, "limit": limit})
         return Anchoring(cost, pa.anchor_cost, own, None)
+
+    def _too_far(self, s: int) -> bool:
+        """Record ``s``'s distance from its anchor (parents are done first; an anchor's is 0, as is a root's; a
+        parent outside the documents, crafted ones, keeps the stored figure) and whether it reaches the fixed
+        count's N and is further than before the delete (then ``s`` becomes an anchor: its distance 0; a chain
+        that a session's smaller ``anchor_every`` would cut, but the delete did not lengthen, is left as it is)."""
+        d = self.docs[s]
+        if d.anchor_distance == 0 or d.parent is None:
+            self.distance[s] = 0
+            return False
+        far = self.distance.get(d.parent)
+        self.distance[s] = d.anchor_distance if far is None else far + 1
+        if self.every is None or self.distance[s] < self.every or self.distance[s] <= d.anchor_distance:
+            return False
+        self.distance[s] = 0
+        return True
 
     # -- re-anchoring -------------------------------------------------------------------------------------
 
