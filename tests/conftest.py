@@ -6,18 +6,23 @@ import os
 
 import pytest
 
+from tests.helpers import lanes
 from tests.helpers.moto import MotoS3
 
 
 def _slow_lane(config) -> bool:
     """Whether this run includes the slow lane: in CI (``CI=true``, as ``.ci/run`` runs), with ``--slow``, or
     when the command line selects by marker (``-m slow``)."""
-    ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-    return ci or config.getoption("--slow") or bool(config.getoption("markexpr"))
+    return lanes.configure(config)
 
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the slow lane (tests marked slow); CI=true does too")
+
+
+def pytest_configure(config):
+    """Tell the helpers which lane runs (tests/helpers/lanes.py), in the controller and each xdist worker."""
+    lanes.configure(config)
 
 
 def pytest_collection_modifyitems(config, items):
