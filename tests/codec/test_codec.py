@@ -24,6 +24,7 @@ from hypothesis.extra import numpy as hnp
 import ulstore
 from tests.helpers.bits import assert_bits_equal, uint
 from tests.helpers.blobs import reseal
+from tests.helpers.lanes import examples
 from ulstore import (
     CorruptBlobError,
     DtypeError,
@@ -170,7 +171,7 @@ def _word_arrays(draw, width: int, awkward: np.ndarray, max_n: int = 200):
 
 
 @pytest.mark.parametrize("name", WIDE)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_wide_property_roundtrip(name, data, awkward_bits, assert_bit_identical):
     """float32/float64: arbitrary bit patterns, delta and intra, econd on/off, both backends agree."""
@@ -188,7 +189,7 @@ def test_wide_property_roundtrip(name, data, awkward_bits, assert_bit_identical)
 
 
 @pytest.mark.parametrize("name", SMALL)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_small_property_roundtrip_multidim(name, data, assert_bit_identical):
     """8/16-bit: arbitrary bit patterns in arbitrary (>= 1-d) shapes, both backends agree."""

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ulstore
+from tests.helpers.lanes import examples
 from tests.helpers.store import CHUNK, Crash, assert_state_equal, file_id, record_fsyncs, states_bf16
 from ulstore.core.sealed import canonical_json, seal
 from ulstore.errors import (
@@ -605,7 +606,7 @@ def _crafted_entry(draw):
     return seal(body)  # checksums recomputed: only the checks on the fields stand in the way
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     entries=st.lists(
         st.tuples(

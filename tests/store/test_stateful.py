@@ -10,7 +10,8 @@ nothing) and the invariant compares the store's steps and refs with the model af
   of the two serial orders (an operation that refused with a documented error counting as not applied), and
   every step must then read back exactly and ``verify`` must pass.
 
-``ULSTORE_STATEFUL_EXAMPLES`` sets the number of examples (the ``slow`` variants run more by default);
+``ULSTORE_STATEFUL_EXAMPLES`` sets the number of examples (by default a quarter in the fast lane, the whole
+count in CI; the ``slow`` variants run more);
 ``ULSTORE_STATEFUL_SHRINK=1`` shrinks a failing example of the concurrent machine (a few minutes);
 ``ULSTORE_RACES=gc:delete,delete:gc`` races only those pairs (operation here : operation in the other process);
 ``ULSTORE_RACE_GRACE=3600`` gives the other process's gc only the grace period that has not passed.
@@ -37,6 +38,7 @@ from hypothesis.stateful import (
 )
 
 import ulstore
+from tests.helpers import lanes
 from tests.helpers.interleave import interleave, is_write
 from tests.helpers.sides import Side, run_side
 from tests.helpers.small_states import SMALL_STORE, assert_same, fresh_state, mutate
@@ -493,8 +495,10 @@ def remove_location(url: str, so) -> None:
         shutil.rmtree(url, ignore_errors=True)
 
 
-def _examples(fast: int) -> int:
-    return int(os.environ.get("ULSTORE_STATEFUL_EXAMPLES", fast))
+def _examples(full: int) -> int:
+    """``full`` in the slow lane (CI), a quarter in the fast lane (tests/helpers/lanes.py); the
+    ``ULSTORE_STATEFUL_EXAMPLES`` environment variable sets the count instead."""
+    return int(os.environ.get("ULSTORE_STATEFUL_EXAMPLES", lanes.examples(full)))
 
 
 def _settings(examples: int, steps: int, *, shrink: bool = True) -> settings:
