@@ -51,7 +51,16 @@ def test_every_public_method_is_hooked():
         assert not hasattr(getattr(ObjectStore, name), "__wrapped__")
 
 
-@pytest.mark.parametrize("where, when", [("local", "before"), ("local", "after"), ("s3", "before"), ("s3", "after")])
+@pytest.mark.parametrize(
+    "where, when",
+    [
+        ("local", "before"),
+        ("local", "after"),
+        # the same hook on moto (2.5 s of CPU each): the slow lane
+        pytest.param("s3", "before", marks=pytest.mark.slow),
+        pytest.param("s3", "after", marks=pytest.mark.slow),
+    ],
+)
 def test_the_other_side_runs_once_at_the_chosen_call_in_another_process(where, when, request, tmp_path):
     url, so = _location(where, request, tmp_path)
     traj = ulstore.open(url, mode="w", storage_options=so, threads=1)

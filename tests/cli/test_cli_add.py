@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 import ulstore
 from tests.cli.test_cli import assert_one_line_error, objects, run, write_steps
 from tests.helpers.terminal import on_a_terminal
@@ -107,6 +109,9 @@ def test_add_in_another_dtype_says_the_dtype_moved_not_the_names(tmp_path):
     assert "--rename-prefix x.=" in warning, warning
 
 
+# nine commands on a pseudo-terminal, each a process (11 s of CPU): the slow lane; the fast lane keeps the progress
+# bar of add and of the demo on a terminal (test_progress_bar_only_on_a_terminal, test_demo_shows_progress_...)
+@pytest.mark.slow
 def test_long_commands_show_what_they_are_doing_on_a_terminal(tmp_path):
     url = tmp_path / "traj"
     run("add", url, *write_steps(tmp_path), "--init", check=0)

@@ -101,7 +101,12 @@ def test_damaged_chunk_raises(tmp_path):
         a[4:]
 
 
-@pytest.mark.parametrize("name", sorted(FLOAT_FORMATS))
+# one interpreter each (1.3 s of CPU): float16 (found by its entry point) and bfloat16 (registered by the import) in
+# the fast lane, every format in the slow lane
+@pytest.mark.parametrize(
+    "name",
+    [n if n in ("float16", "bfloat16") else pytest.param(n, marks=pytest.mark.slow) for n in sorted(FLOAT_FORMATS)],
+)
 def test_reopens_in_a_fresh_interpreter(tmp_path, name):
     """float16/32/64 in an interpreter that never imported ulstore (zarr finds the codec by its entry point);
     bfloat16 and fp8 after ``import ulstore.codec.zarr3``, which registers their data types (zarr 3.1 never

@@ -21,6 +21,10 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 distributed = pytest.importorskip("distributed")
 udcp = pytest.importorskip("ulstore.dcp")
 
+# a dask LocalCluster of two worker processes (13 s of CPU): the slow lane; the fast lane keeps DCP in one process
+# (tests/dcp/test_dcp_local.py) and a commit on a dask cluster (tests/store/test_store.py)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def client():

@@ -63,6 +63,9 @@ def _race_processes(url, so):
             return [f.result(timeout=600) for f in futures]
 
 
+# process pools racing for real (7 s of CPU): the slow lane, with its S3 twin; the fast lane keeps the threads
+# racing (test_racing_threads) and the forced interleavings with another process (tests/store/test_concurrency.py)
+@pytest.mark.slow
 def test_racing_processes_on_local_disk(tmp_path):
     url = str(tmp_path / "race")
     _setup(url, None)

@@ -93,6 +93,9 @@ def _counted_reads(url, step, want, counter, options=None):
     return out
 
 
+# 56 commits to moto and ~100 held reads (15 s of CPU): the slow lane; the fast lane keeps 4 round trips at
+# depths up to 10 after gc and delete (test_gc_and_delete_keep_every_chain_right)
+@pytest.mark.slow
 def test_round_trips_do_not_grow_with_depth(moto_s3, monkeypatch):
     states = states_bf16(40)
     bucket = moto_s3.bucket()

@@ -60,9 +60,15 @@ def _extras(i: int) -> dict:
     }
 
 
+#: The S3 variant of the heaviest tests (40 commits to moto, 6-8 s of CPU each) runs in the slow lane; the fast lane
+#: keeps them on local disk and memory, and S3 in the lighter tests of every backend
+_S3_SLOW = pytest.param("s3", marks=pytest.mark.slow)
+
+
 # -- 1. exactness --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend_url", ["local", "memory", _S3_SLOW], indirect=True)
 def test_exact_every_step_every_backend(backend_url):
     url, so = backend_url
     bf16, fp32 = states_bf16(20), states_fp32(20)
@@ -589,6 +595,7 @@ def test_awkward_tensor_names():
 # -- 7. retention --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend_url", ["local", "memory", _S3_SLOW], indirect=True)
 def test_delete_middle_steps_and_gc(backend_url):
     url, so = backend_url
     states = states_bf16(20)
