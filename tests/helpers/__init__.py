@@ -9,6 +9,7 @@
 - :mod:`tests.helpers.other_side`: a snippet run in a child process at one hooked call (the store's
   concurrency tests); :mod:`tests.helpers.lossy_proxy`: an HTTP proxy that loses one answer;
   :mod:`tests.helpers.maintenance_races`: the roles of the free-running gc/delete/commit/read trials;
+- :mod:`tests.helpers.lanes`: whether the slow lane runs (CI), for helpers that do less in the fast lane;
 - :mod:`tests.helpers.moto`: a moto S3 server (the ``moto_s3`` fixture of ``tests/conftest.py``);
 - :mod:`tests.helpers.small_states`: small states of several chunks per tensor, their children, digests
   (the state machine, ``tests/slow/crash_trials.py``, ``tests/slow/publisher_stress.py``);
