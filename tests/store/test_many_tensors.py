@@ -215,3 +215,101 @@ def test_a_blob_claimed_by_a_later_job_is_placed_where_the_first_chunk_is(tmp_pa
         trees.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
     assert len(claimed) == 3, claimed  # the intra blob, the delta and its snapshot
     assert trees[1] == trees[0]
+
+
+def _held_up_trees(tmp_path, monkeypatch, states, kwargs, hold: str) -> list[dict[str, str]]:
+    """The stored trees of ``states`` committed (step k with ``kwargs[k]``) with one thread, then with two
+    threads one chunk a job, the jobs of tensor ``hold`` held up (the main thread writes the tensors after it
+    meanwhile), each checked to read back exactly."""
+    import time
+
+    import ulstore.store.commit._finalize as finalize
+    import ulstore.store.commit._piece_writer as piece_writer
+
+    monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
+    real_jobs = piece_writer.PieceWriter._jobs
+
+    def held_up(self, job):
+        if any(st.name == hold for st, _, _ in job.chunks):
+            time.sleep(0.2)
+        return real_jobs(self, job)
+
+    monkeypatch.setattr(piece_writer.PieceWriter, "_jobs", held_up)
+    trees = []
+    for threads in (1, 2):
+        root = tmp_path / f"t{threads}"
+        t = _open_pinned(root, monkeypatch, threads, 1)
+        for k, s in enumerate(states):
+            t.commit(k, s, **kwargs[k])
+        for k, s in enumerate(states):
+            got = ulstore.open(str(root), mode="r").read(k)
+            assert all(_same(np.asarray(got[n]), s[n]) for n in s), k
+        t.close()
+        trees.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
+    return trees
+
+
+@pytest.mark.parametrize("case", ["anchor", "integers", "snapshot"])
+@pytest.mark.parametrize("order", ["ab", "ba"])
+@pytest.mark.parametrize("rows", [4, 64])
+def test_a_chunk_never_dedups_against_a_later_tensors_parent_entry(tmp_path, monkeypatch, case, order, rows):
+    """Tensor "a" takes the values tensor "b" had (and keeps) in the parent, an intra entry there.  Whether a's
+    chunks reuse b's parent entry depends only on plan order (b written before a, or after), never on whether
+    a worker ran a's chunks after the main thread had written b: one thread and two store the same bytes.
+    ``anchor``: an anchor commit (intra chunks); ``integers``: Zstd chunks of a delta commit; ``snapshot``: the
+    snapshots of a delta commit's chunks.  ``rows``: one chunk per tensor, or several."""
+    rng = np.random.default_rng(rows)
+    if case == "integers":
+        x, y = (rng.integers(0, 1000, (rows, 32)).astype(np.int32) for _ in range(2))
+    else:
+        x, y = ((0.02 * rng.standard_normal((rows, 32))).astype(BF16) for _ in range(2))
+    first, then = {"a": x, "b": y}, {"a": y.copy(), "b": y}
+    if order == "ba":
+        first, then = {"b": y, "a": x}, {"b": y, "a": y.copy()}
+    kwargs = [{}, {"anchor": True} if case == "anchor" else {"snapshot": case == "snapshot"}]
+    trees = _held_up_trees(tmp_path, monkeypatch, [first, then], kwargs, hold="a")
+    assert sum("pack" in p for p in trees[0]) >= 2, sorted(trees[0])
+    differ = [p for p in trees[0] if trees[0][p] != trees[1].get(p)]
+    assert trees[1].keys() == trees[0].keys() and not differ, differ
+
+
+def _shuffled_chunks(seed: int, tensors: int = 60, steps: int = 3) -> list[dict[str, np.ndarray]]:
+    """Steps of many one-chunk tensors drawn from a few chunk values (bf16 and int32), each step also copying
+    values of the previous step's other tensors: cross-tensor duplicates, within a step and against its parent."""
+    rng = np.random.default_rng(seed)
+    states: list[dict[str, np.ndarray]] = []
+    for _ in range(steps):
+        floats = [(0.02 * rng.standard_normal(16)).astype(BF16) for _ in range(5)]
+        ints = [rng.integers(0, 5, 16).astype(np.int32) for _ in range(5)]
+        s = {f"t{n:02d}": (ints if n % 3 == 0 else floats)[int(rng.integers(0, 5))] for n in range(tensors)}
+        if states:
+            prev = states[-1]
+            for n in s:
+                m = f"t{int(rng.integers(0, tensors)) // 3 * 3 + (int(n[1:]) % 3 > 0):02d}"
+                if rng.random() < 0.5 and m in prev and prev[m].dtype == s[n].dtype:
+                    s[n] = prev[m]
+        states.append(s)
+    return states
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cross_tensor_duplicates_store_the_same_bytes_whatever_the_threads(tmp_path, monkeypatch, seed):
+    """Many one-chunk tensors whose values repeat across tensors and steps (anchors and deltas, snapshots):
+    the stored bytes with two threads (one chunk a job, or many) are those of one thread."""
+    import ulstore.store.commit._finalize as finalize
+    import ulstore.store.commit._piece_writer as piece_writer
+
+    states = _shuffled_chunks(seed)
+    kwargs = [{}, {"anchor": True}, {"snapshot": True}]
+    monkeypatch.setattr(finalize, "_now", lambda: "2026-12-07T00:00:00+00:00")
+    trees = []
+    for threads, batch in ((1, piece_writer.BATCH_BYTES), (2, 1), (2, 100), (2, piece_writer.BATCH_BYTES)):
+        root = tmp_path / f"t{threads}-{batch}"
+        t = _open_pinned(root, monkeypatch, threads, batch)
+        for k, s in enumerate(states):
+            t.commit(k, s, **kwargs[k])
+        t.close()
+        trees.append({p: d for p, d in _tree(root).items() if "/refs/" not in f"/{p}"})
+    for other in trees[1:]:
+        differ = [p for p in trees[0] if trees[0][p] != other.get(p)]
+        assert other.keys() == trees[0].keys() and not differ, differ

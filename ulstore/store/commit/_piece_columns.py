@@ -101,6 +101,8 @@ class _PieceState:
         self.snaps: list = [None] * self.n
         self.left = self.n
         self.cost = 0  # modelled read cost of the blobs placed so far
+        # how many of the writer's parent pieces (in plan order) this piece's chunks may dedup against
+        self.seen = 0
 
     def region(self, coord) -> tuple[slice, ...]:
         return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coord, self.chunks, self.pshape))

@@ -16,7 +16,10 @@ pack's layout is deterministic.
 Dedup: a blob is identified by (content, reference content or none, codec,
 dtype, chunk shape): an in-commit index over the parent's intra entries and
 this commit's own blobs finds a tied weight or a re-coded frozen chunk, which
-is then written once.  No blob bytes are hashed for it.
+is then written once.  No blob bytes are hashed for it.  A chunk sees the
+parent's intra entries of the pieces written up to its own (plan order), never
+those of a piece written after it, whatever the worker's timing: what one
+thread stores, several store byte for byte.
 """
 
 from __future__ import annotations
@@ -111,7 +114,9 @@ class PieceWriter:
         self._parent_doc: StepDoc | None = None  # the parent's step document, read at the first piece
         self._placed: dict = {}
         self._costs: dict = {}  # dedup key -> the modelled read cost of its blob (set by the worker that encoded it)
-        self._intra: dict = {}  # dedup key of an intra blob -> Location, from the parent's entries
+        # dedup key of an intra blob -> (position in ``_intra_todo`` of the first parent piece that holds it,
+        # Location), from the parent's entries
+        self._intra: dict = {}
         # the parent pieces written so far, indexed into ``_intra`` when an intra chunk first looks there (a
         # delta commit of colocated chunks never does): appended by the main thread, indexed under the lock
         self._intra_todo: list[_PieceState] = []
@@ -154,6 +159,10 @@ class PieceWriter:
         st = _PieceState(name, array, dtype, shape, codec, layout, parent, pp, parent_packs, mode, kp)
         if pp is not None:
             self._intra_todo.append(st)
+        # the parent pieces this piece's chunks may dedup against: those written up to it.  A worker may run a
+        # chunk after the main thread wrote later pieces; seeing their entries would make the stored bytes
+        # depend on thread timing (one thread never sees them)
+        st.seen = len(self._intra_todo)
         if mode == "colocated" and kp is not None:
             self._load_parent(st, pj)
         if st.n == 0:
@@ -211,20 +220,24 @@ class PieceWriter:
         if not len(at):
             return
         coords = pp.coords() if pp.n > 1 else [(0,) * len(pp.grid)]
+        at_piece = self._intra_done  # (pieces are indexed in plan order: the first holder of a key stays)
         for i in at.tolist():
             intra = st.parent_snap(i) or st.parent_loc(i)
             key = (pp.content[i].tobytes(), None, st.codec, st.dtype.str, pp.region_shape(coords[i]))
-            self._intra.setdefault(key, intra)
+            self._intra.setdefault(key, (at_piece, intra))
 
-    def _intra_entry(self, key) -> Location | None:
-        """The parent's intra entry (blob or snapshot) for dedup key ``key``, among the pieces written so far."""
-        if self._intra_done < len(self._intra_todo):
+    def _intra_entry(self, key, seen: int) -> Location | None:
+        """The parent's intra entry (blob or snapshot) for dedup key ``key`` among the first ``seen`` parent
+        pieces written (a chunk's :attr:`_PieceState.seen`), whatever was written since."""
+        if self._intra_done < seen:
             with self._intra_lock:
                 todo = self._intra_todo
                 while self._intra_done < len(todo):
                     self._index_intra(todo[self._intra_done])
                     self._intra_done += 1
-        return self._intra.get(key)
+        hit = self._intra.get(key)
+        # the earliest holder is kept, so one past ``seen`` means no piece up to ``seen`` holds it
+        return hit[1] if hit is not None and hit[0] < seen else None
 
     def _load_parent(self, st: _PieceState, pj) -> None:
         """Make the kept piece hold the parent's values where it does not yet (decodes each chain once)."""
@@ -298,10 +311,10 @@ class PieceWriter:
                 return ("reuse", content, blob_cost(int(pp.length[i]), chunk.nbytes, INTRA) if self.anchor else 0)
         ref, ref_content = self._reference(st, i, coord, region)
         key = (content, ref_content, st.codec, st.dtype.str, shape)
-        blob = self._blob(key, chunk, ref, st.codec, owner)
+        blob = self._blob(key, chunk, ref, st.codec, owner, st.seen)
         snap = None
         if self.snapshot and ref is not None:
-            snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec, owner)
+            snap = self._blob((content, None, st.codec, st.dtype.str, shape), chunk, None, st.codec, owner, st.seen)
         if kp is not None:
             kp.put(i, chunk, content)
         return ("blob", content, key, blob, ref is not None, snap, self._cost(key, blob, chunk.nbytes))
@@ -324,11 +337,12 @@ class PieceWriter:
             return ref, content_digest(ref)
         return None, None
 
-    def _blob(self, key, chunk, ref, codec, owner):
+    def _blob(self, key, chunk, ref, codec, owner, seen: int):
         """The blob for ``key``: a known location, bytes this thread encoded, or None (another chunk's claim:
-        an earlier chunk of this job, or another job's, whose results hold the bytes)."""
+        an earlier chunk of this job, or another job's, whose results hold the bytes).  ``seen``: the parent
+        pieces the chunk may dedup against (:meth:`_intra_entry`)."""
         if key[1] is None:
-            loc = self._intra_entry(key)
+            loc = self._intra_entry(key, seen)
             if loc is not None:
                 return loc
         claims = self._claims
