@@ -174,6 +174,21 @@ def test_bad_names_and_existing_steps_are_refused_before_anything_is_written(tmp
         _save(_state(1), udcp.Writer(url))  # no step anywhere
 
 
+def test_a_save_into_a_directory_of_other_files_is_refused(tmp_path):
+    """DCP's usual checkpoint directory (``.distcp`` files) given to ulstore's writer by mistake: refused,
+    naming what is there, nothing written; an empty directory becomes a trajectory."""
+    ckpts = tmp_path / "ckpt"
+    ckpts.mkdir()
+    for name in (".metadata", "__0_0.distcp"):
+        (ckpts / name).write_bytes(b"dcp")
+    with _fails(InvalidInputError, r"holds 2 entries .*not a trajectory"):
+        _save(_state(0), udcp.Writer(str(ckpts)), 0)
+    assert sorted(p.name for p in ckpts.iterdir()) == [".metadata", "__0_0.distcp"]
+    (tmp_path / "empty").mkdir()
+    _save(_state(0), udcp.Writer(str(tmp_path / "empty")), 0)
+    assert ulstore.open(str(tmp_path / "empty"), mode="r").steps == [0]
+
+
 def test_a_failed_save_leaves_no_step_and_the_same_writer_retries_it(tmp_path, monkeypatch):
     """write_data failing (no pieces kept) and finish failing (this rank's pieces written, no step)."""
     url = str(tmp_path / "t")

@@ -577,6 +577,59 @@ def test_mode_w_replaces_a_trajectory_and_refuses_to_delete_anything_else(tmp_pa
     assert ulstore.open(tmp_path / "new" / "run", mode="w").steps == []
 
 
+@pytest.mark.parametrize("mode", ["a", "w-"])
+def test_creating_a_trajectory_among_other_files_is_refused(tmp_path, mode):
+    """``open(url, mode="a")`` (or "w-") creates a trajectory where there is none, but not inside a directory
+    of checkpoint files or over a file: refused, naming what is there, and left as it was.  An empty
+    directory, a missing path and an existing trajectory open as before."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for i in range(5):
+        (ckpts / f"step_{i}.safetensors").write_bytes(b"x" * (i + 1))
+    with pytest.raises(InvalidInputError, match=r"holds 5 entries \('step_0.safetensors'.* and 2 more\)") as caught:
+        ulstore.open(ckpts, mode=mode)
+    assert "import_checkpoint" in str(caught.value) and f"mode={mode!r}" in str(caught.value)
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"step_{i}.safetensors" for i in range(5)]
+    with pytest.raises(InvalidInputError, match="is a file, not a trajectory"):
+        ulstore.open(ckpts / "step_3.safetensors", mode=mode)
+    assert (ckpts / "step_3.safetensors").read_bytes() == b"xxxx"
+    (tmp_path / "empty").mkdir()
+    ulstore.open(tmp_path / "empty", mode=mode).commit(0, {"w": np.ones(3, np.float32)})
+    ulstore.open(tmp_path / "new" / "run", mode=mode).commit(0, {"w": np.ones(3, np.float32)})
+    assert ulstore.open(tmp_path / "empty", mode="a").steps == [0]  # an existing trajectory opens
+    with pytest.raises(InvalidInputError, match="holds 1 entry"):
+        ulstore.open(_mem_with({"notes.txt": b"hi"}), mode=mode)
+
+
+def _mem_with(objects: dict[str, bytes]) -> str:
+    """A fresh memory:// location holding ``objects``."""
+    import fsspec
+
+    url = _mem()
+    fs = fsspec.filesystem("memory")
+    for key, data in objects.items():
+        fs.pipe(f"{url}/{key}", data)
+    return url
+
+
+def test_a_trajectory_created_meanwhile_by_another_writer_is_opened(tmp_path, monkeypatch):
+    """Two writers (DCP ranks) opening a new trajectory at once: the one that finds the other's objects but had
+    read no root document a moment before reads it again and opens that trajectory, instead of refusing."""
+    from ulstore.store import trajectory as trajectory_module
+
+    url = str(tmp_path / "t")
+    real = trajectory_module._check_creatable
+
+    def other_writer_first(io, where, mode):
+        monkeypatch.setattr(trajectory_module, "_check_creatable", real)
+        ulstore.open(url, mode="w-", chunk_bytes=4096)  # another process creates it between our read and our listing
+        return real(io, where, mode)
+
+    monkeypatch.setattr(trajectory_module, "_check_creatable", other_writer_first)
+    traj = ulstore.open(url, mode="a")
+    assert traj.chunk_bytes == 4096  # the other writer's settings
+
+
 def test_awkward_tensor_names():
     names = ["model/layers.0/attn.q_proj.weight", "日本語/重み", "a.b.c", "emoji🙂", "x/c/0"]
     rng = np.random.default_rng(3)

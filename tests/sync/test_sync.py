@@ -920,6 +920,22 @@ def test_unknown_protocol_and_foreign_prefix(tmp_path):
         Publisher(str(tmp_path / "other"))
 
 
+def test_a_publisher_refuses_a_directory_of_other_files(tmp_path, states):
+    """A Publisher given a directory of checkpoint files does not make its bucket among them: refused, naming
+    what is there, the directory left as it was; an empty directory is a new bucket."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(InvalidInputError, match=r"holds 1 entry \('model.safetensors'\)"):
+        Publisher(str(ckpts))
+    assert [p.name for p in ckpts.iterdir()] == ["model.safetensors"]
+    (tmp_path / "empty").mkdir()
+    with Publisher(str(tmp_path / "empty"), chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+    with Publisher(str(tmp_path / "empty"), chunk_elems=CHUNK) as pub:  # an existing bucket opens (resumed)
+        assert pub.latest == 0
+
+
 def test_s3_publish_follow(states, moto_s3):
     url = f"s3://{moto_s3.bucket()}/run"
     with Publisher(url, anchor_every=3, storage_options=moto_s3.options, chunk_elems=CHUNK) as pub:

@@ -191,7 +191,8 @@ def open(
         ``mode`` is "w-" and a trajectory exists.
     InvalidInputError
         Bad ``mode`` or settings, or ``url`` holds a Zarr hierarchy that is not a trajectory, or
-        ``mode`` is "w" and ``url`` holds anything but a trajectory (files, a directory of them).
+        ``url`` holds anything but a trajectory (files, a directory of them) and ``mode`` is "w" (which
+        would delete it) or creates a trajectory there ("a", "w-"): an empty or missing location is fine.
     ReadOnlyError
         ``url`` reads through a cache (``simplecache::``, ``filecache::``, ``blockcache::``) and
         ``mode`` is "r+", "w" or "w-", or "a" with nothing there to open: caches are read-only (open
@@ -278,6 +279,8 @@ def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, n
             if cached is not None:
                 _check_bucket(io, url)
                 raise ReadOnlyError(f"no trajectory at {url!r}, and none can be created there: {cached}")
+            raw = _check_creatable(io, url, mode)
+        if raw is None:
             settings = new()
             try:
                 io.create(ROOT_META, canonical_json(_group({"ulstore": settings})))
@@ -320,6 +323,27 @@ def _check_replaceable(io: ObjectStore, url: str) -> None:
     raise InvalidInputError(
         f"refusing to open {url!r} with mode='w', which deletes what is there first: {what}; give the trajectory "
         "a path of its own (a new directory), or delete what is there yourself first"
+    )
+
+
+def _check_creatable(io: ObjectStore, url: str, mode: str) -> bytes | None:
+    """Refuse to create a trajectory among what is at ``url`` when it is not one (mode "a", "w-"; a sync
+    Publisher's bucket; a DCP checkpoint): a trajectory written into a directory of checkpoint files mixes its
+    objects with them and is hard to tell apart or remove.  An empty or missing location is fine.
+
+    Returns the root document if a trajectory appeared meanwhile (another process, a DCP rank, created it
+    between our read and our listing: use it), else None (create one).
+    """
+    there = _what_else(io)
+    if there is None:
+        return None
+    raw = io.get(ROOT_META, limit=MAX_DOCUMENT_BYTES)
+    if raw is not None:
+        return raw
+    raise InvalidInputError(
+        f"refusing to create a trajectory at {url!r} (mode={mode!r}): it {there}, not a trajectory; give the "
+        "trajectory a path of its own (a new directory); checkpoint files are imported into one with "
+        "ulstore.io.import_checkpoint(traj, path) (CLI: ulstore add)"
     )
 
 
