@@ -18,9 +18,11 @@ before anything is chosen:
    cannot hold at once;
 4. the trajectory stored with the default policy: stored bytes vs the pure
    chain, anchors and why; the full read of a step at each depth from a fresh
-   process (one subprocess per read; the time is taken inside it, from
-   ``ulstore.open`` to the arrays returned, the interpreter's start and imports
-   excluded), modelled cost beside it; and the GETs of a one-element lazy slice
+   process (the time is taken inside it, from ``ulstore.open`` to the arrays
+   returned, the interpreter's start and imports excluded; in rounds, each
+   round a new process per step in a shuffled order, and per step the min
+   across rounds: a shared machine's load moves between one process and the
+   next, and min of N is what stays put), modelled cost beside it; and the GETs of a one-element lazy slice
    per depth on a moto S3 server on 127.0.0.1 (a copy of the same trajectory).
 
 The figures go side by side with the bounds; nothing is asserted.
@@ -29,6 +31,9 @@ The figures go side by side with the bounds; nothing is asserted.
 from __future__ import annotations
 
 import json
+import math
+import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -54,22 +59,26 @@ _READ_CHILD = r"""
 import json, sys, time
 import ulstore
 job = json.loads(sys.argv[1])
-best = cpu = None
+open_ = ulstore.open  # imports the store (lazily loaded, ~1 s): before the clock, as the interpreter's start
+best = cpu = first = None
 for _ in range(job["reps"]):
     s, c = time.perf_counter(), time.process_time()
-    t = ulstore.open(job["url"], mode="r")
+    t = open_(job["url"], mode="r")
     t.read(job["step"])
     took, used = time.perf_counter() - s, time.process_time() - c
+    first = first or (took, used)
     best = took if best is None else min(best, took)
     cpu = used if cpu is None else min(cpu, used)
     del t
-print(json.dumps({"seconds": best, "cpu": cpu}))
+print(json.dumps({"seconds": best, "cpu": cpu, "first": first}))
 """
 
 
-def _fresh_read(url: str, step: int, reps: int) -> tuple[float, float]:
+def _fresh_read(url: str, step: int, reps: int) -> dict:
     """Seconds of a full read of ``step`` in a new process, wall and CPU (the process's threads): from
-    ``ulstore.open`` to the arrays (each the min of ``reps`` opens in that process, each with cold ulstore caches)."""
+    ``ulstore.open`` to the arrays (``seconds``, ``cpu``: each the min of ``reps`` opens in that process, each with
+    cold ulstore caches; ``first``: (wall, CPU) of its first, whatever the process does once included: its
+    imports are done before the clock starts)."""
     p = subprocess.run(
         [sys.executable, "-c", _READ_CHILD, json.dumps({"url": url, "step": step, "reps": reps})],
         capture_output=True,
@@ -77,8 +86,29 @@ def _fresh_read(url: str, step: int, reps: int) -> tuple[float, float]:
     )
     if p.returncode:
         raise RuntimeError(p.stderr[-2000:])
-    got = json.loads(p.stdout.strip().splitlines()[-1])
-    return got["seconds"], got["cpu"]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def fresh_reads(url: str, steps: list[int], reps: int, rounds: int) -> dict:
+    """:func:`_fresh_read` of every step in ``rounds`` rounds, each round a new process per step, the steps in a
+    shuffled order (a fixed seed per round: no step always read first, after the same neighbour, or in the same
+    phase of the machine's load); per step the min across rounds of wall and of CPU (the same measure with its
+    noise cut: min of N), and of a process's first read.  Also the load average before and after each round."""
+    wall: dict[int, float] = {}
+    cpu: dict[int, float] = {}
+    first: dict[int, tuple[float, float]] = {}
+    load = [os.getloadavg()[0]]
+    for r in range(max(1, rounds)):
+        order = list(steps)
+        random.Random(r).shuffle(order)
+        for s in order:
+            got = _fresh_read(url, s, reps)
+            wall[s] = min(wall.get(s, math.inf), got["seconds"])
+            cpu[s] = min(cpu.get(s, math.inf), got["cpu"])
+            f = first.get(s, (math.inf, math.inf))
+            first[s] = (min(f[0], got["first"][0]), min(f[1], got["first"][1]))
+        load.append(os.getloadavg()[0])
+    return {"wall": wall, "cpu": cpu, "first": first, "load": load, "rounds": max(1, rounds), "reps": reps}
 
 
 def _bits_changed(a: np.ndarray, b: np.ndarray) -> int:
@@ -292,8 +322,9 @@ def _star(nbytes, cost, n: int, steps: int, anchor: float, ca: float) -> tuple[f
 # -- 4. the default policy, stored and read ----------------------------------------------------------------------
 
 
-def store_default(states: list[dict], url: str) -> ulstore.Trajectory:
-    traj = ulstore.open(url, mode="w")
+def store_default(states: list[dict], url: str, k: float | None = None) -> ulstore.Trajectory:
+    """The states committed in order with the cost policy (``k``: its factor; None: the default)."""
+    traj = ulstore.open(url, mode="w", anchor_cost=k)
     for t, state in enumerate(states):
         traj.commit(t, state)
     return traj
@@ -489,7 +520,9 @@ def _ok(value: float, bound: float) -> str:
     return "ok" if value <= bound else "MISS"
 
 
-def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor: dict, fit: dict) -> None:
+def _print_store(traj, m: dict, bound: float, reads: tuple[int, int], s3: bool, states, floor: dict, fit: dict) -> None:
+    """The trajectory stored with the default policy: bytes, anchors, each picked step's fresh-process read
+    (``reads``: reads per process, rounds: :func:`fresh_reads`) and GETs, the fixed terms, the acceptance."""
     st = traj.stats()
     depth = by_depth(traj)
     anchors = [s for s in traj.steps if traj.info(s).anchor_distance == 0]
@@ -497,30 +530,30 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
     for s in anchors:
         why = (traj.info(s).anchoring or {}).get("anchor") or {"policy": "?"}
         policies[why["policy"]] = policies.get(why["policy"], 0) + 1
+    which = "the default" if traj.anchor_cost == rc.DEFAULT_ANCHOR_COST else "NOT the default"
     print(
-        f"  stored with the default policy (k={traj.anchor_cost}): {st['stored_bytes'] / 1e6:.2f} MB = "
+        f"  stored with the cost policy (k={traj.anchor_cost}, {which}): {st['stored_bytes'] / 1e6:.2f} MB = "
         f"{st['stored_bytes'] / m['pure']:.2f}x the pure chain (bound {bound}x; blobs alone "
         f"{st['blob_bytes'] / m['pure']:.2f}x); {len(anchors)} anchors ({policies}), depths 0..{max(depth)}"
     )
     picks = _picks(depth)
     name = max(states[0], key=lambda n: states[0][n].size)
     gets = s3_gets(traj.url, picks, name, states) if s3 else {}
-    measured = {s: _fresh_read(traj.url, s, reps) for s in picks}
-    times = {s: w for s, (w, _) in measured.items()}
-    cpu = {s: c for s, (_, c) in measured.items()}
+    measured = fresh_reads(traj.url, picks, *reads)
+    times, cpu = measured["wall"], measured["cpu"]
     terms = {s: read_terms(traj, s) for s in picks}
     fastest = min(times.values())
+    base = min(cpu[s] for s in picks if traj.info(s).anchor_distance == 0)  # the fastest anchor's CPU
+    modelled = {s: _modelled(traj, s) for s in picks}
     print(
-        f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'CPU ms':>7s} {'modelled':>9s} "
-        f"{'blobs':>6s} {'GETs':>5s}"
+        f"    {'depth':>5s} {'step':>5s} {'read ms':>8s} {'vs fastest':>10s} {'CPU ms':>7s} {'vs anchor':>9s} "
+        f"{'modelled':>9s} {'blobs':>6s} {'GETs':>5s}"
     )
     for s in picks:
-        a = traj.info(s).anchoring or {}
-        model = a["cost"] / a["anchor_cost"] if a.get("anchor_cost") else float("nan")
         g = gets.get(s, "-")
         print(
             f"    {traj.info(s).anchor_distance:5d} {s:5d} {times[s] * 1e3:8.1f} {times[s] / fastest:9.2f}x "
-            f"{cpu[s] * 1e3:7.1f} {model:8.2f}x {terms[s]['blobs']:6d} {g!s:>5s}"
+            f"{cpu[s] * 1e3:7.1f} {cpu[s] / base:8.2f}x {modelled[s]:8.2f}x {terms[s]['blobs']:6d} {g!s:>5s}"
         )
     _print_per_link(traj, picks, cpu)
     cal = m["calibration"]
@@ -540,24 +573,44 @@ def _print_store(traj, m: dict, bound: float, reps: int, s3: bool, states, floor
         f"units{' (from the RL run)' if 'dense' in got else ''}{dense} (constants: per read {rc.PER_READ}, per blob "
         f"{rc.PER_BLOB}, dense {rc.DENSE_PER_BYTE:g})"
     )
-    _print_acceptance(times, cpu, st["stored_bytes"] / m["pure"], gets, bound, floor)
+    _print_acceptance(measured, modelled, st["stored_bytes"] / m["pure"], gets, bound, floor)
 
 
-def _print_acceptance(times: dict, cpu: dict, stored: float, gets: dict, bound: float, floor: dict) -> None:
-    """Each bound with ok/MISS, measured (wall and CPU reads, stored bytes vs the pure chain), the floor beside."""
+def _modelled(traj, s: int) -> float:
+    """A step's modelled read over its chain's anchor's (its stored ``anchoring`` figures)."""
+    a = traj.info(s).anchoring or {}
+    return a["cost"] / a["anchor_cost"] if a.get("anchor_cost") else float("nan")
+
+
+def _print_acceptance(measured: dict, modelled: dict, stored: float, gets: dict, bound: float, floor: dict) -> None:
+    """Each bound with ok/MISS, measured (wall and CPU reads of :func:`fresh_reads`, stored bytes vs the pure
+    chain), the floor beside; the model's slowest read beside the measured one."""
+    times, cpu = measured["wall"], measured["cpu"]
     worst = max(times.values()) / min(times.values())
     most = max(gets.values()) if gets else None
-    print("  acceptance (bound, measured, floor of the other bound modelled on this data):")
+    load = measured["load"]
+    print(
+        f"  acceptance (bound, measured, floor of the other bound modelled on this data); reads: min of "
+        f"{measured['rounds']} rounds x {measured['reps']} reads per fresh process, load average "
+        f"{min(load):.1f}..{max(load):.1f} during them ({os.cpu_count()} cores):"
+    )
     print(
         f"    read: slowest / fastest full read {worst:.2f}x <= {READ_BOUND}x: {_ok(worst, READ_BOUND)} "
         f"(floor: with storage <= {bound}x the least read is {floor['read']})"
     )
     cpu_worst = max(cpu.values()) / min(cpu.values())
     spread = [times[s] / cpu[s] for s in times]
+    first = [f[1] for f in measured["first"].values()]
     print(
         f"    read, CPU time (what the load moves least): slowest / fastest {cpu_worst:.2f}x <= {READ_BOUND}x: "
         f"{_ok(cpu_worst, READ_BOUND)} (wall / CPU of these reads {min(spread):.2f}..{max(spread):.2f}: the "
-        "machine's noise)"
+        f"machine's noise; a process's first read alone: {max(first) / min(first):.2f}x)"
+    )
+    slow = max(cpu, key=cpu.__getitem__)
+    print(
+        f"    model: slowest modelled {max(modelled.values()):.2f}x its anchor; measured CPU slowest / fastest "
+        f"{cpu_worst:.2f}x (step {slow}, modelled {modelled[slow]:.2f}x): the model "
+        f"{'at least as pessimistic as' if max(modelled.values()) >= cpu_worst else 'UNDER'} the measurement"
     )
     print(
         f"    storage: {stored:.2f}x the pure chain <= {bound}x: {_ok(stored, bound)} (floor: with reads <= "
@@ -608,7 +661,8 @@ def run(args) -> None:
         "(reads: a fresh process each, timed inside from ulstore.open to the arrays returned)"
     )
     fit: dict = {}  # the fixed terms fitted so far (the RL run's per-blob term prices the dense run's)
-    for kind, what, bound in RUNS:
+    kinds = set(getattr(args, "depth_kinds", "rl,pretrain").split(","))
+    for kind, what, bound in (r for r in RUNS if r[0] in kinds):
         t0 = time.perf_counter()
         states = load_trajectory(kind, "bfloat16", args.depth_preset, args.depth_steps)
         print(
@@ -617,8 +671,9 @@ def run(args) -> None:
         m = measure(states)
         floor = _print_measures(m, bound)
         with tempfile.TemporaryDirectory() as d:
-            traj = store_default(states, str(Path(d) / kind))
-            _print_store(traj, m, bound, args.depth_reps, not args.no_s3, states, floor, fit)
+            traj = store_default(states, str(Path(d) / kind), getattr(args, "depth_k", None))
+            reads = (args.depth_reps, getattr(args, "depth_rounds", 1))
+            _print_store(traj, m, bound, reads, not args.no_s3, states, floor, fit)
         print(f"  ({time.perf_counter() - t0:.0f} s)")
         del states
     _print_calibration(fit)

@@ -502,6 +502,17 @@ def main(argv=None) -> None:
     p.add_argument("--depth-preset", default="small", choices=["tiny", "small", "bench"], help="depth: model size")
     p.add_argument("--depth-steps", type=int, default=300, help="depth: steps of each trajectory")
     p.add_argument("--depth-reps", type=int, default=3, help="depth: reads per step in its fresh process (min)")
+    p.add_argument(
+        "--depth-rounds",
+        type=int,
+        default=5,
+        help="depth: rounds of fresh-process reads (each round a new process per step, in a shuffled order; "
+        "per step the min across rounds)",
+    )
+    p.add_argument(
+        "--depth-k", type=float, default=None, help="depth: the cost policy's k to store with (default: the default)"
+    )
+    p.add_argument("--depth-kinds", default="rl,pretrain", help="depth: the trajectories (rl, pretrain)")
     from _data import cache_options
 
     cache_options(p)
