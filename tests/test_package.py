@@ -21,8 +21,17 @@ def test_import_ulstore_imports_neither_torch_nor_the_heavy_subpackages():
     assert got == "[]"
 
 
-# dcp: in test_dcp_writer_after_a_bare_import (one interpreter importing torch, not two)
-@pytest.mark.parametrize("name", ["sync", "io", "toytrain", "cli", "store", "codec", "core", "errors"])
+# one interpreter each (1.3 s of CPU), one module __getattr__ for every name: sync and io in the fast lane, all of them
+# in the slow lane;
+# dcp in test_dcp_writer_after_a_bare_import (one interpreter importing torch, not two)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sync",
+        "io",
+        *(pytest.param(n, marks=pytest.mark.slow) for n in ("toytrain", "cli", "store", "codec", "core", "errors")),
+    ],
+)
 def test_subpackages_are_attributes_of_ulstore_after_a_bare_import(name):
     got = _run(f"import ulstore, importlib\nprint(ulstore.{name} is importlib.import_module('ulstore.{name}'))")
     assert got == "True"

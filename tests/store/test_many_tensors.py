@@ -133,7 +133,8 @@ def test_layouts_groups_records_by_name():
     assert _layouts(records, ["a", "b", "d"]) == {"a": {1, 3}, "b": {2}, "d": set()}
 
 
-@pytest.mark.parametrize("snapshot", [False, True])
+# four thread and batch settings each (3 s of CPU): with snapshots in the slow lane
+@pytest.mark.parametrize("snapshot", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_tied_tensors_are_one_blob_whatever_the_threads(tmp_path, monkeypatch, snapshot):
     """Tensors of equal values (tied weights) in one commit share one blob (and one snapshot), whichever worker
     encodes it first, and the stored bytes do not depend on the threads or on how chunks are batched."""
