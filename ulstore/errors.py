@@ -24,6 +24,10 @@ Errors are grouped by what a handler would do about them::
     └── ReadOnlyError (PermissionError)        the trajectory was opened for reading
 
 Errors carry the ``step``, ``tensor`` and ``key`` they are about when known.
+
+One warning lives here too, because the store and the io layer both give it:
+``FewSharedNamesWarning`` (part of a step cannot be delta-coded against its
+parent: other names, or another dtype or shape).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ __all__ = [
     "StorageAccessError",
     "FormatError",
     "ReadOnlyError",
+    "FewSharedNamesWarning",
 ]
 
 
@@ -185,3 +190,28 @@ class FormatError(UlstoreError):
 
 class ReadOnlyError(UlstoreError, PermissionError):
     """A write was attempted on a trajectory opened read-only."""
+
+
+class FewSharedNamesWarning(UserWarning):
+    """Part of a step cannot be delta-coded against its parent step, so it is stored whole.
+
+    Given by :meth:`Trajectory.commit` when tensors the parent holds under the same name
+    have another dtype or shape now (a delta needs its parent's dtype and shape), and by
+    :func:`ulstore.io.import_checkpoint` when a checkpoint shares few tensor names with its
+    parent.  Attributes: ``shared`` (fraction of the parent's bytes matched by name, shape
+    and dtype; 0.0 when not measured), ``parent`` (the step), ``suggestion`` (a
+    ``rename_prefix`` mapping, or ``{}``), ``suggested_shared`` (the fraction it would
+    match) and ``changed`` (tensors the parent holds under the same name with another dtype
+    or shape: name -> ((parent shape, dtype), (shape, dtype)); when these are the reason,
+    renaming would not help: the dtype or shape did).
+    """
+
+    def __init__(
+        self, message: str, *, shared: float = 0.0, parent=None, suggestion=None, suggested_shared=0.0, changed=None
+    ):
+        super().__init__(message)
+        self.shared = shared
+        self.parent = parent
+        self.suggestion = dict(suggestion or {})
+        self.suggested_shared = suggested_shared
+        self.changed = dict(changed or {})

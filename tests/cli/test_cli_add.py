@@ -102,7 +102,8 @@ def test_add_in_another_dtype_says_the_dtype_moved_not_the_names(tmp_path):
     assert "in the parent's dtype" in warning
     p = run("add", url, tmp_path / "step_3.safetensors", check=0)
     (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:")]
-    assert "1 of them another dtype or shape ('w' float32 64x32 -> float32 32x32)" in warning, warning
+    assert "1 tensor has another dtype or shape than in parent step 2 ('w' float32 64x32 -> float32 32x32)" in warning
+    assert "step_3.safetensors: step 3:" in warning, warning
     assert "parent's dtype to" not in warning and "rename" not in warning
     p = run("add", url, tmp_path / "step_4.safetensors", check=0)
     (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("ulstore: warning:")]

@@ -15,7 +15,13 @@ import ulstore
 from tests.helpers.bits import bits_of as bits
 from tests.helpers.store import CHUNK, CountingIO, assert_state_equal, entries, states_bf16
 from ulstore.core.objects import MAX_DOCUMENT_BYTES
-from ulstore.errors import CorruptBlobError, CorruptManifestError, InvalidInputError, TensorNotFoundError
+from ulstore.errors import (
+    CorruptBlobError,
+    CorruptManifestError,
+    FewSharedNamesWarning,
+    InvalidInputError,
+    TensorNotFoundError,
+)
 from ulstore.store.commit import _piece_writer
 from ulstore.store.format._layout import pack_key
 from ulstore.store.read import _decode_plan
@@ -954,3 +960,48 @@ def test_a_step_document_handed_over_spares_the_reader_its_request():
     with pytest.raises(CorruptManifestError, match="differs from the step document already read"):
         ro.accept_step_document(1, other.step_document(1), parent=(0, traj.info(0).content))
     assert ro.info(1) == traj.info(1)
+
+
+def test_a_commit_says_which_tensors_changed_dtype_or_shape(tmp_path):
+    """A commit stores a float tensor whose dtype or shape moved since the parent whole (a delta needs its
+    parent's dtype and shape): it warns, naming them, as an import does (the same warning and words, once), on a
+    delta step or an anchor; integer tensors (never deltas) and new or unchanged tensors say nothing."""
+    import warnings
+
+    from ulstore import io as uio
+    from ulstore.io import checkpoints
+
+    rng = np.random.default_rng(5)
+    w = (0.02 * rng.standard_normal((64, 16))).astype(np.float32)
+    b = (0.02 * rng.standard_normal(16)).astype(np.float32)
+    traj = ulstore.open(_mem(), mode="w", anchor_every=0, chunk_bytes=1024)
+    traj.commit(0, {"w": w, "b": b, "i": np.arange(4, dtype=np.int32)})
+    with pytest.warns(FewSharedNamesWarning) as caught:
+        traj.commit(1, {"w": w.astype(ml_dtypes.bfloat16), "b": b[:8], "i": np.arange(6, dtype=np.int32)})
+    (warning,) = [c.message for c in caught.list]
+    assert isinstance(warning, FewSharedNamesWarning) and warning.parent == 0
+    assert warning.changed == {
+        "w": (((64, 16), np.dtype(np.float32)), ((64, 16), np.dtype(ml_dtypes.bfloat16))),
+        "b": (((16,), np.dtype(np.float32)), ((8,), np.dtype(np.float32))),
+    }
+    text = str(warning)
+    assert text.startswith("step 1: 2 tensors have another dtype or shape than in parent step 0 ('w' float32 64x16")
+    assert "'b' float32 16 -> float32 8" in text and "stored whole" in text and "parent's dtype" in text
+    assert caught.list[0].filename == __file__  # it points at the caller's commit
+    assert {e["ref"] for e in entries(traj, 1) if e["tensor"] in ("w", "b")} == {None}
+    with pytest.warns(
+        FewSharedNamesWarning, match=r"step 1 \('w' bfloat16 64x16 -> float32 64x16, 'b' float32 8 -> float32 16\)"
+    ):
+        traj.commit(2, {"w": w, "b": b, "new": b}, anchor=True)  # an anchor too: the dtype moved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FewSharedNamesWarning)
+        traj.commit(3, {"w": w, "b": b + 1, "i": np.arange(9, dtype=np.int32), "new": b})  # same dtypes and shapes
+    with pytest.warns(FewSharedNamesWarning, match="'w' float32 64x16 -> float16 64x16") as caught:
+        traj.commit(4, {"w": w.astype(np.float16), "b": b})
+    assert len(caught.list) == 1
+    # an import whose dtype moved: one warning (the commit's), not the import's and the commit's
+    path = tmp_path / "step_5.safetensors"
+    checkpoints.save_safetensors({"w": w.astype(np.float32), "b": b}, path)
+    with pytest.warns(FewSharedNamesWarning) as caught:
+        uio.import_checkpoint(traj, path)
+    assert [str(c.message)[:7] for c in caught.list] == ["step 5:"] and "'w' float16" in str(caught.list[0].message)

@@ -168,8 +168,11 @@ def _relay(ui, warning, path) -> None:
     """A warning from the io layer, in the CLI's words."""
     from .. import io as uio
 
-    if not isinstance(warning, uio.FewSharedNamesWarning) or warning.changed:  # (a dtype or shape moved: as said)
+    if not isinstance(warning, uio.FewSharedNamesWarning):
         ui.warn(str(warning))
+        return
+    if warning.changed:  # a dtype or shape moved (the commit's words): which file
+        ui.warn(f"{path}: {warning}")
         return
     text = (
         f"{path}: its tensor names match {warning.shared:.0%} of parent step {warning.parent}'s bytes, "

@@ -1,10 +1,12 @@
 """Human-readable sizes and counts, for reports, the CLI, the demo and the examples; URLs without credentials;
-what to say about a step, ref or name that does not exist (the closest that do)."""
+what to say about a step, ref or name that does not exist (the closest that do); tensors whose dtype or shape
+moved, in words (what a commit and an import warn)."""
 
 from __future__ import annotations
 
 import bisect
 import difflib
+import math
 import re
 from collections.abc import Iterable, Sequence
 
@@ -19,6 +21,8 @@ __all__ = [
     "close_matches",
     "did_you_mean",
     "missing_step_message",
+    "describe_retyped",
+    "retyped_message",
 ]
 
 #: Up to this many steps, "no such step" lists them all; beyond, the nearest ones.
@@ -163,3 +167,54 @@ def missing_step_message(where: str, wanted, steps: Sequence[int], refs: Iterabl
         f"no step {wanted} in {where}; the nearest are {', '.join(map(str, near))} "
         f"({len(steps)} steps from {steps[0]} to {steps[-1]}{': ' + listing if listing else ''})"
     )
+
+
+def describe_retyped(changed, limit: int = 2) -> str:
+    """Tensors whose dtype or shape moved (name -> ((old shape, dtype), (new shape, dtype))) in words, the
+    ``limit`` largest (by their old size) first.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> f2, f4 = np.dtype(np.float16), np.dtype(np.float32)
+    >>> describe_retyped({"w": (((4, 2), f2), ((4, 2), f4)), "b": (((3,), f4), ((5,), f4))})
+    "'w' float16 4x2 -> float32 4x2, 'b' float32 3 -> float32 5"
+    >>> describe_retyped({"w": (((3,), f4), ((3,), f4.newbyteorder("S")))})
+    "'w' float32 3 -> float32 big-endian 3"
+    """
+
+    def spec(shape, dtype) -> str:
+        # a byte order is named when it is not the machine's: float32 stored and '>f4' given differ by it alone
+        order = "" if dtype.isnative else f" {'big' if dtype.byteorder == '>' else 'little'}-endian"
+        return f"{dtype.name}{order} {'x'.join(map(str, shape)) or 'scalar'}"
+
+    def size(name: str) -> int:
+        shape, dtype = changed[name][0]
+        return math.prod(shape) * dtype.itemsize
+
+    order = sorted(changed, key=lambda n: (-size(n), n))
+    text = ", ".join(f"{n!r} {spec(*changed[n][0])} -> {spec(*changed[n][1])}" for n in order[:limit])
+    return text + (f" and {len(order) - limit} more" if len(order) > limit else "")
+
+
+def retyped_message(step, parent, changed) -> str:
+    """What a step whose tensors ``changed`` (:func:`describe_retyped`) dtype or shape against ``parent`` says:
+    those are stored whole, why, and (for a dtype) how to keep delta-coding.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> retyped_message(3, 2, {"w": (((4,), np.dtype(np.float16)), ((4,), np.dtype(np.float32)))})
+    "step 3: 1 tensor has another dtype or shape than in parent step 2 ('w' float16 4 -> float32 4), so it is \
+stored whole, not as a delta against it (a delta needs its parent's dtype and shape; keep tensors in the \
+parent's dtype to keep delta-coding them)"
+    """
+    one = len(changed) == 1
+    text = (
+        f"step {step}: {plural(len(changed), 'tensor')} {'has' if one else 'have'} another dtype or shape than in "
+        f"parent step {parent} ({describe_retyped(changed)}), so {'it is' if one else 'they are'} stored whole, "
+        f"not as {'a delta' if one else 'deltas'} against it (a delta needs its parent's dtype and shape"
+    )
+    if any(old[1] != new[1] for old, new in changed.values()):
+        text += "; keep tensors in the parent's dtype to keep delta-coding them"
+    return text + ")"

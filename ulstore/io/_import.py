@@ -16,7 +16,6 @@ from ._names import _GENERIC_NAMES, CHECKPOINT_KEY, checkpoint_format, step_from
 from ._rename import (
     MIN_SHARED,
     FewSharedNamesWarning,
-    describe_retyped,
     name_overlap,
     rename_prefixes,
     retyped,
@@ -75,7 +74,9 @@ def import_checkpoint(
         half of its parent's bytes by tensor name (and shape and dtype), and
         less than half of its own bytes match a parent tensor, so most of it
         cannot be delta-coded; the warning suggests a ``rename_prefix`` when one
-        would line the names up.
+        would line the names up.  Tensors the parent holds under the same name
+        with another dtype or shape are named by the commit's warning
+        (:meth:`Trajectory.commit`), whatever their share.
 
     Examples
     --------
@@ -166,16 +167,8 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
         return
     changed = retyped(theirs, ours)
     if changed and name_overlap(theirs, ours | {n: theirs[n] for n in changed}) >= MIN_SHARED:
-        # the names line up; the dtype or shape moved (bf16 weights saved as fp32): renaming would not help
-        text = (
-            f"{path}: its tensors have the names of parent step {parent_step}'s but {len(changed)} of them another "
-            f"dtype or shape ({describe_retyped(changed)}), so those are stored whole instead of as deltas (a delta "
-            "needs its parent's dtype and shape"
-        )
-        if any(old[1] != new[1] for old, new in changed.values()):
-            text += "; save the checkpoint in the parent's dtype to keep delta-coding"
-        text += ")"
-        warnings.warn(FewSharedNamesWarning(text, shared=shared, parent=parent_step, changed=changed), stacklevel=3)
+        # the names line up; the dtype or shape moved (bf16 weights saved as fp32): renaming would not help, and
+        # the commit says so itself (as any commit does: one warning, in the same words)
         return
     hint = suggest_prefixes(theirs, ours)
     after = shared

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ..errors import InvalidInputError
+from ..core.formatting import describe_retyped
+from ..errors import FewSharedNamesWarning, InvalidInputError
 
 __all__ = [
     "FewSharedNamesWarning",
@@ -31,27 +32,6 @@ __all__ = [
 MIN_SHARED = 0.5
 #: How many leading name components a suggested prefix may span.
 _MAX_PREFIX_PARTS = 3
-
-
-class FewSharedNamesWarning(UserWarning):
-    """A checkpoint shares few tensor names with its parent step, so little of it can be delta-coded.
-
-    Attributes: ``shared`` (fraction of the parent's bytes matched by name, shape and dtype),
-    ``parent`` (the step), ``suggestion`` (a ``rename_prefix`` mapping, or ``{}``),
-    ``suggested_shared`` (the fraction it would match) and ``changed`` (tensors the parent holds
-    under the same name with another dtype or shape: name -> ((parent shape, dtype), (shape,
-    dtype)); when these make up the shortfall, renaming would not help: the dtype or shape did).
-    """
-
-    def __init__(
-        self, message: str, *, shared: float = 0.0, parent=None, suggestion=None, suggested_shared=0.0, changed=None
-    ):
-        super().__init__(message)
-        self.shared = shared
-        self.parent = parent
-        self.suggestion = dict(suggestion or {})
-        self.suggested_shared = suggested_shared
-        self.changed = dict(changed or {})
 
 
 def _nbytes(shape, dtype) -> int:
@@ -90,25 +70,6 @@ def retyped(parent: Mapping, child: Mapping) -> dict:
     {'a': (((4,), dtype('float16')), ((4,), dtype('float32')))}
     """
     return {name: (parent[name], v) for name, v in child.items() if name in parent and parent[name] != v}
-
-
-def describe_retyped(changed: Mapping, limit: int = 2) -> str:
-    """``changed`` (:func:`retyped`) in words, the ``limit`` largest tensors first.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> f2, f4 = np.dtype(np.float16), np.dtype(np.float32)
-    >>> describe_retyped({"w": (((4, 2), f2), ((4, 2), f4)), "b": (((3,), f4), ((5,), f4))})
-    "'w' float16 4x2 -> float32 4x2, 'b' float32 3 -> float32 5"
-    """
-
-    def spec(shape, dtype) -> str:
-        return f"{dtype.name} {'x'.join(map(str, shape)) or 'scalar'}"
-
-    order = sorted(changed, key=lambda n: (-_nbytes(*changed[n][0]), n))
-    text = ", ".join(f"{n!r} {spec(*changed[n][0])} -> {spec(*changed[n][1])}" for n in order[:limit])
-    return text + (f" and {len(order) - limit} more" if len(order) > limit else "")
 
 
 def suggest_prefixes(parent: Mapping, child: Mapping) -> dict[str, str]:

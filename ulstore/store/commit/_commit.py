@@ -18,10 +18,12 @@ Where a chunk is *encoded*: ``_writer.PieceWriter._job`` ->
 from __future__ import annotations
 
 import concurrent.futures as cf
+import warnings
 import weakref
 from collections.abc import Mapping
 
-from ...errors import InvalidInputError
+from ...core.formatting import retyped_message
+from ...errors import FewSharedNamesWarning, InvalidInputError
 from .._base import MAIN, TrajectoryBase
 from ..format._chunk_tables import content_checksum
 from ..format._chunkcodec import digest
@@ -137,6 +139,14 @@ class Committer:
             the same head created its step but never moved the branch.
         ReadOnlyError
             The trajectory was opened with mode="r".
+
+        Warns
+        -----
+        FewSharedNamesWarning
+            Float tensors whose dtype or shape differs from the parent's tensor
+            of the same name: those are stored whole, not as deltas against it
+            (a delta needs its parent's dtype and shape); the warning names
+            them (``changed``).
         """
         self._t._check_writable()
         step = check_step(step)
@@ -169,6 +179,7 @@ class Committer:
             snapshot=snapshot,
             executor=executor or self._t._executor,
             sparse=sparse,
+            warn=True,
         )
 
     def _commit(
@@ -189,6 +200,7 @@ class Committer:
         created: str | None = None,
         sparse: bool = False,
         probe: tuple[int, float, int] | None = None,
+        warn: bool = False,
     ) -> int:
         """One piece writer over ``arrays``, then the finalizer (holding the kept step meanwhile).
 
@@ -196,6 +208,8 @@ class Committer:
         holds it now (never wait: an unclosed piece writer must not hang a commit).
         ``probe`` (``_probe_limit``: a delta tried with no delta cost known): if the delta written reads more
         than its limit, it is written as an anchor by cost instead (the delta is encoded to be priced, not stored).
+        ``warn``: a float tensor whose dtype or shape moved since the parent is stored whole, not as a delta
+        against it: say so (:class:`FewSharedNamesWarning`, as an import does; the re-encodes of a delete do not).
         """
         if probe is not None:
             over = self._over_limit(step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse)
@@ -211,6 +225,9 @@ class Committer:
                 for name, arr in arrays.items():
                     w.write(name, arr, chunks=(chunks or {}).get(name))
                 records = w.flush()
+                if warn and w.retyped:  # (stack: here, commit, the trajectory's delegate, the caller)
+                    text = retyped_message(step, parent, w.retyped)
+                    warnings.warn(FewSharedNamesWarning(text, parent=parent, changed=w.retyped), stacklevel=4)
                 self._finalizer._finalize(
                     step,
                     records,

@@ -122,6 +122,10 @@ class PieceWriter:
         self._intra_todo: list[_PieceState] = []
         self._intra_done = 0
         self._intra_lock = threading.Lock()
+        #: the float tensors written that the parent holds under the same name with another dtype or shape (so
+        #: their chunks are intra-coded, not deltas): name -> ((parent shape, dtype), (shape, dtype)); a commit
+        #: warns of them
+        self.retyped: dict[str, tuple] = {}
         self._failed = False
         self.closed = False
         #: the branch as read when :meth:`Trajectory.piece_writer` made this writer: a
@@ -144,6 +148,8 @@ class PieceWriter:
         same = pt is not None and pt.dtype == dtype and pt.shape == shape
         if self.strict and codec == ULPACK and not same:
             self._refuse_intra(name, pt, dtype, shape)
+        if pt is not None and codec == ULPACK and not same:
+            self.retyped[name] = ((pt.shape, pt.dtype), (shape, dtype))
         parent = pt if same else None  # the parent's table, when its chunks can be references
         if chunks is None:
             chunks = self._default_chunks(parent, offset, pshape, dtype)
