@@ -31,6 +31,7 @@ cdef extern from "_one_stream_loops.h" nogil:
         uint32_t rcp
         uint32_t info
     void ulp3_venc_table(const void *tab, int64_t n, ulp3_venc *out)
+    void ulp3_intra_table(const uint32_t *slots, const uint32_t *lut, uint64_t *e64)
     int64_t ulp3_dec4_delta8(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                              const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
@@ -68,11 +69,11 @@ cdef extern from "_one_stream_loops.h" nogil:
                                const ulp3_venc *vt, uint64_t *x, uint16_t *words, int64_t pos)
     int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
                                int mant_bits, int emask, int lo, int count, int s,
-                               const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                               const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                                int64_t n_words, int64_t *pos_io, uint32_t *states)
     int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, int mode,
                                int mant_bits, int emask, int lo, int count, int s,
-                               const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                               const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                                int64_t n_words, int64_t *pos_io, uint32_t *states)
 
 cdef enum:
@@ -352,6 +353,7 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     cdef Hasher ho = Hasher(0, 0, 0), hr = Hasher(0, 0, 0)
     cdef int32_t* ctx_base = NULL
     cdef uint64_t* f0 = NULL
+    cdef uint64_t* e64 = NULL  # the AVX2 INTRA loops' slot table (ulp3_intra_table)
     cdef uint32_t f, row
     cdef const word_t* pr
     cdef word_t* po = &out[0] if n else NULL
@@ -384,16 +386,23 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                     f = slots[row << SCALE_BITS]
                     f0[c] = (((f >> 12) & 0xFFF) + 1) if (f >> 24) == 0 else 0
             d.ctx_base = ctx_base
+        elif mode == 1 and ULP3_HAVE_AVX2 and lanes == 32 and (
+                (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)):
+            e64 = <uint64_t*>malloc(SCALE * sizeof(uint64_t))
+            if e64 == NULL:
+                status = -8
+            else:
+                ulp3_intra_table(d.slots, d.lut, e64)
         while status == 0 and lo < n:
             hi = min(n, lo + BLOCK3)
             if word_t is uint16_t:
                 if lanes == 32 and phases == 1 and mode != 2:
                     lo = ulp3_avx2_decode16(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
-                                            d.lut, d.words, d.n_words, &d.pos, d.x)
+                                            e64, d.words, d.n_words, &d.pos, d.x)
             elif word_t is uint32_t:
                 if lanes == 32 and phases == 2:
                     lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
-                                            d.lut, d.words, d.n_words, &d.pos, d.x)
+                                            e64, d.words, d.n_words, &d.pos, d.x)
             if lanes == 4 and mode == 0:
                 if word_t is uint16_t:
                     lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
@@ -426,6 +435,7 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
             lo = hi
         free(ctx_base)
         free(f0)
+        free(e64)
         if status == 0:
             if d.pos != d.n_words:
                 status = -5

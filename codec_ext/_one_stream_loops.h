@@ -41,6 +41,13 @@ struct ulp3_enc_entry { uint64_t rcp; uint32_t xmax; uint16_t start; uint16_t sh
  * dense data, and a mispredicted branch costs more than the whole step. */
 #define ULP3_SEL(C, A, B) ((((uint64_t)(A)) & (0 - (uint64_t)(C))) | (((uint64_t)(B)) & ((uint64_t)(C) - 1)))
 
+/* The INTRA decoder's slot table of the AVX2 loops: per slot its entry and, above it, the symbol
+ * its rank stands for (lut[rank]), so that one 8-byte load gives both (ULP3_INTRA_ENTRY). */
+static __attribute__((unused)) void ulp3_intra_table(const uint32_t *slots, const uint32_t *lut, uint64_t *e64) {
+    for (int q = 0; q < 4096; q++)
+        e64[q] = slots[q] | (uint64_t)lut[slots[q] >> 24] << 32;
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #define ULP3_HAVE_AVX2 1
@@ -126,28 +133,40 @@ static inline __attribute__((always_inline)) __m256i ulp3_gather(const uint32_t 
                              (int)base[ix[4]], (int)base[ix[5]], (int)base[ix[6]], (int)base[ix[7]]);
 }
 
+/* The INTRA lookup of 8 lanes X (states): E gets each slot's entry and SY its symbol, from
+ * 64-bit entries (entry | symbol << 32, ulp3_intra_table) loaded in lanes 0, 1, 4, 5 and
+ * 2, 3, 6, 7, so that one in-lane shuffle splits them: one set of loads instead of a second
+ * lookup of the symbol by the entry's rank. */
+#define ULP3_INTRA_ENTRY(X, E, SY)                                                               \
+    {                                                                                            \
+        uint32_t ix_[8] __attribute__((aligned(32)));                                            \
+        _mm256_store_si256((__m256i *)ix_, _mm256_and_si256(X, v.m4095));                        \
+        __asm__("" : "+m"(ix_));                                                                 \
+        __m256 ea_ = _mm256_castsi256_ps(_mm256_setr_epi64x((long long)e64[ix_[0]], (long long)e64[ix_[1]], \
+                                                            (long long)e64[ix_[4]], (long long)e64[ix_[5]])); \
+        __m256 eb_ = _mm256_castsi256_ps(_mm256_setr_epi64x((long long)e64[ix_[2]], (long long)e64[ix_[3]], \
+                                                            (long long)e64[ix_[6]], (long long)e64[ix_[7]])); \
+        E = _mm256_castps_si256(_mm256_shuffle_ps(ea_, eb_, 0x88));                              \
+        SY = _mm256_castps_si256(_mm256_shuffle_ps(ea_, eb_, 0xDD));                             \
+    }
+
 struct ulp3_vec {
     __m256i low, one, zero, m4095, m255, m_ffff, h16, lo_m1, lo_band, hi_band, emask, nb_intra, smask, c15, h32;
 };
 
 /* Token step of one register: returns the token, updates x (no refill yet) and
- * computes both refill masks and their word counts. */
+ * computes both refill masks and their word counts.  row##K: the 8 lanes' rows << 12
+ * (ULP3_ROWS16; zero for intra). */
 #define ULP3_TOKEN(K)                                                                              \
-    __m256i r##K = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i + 8 * K)));     \
-    __m256i t##K, nb##K, ma##K, mb##K;                                                           \
+    __m256i t##K, nb##K, ma##K, mb##K, sy##K = v.zero;                                           \
     int ka##K, kb##K;                                                                            \
     {                                                                                            \
-        __m256i row;                                                                             \
-        if (mode == 0) {                                                                         \
-            __m256i c = _mm256_and_si256(_mm256_srl_epi32(r##K, mant), v.emask);                 \
-            __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(c, v.lo_m1),                        \
-                                          _mm256_cmpgt_epi32(v.hi_band, c));                     \
-            row = _mm256_and_si256(_mm256_sub_epi32(c, v.lo_band), in);                          \
-            row = _mm256_slli_epi32(row, 12);                                                    \
-        } else {                                                                                 \
-            row = v.zero;                                                                        \
-        }                                                                                        \
-        __m256i e = ulp3_gather(slots, _mm256_add_epi32(row, _mm256_and_si256(x##K, v.m4095)));  \
+        __m256i row = row##K;                                                                    \
+        __m256i e;                                                                               \
+        if (mode == 1)                                                                           \
+            ULP3_INTRA_ENTRY(x##K, e, sy##K)                                                     \
+        else                                                                                     \
+            e = ulp3_gather(slots, _mm256_add_epi32(row, _mm256_and_si256(x##K, v.m4095)));      \
         t##K = _mm256_srli_epi32(e, 24);                                                         \
         __m256i f = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 12), v.m4095), v.one); \
         x##K = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x##K, 12)),              \
@@ -178,7 +197,7 @@ struct ulp3_vec {
         X = _mm256_blendv_epi8(X, _mm256_or_si256(_mm256_slli_epi32(X, 16), w_), M);             \
     }
 
-/* Raw step and the values: o##K gets the 8 decoded words as 32-bit lanes. */
+/* Raw step and the values: o##K gets the 8 decoded words (a delta: their residuals) as 32-bit lanes. */
 #define ULP3_FINISH(K)                                                                           \
     __m256i o##K;                                                                                \
     {                                                                                            \
@@ -186,18 +205,11 @@ struct ulp3_vec {
         __m256i raw = _mm256_and_si256(x##K, _mm256_sub_epi32(_mm256_sllv_epi32(v.one, nb##K), v.one)); \
         x##K = _mm256_srlv_epi32(x##K, nb##K);                                                   \
         ULP3_REFILL(x##K, pb##K, kb##K, mb##K)                                                   \
-        if (mode == 0) {                                                                         \
-            __m256i z = _mm256_or_si256(                                                         \
+        if (mode == 0) { /* the residual z (< 2^16); the values come 16 lanes at a time (ULP3_VALUES16) */ \
+            o##K = _mm256_or_si256(                                                              \
                 _mm256_sllv_epi32(_mm256_sub_epi32(t##K, _mm256_slli_epi32(nb##K, 2)), nb##K), raw); \
-            __m256i neg = _mm256_sub_epi32(v.zero, _mm256_srli_epi32(r##K, 15));                 \
-            __m256i kr = _mm256_xor_si256(r##K, _mm256_or_si256(_mm256_and_si256(neg, v.m_ffff), v.h16)); \
-            __m256i d = _mm256_xor_si256(_mm256_srli_epi32(z, 1),                                \
-                                         _mm256_sub_epi32(v.zero, _mm256_and_si256(z, v.one)));  \
-            __m256i k = _mm256_and_si256(_mm256_add_epi32(kr, d), v.m_ffff);                     \
-            __m256i pos_ = _mm256_sub_epi32(_mm256_srli_epi32(k, 15), v.one);                    \
-            o##K = _mm256_xor_si256(k, _mm256_or_si256(_mm256_and_si256(pos_, v.m_ffff), v.h16)); \
         } else {                                                                                 \
-            __m256i sym = ulp3_gather(lut, t##K);                                          \
+            __m256i sym = sy##K;                                          \
             o##K = _mm256_or_si256(                                                              \
                 _mm256_or_si256(_mm256_slli_epi32(_mm256_srl_epi32(raw, sh), 15),                \
                                 _mm256_sll_epi32(sym, sh)),                                      \
@@ -205,15 +217,38 @@ struct ulp3_vec {
         }                                                                                        \
     }
 
+/* The rows << 12 of 16 consecutive reference words R (16-bit lanes: twice the elements per
+ * instruction), as two registers of 8 32-bit lanes, A (elements 0-7) and B (8-15).  Contexts
+ * lo .. lo + count - 1 have rows 1 .. count, every other context row 0. */
+#define ULP3_ROWS16(R, A, B)                                                                     \
+    {                                                                                            \
+        __m256i c_ = _mm256_and_si256(_mm256_srl_epi16(R, mant), e16);                           \
+        __m256i in_ = _mm256_and_si256(_mm256_cmpgt_epi16(c_, lo16), _mm256_cmpgt_epi16(hi16, c_)); \
+        __m256i w_ = _mm256_and_si256(_mm256_sub_epi16(c_, lo16), in_);                          \
+        A = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w_)), 12);            \
+        B = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w_, 1)), 12);       \
+    }
+
+/* The values of 16 elements of a delta from their reference words R and residuals Z (16-bit
+ * lanes): unkey(key(r) + unzigzag(z)) mod 2^16, where key(u) = u ^ (u < 2^15 ? 2^15 : 2^16 - 1)
+ * and unkey(k) = k ^ (k >= 2^15 ? 2^15 : 2^16 - 1); 16-bit lanes wrap by themselves. */
+static inline __attribute__((always_inline)) __m256i ulp3_values16(__m256i R, __m256i Z) {
+    const __m256i h = _mm256_set1_epi16((short)0x8000), one = _mm256_set1_epi16(1);
+    __m256i kr = _mm256_xor_si256(R, _mm256_or_si256(_mm256_srai_epi16(R, 15), h));
+    __m256i d = _mm256_xor_si256(_mm256_srli_epi16(Z, 1), _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_and_si256(Z, one)));
+    __m256i k = _mm256_add_epi16(kr, d);
+    return _mm256_xor_si256(k, _mm256_or_si256(_mm256_xor_si256(_mm256_srai_epi16(k, 15), _mm256_set1_epi16(-1)), h));
+}
+
 /* Decode elements [i, end) of 16-bit words, 32 at a time, while at least 64 words
  * remain readable; returns the first element not decoded (i + 32k).  states (32)
  * and *pos_io are read and written back.  mode 0: delta (r the reference, band
- * lo/count over contexts (r >> mant) & emask); mode 1: intra (lut, s low
- * mantissa bits). */
+ * lo/count over contexts (r >> mant) & emask); mode 1: intra (e64: ulp3_intra_table,
+ * s low mantissa bits). */
 static inline __attribute__((always_inline)) int64_t
 ulp3_avx2_loop16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, const int mode,
                  int mant_bits, int emask, int lo, int count, int s,
-                 const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                 const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                  int64_t n_words, int64_t *pos_io, uint32_t *states) {
     struct ulp3_vec v;
     v.low = _mm256_set1_epi32(1 << 15);
@@ -236,7 +271,16 @@ ulp3_avx2_loop16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, const
     __m256i x1 = _mm256_loadu_si256((const __m256i *)(states + 8));
     __m256i x2 = _mm256_loadu_si256((const __m256i *)(states + 16));
     __m256i x3 = _mm256_loadu_si256((const __m256i *)(states + 24));
+    const __m256i e16 = _mm256_set1_epi16((short)emask), lo16 = _mm256_set1_epi16((short)(lo - 1));
+    const __m256i hi16 = _mm256_set1_epi16((short)(lo + count)); /* contexts <= 255: no signed overflow */
     for (; i + 32 <= end && pos + 64 <= n_words; i += 32) {
+        __m256i ra = v.zero, rb = v.zero, row0 = v.zero, row1 = v.zero, row2 = v.zero, row3 = v.zero;
+        if (mode == 0) {
+            ra = _mm256_loadu_si256((const __m256i *)(r + i));
+            rb = _mm256_loadu_si256((const __m256i *)(r + i + 16));
+            ULP3_ROWS16(ra, row0, row1)
+            ULP3_ROWS16(rb, row2, row3)
+        }
         ULP3_TOKEN(0)
         ULP3_TOKEN(1)
         ULP3_TOKEN(2)
@@ -245,8 +289,15 @@ ulp3_avx2_loop16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, const
         ULP3_FINISH(1)
         ULP3_FINISH(2)
         ULP3_FINISH(3)
-        _mm256_storeu_si256((__m256i *)(out + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(o0, o1), 0xD8));
-        _mm256_storeu_si256((__m256i *)(out + i + 16), _mm256_permute4x64_epi64(_mm256_packus_epi32(o2, o3), 0xD8));
+        /* 32-bit lanes to 16 (each below 2^16: packus keeps them), in element order */
+        __m256i oa = _mm256_permute4x64_epi64(_mm256_packus_epi32(o0, o1), 0xD8);
+        __m256i ob = _mm256_permute4x64_epi64(_mm256_packus_epi32(o2, o3), 0xD8);
+        if (mode == 0) {
+            oa = ulp3_values16(ra, oa);
+            ob = ulp3_values16(rb, ob);
+        }
+        _mm256_storeu_si256((__m256i *)(out + i), oa);
+        _mm256_storeu_si256((__m256i *)(out + i + 16), ob);
     }
     _mm256_storeu_si256((__m256i *)(states + 0), x0);
     _mm256_storeu_si256((__m256i *)(states + 8), x1);
@@ -258,12 +309,12 @@ ulp3_avx2_loop16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, const
 
 static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
                                   int mant_bits, int emask, int lo, int count, int s,
-                                  const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                                  const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                                   int64_t n_words, int64_t *pos_io, uint32_t *states) {
     if (mode == 0)  /* two copies of the loop, each with its mode a constant */
-        return ulp3_avx2_loop16(r, out, i, end, 0, mant_bits, emask, lo, count, s, slots, lut, words,
+        return ulp3_avx2_loop16(r, out, i, end, 0, mant_bits, emask, lo, count, s, slots, e64, words,
                                 n_words, pos_io, states);
-    return ulp3_avx2_loop16(out, out, i, end, 1, mant_bits, emask, lo, count, s, slots, lut, words,
+    return ulp3_avx2_loop16(out, out, i, end, 1, mant_bits, emask, lo, count, s, slots, e64, words,
                             n_words, pos_io, states);
 }
 
@@ -283,7 +334,11 @@ static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, u
             __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(c, v.lo_m1), _mm256_cmpgt_epi32(v.hi_band, c)); \
             row = _mm256_slli_epi32(_mm256_and_si256(_mm256_sub_epi32(c, v.lo_band), in), 12);   \
         }                                                                                        \
-        __m256i e = ulp3_gather(slots, _mm256_add_epi32(row, _mm256_and_si256(x##K, v.m4095)));  \
+        __m256i e, sy = v.zero;                                                                  \
+        if (mode == 1)                                                                           \
+            ULP3_INTRA_ENTRY(x##K, e, sy)                                                        \
+        else                                                                                     \
+            e = ulp3_gather(slots, _mm256_add_epi32(row, _mm256_and_si256(x##K, v.m4095)));      \
         __m256i t = _mm256_srli_epi32(e, 24);                                                    \
         __m256i f = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 12), v.m4095), v.one); \
         x##K = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srli_epi32(x##K, 12)), _mm256_and_si256(e, v.m4095)); \
@@ -321,7 +376,7 @@ static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, u
                                                                _mm256_sub_epi32(v.zero, _mm256_and_si256(z, v.one)))); \
             o = _mm256_xor_si256(k, _mm256_or_si256(_mm256_sub_epi32(_mm256_srli_epi32(k, 31), v.one), v.h32)); \
         } else {                                                                                 \
-            __m256i sym = ulp3_gather(lut, t);                                                  \
+            __m256i sym = sy;                                                  \
             o = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_srl_epi32(raw, sh), 31), \
                                                 _mm256_sll_epi32(sym, sh)),                      \
                                 _mm256_and_si256(raw, v.smask));                                 \
@@ -331,7 +386,7 @@ static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, u
 
 static inline __attribute__((always_inline)) int64_t
 ulp3_avx2_loop32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, const int mode, int mant_bits, int emask,
-                 int lo, int count, int s, const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                 int lo, int count, int s, const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                  int64_t n_words, int64_t *pos_io, uint32_t *states) {
     struct ulp3_vec v;
     v.low = _mm256_set1_epi32(1 << 15);
@@ -369,16 +424,16 @@ ulp3_avx2_loop32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, const
 
 static __attribute__((noinline)) int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end,
                                                           int mode, int mant_bits, int emask, int lo, int count, int s,
-                                                          const uint32_t *slots, const uint32_t *lut,
+                                                          const uint32_t *slots, const uint64_t *e64,
                                                           const uint8_t *words, int64_t n_words, int64_t *pos_io,
                                                           uint32_t *states) {
     if (mode == 0)  /* one copy of the loop per mode, each with its mode a constant */
-        return ulp3_avx2_loop32(r, out, i, end, 0, mant_bits, emask, lo, count, s, slots, lut, words, n_words,
+        return ulp3_avx2_loop32(r, out, i, end, 0, mant_bits, emask, lo, count, s, slots, e64, words, n_words,
                                 pos_io, states);
     if (mode == 1)
-        return ulp3_avx2_loop32(r, out, i, end, 1, mant_bits, emask, lo, count, s, slots, lut, words, n_words,
+        return ulp3_avx2_loop32(r, out, i, end, 1, mant_bits, emask, lo, count, s, slots, e64, words, n_words,
                                 pos_io, states);
-    return ulp3_avx2_loop32(r, out, i, end, 2, mant_bits, emask, lo, count, s, slots, lut, words, n_words, pos_io,
+    return ulp3_avx2_loop32(r, out, i, end, 2, mant_bits, emask, lo, count, s, slots, e64, words, n_words, pos_io,
                             states);
 }
 
@@ -669,18 +724,18 @@ static void ulp_hash_sum_pair(const uint8_t *pa, const uint8_t *pb, int64_t nw, 
 }
 static __attribute__((noinline)) int64_t ulp3_avx2_decode16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mode,
                                   int mant_bits, int emask, int lo, int count, int s,
-                                  const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                                  const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                                   int64_t n_words, int64_t *pos_io, uint32_t *states) {
     (void)r; (void)out; (void)end; (void)mode; (void)mant_bits; (void)emask; (void)lo; (void)count;
-    (void)s; (void)slots; (void)lut; (void)words; (void)n_words; (void)pos_io; (void)states;
+    (void)s; (void)slots; (void)e64; (void)words; (void)n_words; (void)pos_io; (void)states;
     return i;
 }
 static int64_t ulp3_avx2_decode32(const uint32_t *r, uint32_t *out, int64_t i, int64_t end, int mode,
                                   int mant_bits, int emask, int lo, int count, int s,
-                                  const uint32_t *slots, const uint32_t *lut, const uint8_t *words,
+                                  const uint32_t *slots, const uint64_t *e64, const uint8_t *words,
                                   int64_t n_words, int64_t *pos_io, uint32_t *states) {
     (void)r; (void)out; (void)end; (void)mode; (void)mant_bits; (void)emask; (void)lo; (void)count;
-    (void)s; (void)slots; (void)lut; (void)words; (void)n_words; (void)pos_io; (void)states;
+    (void)s; (void)slots; (void)e64; (void)words; (void)n_words; (void)pos_io; (void)states;
     return i;
 }
 struct ulp3_venc { uint32_t rcp; uint32_t info; };
