@@ -291,17 +291,33 @@ def _compare_sizes(traj, report: dict, trained: _Run, n_params: int, n1: int, st
                 "stored_bytes": nbytes,
             }
         )
-    which = (
-        f"Steps {', '.join(map(str, anchors))} are anchors" if len(anchors) > 1 else f"Step {anchors[0]} is an anchor"
-    )
+    _say_anchors(traj, anchors, n_ckpt, echo)
+    echo("")
+    return sizes, phase_rows, anchors
+
+
+def _say_anchors(traj, anchors: list[int], n_ckpt: int, echo) -> None:
+    """Which steps are anchors and why; under the cost policy, why a small model gets so many."""
+    if len(anchors) == n_ckpt and n_ckpt > 1:
+        which = "Every step is an anchor"
+    elif len(anchors) > 1:
+        which = f"Steps {', '.join(map(str, anchors))} are anchors"
+    else:
+        which = f"Step {anchors[0]} is an anchor"
     if traj.anchor_cost is None:
         why = f"so that no read walks back more than {traj.anchor_every} steps"
     else:
         why = f"where reading the next delta would cost more than {traj.anchor_cost:g}x reading an anchor"
-    text = f"{which} (coded without a reference, {why}); all others are deltas against their parent."
+    rest = "; all others are deltas against their parent" if len(anchors) < n_ckpt else ""
+    text = f"{which} (coded without a reference, {why}){rest}."
+    if traj.anchor_cost is not None and 4 * len(anchors) > n_ckpt:
+        # a surprise to explain, not a policy to change: a tiny dense model's delta decodes slower than its whole step
+        text += (
+            " Why so many: anchors are chosen by read cost, and on a model this small decoding a delta costs more "
+            "than reading the whole step again, so the store keeps many anchors; big models and RL-style runs "
+            "(few weights change per step) get rare ones."
+        )
     echo(textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  "))
-    echo("")
-    return sizes, phase_rows, anchors
 
 
 def _read_old_slice(reader, old_step: int, kept: dict, echo):
