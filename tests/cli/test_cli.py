@@ -365,13 +365,15 @@ def test_upgrade_format1(tmp_path):
     [
         ([0, 1, 2, 3, 4, 5, 6, 7], None, "Every step is an anchor (coded without a reference, where reading the next"),
         ([0, 2, 4, 6], None, "Steps 0, 2, 4, 6 are anchors"),
+        ([0, 1, 2, 3, 6], None, "Steps 0-3, 6 are anchors"),
+        ([0, 1, 3, 4, 5], None, "Steps 0, 1, 3-5 are anchors"),
         ([0], None, "Step 0 is an anchor"),
         ([0, 4], 4, "Steps 0, 4 are anchors (coded without a reference, so that no read walks back more than 4"),
     ],
 )
 def test_demo_says_why_anchors_are_many(anchors, every, said):
-    """The demo's anchor line: which steps, why; under the read-cost policy with many anchors (a small dense
-    model: the default demo anchors every step), why so many, in plain words.  Not for a fixed count, nor when
+    """The demo's anchor line: which steps (runs of three or more as ranges), why; under the read-cost policy
+    with many anchors (the demo's dense first phase), why so many, in plain words.  Not for a fixed count, nor when
     anchors are rare."""
     import types
 
@@ -387,8 +389,8 @@ def test_demo_says_why_anchors_are_many(anchors, every, said):
     many = every is None and len(anchors) > 2
     assert ("Why so many: anchors are chosen by read cost" in text) == many, text
     if many:
-        assert "decoding a delta costs more than reading the whole step again" in text
-        assert "big models and RL-style runs (few weights change per step) get rare ones." in text
+        assert "Where nearly every weight changes each step (a high learning rate), decoding the delta" in text
+        assert "where few weights change (fine-tuning, RL), deltas are small and cheap to apply" in text
     assert all(len(line) <= 88 for line in lines), lines
 
 

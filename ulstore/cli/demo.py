@@ -11,9 +11,10 @@ checkpoint after every optimizer step to a local trajectory, and then:
 3. verifies every blob and manifest, and says where the data lives.
 
 The run has two phases, as real runs do: the first half of the steps at
-learning rate 1e-3, the second half at 1e-4 (one run: Adam moments and
-minibatches carry over).  The second phase changes fewer bf16 weights per
-step, and the table shows what that does to the size.
+learning rate 1e-3 (pretraining-like: nearly every bf16 weight changes each
+step), the second half at 3e-6 (fine-tuning or RL-like: ~1-2 % change; one
+run: Adam moments and minibatches carry over).  The table shows what each
+phase costs, and the anchor line why the first phase is stored whole.
 
 Examples
 --------
@@ -52,8 +53,8 @@ DEFAULT_STEPS = 60
 DEFAULT_PRESET = "small"
 
 #: Learning rates of the two phases, and how the report writes them.
-LR_HIGH, LR_LOW = 1e-3, 1e-4
-_LR_TEXT = {LR_HIGH: "1e-3", LR_LOW: "1e-4"}
+LR_HIGH, LR_LOW = 1e-3, 3e-6
+_LR_TEXT = {LR_HIGH: "1e-3", LR_LOW: "3e-6"}
 #: Chunk size of the demo trajectory: small, so that a slice touches one chunk of several.
 DEMO_CHUNK_BYTES = 64 << 10
 _SLICE_TENSOR = "model.layers.0.mlp.up_proj.weight"
@@ -296,12 +297,24 @@ def _compare_sizes(traj, report: dict, trained: _Run, n_params: int, n1: int, st
     return sizes, phase_rows, anchors
 
 
+def _runs(steps: list[int]) -> str:
+    """``0-36, 49``: sorted step numbers, runs of three or more as ranges."""
+    parts, i = [], 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts += [f"{steps[i]}-{steps[j]}"] if j - i >= 2 else [str(s) for s in steps[i : j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
 def _say_anchors(traj, anchors: list[int], n_ckpt: int, echo) -> None:
     """Which steps are anchors and why; under the cost policy, why a small model gets so many."""
     if len(anchors) == n_ckpt and n_ckpt > 1:
         which = "Every step is an anchor"
     elif len(anchors) > 1:
-        which = f"Steps {', '.join(map(str, anchors))} are anchors"
+        which = f"Steps {_runs(anchors)} are anchors"
     else:
         which = f"Step {anchors[0]} is an anchor"
     if traj.anchor_cost is None:
@@ -311,11 +324,12 @@ def _say_anchors(traj, anchors: list[int], n_ckpt: int, echo) -> None:
     rest = "; all others are deltas against their parent" if len(anchors) < n_ckpt else ""
     text = f"{which} (coded without a reference, {why}){rest}."
     if traj.anchor_cost is not None and 4 * len(anchors) > n_ckpt:
-        # a surprise to explain, not a policy to change: a tiny dense model's delta decodes slower than its whole step
+        # a surprise to explain, not a policy to change: a dense delta of a small model decodes slower than its step
         text += (
-            " Why so many: anchors are chosen by read cost, and on a model this small decoding a delta costs more "
-            "than reading the whole step again, so the store keeps many anchors; big models and RL-style runs "
-            "(few weights change per step) get rare ones."
+            " Why so many: anchors are chosen by read cost. Where nearly every weight changes each step (a high "
+            "learning rate), decoding the delta costs more than reading the whole step, so such steps are stored "
+            "whole; where few weights change (fine-tuning, RL), deltas are small and cheap to apply, and anchors "
+            "are rare."
         )
     echo(textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  "))
 
