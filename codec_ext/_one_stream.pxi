@@ -34,10 +34,12 @@ cdef extern from "_one_stream_loops.h" nogil:
     void ulp3_intra_table(const uint32_t *slots, const uint32_t *lut, uint64_t *e64)
     int64_t ulp3_dec4_delta8(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                              const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
-                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+                             const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
+                              uint32_t *changed, int64_t *n_changed)
     int64_t ulp3_dec4_delta16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                               const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
-                              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
+                              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
+                              uint32_t *changed, int64_t *n_changed)
     int64_t ulp3_gen8_encode(const uint8_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
                              int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
     int64_t ulp3_gen8_decode(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
@@ -80,6 +82,7 @@ cdef enum:
     RAW_CHUNK = 15
     MAX_LANES = 32
     BLOCK3 = 4096  # elements decoded between two hash updates (a multiple of 32)
+    BLOCK3_GROUPS = 1024  # BLOCK3 / 4: groups of 4 lanes in a block
 
 #: True when this build runs the AVX2 loops of _one_stream_loops.h (16- and 32-bit words on 32 lanes).
 HAVE_AVX2 = bool(ULP3_HAVE_AVX2)
@@ -261,6 +264,35 @@ cdef inline void hash_pair_words(Hasher* hr, Hasher* ho, const uint8_t* pr, cons
     ho.done = hr.done
 
 
+cdef inline void hash_word_fix(Hasher* ho, const uint8_t* pr, const uint8_t* po, int64_t w) noexcept nogil:
+    """Correct ``ho`` (which counted reference word ``w`` for the values) where value word ``w`` differs."""
+    cdef uint64_t a = load64(pr + 8 * w), b = load64(po + 8 * w)
+    cdef uint64_t salt = <uint64_t>(w + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+    if a != b:
+        ho.acc += mix(b + salt) - mix(a + salt)
+
+
+cdef inline void hash_patched_words(Hasher* hr, Hasher* ho, const uint8_t* pr, const uint8_t* po, Py_ssize_t upto,
+                                    const uint32_t* changed, int64_t n_changed, Py_ssize_t rest) noexcept nogil:
+    """``hash_pair_words`` of a 4-lane delta of 16-bit words whose values equal the reference except in the
+    groups ``changed`` (group g of 4 elements is word g / 4) and from element ``rest`` on: the reference is
+    hashed once, and the values' sum is the reference's corrected at those words only (a sparse delta's
+    values cost no second pass)."""
+    cdef uint64_t before = hr.acc
+    cdef int64_t w0 = hr.done >> 3, w1, w, k
+    hash_words(hr, pr, upto)
+    w1 = hr.done >> 3
+    ho.acc += hr.acc - before
+    for k in range(n_changed):
+        w = changed[k] >> 2
+        if w0 <= w < w1:
+            hash_word_fix(ho, pr, po, w)
+    for w in range(max(w0, <int64_t>(rest >> 2)), w1):
+        hash_word_fix(ho, pr, po, w)
+    ho.salt = hr.salt
+    ho.done = hr.done
+
+
 cdef struct Dec3:
     # one section being decoded (see rans_decode3)
     const uint32_t* slots
@@ -354,6 +386,9 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     cdef int32_t* ctx_base = NULL
     cdef uint64_t* f0 = NULL
     cdef uint64_t* e64 = NULL  # the AVX2 INTRA loops' slot table (ulp3_intra_table)
+    cdef uint32_t changed[BLOCK3_GROUPS]  # a 4-lane delta block's groups not copied from the reference
+    cdef int64_t n_changed = 0
+    cdef Py_ssize_t fast_end = 0  # where the 4-lane loop stopped in the block
     cdef uint32_t f, row
     cdef const word_t* pr
     cdef word_t* po = &out[0] if n else NULL
@@ -403,13 +438,16 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                 if lanes == 32 and phases == 2:
                     lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
                                             e64, d.words, d.n_words, &d.pos, d.x)
+            n_changed = 0
+            fast_end = lo
             if lanes == 4 and mode == 0:
                 if word_t is uint16_t:
                     lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                           d.n_words, &d.pos, d.x)
+                                           d.n_words, &d.pos, d.x, changed, &n_changed)
                 elif word_t is uint8_t:
                     lo = ulp3_dec4_delta8(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                          d.n_words, &d.pos, d.x)
+                                          d.n_words, &d.pos, d.x, changed, &n_changed)
+                fast_end = lo
             # then the unrolled scalar C loop for every layout, while words are plentiful
             if word_t is uint8_t and phases == 1:
                 lo = ulp3_gen8_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
@@ -428,7 +466,10 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                                         d.words, d.n_words, &d.pos, d.x)
             if lo < hi:  # the end of the word stream: every read checked
                 status = dec3_groups(&d, pr, po, lo, hi)
-            if mode == 0:
+            if word_t is uint16_t and mode == 0 and lanes == 4 and hi - fast_end <= 256:
+                hash_patched_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t),
+                                   changed, n_changed, fast_end)
+            elif mode == 0:
                 hash_pair_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
             else:
                 hash_words(&ho, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))

@@ -908,7 +908,9 @@ static int64_t ulp3_encode_p1(const void *v, int word_bytes, const uint16_t *sym
  * table lookup, copying the reference: x = f0 * (x >> 12) + slot.  Any other group
  * takes the general step.  Runs while 8 more words can be read (4 tokens + 4 raw
  * steps refill at most once each), so no read is checked here; the caller
- * finishes with checked reads.  Returns the first element not decoded.
+ * finishes with checked reads.  Returns the first element not decoded, and appends
+ * to changed[*n_changed] the first element of every group of the general step (the
+ * only ones whose values may differ from the reference: room for (end - i) / 4).
  */
 /* One token step (general: table lookup) on state X, unchecked refill; T gets the token. */
 #define ULP3_DEC4_TOKEN(X, C, T)                                                                       \
@@ -988,7 +990,8 @@ static int64_t ulp3_encode_p1(const void *v, int word_bytes, const uint16_t *sym
 #define ULP3_DEC4(NAME, WORD)                                                                          \
 static __attribute__((noinline)) int64_t NAME(const WORD *r, WORD *out, int64_t i, int64_t end, int mant, \
                     uint32_t emask, const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots, \
-                    const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states) {         \
+                    const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,           \
+                    uint32_t *changed, int64_t *n_changed) {                                           \
     const int width = 8 * (int)sizeof(WORD);                                                           \
     const uint32_t wmask = (uint32_t)((1ull << width) - 1), h = 1u << (width - 1);                     \
     int64_t x0 = states[0], x1 = states[1], x2 = states[2], x3 = states[3];                            \
@@ -1000,6 +1003,7 @@ static __attribute__((noinline)) int64_t NAME(const WORD *r, WORD *out, int64_t 
         uint32_t c0 = ((uint32_t)r[i] >> mant) & emask, c1 = ((uint32_t)r[i + 1] >> mant) & emask;     \
         uint32_t c2 = ((uint32_t)r[i + 2] >> mant) & emask, c3 = ((uint32_t)r[i + 3] >> mant) & emask; \
         uint32_t t0, t1, t2, t3;                                                                       \
+        changed[(*n_changed)++] = (uint32_t)i; /* the groups the zero loop did not copy */              \
         ULP3_DEC4_TOKEN(x0, c0, t0)                                                                    \
         ULP3_DEC4_TOKEN(x1, c1, t1)                                                                    \
         ULP3_DEC4_TOKEN(x2, c2, t2)                                                                    \
