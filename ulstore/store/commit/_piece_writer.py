@@ -145,12 +145,7 @@ class PieceWriter:
         dtype, codec = _committable(array, name)
         pshape, shape, offset = _placement(name, array.shape, shape, offset)
         pt = self._parent_table(name)
-        same = pt is not None and pt.dtype == dtype and pt.shape == shape
-        if self.strict and codec == ULPACK and not same:
-            self._refuse_intra(name, pt, dtype, shape)
-        if pt is not None and codec == ULPACK and not same:
-            self.retyped[name] = ((pt.shape, pt.dtype), (shape, dtype))
-        parent = pt if same else None  # the parent's table, when its chunks can be references
+        parent = pt if self._deltas_against(name, pt, dtype, shape, codec) else None
         if chunks is None:
             chunks = self._default_chunks(parent, offset, pshape, dtype)
         layout = (offset, pshape, _piece_chunks(name, chunks, pshape, dtype))
@@ -176,6 +171,18 @@ class PieceWriter:
             return
         for i, coord in enumerate(np.ndindex(*st.grid)):
             self._submit(st, i, coord)
+
+    def _deltas_against(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple, codec: str) -> bool:
+        """Whether the parent's table ``pt`` has the piece's dtype and shape, so its chunks can be references.
+        A float tensor that cannot be (the parent holds it in another dtype or shape, or not at all) is refused
+        by a strict commit, and named in :attr:`retyped` when the parent holds it (a commit warns of it)."""
+        same = pt is not None and pt.dtype == dtype and pt.shape == shape
+        if codec == ULPACK and not same:
+            if self.strict:
+                self._refuse_intra(name, pt, dtype, shape)
+            if pt is not None:
+                self.retyped[name] = ((pt.shape, pt.dtype), (shape, dtype))
+        return same
 
     def _refuse_intra(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple) -> None:
         """A strict (anchor=False) commit refuses a tensor that would need an intra-coded chunk."""
