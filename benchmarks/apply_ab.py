@@ -24,9 +24,9 @@ the one-pass apply of context-free deltas gains (``_apply.pxi``, ``fused_put``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures as cf
 import gc
-import importlib.util
 import os
 import shutil
 import statistics
@@ -39,25 +39,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _builds import load_build  # noqa: E402
 from _data import cache_options, load_trajectory  # noqa: E402
 
 from ulstore.codec import ApplyPlan, _sparse_apply  # noqa: E402
 from ulstore.codec._backend import kernels  # noqa: E402
 from ulstore.sync import Follower, Publisher  # noqa: E402
 from ulstore.sync._arrays import Spec, allocate  # noqa: E402
-
-
-def load_build(path: str, name: str):
-    """The kernel module built at ``path``, loaded beside the one in use (same module name, its own copy)."""
-    saved = sys.modules.pop(name, None)
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is not None:
-            sys.modules[name] = saved
-    return module
 
 
 def record(preset: str, steps: int, contexts: bool = False) -> tuple[dict, list]:
@@ -148,9 +136,11 @@ def main(argv=None) -> None:
     cache_options(p)
     args = p.parse_args(argv)
     name = kernels().__name__
-    builds = {"A": load_build(args.a, name), "B": load_build(args.b, name)}
-    if builds["A"].SparseApply is builds["B"].SparseApply:
-        sys.exit("A and B are the same file: copy one build elsewhere first")
+    where = tempfile.mkdtemp(prefix="ulstore-apply-ab-")
+    atexit.register(shutil.rmtree, where, True)  # the builds' copies (loaded until the process ends)
+    builds = {
+        label: load_build(path, os.path.join(where, label), name) for label, path in (("A", args.a), ("B", args.b))
+    }
     state0, calls = record(args.preset, args.steps)
     calls_of = {"A": record(args.preset, args.steps, contexts=True)[1] if args.a_contexts else calls, "B": calls}
     if args.a_contexts:  # the same chunks changed: the same calls, blob for blob

@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import sys
@@ -32,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks._builds import load_build  # noqa: E402
 from benchmarks._data import load_trajectory  # noqa: E402
 from ulstore.codec import _api, decode_into, encode  # noqa: E402
 from ulstore.codec import _format as F  # noqa: E402
@@ -43,24 +43,6 @@ CASES = {
     "rl-bf16": ("rl", "bfloat16"),
     "finetune-fp32": ("finetune", "float32"),
 }
-
-
-def load_build(path: str, where: str, name: str):
-    """The kernel module ``name`` built at ``path``, loaded from its own copy in directory ``where``
-    (the dynamic loader would hand back the module already loaded for a path it has seen)."""
-    os.makedirs(where)
-    copy = os.path.join(where, os.path.basename(path))
-    shutil.copyfile(path, copy)
-    full = f"ulstore.codec.{name}"
-    saved = sys.modules.pop(full, None)
-    try:
-        spec = importlib.util.spec_from_file_location(full, copy)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is not None:
-            sys.modules[full] = saved
-    return module
 
 
 def kernel_call(k, blob: bytes, ref):
@@ -141,7 +123,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     where = tempfile.mkdtemp(prefix="ulstore-decode-ab-")
     try:
-        name = "_kernels_x86_64_v3" if backend() == "cython-v3" else "_kernels"  # the module the builds are of
+        name = "ulstore.codec." + (
+            "_kernels_x86_64_v3" if backend() == "cython-v3" else "_kernels"
+        )  # the builds' module
         builds = {
             label: load_build(path, os.path.join(where, label), name) for label, path in (("A", args.a), ("B", args.b))
         }
