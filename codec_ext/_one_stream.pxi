@@ -40,6 +40,8 @@ cdef extern from "_one_stream_loops.h" nogil:
                               const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
                               uint32_t *changed, int64_t *n_changed)
+    int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s, const uint64_t *e64,
+                              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
     int64_t ulp3_gen8_encode(const uint8_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
                              int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
     int64_t ulp3_gen8_decode(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int lanes, int mode, int mant,
@@ -385,7 +387,7 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     cdef Hasher ho = Hasher(0, 0, 0), hr = Hasher(0, 0, 0)
     cdef int32_t* ctx_base = NULL
     cdef uint64_t* f0 = NULL
-    cdef uint64_t* e64 = NULL  # the AVX2 INTRA loops' slot table (ulp3_intra_table)
+    cdef uint64_t* e64 = NULL  # the INTRA slot table of the AVX2 and 4-lane loops (ulp3_intra_table)
     cdef uint32_t changed[BLOCK3_GROUPS]  # a 4-lane delta block's groups not copied from the reference
     cdef int64_t n_changed = 0
     cdef Py_ssize_t fast_end = 0  # where the 4-lane loop stopped in the block
@@ -421,8 +423,9 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                     f = slots[row << SCALE_BITS]
                     f0[c] = (((f >> 12) & 0xFFF) + 1) if (f >> 24) == 0 else 0
             d.ctx_base = ctx_base
-        elif mode == 1 and ULP3_HAVE_AVX2 and lanes == 32 and (
-                (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)):
+        elif mode == 1 and ((ULP3_HAVE_AVX2 and lanes == 32 and (
+                (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)))
+                or (lanes == 4 and word_t is uint16_t and phases == 1)):
             e64 = <uint64_t*>malloc(SCALE * sizeof(uint64_t))
             if e64 == NULL:
                 status = -8
@@ -438,6 +441,9 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
                 if lanes == 32 and phases == 2:
                     lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
                                             e64, d.words, d.n_words, &d.pos, d.x)
+            if word_t is uint16_t:
+                if lanes == 4 and mode == 1 and phases == 1:
+                    lo = ulp3_dec4_intra16(po, lo, hi, p_a, e64, d.words, d.n_words, &d.pos, d.x)
             n_changed = 0
             fast_end = lo
             if lanes == 4 and mode == 0:

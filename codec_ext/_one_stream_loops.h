@@ -1022,6 +1022,65 @@ static __attribute__((noinline)) int64_t NAME(const WORD *r, WORD *out, int64_t 
 ULP3_DEC4(ulp3_dec4_delta8, uint8_t)
 ULP3_DEC4(ulp3_dec4_delta16, uint16_t)
 
+/* INTRA 16-bit words on 4 lanes (one raw phase of c = s + 1 <= 15 bits): the layout of
+ * every tensor under ~200K elements.  The general loop below (ulp3_gen16_decode) keeps the
+ * lane states in the caller's array and its per-lane values in small arrays, which the
+ * portable-flag builds (-fno-strict-aliasing: the output stores may alias them) store and
+ * reload every group, adding a store-forwarding delay to each lane's chain.  Here the four
+ * states live in locals, one 8-byte load of e64 (ulp3_intra_table) gives a slot's entry and
+ * its symbol, and the eight refill decisions of a group are known from the token step
+ * alone (the raw step refills iff (y << 16*na) >= 2^(15+c), whatever word the token step
+ * shifted in), so the word positions are a sum tree, not a chain through the loads.
+ * Runs while 8 more words can be read (each of the 8 steps refills at most once);
+ * returns the first element not decoded; the caller finishes with checked reads. */
+#define ULP3_I4_TOKEN(X, Y, SY, NA, N0)                                                                \
+    {                                                                                                  \
+        uint64_t e_ = e64[X & 4095];                                                                   \
+        Y = (((e_ >> 12) & 0xFFF) + 1) * (X >> 12) + (e_ & 0xFFF);                                     \
+        SY = (uint32_t)(e_ >> 32);                                                                     \
+        NA = Y < 32768;                                                                                \
+        N0 = (Y << (16 * NA)) < lim;                                                                   \
+    }
+#define ULP3_I4_RAW(X, Y, SY, NA, N0, PA, P0, I)                                                       \
+    {                                                                                                  \
+        uint16_t wa_, w0_;                                                                             \
+        memcpy(&wa_, words + 2 * (PA), 2);                                                             \
+        memcpy(&w0_, words + 2 * (P0), 2);                                                             \
+        uint64_t xa_ = ULP3_SEL(NA, (Y << 16) | wa_, Y);                                               \
+        uint64_t raw_ = xa_ & cmask, xb_ = xa_ >> c;                                                   \
+        X = ULP3_SEL(N0, (xb_ << 16) | w0_, xb_);                                                      \
+        out[I] = (uint16_t)(((raw_ >> s) << 15) | ((uint64_t)SY << s) | (raw_ & smask));               \
+    }
+static __attribute__((noinline)) int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s,
+                                                            const uint64_t *e64, const uint8_t *words,
+                                                            int64_t n_words, int64_t *pos_io, uint32_t *states) {
+    const int c = s + 1;
+    const uint64_t cmask = ((uint64_t)1 << c) - 1, smask = ((uint64_t)1 << s) - 1;
+    const uint64_t lim = (uint64_t)1 << (15 + c);
+    uint64_t x0 = states[0], x1 = states[1], x2 = states[2], x3 = states[3];
+    int64_t pos = *pos_io;
+    for (; i + 4 <= end && pos + 8 <= n_words; i += 4) {
+        uint64_t y0, y1, y2, y3, a0, a1, a2, a3, b0, b1, b2, b3;
+        uint32_t q0, q1, q2, q3;
+        ULP3_I4_TOKEN(x0, y0, q0, a0, b0)
+        ULP3_I4_TOKEN(x1, y1, q1, a1, b1)
+        ULP3_I4_TOKEN(x2, y2, q2, a2, b2)
+        ULP3_I4_TOKEN(x3, y3, q3, a3, b3)
+        /* words in stream order: token refills of lanes 0..3, then raw refills of lanes 0..3 */
+        int64_t pa1 = pos + (int64_t)a0, a01 = (int64_t)(a0 + a1), a23 = (int64_t)(a2 + a3);
+        int64_t pa2 = pos + a01, pa3 = pa2 + (int64_t)a2, p00 = pos + a01 + a23;
+        int64_t p01 = p00 + (int64_t)b0, p02 = p00 + (int64_t)(b0 + b1), p03 = p02 + (int64_t)b2;
+        ULP3_I4_RAW(x0, y0, q0, a0, b0, pos, p00, i)
+        ULP3_I4_RAW(x1, y1, q1, a1, b1, pa1, p01, i + 1)
+        ULP3_I4_RAW(x2, y2, q2, a2, b2, pa2, p02, i + 2)
+        ULP3_I4_RAW(x3, y3, q3, a3, b3, pa3, p03, i + 3)
+        pos = p03 + (int64_t)b3;
+    }
+    states[0] = (uint32_t)x0; states[1] = (uint32_t)x1; states[2] = (uint32_t)x2; states[3] = (uint32_t)x3;
+    *pos_io = pos;
+    return i;
+}
+
 
 /* ---- scalar loops for any word width and raw-phase count (portable C: both builds) ----
  *
