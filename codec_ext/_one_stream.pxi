@@ -13,8 +13,9 @@
 #   symbol's rank and ``lut`` maps it back.
 # * The decoder writes values (not residuals) and hashes them and the reference in
 #   blocks while they are in cache.  16-bit words on 32 lanes run the AVX2 loop of
-#   _one_stream_loops.h in the x86-64-v3 build; the scalar loop below finishes what it leaves
-#   and does everything in the portable build.
+#   _one_stream_loops.h in the x86-64-v3 build, INTRA 16-bit words on 4 lanes its scalar
+#   ulp3_dec4_intra16 (both builds); the scalar loop below finishes what they leave
+#   and does everything else in the portable build.
 # * Untrusted input: every word read is checked against ``n_words`` (the vector loop
 #   runs only while 64 more words exist); rows and tokens come from validated
 #   tables, so no table read is out of bounds.
@@ -40,7 +41,8 @@ cdef extern from "_one_stream_loops.h" nogil:
                               const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
                               uint32_t *changed, int64_t *n_changed)
-    int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s, const uint64_t *e64,
+    void ulp3_intra4_table(const uint32_t *slots, const uint32_t *lut, int s, void *t4)
+    int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s, const void *t4,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
     int64_t ulp3_gen8_encode(const uint8_t *v, const uint16_t *sym, int64_t hi, int lanes, int mode, int tb, int s,
                              int width, const void *table, uint64_t *x, uint16_t *words, int64_t pos, int rare)
@@ -387,7 +389,7 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     cdef Hasher ho = Hasher(0, 0, 0), hr = Hasher(0, 0, 0)
     cdef int32_t* ctx_base = NULL
     cdef uint64_t* f0 = NULL
-    cdef uint64_t* e64 = NULL  # the INTRA slot table of the AVX2 and 4-lane loops (ulp3_intra_table)
+    cdef uint64_t* e64 = NULL  # the INTRA slot table of the AVX2 loops (ulp3_intra_table) or the 4-lane loop (ulp3_intra4_table)
     cdef uint32_t changed[BLOCK3_GROUPS]  # a 4-lane delta block's groups not copied from the reference
     cdef int64_t n_changed = 0
     cdef Py_ssize_t fast_end = 0  # where the 4-lane loop stopped in the block
@@ -429,6 +431,8 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
             e64 = <uint64_t*>malloc(SCALE * sizeof(uint64_t))
             if e64 == NULL:
                 status = -8
+            elif lanes == 4:
+                ulp3_intra4_table(d.slots, d.lut, p_a, e64)
             else:
                 ulp3_intra_table(d.slots, d.lut, e64)
         while status == 0 and lo < n:

@@ -1023,62 +1023,88 @@ ULP3_DEC4(ulp3_dec4_delta8, uint8_t)
 ULP3_DEC4(ulp3_dec4_delta16, uint16_t)
 
 /* INTRA 16-bit words on 4 lanes (one raw phase of c = s + 1 <= 15 bits): the layout of
- * every tensor under ~200K elements.  The general loop below (ulp3_gen16_decode) keeps the
- * lane states in the caller's array and its per-lane values in small arrays, which the
- * portable-flag builds (-fno-strict-aliasing: the output stores may alias them) store and
- * reload every group, adding a store-forwarding delay to each lane's chain.  Here the four
- * states live in locals, one 8-byte load of e64 (ulp3_intra_table) gives a slot's entry and
- * its symbol, and the eight refill decisions of a group are known from the token step
- * alone (the raw step refills iff (y << 16*na) >= 2^(15+c), whatever word the token step
- * shifted in), so the word positions are a sum tree, not a chain through the loads.
+ * every bf16/fp16 tensor under ~200K elements.  The general loop below (ulp3_gen16_decode)
+ * ran ~290 instructions a group of 4, its per-lane values spilled to the stack, and the
+ * loop is bound by that count, not by the lanes' latency.  Here the four states live in
+ * locals, a slot's frequency, offset and symbol are 16-bit fields of one table entry
+ * (ulp3_intra4_table, built per section), refills are shifts, and s is a compile-time
+ * constant (one instance per s).  The eight refill decisions of a group are known from the
+ * token step alone (the raw step refills iff (y << 16*na) < 2^(15+c), whatever word the
+ * token step shifted in), so the word positions are a sum tree, not a chain through loads.
  * Runs while 8 more words can be read (each of the 8 steps refills at most once);
  * returns the first element not decoded; the caller finishes with checked reads. */
-#define ULP3_I4_TOKEN(X, Y, SY, NA, N0)                                                                \
-    {                                                                                                  \
-        uint64_t e_ = e64[X & 4095];                                                                   \
-        Y = (((e_ >> 12) & 0xFFF) + 1) * (X >> 12) + (e_ & 0xFFF);                                     \
-        SY = (uint32_t)(e_ >> 32);                                                                     \
-        NA = Y < 32768;                                                                                \
-        N0 = (Y << (16 * NA)) < lim;                                                                   \
+/* The slot table of ulp3_dec4_intra16: per slot its frequency, its offset in the symbol's
+ * range and the symbol in place in the value (lut[rank] << s), each a 16-bit field that one
+ * load reads without shifts or masks. */
+struct ulp3_i4 { uint16_t f, bias, hi, pad; };
+static void ulp3_intra4_table(const uint32_t *slots, const uint32_t *lut, int s, struct ulp3_i4 *t4) {
+    for (int q = 0; q < 4096; q++) {
+        uint32_t e = slots[q];
+        t4[q].f = (uint16_t)(((e >> 12) & 0xFFF) + 1);
+        t4[q].bias = (uint16_t)(e & 0xFFF);
+        t4[q].hi = (uint16_t)(lut[e >> 24] << s);  /* the value keeps 16 bits, as in the general loop */
+        t4[q].pad = 0;
     }
-#define ULP3_I4_RAW(X, Y, SY, NA, N0, PA, P0, I)                                                       \
+}
+/* Refills as shifts: a state that takes a word becomes (y << 16 | w) >> 0, one that does not
+ * (y << 16 | w) >> 16 = y, so no select and no branch (either is taken about half the time). */
+#define ULP3_I4_TOKEN(X, Y, E, A, B)                                                                   \
+    {                                                                                                  \
+        E = t4 + (X & 4095);                                                                           \
+        Y = (uint64_t)E->f * (X >> 12) + E->bias;                                                      \
+        A = Y < 32768;                                                                                 \
+        B = ((Y << 16) >> ((A ^ 1) << 4)) < lim;                                                       \
+    }
+#define ULP3_I4_RAW(X, Y, E, A, B, PA, P0, I)                                                          \
     {                                                                                                  \
         uint16_t wa_, w0_;                                                                             \
         memcpy(&wa_, words + 2 * (PA), 2);                                                             \
         memcpy(&w0_, words + 2 * (P0), 2);                                                             \
-        uint64_t xa_ = ULP3_SEL(NA, (Y << 16) | wa_, Y);                                               \
-        uint64_t raw_ = xa_ & cmask, xb_ = xa_ >> c;                                                   \
-        X = ULP3_SEL(N0, (xb_ << 16) | w0_, xb_);                                                      \
-        out[I] = (uint16_t)(((raw_ >> s) << 15) | ((uint64_t)SY << s) | (raw_ & smask));               \
+        uint64_t xa_ = ((Y << 16) | wa_) >> ((A ^ 1) << 4);                                            \
+        X = (((xa_ >> c) << 16) | w0_) >> ((B ^ 1) << 4);                                              \
+        out[I] = (uint16_t)(E->hi | ((xa_ << (15 - s)) & 0x8000) | (xa_ & smask));                     \
     }
-static __attribute__((noinline)) int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s,
-                                                            const uint64_t *e64, const uint8_t *words,
-                                                            int64_t n_words, int64_t *pos_io, uint32_t *states) {
+/* s a compile-time constant (see ulp3_dec4_intra16): shifts by immediates, fewer registers */
+static inline __attribute__((always_inline)) int64_t
+ulp3_dec4_intra16_s(uint16_t *out, int64_t i, int64_t end, const int s, const struct ulp3_i4 *t4,
+                    const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states) {
     const int c = s + 1;
-    const uint64_t cmask = ((uint64_t)1 << c) - 1, smask = ((uint64_t)1 << s) - 1;
-    const uint64_t lim = (uint64_t)1 << (15 + c);
+    const uint64_t smask = ((uint64_t)1 << s) - 1, lim = (uint64_t)1 << (15 + c);
     uint64_t x0 = states[0], x1 = states[1], x2 = states[2], x3 = states[3];
     int64_t pos = *pos_io;
     for (; i + 4 <= end && pos + 8 <= n_words; i += 4) {
-        uint64_t y0, y1, y2, y3, a0, a1, a2, a3, b0, b1, b2, b3;
-        uint32_t q0, q1, q2, q3;
-        ULP3_I4_TOKEN(x0, y0, q0, a0, b0)
-        ULP3_I4_TOKEN(x1, y1, q1, a1, b1)
-        ULP3_I4_TOKEN(x2, y2, q2, a2, b2)
-        ULP3_I4_TOKEN(x3, y3, q3, a3, b3)
+        uint64_t y0, y1, y2, y3;
+        const struct ulp3_i4 *e0, *e1, *e2, *e3;
+        uint64_t a0, a1, a2, a3, b0, b1, b2, b3;
+        ULP3_I4_TOKEN(x0, y0, e0, a0, b0)
+        ULP3_I4_TOKEN(x1, y1, e1, a1, b1)
+        ULP3_I4_TOKEN(x2, y2, e2, a2, b2)
+        ULP3_I4_TOKEN(x3, y3, e3, a3, b3)
         /* words in stream order: token refills of lanes 0..3, then raw refills of lanes 0..3 */
-        int64_t pa1 = pos + (int64_t)a0, a01 = (int64_t)(a0 + a1), a23 = (int64_t)(a2 + a3);
-        int64_t pa2 = pos + a01, pa3 = pa2 + (int64_t)a2, p00 = pos + a01 + a23;
+        int64_t a01 = (int64_t)(a0 + a1), pa1 = pos + (int64_t)a0, pa2 = pos + a01, pa3 = pa2 + (int64_t)a2;
+        int64_t p00 = pa2 + (int64_t)(a2 + a3);
         int64_t p01 = p00 + (int64_t)b0, p02 = p00 + (int64_t)(b0 + b1), p03 = p02 + (int64_t)b2;
-        ULP3_I4_RAW(x0, y0, q0, a0, b0, pos, p00, i)
-        ULP3_I4_RAW(x1, y1, q1, a1, b1, pa1, p01, i + 1)
-        ULP3_I4_RAW(x2, y2, q2, a2, b2, pa2, p02, i + 2)
-        ULP3_I4_RAW(x3, y3, q3, a3, b3, pa3, p03, i + 3)
+        ULP3_I4_RAW(x0, y0, e0, a0, b0, pos, p00, i)
+        ULP3_I4_RAW(x1, y1, e1, a1, b1, pa1, p01, i + 1)
+        ULP3_I4_RAW(x2, y2, e2, a2, b2, pa2, p02, i + 2)
+        ULP3_I4_RAW(x3, y3, e3, a3, b3, pa3, p03, i + 3)
         pos = p03 + (int64_t)b3;
     }
     states[0] = (uint32_t)x0; states[1] = (uint32_t)x1; states[2] = (uint32_t)x2; states[3] = (uint32_t)x3;
     *pos_io = pos;
     return i;
+}
+#define ULP3_I4_CASE(S) case S: return ulp3_dec4_intra16_s(out, i, end, S, t4, words, n_words, pos_io, states);
+static __attribute__((noinline)) int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s,
+                                                            const void *table, const uint8_t *words,
+                                                            int64_t n_words, int64_t *pos_io, uint32_t *states) {
+    const struct ulp3_i4 *t4 = (const struct ulp3_i4 *)table;
+    switch (s) {  /* 0 <= s, s + 1 <= 15: checked by the caller */
+        ULP3_I4_CASE(0) ULP3_I4_CASE(1) ULP3_I4_CASE(2) ULP3_I4_CASE(3) ULP3_I4_CASE(4)
+        ULP3_I4_CASE(5) ULP3_I4_CASE(6) ULP3_I4_CASE(7) ULP3_I4_CASE(8) ULP3_I4_CASE(9)
+        ULP3_I4_CASE(10) ULP3_I4_CASE(11) ULP3_I4_CASE(12) ULP3_I4_CASE(13) ULP3_I4_CASE(14)
+        default: return i;  /* not reached: the caller's scalar loop decodes (same values) */
+    }
 }
 
 
