@@ -57,7 +57,8 @@ def test_diff_text_shows_what_a_tensor_of_another_dtype_or_shape_was(tmp_path, c
     w = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
     traj = ulstore.open(tmp_path / "t", mode="w")
     traj.commit(0, {"w": w.astype(np.float16), "emb": w})
-    traj.commit(1, {"w": w, "emb": np.concatenate([w, w[:1]])})
+    with pytest.warns(ulstore.FewSharedNamesWarning, match="'w' float16 6x4 -> float32 6x4"):
+        traj.commit(1, {"w": w, "emb": np.concatenate([w, w[:1]])})
     out = _main(capsys, "diff", str(tmp_path / "t"), "0", "1").out.splitlines()
     rows = {line.split()[0]: line.split()[1:4] for line in out[1:-1]}
     assert rows == {

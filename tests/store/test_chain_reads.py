@@ -24,6 +24,10 @@ from ulstore.errors import CorruptBlobError
 from ulstore.store.format._layout import pack_key
 from ulstore.store.read import _column_plan, _decode_plan
 
+# shapes and dtypes change mid-chain on purpose here: the commit's warning about it is tested in
+# tests/store/test_features.py and tests/cli/test_cli_diff.py
+pytestmark = pytest.mark.filterwarnings("ignore::ulstore.errors.FewSharedNamesWarning")
+
 CHUNK = 4096  # 1024 float32 elements a chunk: a (64, 64) tensor is 4 chunks
 
 

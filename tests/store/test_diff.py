@@ -11,6 +11,10 @@ import pytest
 import ulstore
 from ulstore.errors import StepNotFoundError, TensorNotFoundError
 
+# shapes and dtypes change mid-chain on purpose here: the commit's warning about it is tested in
+# tests/store/test_features.py and tests/cli/test_cli_diff.py
+pytestmark = pytest.mark.filterwarnings("ignore::ulstore.errors.FewSharedNamesWarning")
+
 
 def _expected(a: np.ndarray, b: np.ndarray) -> dict:
     """The definition, on whole arrays: bits for `changed`, float64 (complex128) for the rest, NaN/inf pairs out."""

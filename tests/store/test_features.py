@@ -350,7 +350,8 @@ def test_change_feed_and_hash_chain():
     mixed["model.in_proj.bias"] = states[0]["model.in_proj.bias"]  # unchanged
     mixed["new.weight"] = np.ones((3, 5), ml_dtypes.bfloat16)
     mixed["lm_head.weight"] = states[1]["lm_head.weight"][:, :10].copy()  # reshaped
-    traj.commit(1, mixed)
+    with pytest.warns(ulstore.FewSharedNamesWarning, match="lm_head.weight"):
+        traj.commit(1, mixed)
     feed = traj.changes(1)
     kinds = {c.tensor: {x.kind for x in feed if x.tensor == c.tensor} for c in feed}
     assert kinds["model.in_proj.bias"] == {"unchanged"} and kinds["new.weight"] == {"new"}
@@ -499,7 +500,8 @@ def test_change_feed_matches_the_tables_chunk_by_chunk():
     mixed = dict(states[2])
     mixed["model.in_proj.bias"] = states[1]["model.in_proj.bias"]  # unchanged
     mixed["lm_head.weight"] = states[2]["lm_head.weight"][:, :10].copy()  # reshaped
-    traj.commit(2, mixed)
+    with pytest.warns(ulstore.FewSharedNamesWarning, match="lm_head.weight"):
+        traj.commit(2, mixed)
     r = ulstore.open(traj.url, mode="r")._reader
     for step in (1, 2):
         expected = _expected_feed(r, step)
@@ -533,7 +535,8 @@ def test_change_feed_of_steps_with_their_parents_layout_and_after_a_layout_chang
     mixed = dict(states[6])
     mixed[name] = np.ascontiguousarray(states[6][name][:, :-1])  # reshaped
     mixed["new.weight"] = np.ones((3, 5), ml_dtypes.bfloat16)  # new
-    traj.commit(6, mixed)
+    with pytest.warns(ulstore.FewSharedNamesWarning, match=name):
+        traj.commit(6, mixed)
     mixed = dict(mixed)
     mixed["lm_head.weight"] = states[7]["lm_head.weight"]
     traj.commit(7, mixed)  # the layout of step 6

@@ -44,6 +44,10 @@ from tests.helpers.sides import Side, run_side
 from tests.helpers.small_states import SMALL_STORE, assert_same, fresh_state, mutate
 from ulstore.errors import ConflictError, NotFoundError, RefMovedError, StepExistsError, StepNotFoundError
 
+# shapes and dtypes change mid-chain on purpose here: the commit's warning about it is tested in
+# tests/store/test_features.py and tests/cli/test_cli_diff.py
+pytestmark = pytest.mark.filterwarnings("ignore::ulstore.errors.FewSharedNamesWarning")
+
 BRANCHES = ("main", "b1", "b2", "tag")
 STORE = SMALL_STORE  # the settings of every example's store: chunks of a few rows
 
