@@ -369,3 +369,30 @@ def test_a_step_is_decoded_on_every_decode_thread_exactly(monkeypatch, sparse):
     with pytest.raises(CorruptBlobError) as e:
         ulstore.open(traj.url, mode="r", threads=2).read(3)
     assert e.value.key == pack_key(pid)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_chain_is_walked_and_fetched_once_and_its_parts_run_on_every_decode_thread(monkeypatch, sparse):
+    """A batch's chains are walked and fetched once, then cut into a plan per decode thread (not a batch per
+    thread, each walking and fetching the chain again): the kernel entered from two threads, each blob fetched
+    once, the values exact (SPARSE chains: column plans in parts; dense: general plans sharing the blobs)."""
+    from ulstore.codec import _backend
+    from ulstore.store.read._table_reader import TableReader
+
+    states = _walk(12, 4, [0.02, 0.05], shape=(256, 64))
+    traj = _commit(states, sparse=sparse)
+    monkeypatch.setattr(_decode_plan, "SPLIT_BYTES", 8 * CHUNK)
+    monkeypatch.setattr(_decode_plan, "decode_workers", lambda reader: 2)
+    walks, fetched = [], []
+    real_walk, real_fetch = _column_plan.ColumnPlan.walk, TableReader.fetch
+    monkeypatch.setattr(_column_plan.ColumnPlan, "walk", lambda self: walks.append(1) or real_walk(self))
+    monkeypatch.setattr(
+        TableReader, "fetch", lambda self, locs, *a, **k: fetched.extend(locs) or real_fetch(self, locs, *a, **k)
+    )
+    proxy = _ThreadsProxy(_backend.kernels())
+    monkeypatch.setattr(_backend, "_active", proxy)
+    for step in (0, 4):
+        proxy.clear(), walks.clear(), fetched.clear()
+        assert_state_equal(ulstore.open(traj.url, mode="r", threads=2).read(step), states[step])
+        assert len(proxy.threads) == 2 and len(walks) == 1
+        assert fetched and len(fetched) == len(set(fetched))

@@ -112,6 +112,15 @@ class ColumnPlan:
         self.metas: list = [None] * n
         self._level = 0
 
+    def part(self, members: list[int]) -> ColumnPlan:
+        """A plan of chunks ``members`` of this one's batch, walked and fetched (their chains, blobs and targets):
+        what one thread runs while others run the other parts."""
+        p = ColumnPlan(self.r, [self.batch[g] for g in members])
+        for name in ("step", "name", "dtype", "codec", "shape", "content", "chain", "blobs", "out"):
+            whole = getattr(self, name)
+            setattr(p, name, [whole[g] for g in members])
+        return p
+
     # -- the walk, over the blocks' columns --
 
     def walk(self) -> None:
@@ -342,17 +351,25 @@ class ColumnPlan:
                 dest[...] = value
 
 
-def column_plan(reader: TableReader, batch: list, general):
-    """The plan of a materialize ``batch``: a :class:`ColumnPlan` when its chains are co-located SPARSE deltas,
-    else ``general(batch)`` (handed the blobs fetched already, if any)."""
+def column_plan(reader: TableReader, batch: list, general, cut=None) -> list:
+    """The plans of a materialize ``batch``, one per part of ``cut(batch)`` (the batch's targets cut into lists,
+    in order: one plan per decode thread; default: one part): :class:`ColumnPlan` parts when its chains are
+    co-located SPARSE deltas (walked and fetched once for the whole batch), else ``general(part)`` for each
+    (handed the blobs fetched already, if any)."""
+    parts = [batch] if cut is None else cut(batch)
     plan = ColumnPlan(reader, batch)
     try:
         plan.walk()
     except _Other:
-        return general(batch)
+        return [general(part) for part in parts]
     got = plan.fetch()
     if plan.sparse_chains():
-        return plan
-    other = general(batch)
-    other.have = dict(got)
-    return other
+        if len(parts) == 1:
+            return [plan]
+        at = {id(t): g for g, t in enumerate(batch)}
+        return [plan.part([at[id(t)] for t in part]) for part in parts]
+    have = dict(got)
+    others = [general(part) for part in parts]
+    for other in others:
+        other.have = have  # (read only: shared by the parts)
+    return others

@@ -526,13 +526,20 @@ class _Job:
     :meth:`run` is where the codec is entered (:func:`~ulstore.codec.decode_blobs` for whole
     decodes, :func:`~ulstore.codec.apply_sparse` for SPARSE deltas applied in place), so that a
     read reaches the kernels in few calls.  The caller's thread works too; up to
-    ``reader.threads - 1`` pool threads take the other batches.
+    ``reader.threads - 1`` pool threads take the other batches.  ``plan(batch)`` may return a list of
+    plans (a batch walked and fetched once, then cut into a plan per decode thread: ``parts``, the
+    threads the job starts however few batches it has): a thread with nothing to take while a batch is
+    being planned waits for its parts.
     """
 
-    def __init__(self, reader: TableReader, batches: list, plan, place, result=_nothing):
+    def __init__(self, reader: TableReader, batches: list, plan, place, result=_nothing, parts: int = 1):
         self.r, self.batches, self.plan, self.place, self.result = reader, batches, plan, place, result
+        #: threads to run the job on (at least): ``plan(batch)`` may return a list of plans, run in parallel
+        self.parts = parts
         self._next = 0
-        self._lock = threading.Lock()
+        self._ready: list = []  # plans made and not yet taken (the rest of a list ``plan`` returned)
+        self._planning = 0  # batches being planned: a thread with nothing to take waits for their plans
+        self._cv = threading.Condition()
         self.stop = False
         self.on_close = None  # called by close() (a full read: the kept step's lock)
 
@@ -542,12 +549,29 @@ class _Job:
             self.on_close = None
 
     def _take(self) -> _Plan | None:
-        """The next batch's plan (None: no batch left, or the job stopped)."""
-        with self._lock:
-            if self.stop or self._next >= len(self.batches):
+        """The next plan: one made already, or the next batch's (None: nothing left, or the job stopped)."""
+        with self._cv:
+            while not self.stop and not self._ready and self._next >= len(self.batches) and self._planning:
+                self._cv.wait()  # another thread plans the last batch: its plan may come in parts
+            if self.stop:
+                return None
+            if self._ready:
+                return self._ready.pop(0)
+            if self._next >= len(self.batches):
                 return None
             i, self._next = self._next, self._next + 1
-        return self.plan(self.batches[i])
+            self._planning += 1
+        made = None
+        try:
+            made = self.plan(self.batches[i])
+        finally:
+            with self._cv:
+                self._planning -= 1
+                if isinstance(made, list):
+                    self._ready += made[1:]
+                self.stop = self.stop or made is None  # planning failed: the error is this thread's to raise
+                self._cv.notify_all()
+        return made[0] if isinstance(made, list) else made
 
     def run(self, helper: bool = False):
         """Run every batch (on this thread and up to ``threads - 1`` others); return ``result()``."""
@@ -570,12 +594,15 @@ class _Job:
                 self.place(plan)
             ok = True
         finally:
-            self.stop = self.stop or not ok
+            if not ok:
+                with self._cv:
+                    self.stop = True
+                    self._cv.notify_all()
             _join(pool, helpers, ok)
         return None if helper else self.result()
 
     def _helpers(self, helper: bool) -> tuple:
-        n = 0 if helper else min(self.r.threads, len(self.batches)) - 1
+        n = 0 if helper else min(self.r.threads, max(len(self.batches), self.parts)) - 1
         if n <= 0:
             return None, []
         pool = cf.ThreadPoolExecutor(n)
@@ -684,14 +711,16 @@ def materialize_job(reader: TableReader, targets, *, kept: KeptStep | None = Non
     """The job that decodes chunks into place (see :func:`materialize`).
 
     Work is split into batches (:func:`batched`: at most about ``BATCH_BYTES`` raw bytes, and one per
-    decode thread at least; one plan, one coalesced fetch each) run on ``threads`` threads.
+    decode thread at least; one plan, one coalesced fetch each) run on ``threads`` threads; with nothing
+    at hand to stop a chain at (the column path), a batch is walked and fetched once and then cut into one
+    plan per decode thread (:func:`~._column_plan.column_plan`).
     """
     targets = list(targets)
-    sizes = (
+    sizes = [
         math.prod(s.stop - s.start for s in region) * (kp if dest is None else dest).dtype.itemsize
         for _, dest, region, kp, _ in targets
-    )
-    batches = list(batched(zip(targets, sizes), decode_workers(reader)))
+    ]
+    workers = decode_workers(reader)
 
     def plan(batch) -> _Plan:
         p = _Plan(reader, kept=kept, lru=lru)
@@ -705,8 +734,20 @@ def materialize_job(reader: TableReader, targets, *, kept: KeptStep | None = Non
         return p
 
     if (kept is None or not kept.tensors) and not lru:  # nothing at hand to stop a chain at: its columns
-        return _Job(reader, batches, lambda batch: column_plan(reader, batch, plan), _placed, result)
-    return _Job(reader, batches, plan, _placed, result)
+        # a batch per BATCH_BYTES, walked and fetched once, then cut into a plan per decode thread: the chains'
+        # walk and fetch (Python, under the GIL) are not made again on each thread, as one batch per thread
+        # made them; the decodes and applies still divide over the threads (issue 35)
+        size = {id(t): n for t, n in zip(targets, sizes)}
+
+        def cut(batch: list) -> list[list]:
+            return list(batched(((t, size[id(t)]) for t in batch), workers))
+
+        def plans(batch: list) -> list:
+            return column_plan(reader, batch, plan, cut)
+
+        parts = min(workers, max(1, sum(sizes) // SPLIT_BYTES))  # the most parts cut() makes of a batch
+        return _Job(reader, list(batched(zip(targets, sizes))), plans, _placed, result, parts=parts)
+    return _Job(reader, list(batched(zip(targets, sizes), workers)), plan, _placed, result)
 
 
 def _placed(plan: _Plan | ColumnPlan) -> None:
