@@ -20,6 +20,10 @@
 #   runs only while 64 more words exist); rows and tokens come from validated
 #   tables, so no table read is out of bounds.
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+
+import numpy as np
+
 cdef extern from "_one_stream_loops.h" nogil:
     int ULP3_HAVE_AVX2
     void ulp_hash_sum_words(const uint8_t *p, int64_t nw, uint64_t salt, uint64_t *acc)
@@ -383,7 +387,31 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     [hash64(out), hash64(r) or 0]``.  Statuses: -1 the words end early, -3 a lane
     does not end at 2**15, -5 words are left over, -9 inconsistent arguments.
     """
-    cdef Py_ssize_t n = out.shape[0], lo = 0, hi, c, n_ctx = emask + 1
+    cdef Py_ssize_t n = out.shape[0]
+    cdef int status
+    cdef uint64_t hashes[2]
+    cdef Py_ssize_t rows = (p_c + 1) if mode == 0 else 1
+    if (lanes not in (4, 32) or states.shape[0] != lanes or phases < 1 or phases > 5 or p_c < 0 or mode < 0 or mode > 2
+            or slots.shape[0] < rows * SCALE or (mode == 0 and r.shape[0] != n) or (mode == 1 and lut.shape[0] < 256)
+            or (mode == 1 and (p_a < 0 or p_a + 1 > 15 * phases))):
+        return -9
+    with nogil:
+        status = decode3_core(&r[0] if (mode == 0 and n) else <const word_t*>NULL, &out[0] if n else NULL, n, mode,
+                              p_a, p_b, p_c, mant_bits, emask, &slots[0], &lut[0] if lut.shape[0] else NULL, lanes,
+                              phases, &words[0] if words.shape[0] else NULL, words.shape[0] // 2, &states[0], hashes)
+    if status == 0:
+        hashes_out[0] = hashes[0]
+        hashes_out[1] = hashes[1]
+    return status
+
+
+cdef int decode3_core(const word_t* pr, word_t* po, Py_ssize_t n, int mode, int p_a, int p_b, int p_c, int mant_bits,
+                      uint32_t emask, const uint32_t* slots, const uint32_t* lut, int lanes, int phases,
+                      const uint8_t* words, int64_t n_words, const uint32_t* states,
+                      uint64_t* hashes_out) noexcept nogil:
+    """:func:`rans_decode3` on checked arguments (``pr`` NULL unless a delta): 0 or a status, ``hashes_out``
+    written on success."""
+    cdef Py_ssize_t lo = 0, hi, c, n_ctx = emask + 1
     cdef int status = 0, j
     cdef Dec3 d
     cdef Hasher ho = Hasher(0, 0, 0), hr = Hasher(0, 0, 0)
@@ -394,109 +422,100 @@ def rans_decode3(const word_t[::1] r, int mode, int p_a, int p_b, int p_c, int m
     cdef int64_t n_changed = 0
     cdef Py_ssize_t fast_end = 0  # where the 4-lane loop stopped in the block
     cdef uint32_t f, row
-    cdef const word_t* pr
-    cdef word_t* po = &out[0] if n else NULL
-    cdef Py_ssize_t rows = (p_c + 1) if mode == 0 else 1
-    if (lanes not in (4, 32) or states.shape[0] != lanes or phases < 1 or phases > 5 or p_c < 0 or mode < 0 or mode > 2
-            or slots.shape[0] < rows * SCALE or (mode == 0 and r.shape[0] != n) or (mode == 1 and lut.shape[0] < 256)
-            or (mode == 1 and (p_a < 0 or p_a + 1 > 15 * phases))):
-        return -9
-    pr = &r[0] if (mode == 0 and n) else NULL
-    d.slots = &slots[0]
-    d.lut = &lut[0] if lut.shape[0] else NULL
-    d.words = &words[0] if words.shape[0] else NULL
-    d.n_words = words.shape[0] // 2
+    d.slots = slots
+    d.lut = lut
+    d.words = words
+    d.n_words = n_words
     d.pos = 0
     d.mode, d.lanes, d.phases, d.mant_bits, d.s, d.width = mode, lanes, phases, mant_bits, p_a, p_b
     d.emask = emask
     for j in range(lanes):
         d.x[j] = states[j]
-    with nogil:
-        if mode == 0:
-            ctx_base = <int32_t*>malloc(n_ctx * sizeof(int32_t))
-            f0 = <uint64_t*>malloc(n_ctx * sizeof(uint64_t))
-            if ctx_base == NULL or f0 == NULL:
-                status = -8
-            else:
-                for c in range(n_ctx):
-                    row = <uint32_t>(c - p_b + 1) if <uint64_t>(c - p_b) < <uint64_t>p_c else 0
-                    ctx_base[c] = <int32_t>(row << SCALE_BITS)
-                    # token 0 starts its row iff the row's first slot decodes token 0
-                    f = slots[row << SCALE_BITS]
-                    f0[c] = (((f >> 12) & 0xFFF) + 1) if (f >> 24) == 0 else 0
-            d.ctx_base = ctx_base
-        elif mode == 1 and ((ULP3_HAVE_AVX2 and lanes == 32 and (
-                (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)))
-                or (lanes == 4 and word_t is uint16_t and phases == 1)):
-            e64 = <uint64_t*>malloc(SCALE * sizeof(uint64_t))
-            if e64 == NULL:
-                status = -8
-            elif lanes == 4:
-                ulp3_intra4_table(d.slots, d.lut, p_a, e64)
-            else:
-                ulp3_intra_table(d.slots, d.lut, e64)
-        while status == 0 and lo < n:
-            hi = min(n, lo + BLOCK3)
+    if mode == 0:
+        ctx_base = <int32_t*>malloc(n_ctx * sizeof(int32_t))
+        f0 = <uint64_t*>malloc(n_ctx * sizeof(uint64_t))
+        if ctx_base == NULL or f0 == NULL:
+            status = -8
+        else:
+            for c in range(n_ctx):
+                row = <uint32_t>(c - p_b + 1) if <uint64_t>(c - p_b) < <uint64_t>p_c else 0
+                ctx_base[c] = <int32_t>(row << SCALE_BITS)
+                # token 0 starts its row iff the row's first slot decodes token 0
+                f = slots[row << SCALE_BITS]
+                f0[c] = (((f >> 12) & 0xFFF) + 1) if (f >> 24) == 0 else 0
+        d.ctx_base = ctx_base
+    elif mode == 1 and ((ULP3_HAVE_AVX2 and lanes == 32 and (
+            (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)))
+            or (lanes == 4 and word_t is uint16_t and phases == 1)):
+        e64 = <uint64_t*>malloc(SCALE * sizeof(uint64_t))
+        if e64 == NULL:
+            status = -8
+        elif lanes == 4:
+            ulp3_intra4_table(d.slots, d.lut, p_a, e64)
+        else:
+            ulp3_intra_table(d.slots, d.lut, e64)
+    while status == 0 and lo < n:
+        hi = min(n, lo + BLOCK3)
+        if word_t is uint16_t:
+            if lanes == 32 and phases == 1 and mode != 2:
+                lo = ulp3_avx2_decode16(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
+                                        e64, d.words, d.n_words, &d.pos, d.x)
+        elif word_t is uint32_t:
+            if lanes == 32 and phases == 2:
+                lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
+                                        e64, d.words, d.n_words, &d.pos, d.x)
+        if word_t is uint16_t:
+            if lanes == 4 and mode == 1 and phases == 1:
+                lo = ulp3_dec4_intra16(po, lo, hi, p_a, e64, d.words, d.n_words, &d.pos, d.x)
+        n_changed = 0
+        fast_end = lo
+        if lanes == 4 and mode == 0:
             if word_t is uint16_t:
-                if lanes == 32 and phases == 1 and mode != 2:
-                    lo = ulp3_avx2_decode16(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
-                                            e64, d.words, d.n_words, &d.pos, d.x)
-            elif word_t is uint32_t:
-                if lanes == 32 and phases == 2:
-                    lo = ulp3_avx2_decode32(pr, po, lo, hi, mode, mant_bits, emask, p_b, p_c, p_a, d.slots,
-                                            e64, d.words, d.n_words, &d.pos, d.x)
-            if word_t is uint16_t:
-                if lanes == 4 and mode == 1 and phases == 1:
-                    lo = ulp3_dec4_intra16(po, lo, hi, p_a, e64, d.words, d.n_words, &d.pos, d.x)
-            n_changed = 0
+                lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
+                                       d.n_words, &d.pos, d.x, changed, &n_changed)
+            elif word_t is uint8_t:
+                lo = ulp3_dec4_delta8(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
+                                      d.n_words, &d.pos, d.x, changed, &n_changed)
             fast_end = lo
-            if lanes == 4 and mode == 0:
-                if word_t is uint16_t:
-                    lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                           d.n_words, &d.pos, d.x, changed, &n_changed)
-                elif word_t is uint8_t:
-                    lo = ulp3_dec4_delta8(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                          d.n_words, &d.pos, d.x, changed, &n_changed)
-                fast_end = lo
-            # then the unrolled scalar C loop for every layout, while words are plentiful
-            if word_t is uint8_t and phases == 1:
-                lo = ulp3_gen8_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
-                                      d.words, d.n_words, &d.pos, d.x)
-            elif word_t is uint16_t and phases == 1:
-                lo = ulp3_gen16_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
-                                       d.words, d.n_words, &d.pos, d.x)
-            elif word_t is uint32_t and phases == 2:
-                lo = ulp3_gen32_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
-                                       d.words, d.n_words, &d.pos, d.x)
-            elif word_t is uint64_t and phases == 5:
-                lo = ulp3_gen64_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
-                                       d.words, d.n_words, &d.pos, d.x)
-            elif word_t is uint64_t and phases == 4:
-                lo = ulp3_gen64i_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
-                                        d.words, d.n_words, &d.pos, d.x)
-            if lo < hi:  # the end of the word stream: every read checked
-                status = dec3_groups(&d, pr, po, lo, hi)
-            if word_t is uint16_t and mode == 0 and lanes == 4 and hi - fast_end <= 256:
-                hash_patched_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t),
-                                   changed, n_changed, fast_end)
-            elif mode == 0:
-                hash_pair_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
-            else:
-                hash_words(&ho, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
-            lo = hi
-        free(ctx_base)
-        free(f0)
-        free(e64)
-        if status == 0:
-            if d.pos != d.n_words:
-                status = -5
-            else:
-                for j in range(lanes):
-                    if d.x[j] != STATE_LOW:
-                        status = -3
-        if status == 0:
-            hashes_out[0] = hash_final(&ho, <const uint8_t*>po, n * <Py_ssize_t>sizeof(word_t))
-            hashes_out[1] = hash_final(&hr, <const uint8_t*>pr, n * <Py_ssize_t>sizeof(word_t)) if mode == 0 else 0
+        # then the unrolled scalar C loop for every layout, while words are plentiful
+        if word_t is uint8_t and phases == 1:
+            lo = ulp3_gen8_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                  d.words, d.n_words, &d.pos, d.x)
+        elif word_t is uint16_t and phases == 1:
+            lo = ulp3_gen16_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                   d.words, d.n_words, &d.pos, d.x)
+        elif word_t is uint32_t and phases == 2:
+            lo = ulp3_gen32_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                   d.words, d.n_words, &d.pos, d.x)
+        elif word_t is uint64_t and phases == 5:
+            lo = ulp3_gen64_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                   d.words, d.n_words, &d.pos, d.x)
+        elif word_t is uint64_t and phases == 4:
+            lo = ulp3_gen64i_decode(pr, po, lo, hi, lanes, mode, mant_bits, emask, ctx_base, d.slots, d.lut, p_a,
+                                    d.words, d.n_words, &d.pos, d.x)
+        if lo < hi:  # the end of the word stream: every read checked
+            status = dec3_groups(&d, pr, po, lo, hi)
+        if word_t is uint16_t and mode == 0 and lanes == 4 and hi - fast_end <= 256:
+            hash_patched_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t),
+                               changed, n_changed, fast_end)
+        elif mode == 0:
+            hash_pair_words(&hr, &ho, <const uint8_t*>pr, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
+        else:
+            hash_words(&ho, <const uint8_t*>po, hi * <Py_ssize_t>sizeof(word_t))
+        lo = hi
+    free(ctx_base)
+    free(f0)
+    free(e64)
+    if status == 0:
+        if d.pos != d.n_words:
+            status = -5
+        else:
+            for j in range(lanes):
+                if d.x[j] != STATE_LOW:
+                    status = -3
+    if status == 0:
+        hashes_out[0] = hash_final(&ho, <const uint8_t*>po, n * <Py_ssize_t>sizeof(word_t))
+        hashes_out[1] = hash_final(&hr, <const uint8_t*>pr, n * <Py_ssize_t>sizeof(word_t)) if mode == 0 else 0
     return status
 
 
@@ -549,91 +568,101 @@ def pack_table3(int has_band, int band_count, int band_lo, const uint32_t[:, ::1
 
 def read_table3(const uint8_t[::1] data, int has_band, int n_ctx, int alphabet, int max_tokens,
                 int64_t[::1] band_out, uint32_t[:, ::1] freqs_out):
-    """Parse a version-3 table into zeroed ``freqs_out`` (at scale 2**12); returns its length in
-    bytes or a status: -1 truncated, -2 a value out of range, -3 a token beyond the alphabet or
+    """Parse a version-3 table into ``freqs_out`` (at scale 2**12; the rows of the band are overwritten); returns
+    its length in bytes or a status: -1 truncated, -2 a value out of range, -3 a token beyond the alphabet or
     more than ``max_tokens`` in a row, -4 nothing left for a row's first token, -5 non-zero
     padding, -9 ``freqs_out`` too small."""
-    cdef const uint8_t* dp = &data[0] if data.shape[0] else NULL
-    cdef int64_t end = 8 * data.shape[0], pos = 0, count = 0, lo = 0, k, t, value, rest, j, i, scale, order, b
-    cdef int status = 0
-    cdef int64_t first
-    if alphabet > freqs_out.shape[1]:
+    cdef int64_t used
+    if alphabet > freqs_out.shape[1] or band_out.shape[0] < 2:
         return -9
     with nogil:
-        if has_band:
-            status = get_gamma(dp, end, &pos, n_ctx + 1, &value)
-            if not status:
-                count = value - 1
-                if count:
-                    status = get_gamma(dp, end, &pos, n_ctx - count + 1, &value)
-                    lo = value - 1
-        if not status and count + 1 > freqs_out.shape[0]:
-            status = -9
-        i = 0
-        while not status and i <= count:
-            status = get_gamma(dp, end, &pos, alphabet + 1, &k)
+        used = table3_core(&data[0] if data.shape[0] else NULL, data.shape[0], has_band, n_ctx, alphabet, max_tokens,
+                           freqs_out.shape[0], freqs_out.shape[1], &freqs_out[0, 0], &band_out[0])
+    return used
+
+
+cdef int64_t table3_core(const uint8_t* dp, int64_t nbytes, int has_band, int n_ctx, int alphabet, int max_tokens,
+                         Py_ssize_t rows_cap, Py_ssize_t stride, uint32_t* freqs, int64_t* band_out) noexcept nogil:
+    """:func:`read_table3` into ``freqs`` (``rows_cap`` rows ``stride`` apart, each row of the band zeroed
+    before it is read): its length in bytes, or a status; ``band_out`` gets (count, lo)."""
+    cdef int64_t end = 8 * nbytes, pos = 0, count = 0, lo = 0, k, t, value, rest, j, i, scale, order, b
+    cdef int status = 0
+    cdef int64_t first
+    if has_band:
+        status = get_gamma(dp, end, &pos, n_ctx + 1, &value)
+        if not status:
+            count = value - 1
+            if count:
+                status = get_gamma(dp, end, &pos, n_ctx - count + 1, &value)
+                lo = value - 1
+    if not status and count + 1 > rows_cap:
+        status = -9
+    i = 0
+    while not status and i <= count:
+        memset(freqs + i * stride, 0, alphabet * sizeof(uint32_t))
+        status = get_gamma(dp, end, &pos, alphabet + 1, &k)
+        if status:
+            break
+        k -= 1
+        if k > max_tokens:
+            status = -3
+            break
+        scale = SCALE_BITS
+        order = 0
+        if k >= 2:
+            status = get_gamma(dp, end, &pos, SCALE_BITS + 1, &value)
             if status:
                 break
-            k -= 1
-            if k > max_tokens:
+            scale = SCALE_BITS + 1 - value
+            status = get_gamma(dp, end, &pos, scale + 1, &value)
+            if status:
+                break
+            order = value - 1
+        t = -1
+        first = -1
+        rest = (<int64_t>1) << scale
+        for j in range(k):
+            status = get_gamma(dp, end, &pos, alphabet, &value)
+            if status:
+                break
+            t += value
+            if t >= alphabet:
                 status = -3
                 break
-            scale = SCALE_BITS
-            order = 0
-            if k >= 2:
-                status = get_gamma(dp, end, &pos, SCALE_BITS + 1, &value)
-                if status:
-                    break
-                scale = SCALE_BITS + 1 - value
-                status = get_gamma(dp, end, &pos, scale + 1, &value)
-                if status:
-                    break
-                order = value - 1
-            t = -1
-            first = -1
-            rest = (<int64_t>1) << scale
-            for j in range(k):
-                status = get_gamma(dp, end, &pos, alphabet, &value)
-                if status:
-                    break
-                t += value
-                if t >= alphabet:
-                    status = -3
-                    break
-                freqs_out[i, t] = 1  # occurs; frequency below
-                if first < 0:
-                    first = t
-            if status:
+            freqs[i * stride + t] = 1  # occurs; frequency below
+            if first < 0:
+                first = t
+        if status:
+            break
+        if first >= 0:
+            for t in range(first + 1, alphabet):
+                if freqs[i * stride + t]:
+                    status = get_gamma(dp, end, &pos, ((((<int64_t>1) << scale) - 2) >> order) + 1, &value)
+                    if status:
+                        break
+                    if pos + order > end:
+                        status = -1
+                        break
+                    value -= 1
+                    for b in range(order):
+                        value = (value << 1) | ((dp[pos >> 3] >> (7 - (pos & 7))) & 1)
+                        pos += 1
+                    value += 1
+                    if value > ((<int64_t>1) << scale) - 1:
+                        status = -2
+                        break
+                    freqs[i * stride + t] = <uint32_t>(value << (SCALE_BITS - scale))
+                    rest -= value
+        if status:
+            break
+        if k:
+            if rest < 1:
+                status = -4
                 break
-            if first >= 0:
-                for t in range(first + 1, alphabet):
-                    if freqs_out[i, t]:
-                        status = get_gamma(dp, end, &pos, ((((<int64_t>1) << scale) - 2) >> order) + 1, &value)
-                        if status:
-                            break
-                        if pos + order > end:
-                            status = -1
-                            break
-                        value -= 1
-                        for b in range(order):
-                            value = (value << 1) | ((dp[pos >> 3] >> (7 - (pos & 7))) & 1)
-                            pos += 1
-                        value += 1
-                        if value > ((<int64_t>1) << scale) - 1:
-                            status = -2
-                            break
-                        freqs_out[i, t] = <uint32_t>(value << (SCALE_BITS - scale))
-                        rest -= value
-            if status:
-                break
-            if k:
-                if rest < 1:
-                    status = -4
-                    break
-                freqs_out[i, first] = <uint32_t>(rest << (SCALE_BITS - scale))
-            i += 1
-        if not status and pos % 8 and (dp[pos >> 3] & (0xFF >> (pos & 7))):
-            status = -5
+            freqs[i * stride + first] = <uint32_t>(rest << (SCALE_BITS - scale))
+        i += 1
+    if not status and pos % 8 and (dp[pos >> 3] & (0xFF >> (pos & 7))):
+        status = -5
     band_out[0] = count
     band_out[1] = lo
     return status if status else (pos + 7) // 8
@@ -641,29 +670,207 @@ def read_table3(const uint8_t[::1] data, int has_band, int n_ctx, int alphabet, 
 
 def slot_table3(const uint32_t[:, ::1] freqs, int rank_mode, uint32_t[::1] slots_out, uint32_t[::1] lut_out):
     """One entry per (row, slot): ``token << 24 | (f - 1) << 12 | (slot - start)`` (see the twin)."""
-    cdef Py_ssize_t rows = freqs.shape[0], alphabet = freqs.shape[1], i, t, rank
-    cdef uint32_t f, j, code
-    cdef uint32_t* o = &slots_out[0]
-    if slots_out.shape[0] < rows * SCALE:
+    if slots_out.shape[0] < freqs.shape[0] * SCALE or (rank_mode and lut_out.shape[0] < 256):
         raise ValueError("slot_table3: output too small")
     with nogil:
-        for i in range(rows):
-            rank = 0
-            for t in range(alphabet):
-                f = freqs[i, t]
-                if f == 0:
-                    continue
-                code = <uint32_t>(rank if rank_mode else t)
-                if rank_mode:
-                    lut_out[rank] = <uint32_t>t
-                for j in range(f):
-                    o[0] = (code << 24) | ((f - 1) << 12) | j
-                    o += 1
-                rank += 1
-            if rank == 0:
-                for j in range(SCALE):
-                    o[0] = ((SCALE - 1) << 12) | j
-                    o += 1
+        slot3_core(&freqs[0, 0], freqs.shape[0], freqs.shape[1], freqs.shape[1], rank_mode, &slots_out[0],
+                   &lut_out[0] if lut_out.shape[0] else NULL)
+
+
+cdef void slot3_core(const uint32_t* freqs, Py_ssize_t rows, Py_ssize_t alphabet, Py_ssize_t stride, int rank_mode,
+                     uint32_t* o, uint32_t* lut_out) noexcept nogil:
+    """:func:`slot_table3` on rows ``stride`` apart (``lut_out``: 256 entries, written with ``rank_mode``)."""
+    cdef Py_ssize_t i, t, rank
+    cdef uint32_t f, j, code
+    for i in range(rows):
+        rank = 0
+        for t in range(alphabet):
+            f = freqs[i * stride + t]
+            if f == 0:
+                continue
+            code = <uint32_t>(rank if rank_mode else t)
+            if rank_mode:
+                lut_out[rank] = <uint32_t>t
+            for j in range(f):
+                o[0] = (code << 24) | ((f - 1) << 12) | j
+                o += 1
+            rank += 1
+        if rank == 0:
+            for j in range(SCALE):
+                o[0] = ((SCALE - 1) << 12) | j
+                o += 1
+
+
+# -- a whole payload in one call ------------------------------------------------------
+
+
+cdef enum:
+    SEC3_PARAMS = -20    # invalid section parameters
+    SEC3_STATES = -21    # lane states truncated or out of range
+    SEC3_ODD = -22       # an odd number of bytes of rANS words
+    SEC3_EMPTY = -23     # a table without any token
+    SEC3_CAPACITY = -24  # more elements declared than the payload can hold
+    SEC3_CONSTANT = 1    # a constant tensor against +0.0 (no capacity bound): the caller's slower path decodes it
+    STEPS_PER_WORD = 46000  # (_one_stream._STEPS_PER_WORD)
+
+
+cdef struct Sec3:
+    # a parsed version-3 section and the rans_decode3 arguments it implies
+    int lanes, mode, p_a, p_b, p_c, phases
+    Py_ssize_t rows, alphabet
+    const uint8_t* words
+    int64_t n_words
+    uint32_t states[MAX_LANES]
+
+
+cdef int sec3_parse(const uint8_t* p, int64_t size, bint intra, bint has_ref, int width, int mant_bits, int exp_bits,
+                    int token_bits, int alphabet, uint32_t emask, int64_t n, uint32_t** freqs_out,
+                    Sec3* s) noexcept nogil:
+    """The checks and arguments of ``_one_stream.section3_args`` on the payload ``p[:size]``: 0 or a status
+    (a table status minus 100); ``freqs_out[0]``: the rows' frequencies (malloc'ed, the caller frees)."""
+    cdef int params, kk, max_tokens, n_ctx, lane, c
+    cdef bint has_band
+    cdef int64_t used, pos, band[2], capacity
+    cdef Py_ssize_t rows_cap, i, t0
+    cdef uint32_t x
+    cdef uint32_t* freqs
+    cdef bint any_token = False
+    if size < 1:
+        return -101  # (the table status of a truncated table: the params byte is missing)
+    params = p[0]
+    kk = (params >> 2) & 3
+    if params >> 4 or (params & 3) >= 2 or (kk and not intra) or kk > min(3, mant_bits):
+        return SEC3_PARAMS
+    s.lanes = 4 if (params & 3) == 0 else 32
+    if intra:
+        s.alphabet, has_band, n_ctx, max_tokens = (<Py_ssize_t>1) << (exp_bits + kk), False, 1, 256
+    else:
+        s.alphabet, has_band, n_ctx, max_tokens = alphabet, emask > 0, emask + 1, alphabet
+    rows_cap = n_ctx + 1 if has_band else 1
+    freqs = <uint32_t*>malloc(rows_cap * s.alphabet * sizeof(uint32_t))
+    freqs_out[0] = freqs
+    if freqs == NULL:
+        return -8
+    used = table3_core(p + 1, size - 1, has_band, n_ctx, <int>s.alphabet, max_tokens, rows_cap, s.alphabet, freqs,
+                       band)
+    if used < 0:
+        return <int>used - 100
+    s.rows = band[0] + 1
+    pos = 1 + used
+    if size - pos < 4 * s.lanes:
+        return SEC3_STATES
+    for lane in range(s.lanes):
+        memcpy(&x, p + pos + 4 * lane, 4)
+        if x < STATE_LOW or x >= (<uint32_t>1) << 31:
+            return SEC3_STATES
+        s.states[lane] = x
+    pos += 4 * s.lanes
+    if (size - pos) % 2:
+        return SEC3_ODD
+    s.words, s.n_words = p + pos, (size - pos) // 2
+    for i in range(s.rows * s.alphabet):
+        any_token |= freqs[i] != 0
+    if not any_token:
+        return SEC3_EMPTY
+    capacity = 31 * s.lanes + 16 * s.n_words
+    if intra:
+        if n * (mant_bits - kk + 1) > capacity:
+            return SEC3_CAPACITY
+        s.mode, s.p_a, s.p_b, s.p_c = 1, mant_bits - kk, width, 0
+        s.phases = (mant_bits - kk + 1 + RAW_CHUNK - 1) // RAW_CHUNK
+    else:
+        if not has_ref:  # against +0.0, one row
+            t0 = 0
+            while freqs[t0] == 0:
+                t0 += 1
+            if freqs[t0] == SCALE and t0 < 8:
+                return SEC3_CONSTANT
+            if n > STEPS_PER_WORD * (s.lanes + s.n_words):
+                return SEC3_CAPACITY
+        s.mode, s.p_a, s.p_b, s.p_c = (0 if has_ref else 2), token_bits, <int>band[1], <int>band[0]
+        s.phases = (width - 3 + RAW_CHUNK - 1) // RAW_CHUNK
+    return 0
+
+
+_WORD_TYPES = {wb: np.dtype(f"<u{wb}") for wb in (1, 2, 4, 8)}
+
+
+def decode3(blob, Py_ssize_t start, Py_ssize_t end, out, ref, bint intra, int width, int mant_bits, int exp_bits,
+            int token_bits, int alphabet, uint32_t emask, int64_t n):
+    """A version-3 RANS or INTRA payload ``blob[start:end]`` decoded in one call: ``_one_stream.section3_args``'
+    checks, the tables and :func:`rans_decode3`, the GIL released throughout.
+
+    ``out``: the words to write (``n`` of ``width`` bits), or None for a new array, made only once the
+    payload is known to hold ``n`` elements; ``ref``: the reference words of a delta, or None.  Returns
+    ``(status, out, hash64(values), hash64(ref) or 0)``; status 0, or any other value when the payload is
+    damaged, inconsistent or a constant tensor against +0.0 (then ``out`` is None or partly written, and
+    the caller's step-by-step path says what is wrong, or decodes the constant).
+    """
+    cdef Py_buffer bb, ob, rb
+    cdef Sec3 s
+    cdef uint32_t* freqs = NULL
+    cdef uint32_t* slots = NULL
+    cdef uint32_t lut[256]
+    cdef uint64_t hashes[2]
+    cdef int status, wb = width // 8
+    cdef const uint8_t* pr
+    cdef bint got_o = False, got_r = False
+    if width not in (8, 16, 32, 64) or not 0 <= mant_bits < width or not 0 < exp_bits < width or alphabet > 256:
+        raise ValueError("decode3: not a float format")
+    hashes[0] = hashes[1] = 0
+    s.rows = 0
+    PyObject_GetBuffer(blob, &bb, PyBUF_SIMPLE)
+    try:
+        if not 0 <= start <= end <= bb.len:
+            raise ValueError("decode3: the payload lies outside the blob")
+        with nogil:
+            status = sec3_parse(<const uint8_t*>bb.buf + start, end - start, intra, ref is not None, width, mant_bits,
+                                exp_bits, token_bits, alphabet, emask, n, &freqs, &s)
+            if not status:
+                slots = <uint32_t*>malloc(s.rows * SCALE * sizeof(uint32_t))
+                if slots == NULL:
+                    status = -8
+                else:
+                    memset(lut, 0, sizeof(lut))
+                    slot3_core(freqs, s.rows, s.alphabet, s.alphabet, intra, slots, lut)
+            free(freqs)
+        if status:
+            return status, None, 0, 0
+        if out is None:
+            out = np.empty(n, dtype=_WORD_TYPES[wb])
+        PyObject_GetBuffer(out, &ob, PyBUF_WRITABLE)
+        got_o = True
+        if ref is not None:
+            PyObject_GetBuffer(ref, &rb, PyBUF_SIMPLE)
+            got_r = True
+        if ob.len != n * wb or (got_r and rb.len != n * wb):
+            raise ValueError("decode3: out and ref must hold n words")
+        pr = <const uint8_t*>rb.buf if got_r and n else NULL
+        with nogil:
+            if wb == 1:
+                status = decode3_core(<const uint8_t*>pr, <uint8_t*>ob.buf, n, s.mode, s.p_a, s.p_b, s.p_c,
+                                      mant_bits, emask, slots, lut, s.lanes, s.phases, s.words, s.n_words, s.states,
+                                      hashes)
+            elif wb == 2:
+                status = decode3_core(<const uint16_t*>pr, <uint16_t*>ob.buf, n, s.mode, s.p_a, s.p_b, s.p_c,
+                                      mant_bits, emask, slots, lut, s.lanes, s.phases, s.words, s.n_words, s.states,
+                                      hashes)
+            elif wb == 4:
+                status = decode3_core(<const uint32_t*>pr, <uint32_t*>ob.buf, n, s.mode, s.p_a, s.p_b, s.p_c,
+                                      mant_bits, emask, slots, lut, s.lanes, s.phases, s.words, s.n_words, s.states,
+                                      hashes)
+            else:
+                status = decode3_core(<const uint64_t*>pr, <uint64_t*>ob.buf, n, s.mode, s.p_a, s.p_b, s.p_c,
+                                      mant_bits, emask, slots, lut, s.lanes, s.phases, s.words, s.n_words, s.states,
+                                      hashes)
+        return status, out, hashes[0], hashes[1]
+    finally:
+        free(slots)
+        if got_o:
+            PyBuffer_Release(&ob)
+        if got_r:
+            PyBuffer_Release(&rb)
+        PyBuffer_Release(&bb)
 
 
 # -- choosing table scales (twin: _one_stream_tables.quantize_rows3) ------------------------------

@@ -470,3 +470,73 @@ def test_read_table3_statuses_match_on_random_bits():
             # on a status the outputs are unspecified (the section reader discards them)
             outs.append((used, band.tobytes() + freqs.tobytes() if used >= 0 else b""))
         assert all(o == outs[0] for o in outs), (trial, [o[0] for o in outs])
+
+
+def _decode3_cases():
+    """Valid version-3 payloads (intra, delta, against +0.0; 4 and 32 lanes; every dtype) and damaged copies."""
+    rng = np.random.default_rng(5)
+    cases = []
+    for name, dt in DTYPES.items():
+        for n in (5, 300, 3000):
+            r = normal(dt, n, rng, 0.02)
+            t = steps(r, rng, 0.3, 3)
+            for tt, rr in ((r, None), (t, r), (t, None)):
+                blob = ulstore.encode(tt, rr)
+                header, rd = F.open_blob(blob)
+                if header.version == 3 and header.mode in (F.MODE_RANS, F.MODE_INTRA):
+                    cases.append((blob, rr))
+    damaged = []
+    for blob, rr in cases[::3]:
+        header, rd = F.open_blob(blob)
+        for _ in range(6):
+            b = bytearray(blob)
+            at = int(rng.integers(rd.pos, len(b) - 4))
+            b[at] ^= 1 << int(rng.integers(0, 8))
+            damaged.append((reseal(bytes(b[:-4])), rr))
+        damaged.append((reseal(blob[: int(rng.integers(rd.pos, len(blob) - 4))]), rr))
+    return cases + damaged
+
+
+def test_decode3_matches_the_step_by_step_path_and_its_twin():
+    """``decode3`` (one call: the payload's checks, tables and decode) gives every backend's values, hashes
+    and status alike, and succeeds exactly when section3_args and rans_decode3 do, with their values."""
+    from ulstore.codec._api import _econd_mask
+    from ulstore.codec._backend import kernels
+
+    ok = failed = 0
+    for blob, rr in _decode3_cases():
+        header, rd = F.open_blob(blob)
+        fmt = header.fmt
+        ref = None if rr is None else rr.reshape(-1).view(fmt.word)
+        emask = _econd_mask(fmt, ref is not None, not header.flags & F.FLAG_NO_ECOND)
+        results = set()
+        for be in BACKENDS:
+            k = kernels(be)
+            status, out, hv, hr = k.decode3(
+                rd.buf,
+                rd.pos,
+                rd.end,
+                None,
+                ref,
+                header.mode == F.MODE_INTRA,
+                fmt.width,
+                fmt.mant_bits,
+                fmt.exp_bits,
+                fmt.token_bits,
+                fmt.alphabet,
+                emask,
+                header.size,
+            )
+            results.add((status, out.tobytes() if status == 0 else None, hv, hr) if status == 0 else (status,))
+            try:
+                args = _one_stream.section3_args(k, fmt, header, F.Reader(rd.buf, rd.pos, rd.end), ref, emask)
+                step_status = k.rans_decode3(*args)
+            except CorruptBlobError:
+                step_status = None
+            assert (status == 0) == (step_status == 0), (be, status, step_status)
+            if status == 0:
+                assert out.tobytes() == args[-2].tobytes() and [hv, hr] == [int(h) for h in args[-1]]
+        assert len(results) == 1, results
+        ok += status == 0
+        failed += status != 0
+    assert ok > 50 and failed > 20  # (both kinds met)

@@ -309,7 +309,32 @@ def _filled(src: np.ndarray, words: np.ndarray | None) -> np.ndarray:
 
 
 def _decode_one_stream(k, header: F.Header, rd: F.Reader, rf, emask: int, verify, words) -> np.ndarray:
-    """The values of a version-3 RANS or INTRA payload, checked (reference, then target)."""
+    """The values of a version-3 RANS or INTRA payload, checked (reference, then target).
+
+    One kernel call (``decode3``: the payload's checks, tables and decode) does it when all is well; on any
+    status it reports, the step-by-step path below runs, which names what is wrong (or decodes the one
+    case ``decode3`` leaves to it, a constant tensor against +0.0).
+    """
+    fmt = header.fmt
+    status, out, values_hash, ref_hash = k.decode3(
+        rd.buf,
+        rd.pos,
+        rd.end,
+        words,
+        rf,
+        header.mode == F.MODE_INTRA,
+        fmt.width,
+        fmt.mant_bits,
+        fmt.exp_bits,
+        fmt.token_bits,
+        fmt.alphabet,
+        emask,
+        header.size,
+    )
+    if not status and (rf is None or _fold32(ref_hash) == header.ref_hash):
+        rd.pos = rd.end
+        verify(values_hash)
+        return out
     try:
         out, values_hash, ref_hash = decode_section3(k, header.fmt, header, rd, rf, emask, verify, words)
         _check_end(rd)

@@ -141,6 +141,21 @@ def rans_decode3(
     out: _Array,
     hashes_out: _Array,
 ) -> int: ...
+def decode3(
+    blob: _Bytes,
+    start: int,
+    end: int,
+    out: _Array | None,
+    ref: _Array | None,
+    intra: bool,
+    width: int,
+    mant_bits: int,
+    exp_bits: int,
+    token_bits: int,
+    alphabet: int,
+    emask: int,
+    n: int,
+) -> tuple[int, _Array | None, int, int]: ...
 def pack_table3(
     has_band: int, band_count: int, band_lo: int, freqs: _Array, scales: _Array, orders: _Array, out: _Array
 ) -> int: ...

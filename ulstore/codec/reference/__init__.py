@@ -30,7 +30,7 @@ from __future__ import annotations
 from ._apply_job import SparseApply, sparse_apply
 from ._hashes import hash64, hash_fill, hash_sum64
 from ._one_stream_rans import intra_symbols, rans_decode3, rans_encode3
-from ._one_stream_tables import pack_table3, quantize_rows3, read_table3, slot_table3
+from ._one_stream_tables import decode3, pack_table3, quantize_rows3, read_table3, slot_table3
 from ._residual_sections import (
     context_histogram,
     encoder_table,
@@ -90,6 +90,7 @@ __all__ = [
     "intra_symbols",
     "rans_encode3",
     "rans_decode3",
+    "decode3",
     "pack_table3",
     "read_table3",
     "slot_table3",

@@ -1,4 +1,5 @@
-"""Pure-NumPy twins of the format-version-3 table kernels: pack, read, slot tables, scale choice.
+"""Pure-NumPy twins of the format-version-3 table kernels: pack, read, slot tables, scale choice; and ``decode3``
+(a whole payload: its checks, tables and ``rans_decode3`` in one call).
 
 Re-exported by ``reference``; the compiled twins live in ``_one_stream.pxi``.  See
 ``docs/format.md`` (version 3) for the bits.
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._rans_tables import SCALE_BITS
-from ._one_stream_rans import _Status
+from .._rans_tables import SCALE_BITS, STATE_LOW
+from ._one_stream_rans import RAW_CHUNK, _Status, rans_decode3
 
-__all__ = ["pack_table3", "read_table3", "slot_table3", "normalize_scaled", "quantize_rows3"]
+__all__ = ["pack_table3", "read_table3", "slot_table3", "normalize_scaled", "quantize_rows3", "decode3"]
 
 _M = 1 << SCALE_BITS
 
@@ -264,3 +265,120 @@ def quantize_rows3(counts, cost_table, freqs_out, f12_out, scales_out, orders_ou
     scales_out[:] = best[1]
     orders_out[:] = best[4]
     return int(best[3].sum())
+
+
+#: decode3's statuses besides the table's (minus 100), the stream's and -8 (twin: _one_stream.pxi's SEC3_*)
+SEC3_PARAMS, SEC3_STATES, SEC3_ODD, SEC3_EMPTY, SEC3_CAPACITY, SEC3_CONSTANT = -20, -21, -22, -23, -24, 1
+_STEPS_PER_WORD = 46000  # (_one_stream._STEPS_PER_WORD)
+
+
+def _sec3_table(p: bytes, intra, mant_bits, exp_bits, alphabet, emask):
+    """The params byte and table of payload ``p``: (0, (lanes, k, frequencies, count, lo, bytes used)) or (status, None)."""
+    if len(p) < 1:
+        return -101, None
+    params = p[0]
+    kk = (params >> 2) & 3
+    if params >> 4 or (params & 3) >= 2 or (kk and not intra) or kk > min(3, mant_bits):
+        return SEC3_PARAMS, None
+    if intra:
+        alpha, has_band, n_ctx, max_tokens = 1 << (exp_bits + kk), False, 1, 256
+    else:
+        alpha, has_band, n_ctx, max_tokens = alphabet, emask > 0, emask + 1, alphabet
+    freqs = np.zeros((n_ctx + 1 if has_band else 1, alpha), dtype=np.uint32)
+    band = np.zeros(2, dtype=np.int64)
+    used = read_table3(np.frombuffer(p[1:], dtype=np.uint8), int(has_band), n_ctx, alpha, max_tokens, band, freqs)
+    if used < 0:
+        return used - 100, None
+    count, lo = int(band[0]), int(band[1])
+    return 0, (4 if params & 3 == 0 else 32, kk, freqs[: count + 1], count, lo, 1 + used)
+
+
+def _sec3_capacity(freqs, intra, has_ref, mant_bits, kk, lanes, n_words, n) -> int:
+    """``_one_stream._check_capacity`` as a status (SEC3_CONSTANT: a constant tensor against +0.0)."""
+    if intra:
+        return SEC3_CAPACITY if n * (mant_bits - kk + 1) > 31 * lanes + 16 * n_words else 0
+    if not has_ref:
+        t0 = int(np.flatnonzero(freqs[0])[0])
+        if freqs[0, t0] == _M and t0 < 8:
+            return SEC3_CONSTANT
+        if n > _STEPS_PER_WORD * (lanes + n_words):
+            return SEC3_CAPACITY
+    return 0
+
+
+def _sec3_parse(p: bytes, intra, has_ref, width, mant_bits, exp_bits, token_bits, alphabet, emask, n):
+    """The checks and arguments of ``_one_stream.section3_args`` on payload ``p``: (0, arguments) or (status, None)."""
+    status, table = _sec3_table(p, intra, mant_bits, exp_bits, alphabet, emask)
+    if status:
+        return status, None
+    lanes, kk, freqs, count, lo, pos = table
+    if len(p) - pos < 4 * lanes:
+        return SEC3_STATES, None
+    states = np.frombuffer(p[pos : pos + 4 * lanes], dtype="<u4").astype(np.uint32)
+    if int(states.min()) < STATE_LOW or int(states.max()) >= 1 << 31:
+        return SEC3_STATES, None
+    pos += 4 * lanes
+    if (len(p) - pos) % 2:
+        return SEC3_ODD, None
+    words = np.frombuffer(p[pos:], dtype=np.uint8)
+    if not np.count_nonzero(freqs):
+        return SEC3_EMPTY, None
+    status = _sec3_capacity(freqs, intra, has_ref, mant_bits, kk, lanes, len(words) // 2, n)
+    if status:
+        return status, None
+    if intra:
+        mode, p_a, p_b, p_c, phases = 1, mant_bits - kk, width, 0, -(-(mant_bits - kk + 1) // RAW_CHUNK)
+    else:
+        mode, p_a, p_b, p_c, phases = (0 if has_ref else 2), token_bits, lo, count, -(-(width - 3) // RAW_CHUNK)
+    return 0, (freqs, mode, p_a, p_b, p_c, lanes, phases, words, states)
+
+
+def decode3(blob, start, end, out, ref, intra, width, mant_bits, exp_bits, token_bits, alphabet, emask, n):
+    """A version-3 RANS or INTRA payload ``blob[start:end]`` decoded in one call: ``_one_stream.section3_args``'
+    checks, the tables and :func:`rans_decode3`.
+
+    ``out``: the ``n`` words to write, or None for a new array (made once the payload is known to hold
+    ``n`` elements); ``ref``: the reference words of a delta, or None.  Returns ``(status, out,
+    hash64(values), hash64(ref) or 0)``: status 0, or any other value when the payload is damaged,
+    inconsistent or a constant tensor against +0.0 (``SEC3_CONSTANT``; then ``out`` is None or partly
+    written, and the caller's step-by-step path says what is wrong, or decodes the constant).
+    """
+    status, args = _sec3_parse(
+        bytes(memoryview(blob).cast("B")[start:end]),
+        intra,
+        ref is not None,
+        width,
+        mant_bits,
+        exp_bits,
+        token_bits,
+        alphabet,
+        emask,
+        n,
+    )
+    if status:
+        return status, None, 0, 0
+    freqs, mode, p_a, p_b, p_c, lanes, phases, words, states = args
+    slots = np.zeros(len(freqs) << SCALE_BITS, dtype=np.uint32)
+    lut = np.zeros(256, dtype=np.uint32)
+    slot_table3(freqs, int(intra), slots, lut)
+    if out is None:
+        out = np.empty(n, dtype=f"<u{width // 8}")
+    hashes = np.zeros(2, dtype=np.uint64)
+    status = rans_decode3(
+        ref if ref is not None else out,
+        mode,
+        p_a,
+        p_b,
+        p_c,
+        mant_bits,
+        emask,
+        slots,
+        lut,
+        lanes,
+        phases,
+        words,
+        states,
+        out,
+        hashes,
+    )
+    return status, out, int(hashes[0]), int(hashes[1])
