@@ -540,3 +540,29 @@ def test_decode3_matches_the_step_by_step_path_and_its_twin():
         ok += status == 0
         failed += status != 0
     assert ok > 50 and failed > 20  # (both kinds met)
+
+
+def test_a_kernel_build_without_decode3_decodes_step_by_step(monkeypatch):
+    """A build older than its sources (no ``decode3``) still decodes, through the step-by-step path."""
+    from ulstore.codec import _backend, decode_blobs
+
+    class Older:
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            if name == "decode3":
+                raise AttributeError(name)
+            return getattr(self._real, name)
+
+    rng = np.random.default_rng(3)
+    r = normal(ml_dtypes.bfloat16, 2000, rng, 0.02)
+    t = steps(r, rng, 0.3, 3)
+    blobs = [ulstore.encode(r), ulstore.encode(t, r)]
+    monkeypatch.setattr(_backend, "_active", Older(_backend.kernels()))
+    assert_bits_equal(ulstore.decode(blobs[0]), r)
+    assert_bits_equal(ulstore.decode(blobs[1], r), t)
+    outs = [np.empty_like(r), np.empty_like(t)]
+    assert all(s is not None for s in decode_blobs(blobs, [None, r], outs, [r.shape, t.shape]))
+    assert_bits_equal(outs[0], r)
+    assert_bits_equal(outs[1], t)

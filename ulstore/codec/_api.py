@@ -316,7 +316,10 @@ def _decode_one_stream(k, header: F.Header, rd: F.Reader, rf, emask: int, verify
     case ``decode3`` leaves to it, a constant tensor against +0.0).
     """
     fmt = header.fmt
-    status, out, values_hash, ref_hash = k.decode3(
+    decode3 = getattr(k, "decode3", None)  # (a kernel build older than its sources lacks it: the path below decodes)
+    if decode3 is None:
+        return _decode_one_stream_steps(k, header, rd, rf, emask, verify, words)
+    status, out, values_hash, ref_hash = decode3(
         rd.buf,
         rd.pos,
         rd.end,
@@ -335,6 +338,12 @@ def _decode_one_stream(k, header: F.Header, rd: F.Reader, rf, emask: int, verify
         rd.pos = rd.end
         verify(values_hash)
         return out
+    return _decode_one_stream_steps(k, header, rd, rf, emask, verify, words)
+
+
+def _decode_one_stream_steps(k, header: F.Header, rd: F.Reader, rf, emask: int, verify, words) -> np.ndarray:
+    """:func:`_decode_one_stream` step by step (section3_args' checks in Python, then ``rans_decode3``): the
+    path that names what is wrong with a damaged payload."""
     try:
         out, values_hash, ref_hash = decode_section3(k, header.fmt, header, rd, rf, emask, verify, words)
         _check_end(rd)
