@@ -60,7 +60,10 @@ class ObjectWriter:
         self._done = False
         self._tmp: str | None = None
         self._f: Any
-        with store._calling("PUT", key):
+        # one backend-call guard for every write (it holds nothing per call): a commit appends thousands of
+        # small blobs, and building one per write cost about as much as the write itself
+        self._put = store._calling("PUT", key)
+        with self._put:
             if store.local:
                 self._tmp = os.path.join(store.local_tmp_dir(), uuid.uuid4().hex)
                 # a large buffer: a commit appends thousands of small blobs, one system call (and one release
@@ -77,9 +80,9 @@ class ObjectWriter:
     def write(self, data) -> int:
         """Append ``data`` (bytes-like); returns the offset it starts at."""
         at = self._n
-        with self.store._calling("PUT", self.key):
+        with self._put:
             self._f.write(data)
-        self._n += memoryview(data).nbytes
+        self._n = at + memoryview(data).nbytes
         return at
 
     def close(self) -> None:

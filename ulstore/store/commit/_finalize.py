@@ -93,7 +93,9 @@ class Finalizer:
             pid, off, n = stream.append(raw)
             table_refs.append(TableRef(block[0].name, block[-1].name, number(pid), off, n, digest(raw).hex()))
         stream.close()
-        distance = pdoc.anchor_distance + 1 if pdoc is not None and _has_delta(tables) else 0
+        refs = [p.ref for t in tables for p in t.pieces]
+        all_refs = np.concatenate(refs) if refs else np.zeros(0, np.int64)
+        distance = pdoc.anchor_distance + 1 if pdoc is not None and _has_delta(tables, all_refs) else 0
         doc = StepDoc(
             step=step,
             parent=parent,
@@ -125,8 +127,7 @@ class Finalizer:
                 self._t._reader.forget([parent])  # a retry reads the parent anew
             return None if stored is None else stored.content
 
-        refs = [p.ref for t in tables for p in t.pieces]
-        refers = {int(r) for r in np.unique(np.concatenate(refs)) if r >= 0} if refs else set()
+        refers = {int(r) for r in np.unique(all_refs) if r >= 0}
         self._t._pending.publish(
             step,
             parent,
@@ -227,8 +228,13 @@ def _anchoring(pdoc: StepDoc | None, anchor: bool, records: list[PieceRecord]) -
     return Anchoring(pa.cost + own, pa.anchor_cost, own, None)
 
 
-def _has_delta(tables: list[TensorTable]) -> bool:
-    """Whether a chunk of the step is read through a reference (not a snapshot): the step is no anchor."""
+def _has_delta(tables: list[TensorTable], refs: np.ndarray) -> bool:
+    """Whether a chunk of the step is read through a reference (not a snapshot): the step is no anchor.
+    ``refs``: every piece's ``ref`` column, concatenated (what decides it when no piece has snapshots)."""
+    if not (refs >= 0).any():
+        return False
+    if all(p.snap is None for t in tables for p in t.pieces):
+        return True
     return any(
         bool(((p.ref >= 0) & ((p.snap[:, 0] < 0) if p.snap is not None else True)).any())
         for t in tables

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format._chunk_tables import Piece, TensorTable
-from ..format._layout import chunk_grid
 from ..format._packs import Location
 from ..read._kept import KeptPiece
 
@@ -82,13 +81,20 @@ class PieceRecord:
 class _PieceState:
     """A piece being written: its input, its parent piece, its columns as they fill."""
 
-    def __init__(self, name, arr, dtype, shape, codec, layout, parent_table, parent_piece, parent_packs, mode, kp):
+    __slots__ = (
+        "name", "arr", "dtype", "shape", "codec", "layout", "offset", "pshape", "chunks", "grid", "n", "whole",
+        "chunk_nbytes", "pt", "pp", "parent_packs", "mode", "kp", "content", "ref", "locs", "snaps", "left", "cost",
+        "seen",
+    )  # fmt: skip
+
+    def __init__(
+        self, name, arr, dtype, shape, codec, layout, grid, n, parent_table, parent_piece, parent_packs, mode, kp
+    ):
         self.name, self.arr, self.dtype, self.shape, self.codec = name, arr, dtype, shape, codec
         self.layout = layout
         self.offset, self.pshape, self.chunks = layout
-        self.grid = chunk_grid(self.pshape, self.chunks)
-        self.n = math.prod(self.grid)
-        self.whole = tuple(slice(0, s) for s in self.pshape)  # the region of the one chunk when n == 1
+        self.grid, self.n = grid, n  # (``chunk_grid`` of the layout, its product)
+        self.whole = tuple(slice(0, s) for s in self.pshape) if n == 1 else ()  # the region of the one chunk
         self.chunk_nbytes = math.prod(self.chunks) * dtype.itemsize  # at most: edge chunks are smaller
         self.pt: TensorTable | None = parent_table
         self.pp: Piece | None = parent_piece

@@ -25,6 +25,7 @@ thread stores, several store byte for byte.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import math
 import threading
 from collections import deque
@@ -146,18 +147,21 @@ class PieceWriter:
         pshape, shape, offset = _placement(name, array.shape, shape, offset)
         pt = self._parent_table(name)
         parent = pt if self._deltas_against(name, pt, dtype, shape, codec) else None
-        if chunks is None:
+        if chunks is None:  # (the parent's piece's, checked when its table was read, or chosen: valid)
             chunks = self._default_chunks(parent, offset, pshape, dtype)
-        layout = (offset, pshape, _piece_chunks(name, chunks, pshape, dtype))
-        if (name, offset) in self._written:
+        else:
+            chunks = _piece_chunks(name, chunks, pshape, dtype)
+        layout = (offset, pshape, chunks)
+        placed = (name, offset)
+        if placed in self._written:
             raise InvalidInputError(f"piece at {list(offset)} was written twice", tensor=name)
-        self._written.add((name, offset))
+        self._written.add(placed)
         pj, pp, mode = self._against(parent, layout, codec)
-        kp = None
-        if self.kept is not None:
-            kp = self.kept.ensure(name, dtype, shape, layout, math.prod(chunk_grid(pshape, layout[2])))
+        grid = chunk_grid(pshape, chunks)
+        n = math.prod(grid)
+        kp = self.kept.ensure(name, dtype, shape, layout, n) if self.kept is not None else None
         parent_packs = self._parent_doc.packs if self._parent_doc is not None else ()
-        st = _PieceState(name, array, dtype, shape, codec, layout, parent, pp, parent_packs, mode, kp)
+        st = _PieceState(name, array, dtype, shape, codec, layout, grid, n, parent, pp, parent_packs, mode, kp)
         if pp is not None:
             self._intra_todo.append(st)
         # the parent pieces this piece's chunks may dedup against: those written up to it.  A worker may run a
@@ -166,11 +170,13 @@ class PieceWriter:
         st.seen = len(self._intra_todo)
         if mode == "colocated" and kp is not None:
             self._load_parent(st, pj)
-        if st.n == 0:
+        if n == 1:  # most tensors of a many-tensor model
+            self._submit(st, 0, (0,) * len(grid))
+        elif n == 0:
             self._finish_piece(st)
-            return
-        for i, coord in enumerate(np.ndindex(*st.grid)):
-            self._submit(st, i, coord)
+        else:  # (C order, as the columns)
+            for i, coord in enumerate(itertools.product(*map(range, grid))):
+                self._submit(st, i, coord)
 
     def _deltas_against(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple, codec: str) -> bool:
         """Whether the parent's table ``pt`` has the piece's dtype and shape, so its chunks can be references.
@@ -197,10 +203,11 @@ class PieceWriter:
     def _default_chunks(self, pt: TensorTable | None, offset: tuple, pshape: tuple, dtype: np.dtype) -> tuple:
         """The chunks of the parent's piece at the same place (``pt``: the parent's table, same dtype and
         shape), else chosen from ``chunk_bytes``."""
-        match = (
-            next((p for p in pt.pieces if p.offset == offset and p.shape == pshape), None) if pt is not None else None
-        )
-        return match.chunks if match is not None else choose_chunks(pshape, dtype.itemsize, self.chunk_bytes)
+        if pt is not None:
+            for p in pt.pieces:
+                if p.offset == offset and p.shape == pshape:
+                    return p.chunks
+        return choose_chunks(pshape, dtype.itemsize, self.chunk_bytes)
 
     def _against(self, pt: TensorTable | None, layout: tuple, codec: str) -> tuple[int | None, Piece | None, str]:
         """(index, piece) of the parent's piece of the same layout (``pt``: the parent's table, same dtype and
@@ -423,19 +430,23 @@ class PieceWriter:
             self._finish_piece(st)
 
     def _finish_piece(self, st: _PieceState) -> None:
-        ids: dict[str, int] = {}
-        locs = st.locs
-        for loc in locs:
-            ids.setdefault(loc[0], len(ids))
+        locs, snaps = st.locs, st.snaps
         snap = None
-        if any(s is not None for s in st.snaps):
-            for s in st.snaps:
-                if s is not None:
-                    ids.setdefault(s[0], len(ids))
-            snap = np.array([(ids[s[0]], s[1], s[2]) if s is not None else (-1, -1, -1) for s in st.snaps], np.int64)
-        if len(locs) == 1:  # (its pack is the first of ``ids``)
-            pack, off, length = np.zeros(1, np.int64), np.array(locs[0][1:2], np.int64), np.array(locs[0][2:], np.int64)
+        if st.n == 1 and snaps[0] is None:  # most pieces of a many-tensor model: one blob, no snapshot
+            pid, o, length = locs[0]
+            packs: tuple = (pid,)
+            cols = np.array((0, o, length), np.int64)
+            pack, off, length = cols[0:1], cols[1:2], cols[2:3]
         else:
+            ids: dict[str, int] = {}
+            for loc in locs:
+                ids.setdefault(loc[0], len(ids))
+            if any(s is not None for s in snaps):
+                for s in snaps:
+                    if s is not None:
+                        ids.setdefault(s[0], len(ids))
+                snap = np.array([(ids[s[0]], s[1], s[2]) if s is not None else (-1, -1, -1) for s in snaps], np.int64)
+            packs = tuple(ids)
             pack = np.array([ids[loc[0]] for loc in locs], np.int64)
             off = np.array([loc[1] for loc in locs], np.int64)
             length = np.array([loc[2] for loc in locs], np.int64)
@@ -452,7 +463,7 @@ class PieceWriter:
                 st.offset,
                 st.pshape,
                 st.chunks,
-                tuple(ids),
+                packs,
                 st.content,
                 st.ref,
                 pack,
@@ -532,12 +543,22 @@ def _chunk_of(st: _PieceState, coord) -> tuple[tuple[slice, ...], np.ndarray]:
     return region, chunk if chunk.shape == shape else chunk.reshape(shape)
 
 
+#: dtype -> the codec its chunks take, for the dtypes seen committable (one check per dtype, not per tensor)
+_CODEC_OF: dict[np.dtype, str] = {}
+
+
 def _committable(array, name: str) -> tuple[np.dtype, str]:
     """The dtype of ``array`` and the codec its chunks take (DtypeError naming the tensor if none)."""
+    dtype = array.dtype
+    codec = _CODEC_OF.get(dtype)
+    if codec is not None:
+        return dtype, codec
     try:
-        return array.dtype, check_committable(array.dtype)
+        codec = check_committable(dtype)
     except DtypeError as e:
         raise DtypeError(e.message, tensor=name) from None
+    _CODEC_OF[dtype] = codec
+    return dtype, codec
 
 
 def _placement(name: str, piece_shape, shape, offset) -> tuple[tuple, tuple, tuple]:

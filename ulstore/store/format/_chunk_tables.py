@@ -198,6 +198,12 @@ def chunk_nbytes(shape, chunks, itemsize: int) -> int:
     return math.prod(min(int(c), int(s)) for s, c in zip(shape, chunks)) * itemsize
 
 
+#: ``pieces_problem`` answers by (shape, layouts): a step of ~10,000 tensors has a few dozen distinct
+#: layouts, checked once each (a plain dict, emptied when full; its values are immutable)
+_TILINGS: dict[tuple, str | None] = {}
+_TILINGS_MAX = 1 << 12
+
+
 def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     """Why ``layouts`` (``(offset, shape, chunks)`` each) do not tile a tensor of ``shape`` exactly, or None.
 
@@ -205,6 +211,24 @@ def pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     and at most the piece's length per axis, and together they must cover every element exactly once:
     checked on the grid the pieces' boundaries cut the tensor into.
     """
+    if len(layouts) > 8:  # (a sharded tensor: its own check, not worth a key of its size)
+        return _pieces_problem(shape, layouts)
+    key = (shape, *layouts)
+    try:
+        return _TILINGS[key]
+    except (KeyError, TypeError):  # (TypeError: unhashable fields, lists; checked below without the cache)
+        pass
+    why = _pieces_problem(shape, layouts)
+    try:
+        if len(_TILINGS) >= _TILINGS_MAX:
+            _TILINGS.clear()
+        _TILINGS[key] = why
+    except TypeError:
+        pass
+    return why
+
+
+def _pieces_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     if not layouts or len(layouts) > _MAX_PIECES:
         return f"{len(layouts)} pieces"
     for off, shp, ch in layouts:
@@ -251,9 +275,13 @@ def _tiling_problem(shape: tuple[int, ...], layouts: list[tuple]) -> str | None:
     return None
 
 
+_U64S = [struct.Struct(f"<{n}Q").pack for n in range(16)]
+
+
 def _u64s(values) -> bytes:
     """Little-endian u64s: the checksum below and the table blocks (``_table_block.py``) write integers so."""
-    return struct.pack(f"<{len(values)}Q", *values)
+    n = len(values)
+    return _U64S[n](*values) if n < 16 else struct.pack(f"<{n}Q", *values)
 
 
 # -- the logical checksum -----------------------------------------------------------

@@ -55,7 +55,8 @@ class PackStream:
     def append(self, data) -> Location:
         """Append one blob; returns where it went."""
         n = memoryview(data).nbytes
-        if self._writer is not None and self._writer.tell() and self._writer.tell() + n > self.pack_bytes:
+        w = self._writer
+        if w is not None and w.tell() and w.tell() + n > self.pack_bytes:
             self._close_current()
         if self._writer is None:
             self._id = new_pack_id()

@@ -38,6 +38,7 @@ __all__ = ["TableError", "Block", "encode_block", "decode_block", "parse_block",
 _MAGIC = b"ULTB"
 _VERSION = 1
 _HEAD = struct.Struct("<4sBBHQ")
+_U32 = struct.Struct("<I")
 _CODECS = (ULPACK, ZSTD)
 #: the largest table block a reader inflates (a tensor with millions of chunks fits)
 MAX_BLOCK_RAW = 1 << 30
@@ -58,15 +59,18 @@ def encode_block(tensors: list[TensorTable]) -> bytes:
         out += bytes([len(d)]) + d.encode("ascii")
     out += struct.pack("<I", len(tensors))
     pieces: list[Piece] = []
-    for t in tensors:
+    kinds = {(d, c): bytes([i, _CODECS.index(c)]) for i, d in enumerate(dtypes) for c in _CODECS}
+    u32 = _U32.pack
+    for t in tensors:  # (one concatenation per tensor: a block holds thousands)
         name = t.name.encode("utf-8")
-        out += struct.pack("<I", len(name)) + name
-        out += bytes([dtypes.index(t.dtype.name), _CODECS.index(t.codec), len(t.shape)])
-        out += _u64s(t.shape) + struct.pack("<I", len(t.pieces))
-        for p in t.pieces:
+        ps = t.pieces
+        kind = kinds.get((t.dtype.name, t.codec)) or bytes([dtypes.index(t.dtype.name), _CODECS.index(t.codec)])
+        head = [u32(len(name)), name, kind, bytes((len(t.shape),)), _u64s(t.shape), u32(len(ps))]
+        for p in ps:
             has_snap = p.snap is not None and bool((p.snap[:, 0] >= 0).any())
-            out += _u64s(p.offset) + _u64s(p.shape) + _u64s(p.chunks) + bytes([has_snap])
+            head += (_u64s((*p.offset, *p.shape, *p.chunks)), b"\x01" if has_snap else b"\x00")
             pieces.append(p)
+        out += b"".join(head)
     cat = (lambda f, dt: np.concatenate([f(p) for p in pieces]).astype(dt)) if pieces else None
     if cat is None or not sum(p.n for p in pieces):
         out += struct.pack("<Q", 0)
