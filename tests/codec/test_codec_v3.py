@@ -566,3 +566,28 @@ def test_a_kernel_build_without_decode3_decodes_step_by_step(monkeypatch):
     assert all(s is not None for s in decode_blobs(blobs, [None, r], outs, [r.shape, t.shape]))
     assert_bits_equal(outs[0], r)
     assert_bits_equal(outs[1], t)
+
+
+def test_the_compact_header_parse_agrees_with_the_general_one():
+    """``_open_compact`` (the few-step parse of a version-3 header) returns what the general parse does, or
+    None, on random headers: never a header the general parse would refuse or read otherwise."""
+    rng = np.random.default_rng(11)
+    base = [ulstore.encode(normal(np.float16, 60, rng).reshape(3, 20)), ulstore.encode(normal(np.float32, 9, rng))]
+    base.append(ulstore.encode(steps(normal(np.float32, 40, rng), rng, 0.5, 9), normal(np.float32, 40, rng)))
+    agreed = 0
+    for trial in range(3000):
+        blob = bytearray(base[trial % len(base)])
+        for _ in range(int(rng.integers(1, 4))):
+            blob[int(rng.integers(5, 16))] = int(rng.integers(0, 256))
+        buf = memoryview(bytes(blob))
+        body_end = len(buf) - F.CRC_BYTES
+        fast = F._open_compact(buf, body_end)
+        try:
+            general = F._open_general(buf, 3, body_end)
+        except CorruptBlobError:
+            assert fast is None, trial
+            continue
+        if fast is not None:
+            assert fast[0] == general[0] and (fast[1].pos, fast[1].end) == (general[1].pos, general[1].end)
+            agreed += 1
+    assert agreed > 300

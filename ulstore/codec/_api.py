@@ -286,6 +286,8 @@ def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
         return from_bits(fmt, np.zeros(header.size, dtype=fmt.word)).reshape(header.shape)
     else:
         out = _decode_version1(k, header, rd, rf, emask, verify, words)
+    if out is words and dest is not None:  # decoded in place, into dest's words (np.shares_memory: a microsecond)
+        return dest
     return _shaped(fmt, out, header.shape, dest)
 
 
