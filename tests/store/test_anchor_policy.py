@@ -94,8 +94,12 @@ def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
 def test_a_run_that_turns_sparse_after_a_dense_phase_goes_back_to_deltas(runs, tmp_path):
     """After anchors by cost, about one step in RETRY_ONE_IN tries a delta again: once the changes are few, it
     fits, and the run goes on as deltas (the retry is drawn from the parent's content hash: deterministic).
-    At k = 1.2 one dense delta of the tiny model reads over the limit; a sparse one, a small part of an anchor, fits."""
-    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1.2)
+    k is put halfway through the model's price of one dense delta of the tiny model (over an anchor's, from a run
+    stored as one chain): one dense delta reads over the limit; a sparse one, a small part of an anchor, fits."""
+    chain = _commit_all(tmp_path / "chain", runs["pretrain"], anchor_cost=1000.0)
+    dense = min(chain.info(s).anchoring["step_cost"] / chain.info(s).anchoring["anchor_cost"] for s in chain.steps[1:])
+    assert all(chain.info(s).anchor_distance == s for s in chain.steps)
+    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1 + dense / 2)
     assert _anchors(traj) == list(range(STEPS + 1))  # the dense phase: every step an anchor
     rng = np.random.default_rng(7)
     state = {n: a.copy() for n, a in runs["pretrain"][-1].items()}
@@ -206,7 +210,7 @@ def test_old_settings_keep_their_behaviour(runs, tmp_path):
 
 
 def test_log_shows_why_a_step_is_an_anchor(runs, tmp_path, capsys):
-    _commit_all(tmp_path / "t", runs["pretrain"][:6])
+    _commit_all(tmp_path / "t", runs["pretrain"])  # the dense run: anchors by cost (the first test's premise)
     assert cli.main(["log", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "anchor: root" in out and "anchor: cost " in out and ">2" in out

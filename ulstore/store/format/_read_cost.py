@@ -35,7 +35,19 @@ against the bytes its dense deltas decode to (the read path's figure: it
 decodes the anchor's chunk, then the delta against it; above the kernel's,
 which the bench prints too).  The constants below are those figures, rounded,
 from the runs recorded in docs/performance.md ("Any step, any depth");
-re-measure them when the read path changes.
+re-measure them when the read path changes.  Under load the least-squares split
+of the fixed terms moves; what decides is the ratio the model gives a chain's
+end against the measured one, so the constants are checked against full reads
+of the stored RL trajectory at every depth and set about 0.1x above them.
+
+Wall time: a read runs on its decode threads (one plan per thread, a batch's
+chains walked once: ``_column_plan.column_plan``), and on two free cores its
+wall time is about the main thread's CPU (it walks the chain and takes a part,
+the other thread the other part).  The main thread's CPU grows with depth no
+faster than the whole read's (2026-12-08, RL depth 20 against its anchor: main
+thread 15.8 ms against 7.6, 2.08x; process CPU 2.13x), so pricing CPU time
+bounds the wall ratio as well; the model prices work, never a core count
+(the same input gives the same anchors on any machine).
 
 A step's cost is its parent's plus its own blobs' (an entry it shares with
 its parent adds nothing; an anchor's cost is its own plus ``PER_READ``), so
@@ -70,21 +82,26 @@ __all__ = [
     "kind_of",
 ]
 
-# Measured 2026-12-07 on both depth-bench runs, CPU time (docs/performance.md, "Any step, any depth"): a byte
-# read from a warm local file 0.106 ns (the unit); an intra decode 3.6-3.8 ns per byte out; a dense delta's read
-# 6.6-7.1 ns per byte out (the anchor's chunk, then the delta against it); a SPARSE chain 0.57-0.78 ms per link
-# of ~25 blobs and ~40 KB (the apply about 0.5 of it: ~12-16 ns per blob byte, 7-12 us per blob); the rest of an
-# anchor's 16-20 ms read 2-4 ms.  A SPARSE link priced at the top of that range (a margin for the read bound).
+# Measured 2026-12-08 01:52-02:02 UTC (load average 5-7 on the 2 shared cores: no quieter moment came), main at
+# 0357705 (a chain walked once per read), CPU time throughout: `python benchmarks/store.py --only depth --depth-reps 3
+# --depth-rounds 3 --no-s3` (its calibration lines) and full reads of the same stored RL trajectory in one process
+# (min of 7-9, 12 steps at depths 0-25, least squares of CPU on blobs and SPARSE bytes).  A byte read from a warm
+# local file 0.09-0.12 ns (the unit, ~0.105); an intra decode 2.4-3.0 ns per byte out (23-30 units); a SPARSE apply
+# 11.7-13.1 ns per blob byte in the reads' fit, 14.8-17.1 in the kernel alone (112-162 units); per blob 9.2-10.7 us
+# (88 000-102 000 units); an anchor's read 12.6-14.3 ms (120M-136M units: PER_READ is the rest, 30M-45M); a dense
+# delta's read path 44-95 units (65 kept: every dense step is an anchor for any value above ~37).  Chosen so that
+# the model is about 0.1x above the measured CPU ratio at the RL chains' ends (2.28x modelled where 2.12-2.14x was
+# measured, at this run's chain of 20 links): a margin for the read bound, in CPU and on the main thread's path.
 #: Work of a full intra decode (or a Zstd blob's) per byte of output, in bytes-fetched units.
-INTRA_PER_BYTE = 35
+INTRA_PER_BYTE = 24
 #: Work of a dense delta's decode against its reference, per byte of output.
 DENSE_PER_BYTE = 65
 #: Work of applying a SPARSE blob in place, per byte of blob.
-APPLY_PER_BYTE = 130
+APPLY_PER_BYTE = 145
 #: Fixed work per blob read (its table entry, the plan's bookkeeping, the range, the content check).
-PER_BLOB = 100_000
+PER_BLOB = 90_000
 #: Fixed work of a read of one step (its document, table directory, the read's set-up): on the anchor.
-PER_READ = 30_000_000
+PER_READ = 38_000_000
 #: The cost policy's default ``k``: a new anchor when reading the next step would cost more than k x reading
 #: an anchor (2: the slowest full read of a chain stays within about 2x its anchor's).
 DEFAULT_ANCHOR_COST = 2.0
