@@ -258,3 +258,22 @@ def test_one_chunk_per_tensor_in_the_metadata_whatever_the_pieces(tmp_path):
     assert len(chunks) == 1 and list(chunks[0].sizes) == [5, 4] and md.planner_data is None
     state = _load({"w": torch.zeros(5, 4)}, udcp.Reader(url, step=0))
     assert_bits_equal(state["w"], w)
+
+
+def test_a_save_warns_of_a_tensor_whose_dtype_moved_as_a_commit_does(tmp_path):
+    """A tensor saved in another dtype than in the parent step is stored whole (no delta): the save says so, as
+    ``Trajectory.commit`` does, at the line of ``dcp.save``, and only once the step exists."""
+    url = str(tmp_path / "t")
+    _save(_state(0), udcp.Writer(url), 0)
+    state = _state(1)
+    state["model"]["w"] = state["model"]["w"].to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        dcp.save(state, storage_writer=udcp.Writer(url), checkpoint_id=1, no_dist=True)
+    few = [w for w in got if issubclass(w.category, ulstore.FewSharedNamesWarning)]
+    assert [str(w.message).split(" (a delta")[0] for w in few] == [
+        "step 1: 1 tensor has another dtype or shape than in parent step 0 ('model.w' float32 40x30 -> bfloat16 "
+        "40x30), so it is stored whole, not as a delta against it"
+    ]
+    assert few[0].filename == __file__
+    assert_bits_equal(ulstore.open(url)[1]["model.w"][:], from_tensor(state["model"]["w"]))

@@ -244,6 +244,24 @@ def test_new_tensor_reaches_follower_owned_state(states, url, trust_state):
     assert not [e for e in f.events if e.kind == "corrupt"]
 
 
+@pytest.mark.parametrize("how", ["publish", "submit"])
+def test_a_tensor_published_in_another_dtype_is_warned_of_as_a_commit_does(states, url, how):
+    """Stored whole, not as a delta against the version before (a delta needs its dtype): the publish says so
+    (FewSharedNamesWarning, as ``Trajectory.commit`` does), once the version is committed."""
+    name = sorted(states[0])[0]
+    retyped = {**states[1], name: states[1][name].astype(np.float32)}
+    with Publisher(url, chunk_elems=CHUNK) as pub:
+        pub.publish(0, states[0])
+        with pytest.warns(ulstore.FewSharedNamesWarning, match=f"{name!r} bfloat16 .* -> float32") as got:
+            if how == "publish":
+                pub.publish(1, retyped)
+            else:
+                pub.submit(1, retyped)
+                pub.wait()
+        assert len(got) == 1 and got[0].message.parent == 0
+    assert_same_bits(ulstore.open(url).read(1), retyped)
+
+
 def test_versions_must_increase_and_metadata_must_be_json(states, url):
     with Publisher(url) as pub:
         pub.publish(5, states[0])

@@ -11,6 +11,7 @@ Imports only :mod:`ulstore.codec` and :mod:`ulstore.errors`.  Modules::
     dtypes.py        the one table of storable dtypes (names, safetensors codes, raw-bit carriers)
     torch.py         the public torch bridge: numpy <-> torch, zero-copy and bit-exact
     formatting.py    human-readable sizes and counts for reports and the CLI; the closest names to a missing one
+    caller.py        warn_at_caller: a warning attributed to the user's line, however deep in ulstore it arises
     install.py       the pip command that adds an extra to this install (editable source or index)
 """
 

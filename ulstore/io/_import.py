@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 
+from ..core.caller import warn_at_caller
 from ..core.torch import from_tensor, is_tensor
 from ..errors import InvalidInputError, StepExistsError
 from ..store import HEAD
@@ -114,9 +114,12 @@ def import_checkpoint(
         info["index"] = ck.index_text  # the shard layout and the index's own metadata, exactly
     files = _add_directory_rest(path, names, tensors, info) if Path(path).is_dir() else None
     # every tensor the step will hold, training state included, is weighed against the parent's
-    _warn_if_few_shared_names(traj, path, tensors, parent, branch)
+    few = _few_shared_names(traj, path, tensors, parent, branch)
     metadata[CHECKPOINT_KEY] = info
-    return traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor, files=files)
+    step = traj.commit(step, tensors, parent=parent, branch=branch, metadata=metadata, anchor=anchor, files=files)
+    if few is not None:  # once the step exists (a failed import stored nothing), at the caller's line
+        warn_at_caller(few)
+    return step
 
 
 def _new_step(traj, path, step, metadata: dict) -> int:
@@ -140,12 +143,13 @@ def _add_directory_rest(path, names: list[str], tensors: dict, info: dict) -> di
     info.update({k: v for k, v in kept.items() if v})
     if kept["not_kept"]:
         sizes = ", ".join(f"{n} ({s} bytes)" for n, s in sorted(kept["not_kept"].items()))
-        warnings.warn(f"{path}: not kept (too large for a step file, and not weights): {sizes}", stacklevel=3)
+        warn_at_caller(UserWarning(f"{path}: not kept (too large for a step file, and not weights): {sizes}"))
     return files
 
 
-def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None:
-    """Warn (FewSharedNamesWarning) when most of the step would be stored whole for want of matching names.
+def _few_shared_names(traj, path, tensors: dict, parent, branch) -> FewSharedNamesWarning | None:
+    """The warning to give (FewSharedNamesWarning) when most of the step would be stored whole for want of
+    matching names, else None.
 
     That is when the tensors match under half of the parent's bytes by name (shape and dtype) *and* under
     half of their own bytes match a parent tensor: a step that keeps fewer tensors than its parent (weights
@@ -153,23 +157,23 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
     nothing.  ``tensors`` are all the step will hold, training state included.
     """
     if parent is None:
-        return
+        return None
     if parent is HEAD:
         parent_step = traj.head(branch) if branch is not None else traj.head()
     else:
         parent_step = traj.info(parent).step
     if parent_step is None:
-        return
+        return None
     theirs = traj.tensors(parent_step)
     ours = {n: (tuple(a.shape), _np_dtype(a)) for n, a in tensors.items()}
     shared = name_overlap(theirs, ours)
     if shared >= MIN_SHARED or name_overlap(ours, theirs) >= MIN_SHARED:
-        return
+        return None
     changed = retyped(theirs, ours)
     if changed and name_overlap(theirs, ours | {n: theirs[n] for n in changed}) >= MIN_SHARED:
         # the names line up; the dtype or shape moved (bf16 weights saved as fp32): renaming would not help, and
         # the commit says so itself (as any commit does: one warning, in the same words)
-        return
+        return None
     hint = suggest_prefixes(theirs, ours)
     after = shared
     if hint:
@@ -186,10 +190,9 @@ def _warn_if_few_shared_names(traj, path, tensors: dict, parent, branch) -> None
         )
     else:
         text += "; if the tensors were renamed, pass rename_prefix={OLD: NEW}"
-    warning = FewSharedNamesWarning(
+    return FewSharedNamesWarning(
         text, shared=shared, parent=parent_step, suggestion=hint if after > shared else {}, suggested_shared=after
     )
-    warnings.warn(warning, stacklevel=3)
 
 
 def _np_dtype(a) -> np.dtype:

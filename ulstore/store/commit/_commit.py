@@ -18,10 +18,10 @@ Where a chunk is *encoded*: ``_writer.PieceWriter._job`` ->
 from __future__ import annotations
 
 import concurrent.futures as cf
-import warnings
 import weakref
 from collections.abc import Mapping
 
+from ...core.caller import warn_at_caller
 from ...core.formatting import retyped_message
 from ...errors import FewSharedNamesWarning, InvalidInputError
 from .._base import MAIN, TrajectoryBase
@@ -146,7 +146,8 @@ class Committer:
             Float tensors whose dtype or shape differs from the parent's tensor
             of the same name: those are stored whole, not as deltas against it
             (a delta needs its parent's dtype and shape); the warning names
-            them (``changed``).
+            them (``changed``).  Given once the step is committed, at the
+            caller's line.
         """
         self._t._check_writable()
         step = check_step(step)
@@ -209,7 +210,7 @@ class Committer:
         ``probe`` (``_probe_limit``: a delta tried with no delta cost known): if the delta written reads more
         than its limit, it is written as an anchor by cost instead (the delta is encoded to be priced, not stored).
         ``warn``: a float tensor whose dtype or shape moved since the parent is stored whole, not as a delta
-        against it: say so (:class:`FewSharedNamesWarning`, as an import does; the re-encodes of a delete do not).
+        against it: say so once the step is committed (:func:`_warn_retyped`; the re-encodes of a delete do not).
         """
         if probe is not None:
             over = self._over_limit(step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse)
@@ -225,9 +226,6 @@ class Committer:
                 for name, arr in arrays.items():
                     w.write(name, arr, chunks=(chunks or {}).get(name))
                 records = w.flush()
-                if warn and w.retyped:  # (stack: here, commit, the trajectory's delegate, the caller)
-                    text = retyped_message(step, parent, w.retyped)
-                    warnings.warn(FewSharedNamesWarning(text, parent=parent, changed=w.retyped), stacklevel=4)
                 self._finalizer._finalize(
                     step,
                     records,
@@ -252,6 +250,8 @@ class Committer:
         finally:
             if owned:
                 lock.release()
+        if warn:  # once the step exists: a commit that failed was not stored at all
+            _warn_retyped(step, parent, records)
         return step
 
     def _over_limit(self, step, arrays, parent, probe, strict, snapshot, executor, chunks, sparse) -> dict | None:
@@ -377,6 +377,11 @@ class Committer:
             Records disagree (step, parent, anchor, dtype, shape) or pieces do not tile a tensor.
         StepExistsError, ConflictError, RefMovedError
             As for :meth:`commit`.
+
+        Warns
+        -----
+        FewSharedNamesWarning
+            As for :meth:`commit` (the DCP writer and the publisher finalize: their saves and publishes warn).
         """
         self._t._check_writable()
         step = check_step(step)
@@ -422,7 +427,18 @@ class Committer:
         finally:
             if writer is not None:
                 writer._shutdown()
+        _warn_retyped(step, parent, records)
         return step
+
+
+def _warn_retyped(step: int, parent, records) -> None:
+    """Warn (:class:`FewSharedNamesWarning`, at the user's line) of the float tensors of a committed ``step``
+    that its ``records`` say the parent holds with another dtype or shape: stored whole, not as deltas against
+    it.  The one warning of a commit, a finalize (DCP saves, publishes) and an import alike."""
+    changed = {r.name: r.retyped for r in records if r.retyped is not None}
+    if changed:
+        text = retyped_message(step, parent, changed)
+        warn_at_caller(FewSharedNamesWarning(text, parent=parent, changed=changed))
 
 
 def _layouts(records, names) -> dict[str, set]:

@@ -47,6 +47,10 @@ class PieceRecord:
     snap: np.ndarray | None = None
     cost: int = 0  # modelled read cost of the piece's new blobs (``_read_cost.py``; an anchor's: all its blobs)
     why: dict | None = None  # why the step is an anchor (the same in every record of a step), None for a delta
+    # a float tensor the parent holds under this name with another dtype or shape: ((parent shape, dtype), (shape,
+    # dtype)); its chunks are intra-coded, not deltas (a delta needs its parent's dtype and shape), and the commit
+    # warns of it once the step exists (byte order included: a dtype *name* drops it)
+    retyped: tuple | None = None
 
     @property
     def layout(self) -> tuple:

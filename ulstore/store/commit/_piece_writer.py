@@ -123,10 +123,9 @@ class PieceWriter:
         self._intra_todo: list[_PieceState] = []
         self._intra_done = 0
         self._intra_lock = threading.Lock()
-        #: the float tensors written that the parent holds under the same name with another dtype or shape (so
-        #: their chunks are intra-coded, not deltas): name -> ((parent shape, dtype), (shape, dtype)); a commit
-        #: warns of them
-        self.retyped: dict[str, tuple] = {}
+        # the float tensors written that the parent holds under the same name with another dtype or shape (so
+        # their chunks are intra-coded, not deltas): name -> ((parent shape, dtype), (shape, dtype)), in their records
+        self._retyped: dict[str, tuple] = {}
         self._failed = False
         self.closed = False
         #: the branch as read when :meth:`Trajectory.piece_writer` made this writer: a
@@ -181,13 +180,13 @@ class PieceWriter:
     def _deltas_against(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple, codec: str) -> bool:
         """Whether the parent's table ``pt`` has the piece's dtype and shape, so its chunks can be references.
         A float tensor that cannot be (the parent holds it in another dtype or shape, or not at all) is refused
-        by a strict commit, and named in :attr:`retyped` when the parent holds it (a commit warns of it)."""
+        by a strict commit, and noted in its records (``retyped``) when the parent holds it (the commit warns of it)."""
         same = pt is not None and pt.dtype == dtype and pt.shape == shape
         if codec == ULPACK and not same:
             if self.strict:
                 self._refuse_intra(name, pt, dtype, shape)
             if pt is not None:
-                self.retyped[name] = ((pt.shape, pt.dtype), (shape, dtype))
+                self._retyped[name] = ((tuple(pt.shape), pt.dtype), (shape, dtype))
         return same
 
     def _refuse_intra(self, name: str, pt: TensorTable | None, dtype: np.dtype, shape: tuple) -> None:
@@ -472,6 +471,7 @@ class PieceWriter:
                 snap,
                 cost=st.cost,
                 why=self.why,
+                retyped=self._retyped.get(st.name),
             )
         )
         st.arr = None  # the caller's array is no longer needed
