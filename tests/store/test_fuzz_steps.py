@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import ulstore  # noqa: E402
+from tests.helpers import lanes  # noqa: E402
 from tests.helpers.bits import assert_bits_equal  # noqa: E402
 from tests.helpers.store import CHUNK, rewrite_step, states_bf16  # noqa: E402
 from ulstore.errors import UlstoreError  # noqa: E402
@@ -210,7 +211,7 @@ def _read_everything(url, states):
 
 
 @settings(
-    max_examples=60 if os.environ.get("CI") else 120,
+    max_examples=lanes.examples(120),  # the slow lane's convention (tests/helpers/lanes.py): all of them in CI
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
