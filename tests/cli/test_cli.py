@@ -268,7 +268,7 @@ def test_export_every_format_byte_exact(tmp_path, store):
     # existing output: refused, untouched; --force replaces it
     before = (tmp_path / "x" / "m.npz").read_bytes()
     assert_one_line_error(
-        run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists", "pass overwrite=True (CLI: --force)"
+        run("export", store, 300, tmp_path / "x" / "m.npz"), "already exists", "pass --force to replace it"
     )
     assert (tmp_path / "x" / "m.npz").read_bytes() == before
     run("export", store, 300, tmp_path / "x" / "m.npz", "--force", check=0)

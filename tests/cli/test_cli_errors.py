@@ -159,6 +159,29 @@ def test_did_you_mean(store):
     assert p.returncode == 2 and "did you mean 'torch'?" in p.stderr
     p = run("zzzzzz", store)
     assert p.returncode == 2 and "did you mean" not in p.stderr  # nothing close: no guess
+    # the names other tools give a command (git show, dvc list, docker rm...): no typo, but the same need
+    for other, ours in [("show", "ls"), ("history", "log"), ("import", "add"), ("delete", "rm")]:
+        p = run(other, store)
+        assert p.returncode == 2 and f"did you mean {ours!r}?" in p.stderr.splitlines()[-1], (other, p.stderr)
+
+
+def test_a_negative_step_says_what_to_write_instead(store):
+    """``traj[-1]`` is the newest step in Python; on the command line -1 was taken for a malformed ref name."""
+    for args in (("ls", store, "-1"), ("export", store, "-2", "o.safetensors"), ("rm", store, "-1")):
+        p = run(*args)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and "usage: ulstore" in p.stderr and "ref names" not in p.stderr, p.stderr
+        assert f"ulstore {args[0]}: error: argument STEP:" in last and "a step here is its number" in last, last
+        assert "`main`" in last and "`ulstore log URL`" in last
+    assert ulstore.open(store, mode="r").steps == [100, 200, 300]
+
+
+def test_errors_name_the_option_not_the_python_argument(tmp_path, store):
+    (tmp_path / "o.safetensors").write_bytes(b"mine")
+    p = run("export", store, 300, tmp_path / "o.safetensors")
+    assert_one_line_error(p, "already exists", "pass --force to replace it")
+    assert "overwrite=" not in p.stderr and "CLI:" not in p.stderr
+    assert (tmp_path / "o.safetensors").read_bytes() == b"mine"
 
 
 def test_missing_step_shows_the_steps_that_exist(tmp_path, store):

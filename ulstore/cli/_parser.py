@@ -60,18 +60,44 @@ class _Parser(argparse.ArgumentParser):
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '?([^'(]*?)'? \(choose from (.*)\)")
 
+#: what other tools (git, dvc, docker, pip) call a command: the name a user tries first is not a typo of ours
+_OTHER_NAMES = {
+    "show": "ls",
+    "list": "ls",
+    "info": "log",
+    "history": "log",
+    "import": "add",
+    "commit": "add",
+    "create": "init",
+    "new": "init",
+    "checkout": "export",
+    "save": "export",
+    "delete": "rm",
+    "remove": "rm",
+    "check": "verify",
+    "fsck": "verify",
+    "compare": "diff",
+    "prune": "gc",
+    "size": "stats",
+    "du": "stats",
+}
+
 
 def did_you_mean(message: str) -> str:
-    """argparse's "invalid choice" message with the closest choice suggested.
+    """argparse's "invalid choice" message with the closest choice suggested (or the command another tool's
+    name stands for: ``show`` is ``ls``).
 
     >>> did_you_mean("argument COMMAND: invalid choice: 'lgo' (choose from 'init', 'log', 'ls')")
     "argument COMMAND: invalid choice: 'lgo' (choose from 'init', 'log', 'ls'); did you mean 'log'?"
+    >>> did_you_mean("argument COMMAND: invalid choice: 'show' (choose from 'init', 'log', 'ls')")
+    "argument COMMAND: invalid choice: 'show' (choose from 'init', 'log', 'ls'); did you mean 'ls'?"
     """
     m = _INVALID_CHOICE.search(message)
     if not m:
         return message
     choices = [c.strip().strip("'") for c in m.group(2).split(",")]
-    close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+    other = _OTHER_NAMES.get(m.group(1).lower())
+    close = [other] if other in choices else difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
     return f"{message}; did you mean {close[0]!r}?" if close else message
 
 
@@ -436,5 +462,12 @@ def _prefix_pair(text: str) -> tuple[str, str]:
 
 
 def _step_or_ref(text: str):
-    """``"1200"`` -> 1200; anything else is a ref (branch or tag) name."""
+    """``"1200"`` -> 1200; anything else is a ref (branch or tag) name.  ``-1`` (Python's ``traj[-1]``) is
+    refused with what to write instead: on the command line a step is its number (``rm URL -1`` deleting
+    the newest step would be a surprise)."""
+    if text.startswith("-") and text[1:].isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text}: a step here is its number (0 or more), not a position; the newest step of branch main "
+            "is `main`, and `ulstore log URL` lists the step numbers"
+        )
     return int(text) if text.isdigit() else text

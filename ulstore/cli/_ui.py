@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import threading
 
@@ -166,8 +167,18 @@ def expected(e: BaseException) -> bool:
     )
 
 
+# the library's errors name the Python argument and the option: "pass overwrite=True (CLI: --force)"; the
+# command line names only the option
+_CLI_HINT = re.compile(r"\b[a-z_]+=\S*? \(CLI: ([^)]+)\)")
+
+
 def describe(e: BaseException) -> str:
-    """One line for ``e``: its message without terminal escapes, prefixed by its type unless it is ulstore's."""
+    """One line for ``e``: its message without terminal escapes, prefixed by its type unless it is ulstore's,
+    in the command line's words.
+
+    >>> describe(FileExistsError("out.pt: already exists; pass overwrite=True (CLI: --force) to replace it"))
+    'FileExistsError: out.pt: already exists; pass --force to replace it'
+    """
     from ..errors import UlstoreError
 
     text = strip_ansi(str(e)).strip()
@@ -177,6 +188,7 @@ def describe(e: BaseException) -> str:
         text = f"{e.filename}: permission denied"
     elif not isinstance(e, UlstoreError):
         text = f"{public_type(e)}: {text}" if text else public_type(e)
+    text = _CLI_HINT.sub(r"\1", text)
     return " ".join(text.split()) or public_type(e)  # one line
 
 
