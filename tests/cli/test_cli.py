@@ -348,6 +348,24 @@ def test_rm_and_gc(store):
     assert_one_line_error(run("rm", store, 300), "no step 300", "its steps are 100, 200")
 
 
+def test_gc_older_than_takes_an_age_with_a_unit(store, monkeypatch):
+    """``--older-than 1h`` (as people write ages), or seconds as before; a malformed age is a usage error."""
+    seen = []
+    real = ulstore.Trajectory.gc
+
+    def gc(self, *args, **kwargs):
+        seen.append(kwargs.get("older_than"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ulstore.Trajectory, "gc", gc)
+    for age, seconds in [("3600", 3600.0), ("90s", 90.0), ("30m", 1800.0), ("1.5h", 5400.0), ("2d", 172800.0)]:
+        assert cli.main(["gc", str(store), "--older-than", age, "-q"]) == 0
+        assert seen.pop() == seconds
+    for bad in ("1y", "-5m", "h", "nan"):
+        p = run("gc", store, f"--older-than={bad}")
+        assert p.returncode == 2 and "expected an age" in p.stderr.splitlines()[-1], (bad, p.stderr)
+
+
 def test_upgrade_format1(tmp_path):
     old = Path(__file__).resolve().parent.parent / "fixtures" / "store_format1"
     p = run("log", old)

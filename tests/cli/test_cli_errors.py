@@ -176,6 +176,11 @@ def test_a_negative_step_says_what_to_write_instead(store):
     assert ulstore.open(store, mode="r").steps == [100, 200, 300]
 
 
+def test_init_over_a_trajectory_says_how_to_add_to_it(store):
+    assert_one_line_error(run("init", store), "a trajectory already exists", f"use `ulstore add {store} CHECKPOINT...`")
+    assert ulstore.open(store, mode="r").steps == [100, 200, 300]
+
+
 def test_errors_name_the_option_not_the_python_argument(tmp_path, store):
     (tmp_path / "o.safetensors").write_bytes(b"mine")
     p = run("export", store, 300, tmp_path / "o.safetensors")

@@ -63,3 +63,18 @@ def test_log_text_has_a_stored_column_and_a_total_line(url, capsys):
         f"3 steps: raw {human_bytes(total['raw_bytes'])}, stored {human_bytes(total['stored_bytes'])}"
         f" ({total['raw_bytes'] / total['stored_bytes']:.1f}x)"
     )
+
+
+def test_log_n_lists_the_newest_steps_and_says_how_many_more(url, capsys):
+    """``-n N`` as ``git log -n``: the N newest steps (of the trajectory, or of STEP's ancestry), their totals,
+    and how many older ones were left out."""
+    out = _run(capsys, "log", url, "-n", "2")
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == ["400", "300"]
+    assert "... and 1 older step (-n 2; without -n, all)" in out and out.strip().endswith(")")
+    assert "2 steps: raw" in out
+    doc = json.loads(_run(capsys, "log", url, "--max-count", "1", "--json"))
+    assert [s["step"] for s in doc["steps"]] == [400] and doc["not_listed"] == 2 and doc["total"]["steps"] == 1
+    doc = json.loads(_run(capsys, "log", url, "5", "-n", "1", "--json"))  # the ancestry of 5: 5, 300
+    assert [s["step"] for s in doc["steps"]] == [5] and doc["not_listed"] == 1
+    doc = json.loads(_run(capsys, "log", url, "-n", "0", "--json"))
+    assert [s["step"] for s in doc["steps"]] == [400, 300, 5] and doc["not_listed"] == 0

@@ -66,10 +66,10 @@ def _cmd_log(args, ui) -> int:
     refs_by_step: dict[int, list[str]] = {}
     for name, step in sorted(traj.refs.items()):
         refs_by_step.setdefault(step, []).append(name)
-    if args.start is not None:
-        infos = traj.log(resolve(traj, args.url, args.start).step)
-    else:
-        infos = [traj.info(s) for s in reversed(traj.steps)]
+    ancestry = traj.log(resolve(traj, args.url, args.start).step) if args.start is not None else None
+    newest = ancestry if ancestry is not None else traj.steps[::-1]
+    shown = newest[: args.max_count or None]  # -n N: the N newest (the others' documents are not read)
+    infos = shown if ancestry is not None else [traj.info(s) for s in shown]
     with ui.activity(f"reading {plural(len(infos), 'step manifest')} for sizes"):
         # what each step added: its new blobs, step document and table blocks (as `ulstore stats`)
         stored = {r["step"]: r["stored_bytes"] for r in uio.storage_report(traj)["steps"]} if infos else {}
@@ -111,13 +111,15 @@ def _cmd_log(args, ui) -> int:
         "raw_bytes": sum(d["raw_bytes"] for d in docs),
         "stored_bytes": sum(d["stored_bytes"] for d in docs),
     }
-    ui.emit({"url": args.url, "steps": docs, "total": total})
+    ui.emit({"url": args.url, "steps": docs, "total": total, "not_listed": len(newest) - len(shown)})
     if not rows:
         ui.out(f"{args.url}: no steps yet (add some with `ulstore add {args.url} CHECKPOINT...`)")
         return EXIT_OK
     headers = ["step", "parent", "anchor", "tensors", "raw", "stored", "created", "refs", "details"]
     for line in table(rows, headers, ">>>>>><<<"):
         ui.out(line)
+    if len(newest) > len(shown):
+        ui.out(f"... and {plural(len(newest) - len(shown), 'older step')} (-n {len(shown)}; without -n, all)")
     ratio = f" ({total['raw_bytes'] / total['stored_bytes']:.1f}x)" if total["stored_bytes"] else ""
     ui.out(
         f"{plural(total['steps'], 'step')}: raw {human_bytes(total['raw_bytes'])}, "

@@ -224,10 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
         "as `ulstore stats` counts them), refs and the file each step was imported\n"
         "from, then the totals of the steps listed.  With STEP (a step or a ref), only\n"
         "that step's ancestry.",
-        "  ulstore log runs/a\n  ulstore log runs/a sft --json",
+        "  ulstore log runs/a\n  ulstore log runs/a -n 5\n  ulstore log runs/a sft --json",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument("start", metavar="STEP", nargs="?", type=_step_or_ref, help="show the ancestry of this step or ref")
+    p.add_argument(
+        "-n",
+        "--max-count",
+        metavar="N",
+        type=_nonneg_int,
+        default=0,
+        help="only the N newest steps (as `git log -n`; default 0: all)",
+    )
 
     p = command(
         "ls",
@@ -338,15 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
         "and repack packs that are mostly dead (their live blobs move to a new pack).\n"
         "While another process may be committing, pass --older-than a bound on how\n"
         "long a commit takes.",
-        "  ulstore gc runs/a\n  ulstore gc s3://bucket/runs/a --older-than 3600",
+        "  ulstore gc runs/a\n  ulstore gc s3://bucket/runs/a --older-than 1h",
     )
     p.add_argument("url", metavar="URL", help="the trajectory")
     p.add_argument(
         "--older-than",
-        metavar="SECONDS",
-        type=float,
+        metavar="AGE",
+        type=_duration,
         default=0.0,
-        help="only remove packs (and temporary files) at least this old (default 0)",
+        help="only remove packs (and temporary files) at least this old: seconds, or with a unit "
+        "(90s, 30m, 1h, 2d; default 0)",
     )
 
     p = command(
@@ -422,6 +431,27 @@ def _version() -> str:
     from .. import __version__
 
     return __version__
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``3600``, ``90s``, ``30m``, ``1h`` or ``2d`` (what ``find -mmin`` and ``systemd`` users type).
+
+    >>> _duration("3600"), _duration("1.5h"), _duration("30m"), _duration("2d")
+    (3600.0, 5400.0, 1800.0, 172800.0)
+    """
+    number, unit = (text[:-1], text[-1].lower()) if text[-1:].lower() in _UNITS else (text, "s")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an age: seconds, or a number with s, m, h or d (90s, 30m, 1h, 2d), got {text!r}"
+        )
+    return value
 
 
 def _nonneg_int(text: str) -> int:

@@ -294,7 +294,11 @@ def _stored_settings(io: ObjectStore, url: str, mode: str, cached: str | None, n
     if raw is None:
         return settings
     if mode in ("w-", "x"):
-        raise ConflictError(f"a trajectory already exists at {url!r}", key=ROOT_META)
+        raise ConflictError(
+            f"a trajectory already exists at {url!r}; to add steps to it, use mode='a' "
+            f"(CLI: `ulstore add {url} CHECKPOINT...`)",
+            key=ROOT_META,
+        )
     return _parse_settings(raw, url)
 
 
