@@ -314,3 +314,46 @@ def test_cross_tensor_duplicates_store_the_same_bytes_whatever_the_threads(tmp_p
     for other in trees[1:]:
         differ = [p for p in trees[0] if trees[0][p] != other.get(p)]
         assert other.keys() == trees[0].keys() and not differ, differ
+
+
+def test_a_commit_pauses_the_garbage_collector_and_restores_it(tmp_path, monkeypatch):
+    """The collector is off during a commit (nested and concurrent pauses share one) and back as it was after,
+    also when the commit fails; a collector the caller turned off stays off."""
+    import gc
+
+    from ulstore.store.commit import _commit
+
+    seen = []
+    real = _commit.Committer._commit_paused
+
+    def spy(self, *a, **kw):
+        seen.append(gc.isenabled())
+        with _commit._gc_paused():  # nested: still off inside, and the outer pause still owns the resume
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(_commit.Committer, "_commit_paused", spy)
+    states = _steps(2)
+    t = ulstore.open(str(tmp_path / "t"), mode="w", anchor_every=0)
+    assert gc.isenabled()
+    t.commit(0, states[0])
+    assert seen == [False, False, False] and gc.isenabled()
+    from ulstore.store.commit._piece_writer import PieceWriter
+
+    def fail(self):
+        raise RuntimeError("injected")
+
+    with monkeypatch.context() as m:
+        m.setattr(PieceWriter, "flush", fail)
+        with pytest.raises(RuntimeError, match="injected"):
+            t.commit(1, states[1])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        t.commit(1, states[1])
+        assert not gc.isenabled()  # (not turned on by the commit)
+    finally:
+        gc.enable()
+    assert seen[-3:] == [False, False, False]
+    assert _commit._gc_pausers == 0

@@ -113,6 +113,8 @@ class PieceWriter:
         # owner's results (the main thread waits for that job, already running, when it gets there)
         self._claims: dict = {}
         self._parent_doc: StepDoc | None = None  # the parent's step document, read at the first piece
+        self._parent_tables: dict[str, TensorTable] = {}  # the parent's tables of the blocks looked up so far
+        self._parent_blocks: set[int] = set()
         self._placed: dict = {}
         self._costs: dict = {}  # dedup key -> the modelled read cost of its blob (set by the worker that encoded it)
         # dedup key of an intra blob -> (position in ``_intra_todo`` of the first parent piece that holds it,
@@ -219,14 +221,22 @@ class PieceWriter:
         return pj, pp, "colocated" if pp is not None else "box"
 
     def _parent_table(self, name: str) -> TensorTable | None:
+        """The parent's table of tensor ``name`` (None: the parent has no such tensor).  Each table block of the
+        parent is looked up once and its tables kept by name (one lookup per tensor, not the reader's cache
+        path: ~10,000 of them on a MoE step)."""
         if self.parent is None:
             return None
+        t = self._parent_tables.get(name)
+        if t is not None:
+            return t
         if self._parent_doc is None:  # one document for every piece: the tables and the pack list agree
             self._parent_doc = self.reader.doc(self.parent)
-        try:
-            return self.reader.table_in(self._parent_doc, name)
-        except KeyError:  # TensorNotFoundError
+        bi = self._parent_doc.table_for(name)
+        if bi is None or bi in self._parent_blocks:
             return None
+        self._parent_blocks.add(bi)
+        self._parent_tables.update(self.reader.block_in(self._parent_doc, bi).tables())
+        return self._parent_tables.get(name)
 
     def _index_intra(self, st: _PieceState) -> None:
         """Add the parent piece's intra entries (intra blobs and snapshots) to the dedup index."""
