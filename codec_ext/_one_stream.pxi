@@ -40,11 +40,11 @@ cdef extern from "_one_stream_loops.h" nogil:
     int64_t ulp3_dec4_delta8(const uint8_t *r, uint8_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                              const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                              const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
-                              uint32_t *changed, int64_t *n_changed)
+                              uint32_t *changed, int64_t *n_changed, int zero_groups)
     int64_t ulp3_dec4_delta16(const uint16_t *r, uint16_t *out, int64_t i, int64_t end, int mant, uint32_t emask,
                               const int32_t *ctx_base, const uint64_t *f0, const uint32_t *slots,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states,
-                              uint32_t *changed, int64_t *n_changed)
+                              uint32_t *changed, int64_t *n_changed, int zero_groups)
     void ulp3_intra4_table(const uint32_t *slots, const uint32_t *lut, int s, void *t4)
     int64_t ulp3_dec4_intra16(uint16_t *out, int64_t i, int64_t end, int s, const void *t4,
                               const uint8_t *words, int64_t n_words, int64_t *pos_io, uint32_t *states)
@@ -91,6 +91,9 @@ cdef enum:
     MAX_LANES = 32
     BLOCK3 = 4096  # elements decoded between two hash updates (a multiple of 32)
     BLOCK3_GROUPS = 1024  # BLOCK3 / 4: groups of 4 lanes in a block
+    # a 4-lane delta tries its zero-group loop when some row gives token 0 this many slots of 4096 (a group of
+    # four zeros then comes at least a third of the time; an RL step's rows give it ~4000, a dense delta's few)
+    ZERO_GROUPS_FROM = 3072
 
 #: True when this build runs the AVX2 loops of _one_stream_loops.h (16- and 32-bit words on 32 lanes).
 HAVE_AVX2 = bool(ULP3_HAVE_AVX2)
@@ -422,6 +425,7 @@ cdef int decode3_core(const word_t* pr, word_t* po, Py_ssize_t n, int mode, int 
     cdef int64_t n_changed = 0
     cdef Py_ssize_t fast_end = 0  # where the 4-lane loop stopped in the block
     cdef uint32_t f, row
+    cdef int zero_groups = 0  # whether the 4-lane delta loop tries groups of four zero tokens (token 0 common)
     d.slots = slots
     d.lut = lut
     d.words = words
@@ -443,6 +447,7 @@ cdef int decode3_core(const word_t* pr, word_t* po, Py_ssize_t n, int mode, int 
                 # token 0 starts its row iff the row's first slot decodes token 0
                 f = slots[row << SCALE_BITS]
                 f0[c] = (((f >> 12) & 0xFFF) + 1) if (f >> 24) == 0 else 0
+                zero_groups |= f0[c] >= ZERO_GROUPS_FROM
         d.ctx_base = ctx_base
     elif mode == 1 and ((ULP3_HAVE_AVX2 and lanes == 32 and (
             (word_t is uint16_t and phases == 1) or (word_t is uint32_t and phases == 2)))
@@ -472,10 +477,10 @@ cdef int decode3_core(const word_t* pr, word_t* po, Py_ssize_t n, int mode, int 
         if lanes == 4 and mode == 0:
             if word_t is uint16_t:
                 lo = ulp3_dec4_delta16(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                       d.n_words, &d.pos, d.x, changed, &n_changed)
+                                       d.n_words, &d.pos, d.x, changed, &n_changed, zero_groups)
             elif word_t is uint8_t:
                 lo = ulp3_dec4_delta8(pr, po, lo, hi, mant_bits, emask, ctx_base, f0, d.slots, d.words,
-                                      d.n_words, &d.pos, d.x, changed, &n_changed)
+                                      d.n_words, &d.pos, d.x, changed, &n_changed, zero_groups)
             fast_end = lo
         # then the unrolled scalar C loop for every layout, while words are plentiful
         if word_t is uint8_t and phases == 1:
