@@ -11,6 +11,11 @@ alike; each figure is the fastest of ``--rounds`` calls.  In the same rounds: th
 the same values (of their XOR with the parent, then the XOR onto it, for a delta; one
 thread) and ``memcpy`` (``numpy.copyto``).
 
+``--per-blob 4096,16384,65536`` adds a table of whole ``decode_into`` calls per blob, in
+microseconds, at those element counts, each build made the active backend in turn (a build
+without ``decode3`` takes the step-by-step path): a small blob's fixed cost (parse, CRC,
+tables, Python and call overhead) beside its kernel.
+
 Usage::
 
     cp ulstore/codec/_kernels_x86_64_v3*.so /tmp/a.so      # the build before a change
@@ -109,6 +114,41 @@ def run_case(case: str, builds: dict, args) -> dict:
     return {name: 1e9 * t / b.nbytes for name, t in measure(calls, args.rounds).items()}
 
 
+def per_blob(builds: dict, sizes: list[int], args) -> None:
+    """Whole ``decode_into`` per blob (us, fastest of the rounds) of each build as the active backend."""
+    from ulstore.codec import _backend
+
+    in_use = _backend._active
+    print(
+        "\n| decode_into per blob, us | "
+        + " | ".join(f"{label} {kind}" for kind in ("intra", "delta") for label in builds)
+        + " |"
+    )
+    print("|---|" + "---:|" * (2 * len(builds)))
+    try:
+        for case in args.only.split(",") if args.only else CASES:
+            a, b = pair_data(case, args.preset, args.steps, max(sizes))
+            for n in sizes:
+                ref, tgt, out = a[:n], b[:n], np.empty_like(b[:n])
+                blobs = {"intra": (encode(tgt), None), "delta": (encode(tgt, ref), ref)}
+                calls = {}
+                for kind, (blob, r) in blobs.items():
+                    for label, k in builds.items():
+
+                        def call(k=k, blob=blob, r=r):
+                            _backend._active = k
+                            decode_into(blob, r, out)
+
+                        call()
+                        if out.tobytes() != tgt.tobytes():
+                            raise RuntimeError(f"build {label} decodes {case} {kind} wrongly")
+                        calls[f"{label} {kind}"] = call
+                best = measure(calls, max(args.rounds, 20000 // max(1, n // 1024)))
+                print(f"| {case} {n} | " + " | ".join(f"{1e6 * t:.1f}" for t in best.values()) + " |", flush=True)
+    finally:
+        _backend._active = in_use
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -120,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--elements", type=int, default=1 << 20, help="values of each pair decoded (one blob each)")
     p.add_argument("--rounds", type=int, default=25)
     p.add_argument("--only", help="comma-separated cases: " + ", ".join(CASES))
+    p.add_argument("--per-blob", help="comma-separated element counts: whole decode_into calls per blob (us)")
     args = p.parse_args(argv)
     where = tempfile.mkdtemp(prefix="ulstore-decode-ab-")
     try:
@@ -149,6 +190,8 @@ def main(argv=None) -> int:
                 "memcpy",
             )
             print(f"| {case} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |", flush=True)
+        if args.per_blob:
+            per_blob(builds, [int(x) for x in args.per_blob.split(",")], args)
         print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(where, ignore_errors=True)
