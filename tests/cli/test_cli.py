@@ -258,6 +258,8 @@ def test_export_every_format_byte_exact(tmp_path, store):
     for out in ("m.safetensors", "hf", "m.pt", "m.npz"):
         p = run("export", store, 200, tmp_path / "x" / out, check=0)
         assert f"wrote step 200 to {tmp_path / 'x' / out}" in p.stdout
+        if out == "hf":  # what it is, not the --format name of it ("sharded", even for one shard)
+            assert f"to {tmp_path / 'x' / out} (Hugging Face directory, " in p.stdout and "sharded" not in p.stdout
         got = ckpt.load(tmp_path / "x" / out)
         assert set(got.tensors) == set(src.tensors)
         for k, v in src.tensors.items():

@@ -247,7 +247,8 @@ def test_new_tensor_reaches_follower_owned_state(states, url, trust_state):
 @pytest.mark.parametrize("how", ["publish", "submit"])
 def test_a_tensor_published_in_another_dtype_is_warned_of_as_a_commit_does(states, url, how):
     """Stored whole, not as a delta against the version before (a delta needs its dtype): the publish says so
-    (FewSharedNamesWarning, as ``Trajectory.commit`` does), once the version is committed."""
+    (FewSharedNamesWarning, as ``Trajectory.commit`` does), once the version is committed; a blocking publish
+    at its caller's line (a submit's commit runs on the publisher's thread, which warns)."""
     name = sorted(states[0])[0]
     retyped = {**states[1], name: states[1][name].astype(np.float32)}
     with Publisher(url, chunk_elems=CHUNK) as pub:
@@ -259,6 +260,8 @@ def test_a_tensor_published_in_another_dtype_is_warned_of_as_a_commit_does(state
                 pub.submit(1, retyped)
                 pub.wait()
         assert len(got) == 1 and got[0].message.parent == 0
+        if how == "publish":  # committed on the publisher's thread, warned of at the caller's line
+            assert got[0].filename == __file__
     assert_same_bits(ulstore.open(url).read(1), retyped)
 
 

@@ -202,8 +202,9 @@ def _cmd_export(args, ui) -> int:
     result["tensors"] = len(result["tensors"])
     ui.emit(result)
     n_files = len(result["files"])
+    kind = "Hugging Face directory" if result["format"] == "sharded" else result["format"]  # (one shard or more)
     ui.out(
-        f"wrote step {step} to {args.out} ({result['format']}, {result['tensors']} tensors, "
+        f"wrote step {step} to {args.out} ({kind}, {result['tensors']} tensors, "
         f"{human_bytes(result['bytes'])}{f', {n_files} files' if n_files > 1 else ''})"
     )
     return EXIT_OK

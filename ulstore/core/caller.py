@@ -8,10 +8,14 @@ frames instead (Python 3.12's ``skip_file_prefixes`` does this; 3.11 is supporte
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import warnings
 
-__all__ = ["warn_at_caller", "caller_stacklevel"]
+__all__ = ["warn_at_caller", "caller_stacklevel", "held_warnings"]
+
+_held = threading.local()  # .into: the list warn_at_caller appends to on this thread, while held_warnings runs
 
 #: Modules whose frames are never "the caller": ulstore itself, and the frameworks that call it back
 #: (``dcp.save`` runs the DCP writer's ``finish``), so the warning names the line of the user's code.
@@ -39,5 +43,23 @@ def caller_stacklevel() -> int:
 
 
 def warn_at_caller(warning: Warning) -> None:
-    """``warnings.warn(warning)`` attributed to the user's line (:func:`caller_stacklevel`)."""
+    """``warnings.warn(warning)`` attributed to the user's line (:func:`caller_stacklevel`), or kept for
+    another thread to give (:func:`held_warnings`)."""
+    into = getattr(_held, "into", None)
+    if into is not None:
+        into.append(warning)
+        return
     warnings.warn(warning, stacklevel=caller_stacklevel())
+
+
+@contextlib.contextmanager
+def held_warnings(into: list):
+    """While this runs, :func:`warn_at_caller` on this thread appends to ``into`` instead of warning: work done
+    on a worker thread for a caller who waits for it (a blocking publish) is warned of at the caller's own line,
+    by the caller's ``warn_at_caller``, not at the worker thread's."""
+    before = getattr(_held, "into", None)
+    _held.into = into
+    try:
+        yield into
+    finally:
+        _held.into = before

@@ -20,6 +20,7 @@ versions in the order submitted (:class:`~ulstore.sync._queue.CommitQueue`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.caller import held_warnings, warn_at_caller
 from ..core.sealed import plain_json
 from ..core.torch import is_tensor
 from ..errors import ConflictError, InvalidInputError, RefMovedError, StepExistsError
@@ -309,13 +311,17 @@ class Publisher(WorkerOwner):
         with self._submitting:
             self._queue.reserve()
             self._last = version
-            future = self._queue.put(version, lambda: self._commit(version, state, metadata, unchanged, t0))
+            held: list = []  # the commit's warnings, given here at the caller's line once it succeeded
+            future = self._queue.put(version, lambda: self._commit(version, state, metadata, unchanged, t0, held))
             try:
-                return future.result()
+                info = future.result()
             except BaseException:
                 self._queue.forget()  # this call reports it
                 self._last = None
                 raise
+        for warning in held:
+            warn_at_caller(warning)
+        return info
 
     def submit(self, version, state: Mapping, *, metadata: dict | None = None, copy: bool = True) -> cf.Future:
         """Publish ``state`` as ``version`` in the background: copy it to host memory and return.
@@ -429,19 +435,23 @@ class Publisher(WorkerOwner):
         """The background commit of a submitted version; its host copy (``reuse``: not the caller's own arrays)
         then serves the next submit."""
         try:
-            return self._commit(version, hosts, metadata, None, time.perf_counter(), copied=True)
+            return self._commit(version, hosts, metadata, None, time.perf_counter())
         finally:
             if reuse:
                 self._spare.append(hosts)
 
     def _commit(
-        self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, copied: bool = False
+        self, version: int, state: Mapping, metadata: dict, unchanged, t0: float, held: list | None = None
     ) -> PublishInfo:
         """Commit ``version`` (on the queue's thread, after every version before it); ``on_commit`` is told.
-        ``copied``: ``state`` is a submit's host copy (no device tensor to skip; the detector was read by submit)."""
+        ``held``: a blocking publish's list for the commit's warnings (it gives them at its caller's line);
+        None for a submit's host copy (no device tensor to skip; the detector was read by submit), whose
+        warnings are given on this thread."""
+        copied = held is None
         if copied:
             self._host.clear()  # device copies kept by a publish are older than this version: none may stand for it
-        info = self._commit_now(version, state, metadata, unchanged, t0, copied)
+        with held_warnings(held) if held is not None else contextlib.nullcontext():
+            info = self._commit_now(version, state, metadata, unchanged, t0, copied)
         if self.on_commit is not None:
             try:
                 self.on_commit(info)
