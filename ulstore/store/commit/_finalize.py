@@ -144,6 +144,8 @@ class Finalizer:
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
         """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""
         tensors: dict[str, tuple] = {}
+        dtypes: dict[str, np.dtype] = {}  # (a step has a few dtypes and ~10,000 records)
+        grids: dict[tuple, int] = {}  # chunks of each piece layout
         for r in records:
             if not isinstance(r, PieceRecord):
                 raise InvalidInputError(f"finalize takes PieceRecords, got {type(r).__name__}")
@@ -156,9 +158,12 @@ class Finalizer:
                     step=step,
                     tensor=r.name,
                 )
-            dtype = numpy_dtype(r.dtype)
-            t = tensors.setdefault(r.name, (dtype, tuple(r.shape), r.codec, []))
-            if (t[0], t[1], t[2]) != (dtype, tuple(r.shape), r.codec):
+            dtype = dtypes.get(r.dtype)
+            if dtype is None:
+                dtype = dtypes[r.dtype] = numpy_dtype(r.dtype)
+            shape = tuple(r.shape)
+            t = tensors.setdefault(r.name, (dtype, shape, r.codec, []))
+            if t[0] != dtype or t[1] != shape or t[2] != r.codec:
                 raise InvalidInputError("pieces of one tensor disagree on dtype or shape", step=step, tensor=r.name)
             t[3].append(r)
         check_tensor_names(tensors)
@@ -168,12 +173,15 @@ class Finalizer:
         out = {}
         for name in sorted(tensors):
             dtype, shape, codec, rs = tensors[name]
-            rs.sort(key=lambda r: r.offset)
+            if len(rs) > 1:
+                rs.sort(key=lambda r: r.offset)
             why = pieces_problem(shape, [r.layout for r in rs])
             if why is not None:
                 raise InvalidInputError(f"pieces do not tile the tensor: {why}", step=step, tensor=name)
             for r in rs:
-                n = math.prod(-(-s // c) for s, c in zip(r.piece_shape, r.chunks))
+                n = grids.get(key := (r.piece_shape, r.chunks))
+                if n is None:
+                    n = grids[key] = math.prod(-(-s // c) for s, c in zip(r.piece_shape, r.chunks))
                 if not (len(r.content) == len(r.ref) == len(r.pack) == len(r.off) == len(r.length) == n):
                     raise InvalidInputError("a record's columns do not match its chunk grid", step=step, tensor=name)
                 if r.packs != last:  # (consecutive records mostly name the same packs)
