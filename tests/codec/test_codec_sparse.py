@@ -423,3 +423,31 @@ def test_inspect_blob_parts_split_a_sparse_blob():
         assert sum(info["parts"].values()) == len(blob), path.name
         if info["mode"] == "sparse":
             assert "gaps" in info["parts"] and "payload" not in info["parts"], path.name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("econd", [True, False])
+def test_decode_applies_a_sparse_blob_in_the_kernels_job(monkeypatch, backend, econd):
+    """decode of a valid SPARSE blob takes the in-place job (one kernel call), not the step-by-step path
+    that names faults; both give the same values."""
+    from ulstore.codec import _api
+
+    rng = np.random.default_rng(4)
+    ref = (rng.standard_normal(3000) * 0.02).astype(ml_dtypes.bfloat16)
+    tgt = ref.copy()
+    at = rng.choice(ref.size, 40, replace=False)
+    tgt[at] = (tgt[at].astype(np.float32) * 1.5).astype(ml_dtypes.bfloat16)
+    blob = ulstore.encode(tgt, ref, sparse=True, econd=econd)
+    stepped = []
+    real = _api._sparse_changes
+    monkeypatch.setattr(_api, "_sparse_changes", lambda *a: stepped.append(1) or real(*a))
+    out = ulstore.decode(blob, ref, backend=backend)
+    assert flat_bits(out).tobytes() == flat_bits(tgt).tobytes() and not stepped
+    into = np.empty_like(ref)
+    assert ulstore.codec.decode_into(blob, ref, into, backend=backend) is into
+    assert flat_bits(into).tobytes() == flat_bits(tgt).tobytes() and not stepped
+    bad = ref.copy()
+    bad[0] = bad[1]  # another reference: the job refuses it, the step path says why
+    with pytest.raises(ReferenceMismatchError):
+        ulstore.decode(blob, bad, backend=backend)
+    assert stepped
