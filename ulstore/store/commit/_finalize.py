@@ -143,30 +143,9 @@ class Finalizer:
 
     def _gather(self, step, records: list[PieceRecord], parent, pdoc, anchor) -> tuple[dict, list[str]]:
         """Check the records of one step agree and tile their tensors; group them by tensor; list their packs."""
-        tensors: dict[str, tuple] = {}
-        dtypes: dict[str, np.dtype] = {}  # (a step has a few dtypes and ~10,000 records)
-        grids: dict[tuple, int] = {}  # chunks of each piece layout
-        for r in records:
-            if not isinstance(r, PieceRecord):
-                raise InvalidInputError(f"finalize takes PieceRecords, got {type(r).__name__}")
-            if (r.step, r.parent, r.anchor) != (step, parent, anchor) or r.parent_content != (
-                pdoc.content if pdoc is not None else None
-            ):
-                raise InvalidInputError(
-                    f"a record was written for step {r.step} on parent {r.parent} (anchor={r.anchor}), "
-                    f"not step {step} on {parent} (anchor={anchor})",
-                    step=step,
-                    tensor=r.name,
-                )
-            dtype = dtypes.get(r.dtype)
-            if dtype is None:
-                dtype = dtypes[r.dtype] = numpy_dtype(r.dtype)
-            shape = tuple(r.shape)
-            t = tensors.setdefault(r.name, (dtype, shape, r.codec, []))
-            if t[0] != dtype or t[1] != shape or t[2] != r.codec:
-                raise InvalidInputError("pieces of one tensor disagree on dtype or shape", step=step, tensor=r.name)
-            t[3].append(r)
+        tensors = _by_tensor(step, records, parent, pdoc.content if pdoc is not None else None, anchor)
         check_tensor_names(tensors)
+        grids: dict[tuple, int] = {}  # chunks of each piece layout (a step of ~10,000 tensors has a few dozen)
         packs: list[str] = []
         seen: set[str] = set()
         last: tuple = ()
@@ -192,6 +171,32 @@ class Finalizer:
                             packs.append(pid)
             out[name] = (dtype, shape, codec, rs)
         return out, packs
+
+
+def _by_tensor(step, records: list[PieceRecord], parent, parent_content, anchor) -> dict[str, tuple]:
+    """name -> (dtype, shape, codec, [records]) of a step's records, each checked to be of this step, parent
+    and anchoring, and to agree with the other pieces of its tensor on dtype, shape and codec."""
+    tensors: dict[str, tuple] = {}
+    dtypes: dict[str, np.dtype] = {}  # (a step has a few dtypes and ~10,000 records)
+    for r in records:
+        if not isinstance(r, PieceRecord):
+            raise InvalidInputError(f"finalize takes PieceRecords, got {type(r).__name__}")
+        if (r.step, r.parent, r.anchor) != (step, parent, anchor) or r.parent_content != parent_content:
+            raise InvalidInputError(
+                f"a record was written for step {r.step} on parent {r.parent} (anchor={r.anchor}), "
+                f"not step {step} on {parent} (anchor={anchor})",
+                step=step,
+                tensor=r.name,
+            )
+        dtype = dtypes.get(r.dtype)
+        if dtype is None:
+            dtype = dtypes[r.dtype] = numpy_dtype(r.dtype)
+        shape = tuple(r.shape)
+        t = tensors.setdefault(r.name, (dtype, shape, r.codec, []))
+        if t[0] != dtype or t[1] != shape or t[2] != r.codec:
+            raise InvalidInputError("pieces of one tensor disagree on dtype or shape", step=step, tensor=r.name)
+        t[3].append(r)
+    return tensors
 
 
 def _file_refs(files: dict, pdoc: StepDoc | None, stream: PackStream, number) -> dict[str, FileRef]:
