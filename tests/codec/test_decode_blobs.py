@@ -60,3 +60,25 @@ def test_a_wrong_reference_a_damaged_blob_and_another_shape_are_refused():
         decode_blobs([bytes(bad)], [ref], [np.empty_like(x)], [x.shape])
     with pytest.raises(CorruptBlobError, match="declares shape"):
         decode_blobs([blob], [ref], [np.empty_like(x)], [(2, 3000)])
+
+
+def test_the_door_opens_each_blob_once(monkeypatch):
+    """A blob's opening (its CRC: a pass over all its bytes) is made once by ``decode_blobs``: the one-call
+    path and the step-by-step one share it, and a blob handed to ``decode_into`` (a SPARSE delta) is opened
+    there once more, not a third time."""
+    from ulstore.codec import _format as F
+
+    ref, x = _pair(np.float32)
+    small = x.copy()
+    small[7] = np.float32(3.0)
+    real, opened = F.open_blob, []
+    monkeypatch.setattr(F, "open_blob", lambda blob: opened.append(1) or real(blob))
+    for blob, against, want, times in (
+        (ulstore.encode(x, ref), ref, x, 1),
+        (ulstore.encode(small, x, sparse=True), x, small, 2),
+    ):
+        opened.clear()
+        out = np.empty_like(want)
+        decode_blobs([blob], [against], [out], [want.shape])
+        assert_bits_equal(out, want)
+        assert len(opened) == times

@@ -321,30 +321,24 @@ def _decode_one_stream(k, header: F.Header, rd: F.Reader, rf, emask: int, verify
     status it reports, the step-by-step path below runs, which names what is wrong (or decodes the one
     case ``decode3`` leaves to it, a constant tensor against +0.0).
     """
-    fmt = header.fmt
     decode3 = getattr(k, "decode3", None)  # (a kernel build older than its sources lacks it: the path below decodes)
     if decode3 is None:
         return _decode_one_stream_steps(k, header, rd, rf, emask, verify, words)
-    status, out, values_hash, ref_hash = decode3(
-        rd.buf,
-        rd.pos,
-        rd.end,
-        words,
-        rf,
-        header.mode == F.MODE_INTRA,
-        fmt.width,
-        fmt.mant_bits,
-        fmt.exp_bits,
-        fmt.token_bits,
-        fmt.alphabet,
-        emask,
-        header.size,
-    )
+    status, out, values_hash, ref_hash = decode3(*decode3_args(header, rd, rf, words, emask))
     if not status and (rf is None or _fold32(ref_hash) == header.ref_hash):
         rd.pos = rd.end
         verify(values_hash)
         return out
     return _decode_one_stream_steps(k, header, rd, rf, emask, verify, words)
+
+
+def decode3_args(header: F.Header, rd: F.Reader, rf, words, emask: int) -> tuple:
+    """The arguments of the kernels' ``decode3`` for the version-3 RANS or INTRA payload at ``rd`` of ``header``:
+    ``rf`` the reference words of a delta (None: intra), ``words`` those to decode into (None: a new array)."""
+    fmt = header.fmt
+    intra = header.mode == F.MODE_INTRA
+    return (rd.buf, rd.pos, rd.end, words, rf, intra, fmt.width, fmt.mant_bits, fmt.exp_bits, fmt.token_bits,
+            fmt.alphabet, emask, header.size)  # fmt: skip
 
 
 def _decode_one_stream_steps(k, header: F.Header, rd: F.Reader, rf, emask: int, verify, words) -> np.ndarray:

@@ -18,7 +18,16 @@ import numpy as np
 
 from ..errors import CorruptBlobError, ReferenceMismatchError
 from . import _format as F
-from ._api import _check_end, _check_reference, _dest_words, _econd_mask, _open, _target_hash, decode_into
+from ._api import (
+    _check_end,
+    _check_reference,
+    _dest_words,
+    _econd_mask,
+    _open,
+    _target_hash,
+    decode3_args,
+    decode_into,
+)
 from ._backend import kernels
 from ._checksum import GOLDEN, MASK64, fold32
 from ._one_stream import section3_args, status_error
@@ -72,14 +81,9 @@ class _Payload:
         return word_sum_of(int(hashes[0]), h.size * h.fmt.width // 8)
 
 
-def _payload(k, blob, reference, out: np.ndarray, shape) -> _Payload | None:
-    """``blob`` opened against ``reference`` for ``out``, if a version-3 RANS or INTRA payload (else None)."""
-    header, rd, rf = _open(blob, reference, shape)
-    if header.version < 3 or header.mode not in (F.MODE_RANS, F.MODE_INTRA):
-        return None
+def _payload(k, header: F.Header, rd: F.Reader, rf, words, emask: int) -> _Payload:
+    """The version-3 RANS or INTRA payload at ``rd`` of ``header``, checked up to the kernel call (step by step)."""
     fmt = header.fmt
-    words = _dest_words(fmt, header.size, out)
-    emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
 
     def verify(values_hash: int) -> None:
         if _target_hash(k, fmt, header.shape, values_hash) != header.target_hash:
@@ -91,34 +95,6 @@ def _payload(k, blob, reference, out: np.ndarray, shape) -> _Payload | None:
         _check_reference(k, header, rf)
         raise
     return _Payload(k, header, rd, rf, args)
-
-
-def _at_once(k, blob, reference, out: np.ndarray, shape) -> tuple | None:
-    """``(header, reference words, decode3's arguments)`` of ``blob`` decoded into ``out`` in one kernel call;
-    None when it is not a version-3 RANS or INTRA payload."""
-    if not hasattr(k, "decode3"):  # (a kernel build older than its sources lacks it: the step-by-step path decodes)
-        return None
-    header, rd, rf = _open(blob, reference, shape)
-    if header.version < 3 or header.mode not in (F.MODE_RANS, F.MODE_INTRA):
-        return None
-    fmt = header.fmt
-    emask = _econd_mask(fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
-    args = (
-        rd.buf,
-        rd.pos,
-        rd.end,
-        _dest_words(fmt, header.size, out),
-        rf,
-        header.mode == F.MODE_INTRA,
-        fmt.width,
-        fmt.mant_bits,
-        fmt.exp_bits,
-        fmt.token_bits,
-        fmt.alphabet,
-        emask,
-        header.size,
-    )
-    return header, rf, args
 
 
 def _at_once_sum(k, header: F.Header, rf, result: tuple) -> int | None:
@@ -145,17 +121,20 @@ def decode_blobs(
     """
     k = kernels(backend)
     sums: list[int | None] = []
+    at_once = hasattr(k, "decode3")  # (a kernel build older than its sources lacks it: the step-by-step path)
     for blob, ref, out, shape in zip(blobs, references, outs, shapes):
-        fast = _at_once(k, blob, ref, out, shape)
-        if fast is not None:
-            done = _at_once_sum(k, fast[0], fast[1], k.decode3(*fast[2]))  # the kernel, entered from the door
-            if done is not None:
-                sums.append(done)
-                continue
-        job = _payload(k, blob, ref, out, shape)
-        if job is None:
+        header, rd, rf = _open(blob, ref, shape)  # (once: its CRC is a pass over the blob)
+        if header.version < 3 or header.mode not in (F.MODE_RANS, F.MODE_INTRA):
             decode_into(blob, ref, out, shape=shape, backend=backend)
             sums.append(None)
             continue
+        words = _dest_words(header.fmt, header.size, out)
+        emask = _econd_mask(header.fmt, rf is not None, not header.flags & F.FLAG_NO_ECOND)
+        if at_once:  # one kernel call, entered from the door; on any failure the step-by-step path names it
+            done = _at_once_sum(k, header, rf, k.decode3(*decode3_args(header, rd, rf, words, emask)))
+            if done is not None:
+                sums.append(done)
+                continue
+        job = _payload(k, header, rd, rf, words, emask)
         sums.append(job.finish(k.rans_decode3(*job.args)))  # the kernel, entered from the door
     return sums
