@@ -92,6 +92,8 @@ __all__ = [
 # delta's read path 44-95 units (65 kept: every dense step is an anchor for any value above ~37).  Chosen so that
 # the model is about 0.1x above the measured CPU ratio at the RL chains' ends (2.28x modelled where 2.12-2.14x was
 # measured, at this run's chain of 20 links): a margin for the read bound, in CPU and on the main thread's path.
+# With them the depth bench (four runs, 02:13-02:43, load 3.3-7.2) measured the RL chains' ends at 1.83-1.92x
+# their anchor's CPU where the model says 1.98x.
 #: Work of a full intra decode (or a Zstd blob's) per byte of output, in bytes-fetched units.
 INTRA_PER_BYTE = 24
 #: Work of a dense delta's decode against its reference, per byte of output.
