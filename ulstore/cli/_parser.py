@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="AGE",
         type=_duration,
         default=0.0,
-        help="only remove packs (and temporary files) at least this old: seconds, or with a unit "
-        "(90s, 30m, 1h, 2d; default 0)",
+        help="only remove packs (and temporary files) at least this old: seconds, or a number "
+        "with s, m, h or d (30m, 1h, 2d; default 0)",
     )
 
     p = command(
