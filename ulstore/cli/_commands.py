@@ -68,9 +68,10 @@ def _cmd_log(args, ui) -> int:
         refs_by_step.setdefault(step, []).append(name)
     ancestry = traj.log(resolve(traj, args.url, args.start).step) if args.start is not None else None
     newest = ancestry if ancestry is not None else traj.steps[::-1]
-    shown = newest[: args.max_count or None]  # -n N: the N newest (the others' documents are not read)
+    shown = newest[: args.max_count or None]  # -n N: the N newest
     infos = shown if ancestry is not None else [traj.info(s) for s in shown]
-    with ui.activity(f"reading {plural(len(infos), 'step manifest')} for sizes"):
+    # (every step's, not only those shown: a step's stored bytes are what no earlier step's tables name)
+    with ui.activity(f"reading {plural(len(traj.steps), 'step manifest')} for sizes"):
         # what each step added: its new blobs, step document and table blocks (as `ulstore stats`)
         stored = {r["step"]: r["stored_bytes"] for r in uio.storage_report(traj)["steps"]} if infos else {}
     rows, docs = [], []
