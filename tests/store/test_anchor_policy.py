@@ -91,31 +91,122 @@ def test_a_run_whose_deltas_cost_too_much_keeps_anchoring(runs, tmp_path):
         assert a["anchor"] is not None or a["cost"] <= 2.0 * a["anchor_cost"] + a["step_cost"], (s, a)
 
 
-def test_a_run_that_turns_sparse_after_a_dense_phase_goes_back_to_deltas(runs, tmp_path):
-    """After anchors by cost, about one step in RETRY_ONE_IN tries a delta again: once the changes are few, it
-    fits, and the run goes on as deltas (the retry is drawn from the parent's content hash: deterministic).
-    k is put halfway through the model's price of one dense delta of the tiny model (over an anchor's, from a run
-    stored as one chain): one dense delta reads over the limit; a sparse one, a small part of an anchor, fits."""
-    chain = _commit_all(tmp_path / "chain", runs["pretrain"], anchor_cost=1000.0)
-    dense = min(chain.info(s).anchoring["step_cost"] / chain.info(s).anchoring["anchor_cost"] for s in chain.steps[1:])
+def _dense_k(states, tmp_path) -> float:
+    """A k halfway through the model's price of one dense delta of the tiny model (over an anchor's, from the
+    dense ``states`` stored as one chain): one dense delta reads over the limit; a sparse one, a small part of
+    an anchor, fits."""
+    chain = _commit_all(tmp_path / "chain", states, anchor_cost=1000.0)
     assert all(chain.info(s).anchor_distance == s for s in chain.steps)
-    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=1 + dense / 2)
+    dense = min(chain.info(s).anchoring["step_cost"] / chain.info(s).anchoring["anchor_cost"] for s in chain.steps[1:])
+    return 1 + dense / 2
+
+
+def test_a_run_that_turns_sparse_after_a_dense_phase_goes_back_to_deltas(runs, tmp_path, monkeypatch):
+    """After anchors by cost, a commit samples what the step changed: once the changes are few, its first
+    sparse step is a delta (not ~RETRY_ONE_IN steps later), and the run goes on as deltas (at this tight k, a
+    chain of two or three: an anchor by cost, on a sparse delta's estimate, is followed by a delta again)."""
+    from ulstore.store.commit import _commit_plan
+
+    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=_dense_k(runs["pretrain"], tmp_path))
     assert _anchors(traj) == list(range(STEPS + 1))  # the dense phase: every step an anchor
+    monkeypatch.setattr(_commit_plan, "retry_due", lambda pdoc: False)  # no draw: the sample alone finds it
     rng = np.random.default_rng(7)
     state = {n: a.copy() for n, a in runs["pretrain"][-1].items()}
-    tried = []
-    for s in range(STEPS + 1, STEPS + 1 + 4 * 16):
-        tried.append(retry_due(traj._reader.doc(s - 1)))
+    for s in range(STEPS + 1, STEPS + 9):
         for a in state.values():  # a few low bits flip: an RL-like step
             w = a.reshape(-1).view(np.uint16)
             w[rng.integers(0, w.size, max(1, w.size // 500))] ^= 1
         traj.commit(s, state)
-        if traj.info(s).anchor_distance:
-            break
-    else:
-        raise AssertionError(f"no delta in {4 * 16} sparse steps after the dense phase; retries drawn: {tried}")
-    assert tried[-1] and sum(tried) == 1, tried  # the delta came at the first retry, and only there
-    assert np.array_equal(traj.read(s)[next(iter(state))].view(np.uint16), next(iter(state.values())).view(np.uint16))
+    sparse = [traj.info(s).anchor_distance for s in range(STEPS + 1, STEPS + 9)]
+    assert sparse[0] == 1 and all(d == 1 + before for d, before in zip(sparse[1:], sparse) if before == 0), sparse
+    assert sparse.count(0) <= len(sparse) // 2, sparse
+    assert all(np.array_equal(traj.read(s)[n].view(np.uint16), state[n].view(np.uint16)) for n in state)
+
+
+#: The two phases of one real run (as ``ulstore demo``'s): lr 1e-3 (dense) for DENSE steps, then 3e-6 (sparse).
+DENSE, SPARSE = 10, 6
+
+
+@pytest.fixture(scope="module")
+def phases():
+    """One real toy run whose learning rate drops after DENSE steps (Adam moments carry over)."""
+    cfg = toytrain.ToyConfig.preset("tiny")
+    return [st for _, st, _ in toytrain.train(cfg, DENSE + SPARSE, lr=lambda k: 1e-3 if k < DENSE else 3e-6)]
+
+
+def _count_probes(monkeypatch) -> list[int]:
+    """The steps whose delta a commit encodes to price it (``Committer._over_limit``), in order."""
+    from ulstore.store.commit._commit import Committer
+
+    probes: list[int] = []
+    real = Committer._over_limit
+
+    def counted(self, step, *args):
+        probes.append(step)
+        return real(self, step, *args)
+
+    monkeypatch.setattr(Committer, "_over_limit", counted)
+    return probes
+
+
+def test_after_the_learning_rate_drops_the_first_step_is_a_delta(phases, tmp_path, monkeypatch):
+    """A dense phase anchors every step without encoding a delta per step (the sample says dense: one compare of
+    a few chunks, no probe); the first step after the drop is a delta (its sample says sparse, the probe
+    confirms it fits); every step reads back exactly."""
+    k = _dense_k(phases[: DENSE + 1], tmp_path)
+    probes = _count_probes(monkeypatch)
+    traj = _commit_all(tmp_path / "t", phases, anchor_cost=k)
+    assert _anchors(traj)[: DENSE + 1] == list(range(DENSE + 1))  # the dense phase: every step an anchor
+    assert traj.info(DENSE + 1).anchor_distance == 1, traj.info(DENSE + 1).anchoring  # the first sparse step
+    sparse = [traj.info(s).anchor_distance for s in range(DENSE + 1, DENSE + SPARSE + 1)]
+    assert all(d == 1 + before for d, before in zip(sparse[1:], sparse) if before == 0), sparse  # (k is tight)
+    # the delta after the root was priced (no estimate yet), then the first sparse step: no dense step in between
+    assert probes == [1, DENSE + 1], (probes, sparse)
+    ro = ulstore.open(tmp_path / "t", mode="r")
+    for s, want in enumerate(phases):
+        got = ro.read(s)
+        assert all(np.array_equal(got[n].view(np.uint16), want[n].view(np.uint16)) for n in want), s
+
+
+def test_the_sample_decides_alike_whatever_holds_the_parent(phases, tmp_path, monkeypatch):
+    """The same steps give the same anchors and the same bytes with the kept parent and without (then the sample
+    decodes the parent's chunks), on one thread or two (pack ids and times pinned)."""
+    import hashlib
+
+    import ulstore.store.commit._finalize as finalize
+    import ulstore.store.format._packs as packs
+
+    k = _dense_k(phases[: DENSE + 1], tmp_path)
+    monkeypatch.setattr(finalize, "_now", lambda: "2026-12-08T00:00:00+00:00")
+    trees = []
+    for threads, keep in ((1, True), (2, False)):
+        counter = iter(range(10**6))
+        monkeypatch.setattr(packs, "new_pack_id", lambda: f"{next(counter):032x}")
+        root = tmp_path / f"t{threads}"
+        _commit_all(root, phases, anchor_cost=k, threads=threads, keep_parent=keep)
+        trees.append(
+            {
+                str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*"))
+                if p.is_file() and "refs" not in p.parts
+            }
+        )
+    assert trees[0] == trees[1]
+    assert ulstore.open(tmp_path / "t1", mode="r").info(DENSE + 1).anchor_distance == 1
+
+
+def test_a_commit_with_nothing_to_sample_falls_back_to_the_draw(runs, tmp_path):
+    """A step whose float tensors the parent does not hold alike (here: all renamed) has nothing to sample:
+    after anchors by cost, the 1-in-RETRY_ONE_IN draw from the parent's content hash decides, as before."""
+    traj = _commit_all(tmp_path / "t", runs["pretrain"], anchor_cost=_dense_k(runs["pretrain"], tmp_path))
+    parent = traj.steps[-1]
+    renamed = {f"other.{n}": a for n, a in runs["pretrain"][-1].items()}
+    plan = traj._committer._plan
+    is_anchor, why = plan._is_anchor(parent, None, draw=False)
+    assert is_anchor and why["policy"] == "cost"
+    got = plan._retry_limit(parent, why, renamed, True)
+    assert (got is not None) == retry_due(traj._reader.doc(parent))
+    assert plan._retry_limit(parent, why, runs["pretrain"][-2], True) is None  # one dense step from it: anchor
 
 
 def test_the_reason_round_trips_through_storage(runs, tmp_path):

@@ -59,6 +59,7 @@ from ._decode_blobs import decode_blobs
 from ._dtypes import TORCH_VIA_INT, format_of, tensor_to_numpy
 from ._format import header_bound
 from ._numcodecs import ULPack
+from ._sparse import SPARSE_ALWAYS_UP_TO, SPARSE_MAX_FRACTION
 from ._sparse_apply import Applied, ApplyPlan, apply_sparse, is_sparse_blob, reserve_buffers, target_meta, undo
 
 __all__ = [
@@ -90,4 +91,7 @@ __all__ = [
     "target_meta",
     "reserve_buffers",
     "undo",
+    # when a delta is coded SPARSE (the store prices a delta it has not encoded yet by them)
+    "SPARSE_MAX_FRACTION",
+    "SPARSE_ALWAYS_UP_TO",
 ]

@@ -166,7 +166,12 @@ class Committer:
             doc = self._plan._existing(step, parent, ref)
             return self._plan._complete(step, doc, ref, self._plan._state_content(doc, step, arrays, files_, metadata))
         parent, move = self._plan._prepare(step, parent, ref, branch is not None)
-        is_anchor, why = self._plan._is_anchor(parent, anchor)
+        is_anchor, why = self._plan._is_anchor(parent, anchor, draw=False)
+        probe = self._plan._probe_limit(parent, anchor, is_anchor, draw=False)
+        if is_anchor:  # on an estimate carried from a run of anchors by cost: did this step's changes go sparse?
+            probe = self._plan._retry_limit(parent, why, arrays, sparse)
+            if probe is not None:
+                is_anchor, why = False, None
         if anchor is False:
             self._plan._check_strict(step, parent, arrays)
         return self._commit(
@@ -175,7 +180,7 @@ class Committer:
             parent=parent,
             is_anchor=is_anchor,
             why=why,
-            probe=self._plan._probe_limit(parent, anchor, is_anchor),
+            probe=probe,
             strict=anchor is False,
             branch=ref if move else None,
             metadata=metadata,

@@ -23,6 +23,7 @@ from ..format._layout import step_key
 from ..format._read_cost import DEFAULT_ANCHOR_EVERY
 from ..format._refs import RefState
 from ..format._stepdoc import StepDoc
+from ._change_sample import sampled_delta_cost
 from ._commit_input import HEAD
 
 __all__ = ["CommitPlanner"]
@@ -129,8 +130,11 @@ class CommitPlanner:
             tables.append(TensorTable(name, t.dtype, t.shape, t.codec, tuple(pieces)))
         return content_checksum(tables, {n: digest(d).hex() for n, d in files.items()}, metadata)
 
-    def _is_anchor(self, parent: int | None, anchor: bool | None) -> tuple[bool, dict | None]:
-        """Anchor or delta, and on an anchor why (the step document's ``anchoring`` reason, ``_stepdoc.py``)."""
+    def _is_anchor(self, parent: int | None, anchor: bool | None, draw: bool = True) -> tuple[bool, dict | None]:
+        """Anchor or delta, and on an anchor why (the step document's ``anchoring`` reason, ``_stepdoc.py``).
+
+        ``draw``: after an anchor by cost, let the 1-in-:data:`RETRY_ONE_IN` draw (:func:`retry_due`) try a delta
+        again; a commit that has the step's values passes False and asks :meth:`_retry_limit` instead."""
         if anchor is False and parent is None:
             raise InvalidInputError("anchor=False needs a parent to delta-code against")
         if parent is None:
@@ -142,26 +146,57 @@ class CommitPlanner:
         pdoc = self._t._reader.doc(parent)
         k = self._t.anchor_cost
         if k is not None and pdoc.anchoring is not None:
-            return _by_cost(pdoc, k, self._t._reader.doc)
+            return _by_cost(pdoc, k, self._t._reader.doc, draw)
         # a fixed count; also a cost policy whose parent has no cost recorded (an older writer's step)
         every = self._t.anchor_every if k is None else DEFAULT_ANCHOR_EVERY
         if every > 0 and pdoc.anchor_distance + 1 >= every:
             return True, {"policy": "every", "every": every}
         return False, None
 
-    def _probe_limit(self, parent: int | None, anchor: bool | None, is_anchor: bool) -> tuple[int, float, int] | None:
+    def _probe_limit(
+        self, parent: int | None, anchor: bool | None, is_anchor: bool, draw: bool = True
+    ) -> tuple[int, float, int] | None:
         """For a delta the cost policy tries with no delta cost known (after the root, ``anchor=True`` or a fixed
         count's anchor: :func:`_next_delta` is 0), ``(parent's cost, k, limit)``: a commit checks the delta it
         wrote against the limit before its commit point, and writes the step as an anchor instead if it is over
-        (its read would break the bound).  None otherwise."""
+        (its read would break the bound).  None otherwise.  ``draw`` as for :meth:`_is_anchor`."""
         k = self._t.anchor_cost
         if is_anchor or anchor is not None or k is None or parent is None:
             return None
         pdoc = self._t._reader.doc(parent)
         a = pdoc.anchoring
-        if a is None or pdoc.anchor_distance > 0 or _next_delta(pdoc, self._t._reader.doc):
+        if a is None or pdoc.anchor_distance > 0 or _next_delta(pdoc, self._t._reader.doc, draw):
             return None
         return a.cost, k, int(k * a.anchor_cost)
+
+    def _retry_limit(
+        self, parent: int | None, why: dict | None, arrays: dict, sparse: bool
+    ) -> tuple[int, float, int] | None:
+        """The measured retry: for an anchor by cost (``why``) predicted with the estimate carried on from the
+        parent, itself an anchor by cost (:func:`_next_delta`), the probe ``(parent's cost, k, limit)`` of a delta
+        to try instead when a sample of what ``arrays`` changed prices it within the limit
+        (:func:`sampled_delta_cost`): the first step of a run that turned sparse is a delta, and a dense run pays
+        a compare of a few chunks a step, not a delta encode.  With nothing to sample (no float tensor the parent
+        holds in the same dtype and shape), the 1-in-:data:`RETRY_ONE_IN` draw decides.  None: anchor as planned."""
+        if why is None or why.get("policy") != "cost" or parent is None:
+            return None
+        pdoc = self._t._reader.doc(parent)
+        a = pdoc.anchoring
+        if a is None or pdoc.anchor_distance > 0 or (a.why or {}).get("policy") != "cost":
+            return None  # a measured estimate (the parent's own delta), or none carried
+        probe = (a.cost, why["k"], why["limit"])
+        kept = self._t._kept
+        owned = kept.enabled and kept.lock.acquire(blocking=False)  # (never wait: a read may hold it)
+        try:
+            est = sampled_delta_cost(
+                self._t._reader, kept if owned else None, parent, arrays, self._t.chunk_bytes, sparse
+            )
+        finally:
+            if owned:
+                kept.lock.release()
+        if est is None:
+            return probe if retry_due(pdoc) else None
+        return probe if a.cost + est <= why["limit"] else None
 
     def _check_strict(self, step: int, parent, arrays: dict) -> None:
         """``anchor=False``: refuse, before writing anything, tensors that would need intra blobs."""
@@ -186,23 +221,25 @@ class CommitPlanner:
                 )
 
 
-def _by_cost(pdoc: StepDoc, k: float, doc) -> tuple[bool, dict | None]:
+def _by_cost(pdoc: StepDoc, k: float, doc, draw: bool = True) -> tuple[bool, dict | None]:
     """The cost policy: an anchor when reading the next step would cost more than ``k`` x reading the anchor.
 
     The next step's read is predicted from the parent's: its cost plus what
-    the next delta is expected to add (:func:`_next_delta`).
+    the next delta is expected to add (:func:`_next_delta`, ``draw`` passed on).
     """
     a = pdoc.anchoring
     assert a is not None
-    predicted = a.cost + _next_delta(pdoc, doc)
+    predicted = a.cost + _next_delta(pdoc, doc, draw)
     limit = int(k * a.anchor_cost)
     if predicted > limit:
         return True, {"policy": "cost", "k": k, "predicted": predicted, "limit": limit}
     return False, None
 
 
-#: After an anchor by cost, about one step in this many tries a delta again (:func:`_next_delta`): a dense
+#: After an anchor by cost, about one step in this many tries a delta again (:func:`_next_delta`) where the step's
+#: values cannot be sampled (a piece writer's, or a commit with no float tensor the parent holds alike): a dense
 #: run pays one extra delta encode per this many steps, and a run that turned sparse is found within about as many.
+#: A commit of a whole state samples its changes instead (``CommitPlanner._retry_limit``).
 RETRY_ONE_IN = 16
 
 
@@ -215,7 +252,7 @@ def retry_due(pdoc: StepDoc) -> bool:
         return False
 
 
-def _next_delta(pdoc: StepDoc, doc) -> int:
+def _next_delta(pdoc: StepDoc, doc, draw: bool = True) -> int:
     """What a delta on ``pdoc`` is expected to add to its read: what ``pdoc``'s own blobs added, if it is a
     delta (a step adds about what the one before it did).  After an anchor by cost, the estimate that made it
     one (its reason's ``predicted`` less its parent's cost, read with ``doc``): a dense run whose deltas each
@@ -223,17 +260,19 @@ def _next_delta(pdoc: StepDoc, doc) -> int:
     read would break the bound).  After any other anchor (the root, ``anchor=True``, a fixed count), or an
     anchor whose parent has no figures, no delta is known yet: 0, and the next step is one.
 
-    A run that turns sparse after such a dense phase would keep anchoring on that old estimate, so about
-    one step in :data:`RETRY_ONE_IN` after an anchor by cost tries (and prices) a delta again: 0, as after any
-    other anchor.  Which one is drawn from the parent's content hash: deterministic for the same input, with
-    no counter to store (``commit(anchor=False)`` forces a delta at once).
+    A run that turns sparse after such a dense phase would keep anchoring on that old estimate.  A commit of a
+    whole state looks at what the step changed (``draw`` False: ``CommitPlanner._retry_limit`` samples it);
+    elsewhere (``draw``: a piece writer, which has no values yet) about one step in :data:`RETRY_ONE_IN` after
+    an anchor by cost tries (and prices) a delta again: 0, as after any other anchor.  Which one is drawn from
+    the parent's content hash: deterministic for the same input, with no counter to store
+    (``commit(anchor=False)`` forces a delta at once).
     """
     a = pdoc.anchoring
     assert a is not None
     if pdoc.anchor_distance > 0:
         return a.step_cost
     why = a.why or {}
-    if why.get("policy") != "cost" or pdoc.parent is None or retry_due(pdoc):
+    if why.get("policy") != "cost" or pdoc.parent is None or (draw and retry_due(pdoc)):
         return 0
     try:
         before = doc(pdoc.parent).anchoring
