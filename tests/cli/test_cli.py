@@ -411,7 +411,7 @@ def test_demo_says_why_anchors_are_many(anchors, every, said):
     if many:
         assert "Where nearly every weight changes each step (a high learning rate), decoding the delta" in text
         assert "where few weights change (fine-tuning, RL), deltas are small and cheap to apply" in text
-        assert "the first steps after the learning rate drops can still be anchors" in text  # 31-36 of the demo
+        assert "each step's changes are sampled, so the first step after the learning rate drops is a delta" in text
     assert all(len(line) <= 88 for line in lines), lines
 
 

@@ -329,8 +329,8 @@ def _say_anchors(traj, anchors: list[int], n_ckpt: int, echo) -> None:
             " Why so many: anchors are chosen by read cost. Where nearly every weight changes each step (a high "
             "learning rate), decoding the delta costs more than reading the whole step, so such steps are stored "
             "whole; where few weights change (fine-tuning, RL), deltas are small and cheap to apply, and anchors "
-            "are rare. After a run of anchors a delta is tried again only now and then, "
-            "so the first steps after the learning rate drops can still be anchors."
+            "are rare. After a run of anchors, each step's changes are sampled, so the first step after the "
+            "learning rate drops is a delta again."
         )
     echo(textwrap.fill(text, 88, initial_indent="  ", subsequent_indent="  "))
 
