@@ -357,3 +357,23 @@ def test_a_commit_pauses_the_garbage_collector_and_restores_it(tmp_path, monkeyp
         gc.enable()
     assert seen[-3:] == [False, False, False]
     assert _commit._gc_pausers == 0
+
+
+def test_a_pause_that_ends_under_another_collects_the_young_generations(monkeypatch):
+    """Overlapping commits keep the collector off until the last ends: each earlier end collects generations
+    0 and 1 once, so other threads' cyclic garbage does not wait for writers that never stop overlapping."""
+    import gc
+
+    from ulstore.store.commit import _commit
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: calls.append(generation) or 0)
+    outer = _commit._gc_paused()
+    outer.__enter__()
+    try:
+        with _commit._gc_paused():
+            assert not gc.isenabled()
+        assert calls == [1] and not gc.isenabled()  # the other pause still holds it
+    finally:
+        outer.__exit__(None, None, None)
+    assert calls == [1] and gc.isenabled()  # the last end resumes it, with no extra collection

@@ -474,6 +474,10 @@ def _gc_paused() -> Iterator[None]:
     per commit (~0.15 s each with a few steps' tables cached: a tenth of a MoE commit's bookkeeping).  The commit
     makes no reference cycles of note; what the young generation holds at the end is collected as usual
     afterwards (once, not per 700 allocations).  The collector is resumed only if it was on.
+
+    Commits that keep overlapping (several writer threads) would keep it off indefinitely, and with it the
+    collection of other threads' cyclic garbage: so a pause that ends while others still hold it collects
+    the young generations once (what survived them waits for the last pause's end, or the next collection).
     """
     global _gc_pausers, _gc_resume
     with _GC_LOCK:
@@ -486,8 +490,11 @@ def _gc_paused() -> Iterator[None]:
     finally:
         with _GC_LOCK:
             _gc_pausers -= 1
+            overlapped = _gc_pausers > 0 and _gc_resume
             if _gc_pausers == 0 and _gc_resume:
                 gc.enable()
+        if overlapped:
+            gc.collect(1)
 
 
 def _layouts(records, names) -> dict[str, set]:
