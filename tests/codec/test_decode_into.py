@@ -45,3 +45,15 @@ def test_decode_into_refuses_a_buffer_that_does_not_fit():
     ro.flags.writeable = False
     with pytest.raises(InvalidInputError):
         decode_into(blob, None, ro)
+
+
+def test_a_dense_delta_decoded_over_its_own_reference_names_the_overlap():
+    """``out`` is the reference (or a view of it): the decode overwrites what it reads and fails its checks, and
+    the error says why (the overlap), not that the blob or the reference is wrong."""
+    target, ref, kw = list(_pairs())[1]
+    blob = encode(target, ref, **kw)
+    for make_out in (lambda r: r, lambda r: r[:, :]):
+        r = ref.copy()
+        with pytest.raises(InvalidInputError, match="out overlaps reference"):
+            decode_into(blob, r, make_out(r))
+    assert_bits_equal(decode_into(blob, ref.copy(), np.empty_like(ref)), target)  # apart: decodes

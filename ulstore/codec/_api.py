@@ -255,9 +255,20 @@ def decode_into(blob, reference, out: np.ndarray, *, shape=None, backend: str | 
     """:func:`decode` into ``out`` (C-contiguous, the blob's dtype and element count); returns ``out``.
 
     ``shape`` as for :func:`decode` (the blob must declare it).  What ``out``
-    holds when this raises is unspecified.  ``out`` must not overlap ``reference``.
+    holds when this raises is unspecified.  ``out`` must not overlap ``reference``:
+    a decode that fails with the two overlapping says so (InvalidInputError), rather
+    than blaming the blob or the reference it overwrote.
     """
-    return _decode(blob, reference, backend, out, shape)
+    try:
+        return _decode(blob, reference, backend, out, shape)
+    except (CorruptBlobError, ReferenceMismatchError) as e:
+        # checked after a failure only: a bounds test costs nothing on the success path, which is every call
+        if reference is not None and np.may_share_memory(out, reference):
+            raise InvalidInputError(
+                "out overlaps reference: decode_into reads the reference while it writes out, so they must be "
+                "separate arrays (the reference's values may have been overwritten)"
+            ) from e
+        raise
 
 
 def _decode(blob, reference, backend, dest, shape) -> np.ndarray:
